@@ -1,0 +1,122 @@
+"""Rebuild fnserve's demo models from scikit-learn's bundled digits data.
+
+    python infra/models/build_demo_models.py layers/models/models
+
+Writes, deterministically (fixed split and seeds):
+  digits-fast/1/model.onnx            logistic regression (skl2onnx, zipmap off)
+  digits-accurate/1/model.onnx        a small MLP (skl2onnx)
+  digits-accurate-int8/1/model.onnx   the MLP, dynamically int8-quantized by fnserve.quantize
+  */1/accuracy.json                   held-out accuracy of each
+  digits-holdout.npz                  the held-out split (input, labels)
+  digits-calibration.npz              training rows for static-quantization calibration
+  manifest.toml                       the manifest serving all three, with sha256s
+
+Needs the ``models`` extra (scikit-learn, skl2onnx, onnx); never needed at run time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # one BLAS thread: bit-identical training runs
+
+import numpy as np  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+from skl2onnx import to_onnx  # noqa: E402
+from skl2onnx.common.data_types import FloatTensorType  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+from sklearn.linear_model import LogisticRegression  # noqa: E402
+from sklearn.model_selection import train_test_split  # noqa: E402
+from sklearn.neural_network import MLPClassifier  # noqa: E402
+from sklearn.pipeline import Pipeline, make_pipeline  # noqa: E402
+from sklearn.preprocessing import StandardScaler  # noqa: E402
+
+from fnserve.quantize import quantize  # noqa: E402
+
+INPUT = "input"
+SEED = 0
+# Models' input: 8x8 digit images flattened to 64 float pixel intensities in [0, 16].
+N_FEATURES = 64
+
+
+def export(pipeline: Pipeline, path: Path) -> None:
+    model = to_onnx(
+        pipeline,
+        initial_types=[(INPUT, FloatTensorType([None, N_FEATURES]))],
+        options={id(pipeline.steps[-1][1]): {"zipmap": False}},
+        target_opset={"": 17, "ai.onnx.ml": 3},
+    )
+    model.doc_string = f"fnserve demo model {path.parent.parent.name}, built from sklearn digits"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(model.SerializeToString())
+
+
+def holdout_accuracy(path: Path, x: np.ndarray, y: np.ndarray) -> float:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    label = session.run(["label"], {INPUT: x})[0]
+    return float(np.mean(label == y))
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def main(out: Path) -> None:
+    digits = load_digits()
+    x = digits.data.astype(np.float32)
+    y = digits.target.astype(np.int64)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, stratify=y, random_state=SEED)
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out / "digits-holdout.npz", input=x_test, labels=y_test)
+    np.savez_compressed(out / "digits-calibration.npz", input=x_train[:256])
+
+    fast = make_pipeline(StandardScaler(), LogisticRegression(C=0.05, max_iter=5000))
+    accurate = make_pipeline(
+        StandardScaler(),
+        MLPClassifier(hidden_layer_sizes=(256, 128), alpha=1e-3, max_iter=400, random_state=SEED),
+    )
+    entries = []
+    for name, pipeline in (("digits-fast", fast), ("digits-accurate", accurate)):
+        pipeline.fit(x_train, y_train)
+        path = out / name / "1" / "model.onnx"
+        export(pipeline, path)
+        entries.append((name, path))
+    int8 = out / "digits-accurate-int8" / "1" / "model.onnx"
+    int8.parent.mkdir(parents=True, exist_ok=True)
+    quantize(out / "digits-accurate" / "1" / "model.onnx", int8, mode="dynamic", per_channel=True)
+    entries.append(("digits-accurate-int8", int8))
+
+    manifest = [
+        "# fnserve demo models; written by infra/models/build_demo_models.py (make models).",
+        "# Paths are relative to this file. In Lambda the models layer lands at /opt/models.",
+        "",
+    ]
+    for name, path in entries:
+        accuracy = holdout_accuracy(path, x_test, y_test)
+        (path.parent / "accuracy.json").write_text(
+            json.dumps(
+                {"model": name, "holdout_accuracy": round(accuracy, 4), "holdout_rows": len(y_test)},
+                indent=2,
+            )
+            + "\n"
+        )
+        manifest += [
+            "[[models]]",
+            f'name = "{name}"',
+            'version = "1"',
+            f'path = "{path.relative_to(out)}"',
+            f'sha256 = "{sha256(path)}"',
+            f'description = "sklearn digits, held-out accuracy {accuracy:.4f}"',
+            "max_batch_size = 1024",
+            "",
+        ]
+        print(f"{name:<22} accuracy {accuracy:.4f}  {path.stat().st_size / 1024:7.1f} KiB  {path}")
+    (out / "manifest.toml").write_text("\n".join(manifest))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "layers/models/models"))

@@ -1,0 +1,158 @@
+"""The ``fnserve`` command line."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any, cast
+
+import numpy as np
+import typer
+
+from fnserve.core.errors import FnserveError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+
+ManifestOpt = Annotated[
+    Path,
+    typer.Option("--manifest", "-m", envvar="FNSERVE_MANIFEST", help="Model manifest (TOML)."),
+]
+
+
+def main() -> None:
+    """Entry point of the ``fnserve`` script."""
+    app()
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    return typer.Exit(code=1)
+
+
+@app.command()
+def models(manifest: ManifestOpt) -> None:
+    """List the models of a manifest with their inputs and outputs."""
+    from fnserve.core.service import InferenceService
+
+    try:
+        service = InferenceService.from_manifest(manifest)
+        for name in service.registry.names():
+            meta = service.model_metadata(name)
+            typer.echo(f"{name}  versions {', '.join(meta['versions'])}")
+            for kind in ("inputs", "outputs"):
+                for spec in meta[kind]:
+                    typer.echo(f"    {kind[:-1]:<6} {spec['name']:<16} {spec['datatype']:<6} {spec['shape']}")
+    except FnserveError as exc:
+        raise _fail(exc.message) from None
+
+
+@app.command()
+def predict(
+    model: Annotated[str, typer.Argument(help="Model name.")],
+    data: Annotated[Path, typer.Argument(help=".npy or .npz inputs (an .npz may carry labels).")],
+    manifest: ManifestOpt,
+    version: Annotated[str | None, typer.Option(help="Model version (default: latest).")] = None,
+    count: Annotated[int, typer.Option("--count", "-n", min=1, help="Rows to predict.")] = 10,
+) -> None:
+    """Predict the first rows of a data file; print predictions beside the true labels."""
+    from fnserve.core.service import InferenceService
+    from fnserve.datafiles import read_data
+
+    try:
+        service = InferenceService.from_manifest(manifest)
+        meta = service.model_metadata(model, version)
+        rows = read_data(data, [spec["name"] for spec in meta["inputs"]]).head(count)
+        outputs = service.predict(model, rows.inputs, version=version)
+    except FnserveError as exc:
+        raise _fail(exc.message) from None
+    predicted = _predicted_labels(outputs)
+    typer.echo(f"{model} (version {version or meta['versions'][-1]}), {rows.rows} rows:")
+    if predicted is None or rows.labels is None:
+        for name, value in outputs.items():
+            typer.echo(f"  {name}: {np.array2string(value, threshold=50)}")
+        return
+    for i, (got, want) in enumerate(zip(predicted, rows.labels, strict=True)):
+        mark = "ok" if got == want else "WRONG"
+        typer.echo(f"  row {i:>3}: predicted {got}  true {want}  {mark}")
+    typer.echo(f"  accuracy {np.mean(predicted == rows.labels):.2%} on {rows.rows} rows")
+
+
+def _predicted_labels(outputs: dict[str, Any]) -> Any:
+    for value in outputs.values():
+        if value.ndim == 1 and value.dtype.kind in "iu":
+            return value
+    for value in outputs.values():
+        if value.ndim == 2 and value.dtype.kind == "f":
+            return value.argmax(1)
+    return None
+
+
+@app.command()
+def quantize(
+    model: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="ONNX model to quantize.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the quantized model.")],
+    mode: Annotated[str, typer.Option(help="dynamic or static.")] = "dynamic",
+    per_channel: Annotated[bool, typer.Option("--per-channel", help="Per-channel weight scales.")] = False,
+    calibration: Annotated[
+        Path | None, typer.Option(help="Calibration inputs (.npy/.npz); required for static.")
+    ] = None,
+    validation: Annotated[
+        Path | None, typer.Option(help="Validation inputs (.npz, labels optional) for accuracy/agreement.")
+    ] = None,
+    rounds: Annotated[int, typer.Option(min=10, help="Timed rounds per batch size.")] = 200,
+    threads: Annotated[int | None, typer.Option(min=1, help="Intra-op threads while timing.")] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Write the model even if it came out slower.")
+    ] = False,
+) -> None:
+    """Quantize a model to int8 and report size, latency and accuracy before and after."""
+    from rich.progress import Progress
+
+    from fnserve import quantize as q
+    from fnserve.datafiles import read_data
+
+    if mode not in ("dynamic", "static"):
+        raise _fail(f"--mode must be dynamic or static, not {mode!r}")
+    if mode == "static" and calibration is None:
+        raise _fail("static quantization needs --calibration")
+    before = q.session(model, threads)
+    names = [arg.name for arg in before.get_inputs()]
+    try:
+        calib = read_data(calibration, names) if calibration else None
+        valid = read_data(validation, names) if validation else None
+    except FnserveError as exc:
+        raise _fail(exc.message) from None
+    sample = valid or calib or q.synthetic_inputs(before)
+    with tempfile.TemporaryDirectory() as tmp, Progress(transient=True) as progress:
+        candidate = Path(tmp) / "quantized.onnx"
+        step = progress.add_task(f"{mode} quantization", total=None)
+        q.quantize(model, candidate, mode=cast(q.Mode, mode), per_channel=per_channel, calibration=calib)
+        progress.update(step, total=1, completed=1)
+        after = q.session(candidate, threads)
+        report = q.QuantizeReport(
+            mode=mode + (" per-channel" if per_channel else " per-tensor"),
+            size_before=q.file_size(model),
+            size_after=q.file_size(candidate),
+        )
+        for batch in (1, 64):
+            task = progress.add_task(f"timing batch {batch}", total=rounds)
+            report.latencies.append(
+                q.measure_latency(
+                    before, after, sample, batch, rounds, functools.partial(progress.advance, task)
+                )
+            )
+        if valid is not None:
+            q.compare_outputs(before, after, valid, report)
+        for line in report.lines():
+            typer.echo(line)
+        slower = report.slower_at()
+        if slower and not force:
+            raise _fail(
+                f"the quantized model is slower at batch {', '.join(map(str, slower))}; "
+                f"not writing {output} (use --force to write it anyway)"
+            )
+        output.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(candidate, output)
+    typer.echo(f"wrote {output}")

@@ -1,0 +1,89 @@
+"""One error hierarchy; each class carries the HTTP status it maps to."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class FnserveError(Exception):
+    """Base of every error fnserve raises on purpose; rendered as ``{"error": message}``."""
+
+    status_code: ClassVar[int] = 500
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if status_code is not None:
+            self.status_code = status_code  # type: ignore[misc]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain form that crosses process boundaries (never the pickled exception)."""
+        return {"type": type(self).__name__, "message": self.message, "status_code": self.status_code}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FnserveError:
+        """Rebuild an error sent by :meth:`to_dict`, as the closest known class."""
+        error_cls = _BY_NAME.get(str(data.get("type")), FnserveError)
+        return error_cls(str(data.get("message", "")), int(data.get("status_code", 500)))
+
+
+class BadRequest(FnserveError):
+    """The request could not be parsed (malformed JSON, wrong framing)."""
+
+    status_code = 400
+
+
+class ModelNotFound(FnserveError):
+    """No model, or no such version of a model, is in the manifest."""
+
+    status_code = 404
+
+
+class PayloadTooLarge(FnserveError):
+    """The request body is over the configured size limit."""
+
+    status_code = 413
+
+
+class InvalidInput(FnserveError):
+    """The request parsed, but its tensors do not fit the model."""
+
+    status_code = 422
+
+
+class ModelNotReady(FnserveError):
+    """The model exists but cannot serve now (still loading, or failed to load)."""
+
+    status_code = 503
+
+
+class ModelLoadError(ModelNotReady):
+    """A model file is missing, corrupt, fails its checksum or is not valid ONNX."""
+
+
+class InferenceError(FnserveError):
+    """The runtime failed on input that passed validation: a server-side fault."""
+
+    status_code = 500
+
+
+class ConfigError(FnserveError):
+    """Settings or a manifest are invalid; raised when they load, never per request."""
+
+    status_code = 500
+
+
+_BY_NAME: dict[str, type[FnserveError]] = {
+    cls.__name__: cls
+    for cls in (
+        FnserveError,
+        BadRequest,
+        ModelNotFound,
+        PayloadTooLarge,
+        InvalidInput,
+        ModelNotReady,
+        ModelLoadError,
+        InferenceError,
+        ConfigError,
+    )
+}

@@ -1,0 +1,272 @@
+"""Model registry: manifest entries -> warm ONNX Runtime sessions, loaded once per process."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from fnserve.core._cpus import default_intra_op_threads
+from fnserve.core.datatypes import ORT_TO_V2, V2_TO_NUMPY
+from fnserve.core.errors import ModelLoadError, ModelNotFound
+from fnserve.core.settings import Manifest, ModelSettings, TensorOverride
+
+logger = logging.getLogger(__name__)
+
+# A fetcher turns a remote model URI into a local file (the AWS adapter registers "s3").
+Fetcher = Callable[[str, Path], Path]
+
+_OPT_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One input or output of a model, as the graph (and manifest overrides) declare it."""
+
+    name: str
+    datatype: str  # V2 name: FP32, INT64, ...
+    dtype: np.dtype[np.generic]
+    shape: tuple[int, ...]  # -1 where the dimension varies
+
+    def to_metadata(self) -> dict[str, object]:
+        """The V2 metadata form: name, datatype, shape."""
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class LoadedModel:
+    """A model version with its warm session and its tensor specs."""
+
+    settings: ModelSettings
+    session: ort.InferenceSession
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    output_names: tuple[str, ...]
+    output_set: frozenset[str]
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    @property
+    def version(self) -> str:
+        return self.settings.version
+
+
+def _version_key(version: str) -> tuple[int, int, str]:
+    # Numeric versions compare as numbers and above any non-numeric label.
+    return (1, int(version), "") if version.isdigit() else (0, 0, version)
+
+
+class ModelRegistry:
+    """Every model of a manifest; sessions are created lazily (or eagerly) and kept for the process."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        *,
+        workers: int = 1,
+        intra_op_threads: int | None = None,
+        cache_dir: Path | None = None,
+        fetchers: Mapping[str, Fetcher] | None = None,
+    ) -> None:
+        self.manifest = manifest
+        self._threads = intra_op_threads or default_intra_op_threads(workers)
+        self._cache_dir = cache_dir
+        self._fetchers = dict(fetchers or {})
+        self._entries: dict[tuple[str, str], ModelSettings] = {}
+        self._versions: dict[str, list[str]] = {}
+        for model in manifest.models:
+            self._entries[(model.name, model.version)] = model
+            self._versions.setdefault(model.name, []).append(model.version)
+        self._default: dict[str, str] = {}
+        for name, versions in self._versions.items():
+            versions.sort(key=_version_key)
+            self._default[name] = versions[-1]
+        self._loaded: dict[tuple[str, str | None], LoadedModel] = {}
+        self._locks: dict[tuple[str, str], threading.Lock] = {k: threading.Lock() for k in self._entries}
+
+    # -- lookup -------------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        """Model names, in manifest order."""
+        return list(self._versions)
+
+    def versions(self, name: str) -> list[str]:
+        """Versions of a model, oldest first; 404 if the model is unknown."""
+        try:
+            return list(self._versions[name])
+        except KeyError:
+            raise ModelNotFound(f"model {name!r} not found") from None
+
+    def resolve(self, name: str, version: str | None = None) -> ModelSettings:
+        """The manifest entry for a model version (the default version when None)."""
+        if version is None:
+            try:
+                version = self._default[name]
+            except KeyError:
+                raise ModelNotFound(f"model {name!r} not found") from None
+        try:
+            return self._entries[(name, version)]
+        except KeyError:
+            if name not in self._versions:
+                raise ModelNotFound(f"model {name!r} not found") from None
+            raise ModelNotFound(
+                f"model {name!r} has no version {version!r}; available: {', '.join(self._versions[name])}"
+            ) from None
+
+    def is_loaded(self, name: str, version: str | None = None) -> bool:
+        """Whether the session of this model version exists already."""
+        settings = self.resolve(name, version)
+        return (settings.name, settings.version) in self._loaded
+
+    # -- loading ------------------------------------------------------------------------------
+
+    def get(self, name: str, version: str | None = None) -> LoadedModel:
+        """The loaded model, loading it on first use. Thread-safe; loads each model once."""
+        model = self._loaded.get((name, version))
+        if model is not None:
+            return model
+        settings = self.resolve(name, version)
+        key = (settings.name, settings.version)
+        with self._locks[key]:
+            model = self._loaded.get(key)
+            if model is None:
+                model = self._load(settings)
+                self._loaded[key] = model
+                if version is None or version == self._default[name]:
+                    self._loaded[(name, None)] = model
+        return model
+
+    def load_all(self) -> None:
+        """Load every model now (eager mode); raises the first load error."""
+        for name, version in self._entries:
+            self.get(name, version)
+
+    def _load(self, settings: ModelSettings) -> LoadedModel:
+        where = f"model {settings.name!r} version {settings.version!r}"
+        path = self._local_path(settings)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise ModelLoadError(f"{where}: file {path} does not exist") from None
+        except OSError as exc:
+            raise ModelLoadError(f"{where}: file {path} cannot be read: {exc}") from exc
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != settings.sha256:
+            raise ModelLoadError(
+                f"{where}: file {path} has sha256 {digest}, but the manifest says {settings.sha256}"
+            )
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = settings.intra_op_threads or self._threads
+        options.inter_op_num_threads = settings.inter_op_threads
+        options.graph_optimization_level = _OPT_LEVELS[settings.graph_optimization]
+        providers = self._providers(settings, where)
+        try:
+            # Loading from the verified bytes, not the path, so the file cannot change in between.
+            session = ort.InferenceSession(data, sess_options=options, providers=providers)
+        except Exception as exc:  # ORT raises its own pybind exception types
+            raise ModelLoadError(f"{where}: {path} is not a valid ONNX model: {exc}") from exc
+        inputs = _specs(session.get_inputs(), settings.inputs, where, "input")
+        outputs = _specs(session.get_outputs(), settings.outputs, where, "output")
+        logger.info(
+            "loaded %s from %s (%d threads, providers %s)",
+            where,
+            path,
+            options.intra_op_num_threads,
+            session.get_providers(),
+        )
+        return LoadedModel(
+            settings=settings,
+            session=session,
+            inputs=inputs,
+            outputs=outputs,
+            output_names=tuple(o.name for o in outputs),
+            output_set=frozenset(o.name for o in outputs),
+            path=path,
+        )
+
+    def _local_path(self, settings: ModelSettings) -> Path:
+        scheme, sep, _ = settings.path.partition("://")
+        if not sep:
+            path = Path(settings.path)
+            return path if path.is_absolute() else self.manifest.base_dir / path
+        fetcher = self._fetchers.get(scheme)
+        if fetcher is None:
+            raise ModelLoadError(
+                f"model {settings.name!r}: no fetcher for {scheme}:// paths "
+                "(install fnserve[aws] and use fnserve.aws for s3://)"
+            )
+        cache_dir = self._cache_dir or Path("/tmp/fnserve-models")
+        target = cache_dir / settings.name / settings.version / "model.onnx"
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fetcher(settings.path, target)
+            except Exception as exc:
+                raise ModelLoadError(f"model {settings.name!r}: cannot fetch {settings.path}: {exc}") from exc
+        return target
+
+    @staticmethod
+    def _providers(settings: ModelSettings, where: str) -> list[str]:
+        available = set(ort.get_available_providers())
+        unknown = [p for p in settings.execution_providers if p not in ort.get_all_providers()]
+        if unknown:
+            raise ModelLoadError(f"{where}: unknown execution providers {unknown}")
+        chosen = [p for p in settings.execution_providers if p in available]
+        if len(chosen) < len(settings.execution_providers):
+            logger.warning(
+                "%s: providers %s are not available here; using %s",
+                where,
+                [p for p in settings.execution_providers if p not in available],
+                chosen or ["CPUExecutionProvider"],
+            )
+        return chosen or ["CPUExecutionProvider"]
+
+
+def _specs(
+    args: Sequence[ort.NodeArg],
+    overrides: Mapping[str, TensorOverride],
+    where: str,
+    kind: str,
+) -> tuple[TensorSpec, ...]:
+    names = {a.name for a in args}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise ModelLoadError(
+            f"{where}: manifest overrides unknown {kind}s {unknown}; graph has {sorted(names)}"
+        )
+    specs = []
+    for arg in args:
+        datatype = ORT_TO_V2.get(arg.type)
+        if datatype is None:
+            raise ModelLoadError(f"{where}: {kind} {arg.name!r} has unsupported type {arg.type}")
+        shape = tuple(d if isinstance(d, int) and d > 0 else -1 for d in arg.shape)
+        override = overrides.get(arg.name)
+        if override is not None and override.shape is not None:
+            shape = _merge_shape(shape, tuple(override.shape), where, f"{kind} {arg.name!r}")
+        specs.append(TensorSpec(arg.name, datatype, V2_TO_NUMPY[datatype], shape))
+    return tuple(specs)
+
+
+def _merge_shape(graph: tuple[int, ...], override: tuple[int, ...], where: str, what: str) -> tuple[int, ...]:
+    if len(graph) != len(override):
+        raise ModelLoadError(
+            f"{where}: {what} override {list(override)} has rank {len(override)}, graph has {len(graph)}"
+        )
+    for axis, (g, o) in enumerate(zip(graph, override, strict=True)):
+        if g != -1 and o != g:
+            raise ModelLoadError(f"{where}: {what} override sets axis {axis} to {o}, graph fixes it at {g}")
+    return override

@@ -1,0 +1,189 @@
+"""InferenceService: the one object every adapter calls (predict, metadata, readiness)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+
+from fnserve.core.datatypes import can_cast
+from fnserve.core.errors import FnserveError, InferenceError, InvalidInput, ModelNotReady
+from fnserve.core.manifest import load_manifest
+from fnserve.core.registry import Fetcher, LoadedModel, ModelRegistry, TensorSpec
+
+logger = logging.getLogger(__name__)
+
+Arrays = dict[str, np.ndarray[Any, Any]]
+
+
+class InferenceService:
+    """Validated inference over a :class:`ModelRegistry`."""
+
+    def __init__(self, registry: ModelRegistry) -> None:
+        self.registry = registry
+
+    @classmethod
+    def from_manifest(
+        cls,
+        path: str | Path,
+        *,
+        workers: int = 1,
+        intra_op_threads: int | None = None,
+        eager: bool = False,
+        cache_dir: Path | None = None,
+        fetchers: Mapping[str, Fetcher] | None = None,
+    ) -> InferenceService:
+        """Build a service from a manifest file; ``eager`` loads every model now."""
+        registry = ModelRegistry(
+            load_manifest(path),
+            workers=workers,
+            intra_op_threads=intra_op_threads,
+            cache_dir=cache_dir,
+            fetchers=fetchers,
+        )
+        if eager:
+            registry.load_all()
+        return cls(registry)
+
+    # -- inference ----------------------------------------------------------------------------
+
+    def predict(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        *,
+        version: str | None = None,
+        outputs: Sequence[str] | None = None,
+    ) -> Arrays:
+        """Run one model on a batch: validated inputs in, the requested outputs (all by default) out.
+
+        Batches over the model's ``max_batch_size`` are run in chunks and concatenated.
+        """
+        loaded = self.registry.get(model, version)
+        feed, batch = _validate(loaded, inputs)
+        names = loaded.output_names if outputs is None else _check_outputs(loaded, outputs)
+        limit = loaded.settings.max_batch_size
+        if batch <= limit or batch < 0:
+            results = _run(loaded, names, feed)
+        else:
+            chunks = [
+                _run(loaded, names, {k: v[start : start + limit] for k, v in feed.items()})
+                for start in range(0, batch, limit)
+            ]
+            results = [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
+        return dict(zip(names, results, strict=True))
+
+    # -- metadata and readiness ---------------------------------------------------------------
+
+    def model_metadata(self, model: str, version: str | None = None) -> dict[str, Any]:
+        """V2 model metadata: name, versions, platform, inputs and outputs (loads the model)."""
+        loaded = self.registry.get(model, version)
+        return {
+            "name": loaded.name,
+            "versions": self.registry.versions(model),
+            "platform": "onnxruntime_onnx",
+            "inputs": [spec.to_metadata() for spec in loaded.inputs],
+            "outputs": [spec.to_metadata() for spec in loaded.outputs],
+        }
+
+    def model_ready(self, model: str, version: str | None = None) -> bool:
+        """Whether the model can serve; loads it if needed. Unknown models raise 404."""
+        self.registry.resolve(model, version)
+        try:
+            self.registry.get(model, version)
+        except ModelNotReady as exc:
+            logger.warning("model not ready: %s", exc.message)
+            return False
+        return True
+
+    def ready(self) -> bool:
+        """Whether every model that is loaded or loadable can serve."""
+        return all(self.model_ready(name) for name in self.registry.names())
+
+
+def _validate(model: LoadedModel, inputs: Mapping[str, Any]) -> tuple[Arrays, int]:
+    """Check names, dtypes and shapes against the model; returns the feed and its batch size."""
+    specs = model.inputs
+    if len(inputs) != len(specs) or any(spec.name not in inputs for spec in specs):
+        _raise_names(model, inputs)
+    feed: Arrays = {}
+    batch = -1
+    for spec in specs:
+        array = inputs[spec.name]
+        if type(array) is not np.ndarray:
+            array = np.asarray(array)
+        if array.dtype != spec.dtype:
+            array = _cast(model, spec, array)
+        shape = array.shape
+        if len(shape) != len(spec.shape):
+            raise InvalidInput(
+                f"input {spec.name!r} of model {model.name!r} must have rank {len(spec.shape)} "
+                f"(shape {list(spec.shape)}), got shape {list(shape)}"
+            )
+        for axis, (want, got) in enumerate(zip(spec.shape, shape, strict=True)):
+            if want != -1 and want != got:
+                raise InvalidInput(
+                    f"input {spec.name!r} of model {model.name!r} must have {want} at axis {axis} "
+                    f"(shape {list(spec.shape)}), got shape {list(shape)}"
+                )
+        if shape and spec.shape[0] == -1:
+            if shape[0] == 0:
+                raise InvalidInput(f"input {spec.name!r} of model {model.name!r} is an empty batch")
+            if batch == -1:
+                batch = shape[0]
+            elif shape[0] != batch:
+                raise InvalidInput(
+                    f"inputs of model {model.name!r} disagree on the batch size: "
+                    f"{spec.name!r} has {shape[0]}, another input has {batch}"
+                )
+        feed[spec.name] = array
+    return feed, batch
+
+
+def _raise_names(model: LoadedModel, inputs: Mapping[str, Any]) -> None:
+    expected = [spec.name for spec in model.inputs]
+    missing = [name for name in expected if name not in inputs]
+    extra = sorted(str(name) for name in inputs if name not in expected)
+    parts = []
+    if missing:
+        parts.append(f"missing inputs {missing}")
+    if extra:
+        parts.append(f"unexpected inputs {extra}")
+    raise InvalidInput(f"model {model.name!r} takes inputs {expected}: {'; '.join(parts)}")
+
+
+def _cast(model: LoadedModel, spec: TensorSpec, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    if not can_cast(array.dtype, spec.dtype):
+        raise InvalidInput(
+            f"input {spec.name!r} of model {model.name!r} must be {spec.datatype} "
+            f"({spec.dtype}); {array.dtype} cannot be cast to it safely"
+        )
+    return array.astype(spec.dtype)
+
+
+def _check_outputs(model: LoadedModel, outputs: Sequence[str]) -> tuple[str, ...]:
+    unknown = [name for name in outputs if name not in model.output_set]
+    if unknown:
+        raise InvalidInput(
+            f"model {model.name!r} has no outputs {unknown}; it has {list(model.output_names)}"
+        )
+    if not outputs:
+        return model.output_names
+    return tuple(dict.fromkeys(outputs))
+
+
+def _run(model: LoadedModel, names: Sequence[str], feed: Arrays) -> list[np.ndarray[Any, Any]]:
+    try:
+        return model.session.run(names, feed)  # type: ignore[no-any-return]
+    except InvalidArgument as exc:
+        # Shapes ONNX Runtime itself refuses (a dimension the graph constrains internally).
+        raise InvalidInput(f"model {model.name!r} rejected the input: {exc}") from exc
+    except FnserveError:
+        raise
+    except Exception as exc:
+        logger.exception("inference failed in model %r", model.name)
+        raise InferenceError(f"inference failed in model {model.name!r}") from exc

@@ -1,0 +1,181 @@
+"""Server settings (``FNSERVE_*`` environment variables) and per-model settings (the manifest)."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from fnserve.core._cpus import available_cpus
+
+# Names travel in URLs (/v2/models/{name}/versions/{version}) and in file paths: no slashes,
+# no dot-dot, no whitespace, nothing that needs escaping.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,126}[A-Za-z0-9_-])?$")
+
+ModelName = Annotated[str, Field(min_length=1, max_length=128)]
+
+
+def check_name(value: str, what: str) -> str:
+    """Refuse names that could escape a path or break a URL."""
+    if not NAME_PATTERN.match(value) or ".." in value:
+        raise ValueError(
+            f"{what} {value!r} is not allowed: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit, with no '..'"
+        )
+    return value
+
+
+class TensorOverride(BaseModel):
+    """What the manifest may say about one input or output beyond what the ONNX graph says."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    shape: list[int] | None = Field(
+        default=None,
+        description="Shape to advertise and enforce (-1 for a variable dimension); must have the "
+        "graph's rank and agree with its fixed dimensions.",
+    )
+
+
+class ModelSettings(BaseModel):
+    """One model version in the manifest."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: ModelName = Field(description="Model name used in URLs and job records.")
+    version: str = Field(default="1", description="Version label; the highest is the default.")
+    path: str = Field(
+        description="ONNX file: a path relative to the manifest, an absolute path, or s3://bucket/key."
+    )
+    sha256: str = Field(description="Hex SHA-256 of the ONNX file; a mismatch refuses the load.")
+    description: str = Field(default="", description="Free text shown in model metadata.")
+    inputs: dict[str, TensorOverride] = Field(
+        default_factory=dict, description="Per-input overrides, keyed by the graph's input name."
+    )
+    outputs: dict[str, TensorOverride] = Field(
+        default_factory=dict, description="Per-output overrides, keyed by the graph's output name."
+    )
+    max_batch_size: int = Field(
+        default=1024,
+        ge=1,
+        description="Largest batch sent to the runtime in one call; bigger requests are chunked.",
+    )
+    intra_op_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="ONNX Runtime intra-op threads; default: available CPUs / worker processes.",
+    )
+    inter_op_threads: int = Field(default=1, ge=1, description="ONNX Runtime inter-op threads.")
+    execution_providers: list[str] = Field(
+        default_factory=lambda: ["CPUExecutionProvider"],
+        min_length=1,
+        description="ONNX Runtime execution providers in order of preference.",
+    )
+    graph_optimization: Literal["disable", "basic", "extended", "all"] = Field(
+        default="all", description="ONNX Runtime graph optimisation level."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_name(value, "model name")
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        return check_name(value, "model version")
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha256(cls, value: str) -> str:
+        value = value.lower()
+        if not re.fullmatch(r"[0-9a-f]{64}", value):
+            raise ValueError("sha256 must be 64 hex digits")
+        return value
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if value.startswith("s3://"):
+            bucket, _, key = value[5:].partition("/")
+            if not bucket or not key:
+                raise ValueError(f"s3 path {value!r} must be s3://bucket/key")
+        elif not value:
+            raise ValueError("path must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _overrides(self) -> ModelSettings:
+        for kind, overrides in (("input", self.inputs), ("output", self.outputs)):
+            for tensor, override in overrides.items():
+                if override.shape is not None and any(d < -1 or d == 0 for d in override.shape):
+                    raise ValueError(
+                        f"{kind} {tensor!r}: shape dimensions must be positive or -1, got {override.shape}"
+                    )
+        return self
+
+
+class Manifest(BaseModel):
+    """The model manifest: every model version this deployment serves."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    models: list[ModelSettings] = Field(min_length=1, description="Served model versions.")
+    base_dir: Path = Field(
+        default=Path("."), description="Directory relative model paths are resolved against."
+    )
+
+    @model_validator(mode="after")
+    def _unique(self) -> Manifest:
+        seen: set[tuple[str, str]] = set()
+        for model in self.models:
+            key = (model.name, model.version)
+            if key in seen:
+                raise ValueError(f"model {model.name!r} version {model.version!r} is listed twice")
+            seen.add(key)
+        return self
+
+
+class Settings(BaseSettings):
+    """Server-wide settings, read from ``FNSERVE_*`` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="FNSERVE_", extra="ignore", frozen=True)
+
+    manifest: Path = Field(
+        default=Path("/opt/models/manifest.toml"),
+        description="Model manifest (TOML). The default is where the models layer lands in Lambda.",
+    )
+    parallel_workers: int = Field(
+        default=1,
+        ge=0,
+        description="Worker processes in long-running servers; 0 runs inference in the main process.",
+    )
+    intra_op_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="Intra-op threads for every model without its own; default: CPUs / workers.",
+    )
+    eager_load: bool = Field(default=False, description="Load every model at start instead of on first use.")
+    model_cache_dir: Path = Field(
+        default=Path(tempfile.gettempdir()) / "fnserve-models",
+        description="Where models fetched from remote stores (s3://) are kept for this process.",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="Log level of fnserve's loggers."
+    )
+
+    @model_validator(mode="after")
+    def _threads(self) -> Settings:
+        workers = max(1, self.parallel_workers)
+        cpus = available_cpus()
+        if self.intra_op_threads is not None and self.intra_op_threads * workers > cpus:
+            raise ValueError(
+                f"FNSERVE_INTRA_OP_THREADS={self.intra_op_threads} x FNSERVE_PARALLEL_WORKERS="
+                f"{self.parallel_workers} needs {self.intra_op_threads * workers} threads but only "
+                f"{cpus} CPUs are available; lower one of them"
+            )
+        return self

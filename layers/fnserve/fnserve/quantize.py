@@ -1,0 +1,219 @@
+"""Quantize ONNX models with onnxruntime.quantization and report what it bought.
+
+The report is honest by construction: latency is measured before and after on the same
+inputs, interleaved so that machine noise hits both alike, and compared as medians.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import onnxruntime as ort
+
+from fnserve.datafiles import DataFile
+
+Mode = Literal["dynamic", "static"]
+# A slower result within this margin is noise, not a regression.
+NOISE_MARGIN = 0.03
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Median latency of one batch size, before and after, in milliseconds."""
+
+    batch: int
+    before_ms: float
+    after_ms: float
+
+    @property
+    def speedup(self) -> float:
+        return self.before_ms / self.after_ms
+
+
+@dataclass
+class QuantizeReport:
+    """Everything the quantize command prints."""
+
+    mode: str
+    size_before: int
+    size_after: int
+    latencies: list[Latency] = field(default_factory=list)
+    accuracy_before: float | None = None
+    accuracy_after: float | None = None
+    agreement: dict[str, str] = field(default_factory=dict)
+
+    def slower_at(self) -> list[int]:
+        """Batch sizes at which the quantized model is slower beyond the noise margin."""
+        return [lat.batch for lat in self.latencies if lat.after_ms > lat.before_ms * (1 + NOISE_MARGIN)]
+
+    def lines(self) -> list[str]:
+        """The report as aligned text lines."""
+        out = [
+            f"mode              {self.mode}",
+            f"size              {self.size_before / 1024:.1f} KiB -> {self.size_after / 1024:.1f} KiB "
+            f"({self.size_after / self.size_before:.2f}x)",
+        ]
+        for lat in self.latencies:
+            out.append(
+                f"latency batch {lat.batch:<3} {lat.before_ms:.3f} ms -> {lat.after_ms:.3f} ms "
+                f"({lat.speedup:.2f}x speed-up, medians)"
+            )
+        if self.accuracy_before is not None and self.accuracy_after is not None:
+            out.append(f"accuracy          {self.accuracy_before:.4f} -> {self.accuracy_after:.4f}")
+        for name, text in self.agreement.items():
+            out.append(f"output {name}: {text}")
+        return out
+
+
+class _NpzReader:
+    """onnxruntime CalibrationDataReader over a DataFile, in batches."""
+
+    def __init__(self, data: DataFile, batch: int = 16) -> None:
+        self._iter = self._batches(data, batch)
+
+    @staticmethod
+    def _batches(data: DataFile, batch: int) -> Iterator[dict[str, np.ndarray[Any, Any]]]:
+        for start in range(0, data.rows, batch):
+            yield {k: v[start : start + batch] for k, v in data.inputs.items()}
+
+    def get_next(self) -> dict[str, np.ndarray[Any, Any]] | None:
+        return next(self._iter, None)
+
+
+def quantize(
+    src: Path,
+    dst: Path,
+    *,
+    mode: Mode = "dynamic",
+    per_channel: bool = False,
+    calibration: DataFile | None = None,
+) -> None:
+    """Write the quantized form of ``src`` to ``dst`` (static mode needs calibration data)."""
+    from onnxruntime.quantization import (
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    with tempfile.TemporaryDirectory() as tmp:
+        prepared = Path(tmp) / "prepared.onnx"
+        try:
+            quant_pre_process(str(src), str(prepared), skip_symbolic_shape=False)
+        except Exception:  # pre-processing is an optimisation; some graphs refuse it
+            prepared = src
+        if mode == "dynamic":
+            quantize_dynamic(prepared, dst, per_channel=per_channel, weight_type=QuantType.QInt8)
+        else:
+            if calibration is None:
+                raise ValueError("static quantization needs calibration data")
+            quantize_static(
+                prepared,
+                dst,
+                _NpzReader(calibration),
+                quant_format=QuantFormat.QDQ,
+                per_channel=per_channel,
+                activation_type=QuantType.QInt8,
+                weight_type=QuantType.QInt8,
+            )
+
+
+def session(path: Path, threads: int | None = None) -> ort.InferenceSession:
+    """A CPU session on ``path`` with ``threads`` intra-op threads (default: all CPUs)."""
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def measure_latency(
+    before: ort.InferenceSession,
+    after: ort.InferenceSession,
+    sample: DataFile,
+    batch: int,
+    rounds: int,
+    tick: Callable[[], None] | None = None,
+) -> Latency:
+    """Interleaved median latency of both sessions on the same ``batch`` rows."""
+    feed = {k: _rows(v, batch) for k, v in sample.inputs.items()}
+    sessions = (before, after)
+    for sess in sessions:  # warm-up: first runs allocate
+        for _ in range(3):
+            sess.run(None, feed)
+    samples: tuple[list[float], list[float]] = ([], [])
+    for i in range(rounds):
+        # Alternate which goes first so neither always runs on a cache warmed by the other.
+        for which in (0, 1) if i % 2 == 0 else (1, 0):
+            t0 = time.perf_counter()
+            sessions[which].run(None, feed)
+            samples[which].append(time.perf_counter() - t0)
+        if tick:
+            tick()
+    return Latency(batch, statistics.median(samples[0]) * 1e3, statistics.median(samples[1]) * 1e3)
+
+
+def compare_outputs(
+    before: ort.InferenceSession,
+    after: ort.InferenceSession,
+    data: DataFile,
+    report: QuantizeReport,
+) -> None:
+    """Fill the report's accuracy (when labels exist) and per-output agreement."""
+    out_before = before.run(None, data.inputs)
+    out_after = after.run(None, data.inputs)
+    for meta, a, b in zip(before.get_outputs(), out_before, out_after, strict=True):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.dtype.kind in "iub":
+            report.agreement[meta.name] = f"{np.mean(a == b):.2%} identical"
+        elif a.dtype.kind == "f":
+            text = f"max abs diff {float(np.max(np.abs(a - b))):.3g}"
+            if a.ndim == 2:
+                text += f", top-1 agreement {np.mean(a.argmax(1) == b.argmax(1)):.2%}"
+            report.agreement[meta.name] = text
+    if data.labels is not None:
+        report.accuracy_before = _accuracy(out_before, data.labels)
+        report.accuracy_after = _accuracy(out_after, data.labels)
+
+
+def _accuracy(outputs: list[Any], labels: np.ndarray[Any, Any]) -> float | None:
+    # A classifier's label output (integers, one per row) if it has one, else argmax of scores.
+    for out in outputs:
+        out = np.asarray(out)
+        if out.dtype.kind in "iu" and out.shape == labels.shape:
+            return float(np.mean(out == labels))
+    for out in outputs:
+        out = np.asarray(out)
+        if out.dtype.kind == "f" and out.ndim == 2 and out.shape[0] == labels.shape[0]:
+            return float(np.mean(out.argmax(1) == labels))
+    return None
+
+
+def _rows(array: np.ndarray[Any, Any], n: int) -> np.ndarray[Any, Any]:
+    reps = -(-n // array.shape[0])
+    return np.ascontiguousarray(np.concatenate([array] * reps)[:n]) if reps > 1 else array[:n].copy()
+
+
+def synthetic_inputs(sess: ort.InferenceSession, seed: int = 0) -> DataFile:
+    """Random inputs shaped like the model's (variable dimensions set to 1), for timing only."""
+    from fnserve.core.datatypes import ORT_TO_V2, V2_TO_NUMPY
+
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    for arg in sess.get_inputs():
+        dtype = V2_TO_NUMPY[ORT_TO_V2[arg.type]]
+        shape = [d if isinstance(d, int) and d > 0 else 1 for d in arg.shape]
+        inputs[arg.name] = rng.standard_normal(shape).astype(dtype)
+    return DataFile(inputs, None)
+
+
+def file_size(path: Path) -> int:
+    return os.stat(path).st_size

@@ -1,0 +1,43 @@
+"""Timing helpers shared by the benchmarks: interleaved samples, medians, percentiles."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+
+def interleaved(fns: Sequence[Callable[[], object]], rounds: int, warmup: int = 50) -> list[list[float]]:
+    """Time each function once per round, alternating the order; seconds per call."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    samples: list[list[float]] = [[] for _ in fns]
+    order = list(range(len(fns)))
+    clock = time.perf_counter
+    for _ in range(rounds):
+        for i in order:
+            fn = fns[i]
+            t0 = clock()
+            fn()
+            samples[i].append(clock() - t0)
+        order.reverse()
+    return samples
+
+
+def median_us(samples: Sequence[float]) -> float:
+    return statistics.median(samples) * 1e6
+
+
+def percentile(samples: Sequence[float], pct: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(round(pct / 100 * (len(ordered) - 1))))]
+
+
+def fresh_process_seconds(code: str, env: dict[str, str] | None = None) -> float:
+    """Wall time of a new Python process running ``code`` to completion."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    return time.perf_counter() - t0

@@ -1,0 +1,107 @@
+"""The fnserve command line, run in-process on the demo models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from fnserve import quantize as q
+from fnserve.cli import app
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
+
+MODELS_DIR = DEMO_MANIFEST.parent
+ACCURATE = MODELS_DIR / "digits-accurate" / "1" / "model.onnx"
+runner = CliRunner()
+
+
+def test_predict_prints_predictions_beside_true_labels() -> None:
+    result = runner.invoke(
+        app, ["predict", "digits-fast", str(DEMO_HOLDOUT), "-m", str(DEMO_MANIFEST), "-n", "8"]
+    )
+    assert result.exit_code == 0, result.output
+    labels = np.load(DEMO_HOLDOUT)["labels"][:8]
+    rows = [line for line in result.output.splitlines() if line.strip().startswith("row")]
+    assert len(rows) == 8
+    for line, label in zip(rows, labels, strict=True):
+        assert f"true {label}" in line
+    assert "accuracy" in result.output
+
+
+def test_predict_reports_a_clear_error_for_unknown_models() -> None:
+    result = runner.invoke(app, ["predict", "nope", str(DEMO_HOLDOUT), "-m", str(DEMO_MANIFEST)])
+    assert result.exit_code == 1
+    assert "model 'nope' not found" in result.output
+
+
+def test_models_lists_inputs_and_outputs() -> None:
+    result = runner.invoke(app, ["models", "-m", str(DEMO_MANIFEST)])
+    assert result.exit_code == 0, result.output
+    assert "digits-accurate-int8" in result.output
+    assert "probabilities" in result.output and "[-1, 10]" in result.output
+
+
+def test_quantize_dynamic_reports_size_latency_and_accuracy(tmp_path: Path) -> None:
+    out = tmp_path / "q.onnx"
+    args = [
+        "quantize",
+        str(ACCURATE),
+        "-o",
+        str(out),
+        "--validation",
+        str(DEMO_HOLDOUT),
+        "--rounds",
+        "20",
+        "--force",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "size              200.6 KiB ->" in result.output
+    assert "latency batch 1 " in result.output and "latency batch 64" in result.output
+    assert "accuracy          0.9750 ->" in result.output
+    assert "top-1 agreement" in result.output
+    assert out.stat().st_size < ACCURATE.stat().st_size / 2
+
+
+def test_quantize_static_needs_calibration(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["quantize", str(ACCURATE), "-o", str(tmp_path / "q.onnx"), "--mode", "static"]
+    )
+    assert result.exit_code == 1
+    assert "static quantization needs --calibration" in result.output
+
+
+def test_quantize_static_with_calibration(tmp_path: Path) -> None:
+    out = tmp_path / "q.onnx"
+    calib = MODELS_DIR / "digits-calibration.npz"
+    args = ["quantize", str(ACCURATE), "-o", str(out), "--mode", "static", "--per-channel"]
+    args += ["--calibration", str(calib), "--validation", str(DEMO_HOLDOUT), "--rounds", "10", "--force"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "mode              static per-channel" in result.output
+    assert out.exists()
+
+
+def test_quantize_refuses_to_write_a_slower_model_unless_forced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def slower(*args: object, **kwargs: object) -> q.Latency:
+        return q.Latency(int(args[3]), before_ms=1.0, after_ms=1.5)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(q, "measure_latency", slower)
+    out = tmp_path / "q.onnx"
+    result = runner.invoke(app, ["quantize", str(ACCURATE), "-o", str(out)])
+    assert result.exit_code == 1
+    assert "slower at batch 1, 64; not writing" in result.output
+    assert not out.exists()
+    result = runner.invoke(app, ["quantize", str(ACCURATE), "-o", str(out), "--force"])
+    assert result.exit_code == 0, result.output
+    assert out.exists()
+
+
+def test_slower_means_beyond_the_noise_margin() -> None:
+    report = q.QuantizeReport("dynamic", 2, 1)
+    report.latencies = [q.Latency(1, 1.0, 1.02), q.Latency(64, 1.0, 1.2)]
+    assert report.slower_at() == [64]

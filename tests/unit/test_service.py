@@ -1,0 +1,168 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fnserve.core.errors import FnserveError, InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady
+from fnserve.core.service import InferenceService
+from tests.helpers import ManifestWriter, model_bytes
+
+
+@pytest.fixture
+def service(write_manifest: ManifestWriter) -> InferenceService:
+    return InferenceService.from_manifest(write_manifest({"data": model_bytes(), "max_batch_size": 4}))
+
+
+def feed(n: int = 2) -> dict[str, np.ndarray]:
+    return {"x": np.arange(n * 3, dtype=np.float32).reshape(n, 3), "k": np.arange(n, dtype=np.int64)}
+
+
+def test_predict_returns_every_output(service: InferenceService) -> None:
+    out = service.predict("scale", feed())
+    np.testing.assert_array_equal(out["y"], feed()["x"] * 2)
+    np.testing.assert_array_equal(out["k1"], [1, 2])
+
+
+def test_requested_outputs_only_in_the_order_asked(service: InferenceService) -> None:
+    out = service.predict("scale", feed(), outputs=["k1"])
+    assert list(out) == ["k1"]
+
+
+def test_unknown_output_is_422(service: InferenceService) -> None:
+    with pytest.raises(InvalidInput, match=r"model 'scale' has no outputs \['z'\]; it has \['y', 'k1'\]"):
+        service.predict("scale", feed(), outputs=["z"])
+
+
+def test_unknown_model_and_version_are_404(service: InferenceService) -> None:
+    with pytest.raises(ModelNotFound):
+        service.predict("nope", feed())
+    with pytest.raises(ModelNotFound, match="no version '3'"):
+        service.predict("scale", feed(), version="3")
+
+
+def test_missing_and_extra_inputs_are_named(service: InferenceService) -> None:
+    with pytest.raises(InvalidInput, match=r"takes inputs \['x', 'k'\]: missing inputs \['k'\]$"):
+        service.predict("scale", {"x": feed()["x"]})
+    with pytest.raises(InvalidInput, match=r"unexpected inputs \['z'\]"):
+        service.predict("scale", {**feed(), "z": np.zeros(2)})
+    with pytest.raises(InvalidInput, match=r"missing inputs \['k'\]; unexpected inputs \['kk'\]"):
+        service.predict("scale", {"x": feed()["x"], "kk": feed()["k"]})
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16, np.int8, np.uint8, np.int16])
+def test_safe_casts_and_float_narrowing_are_accepted(service: InferenceService, dtype: type) -> None:
+    inputs = feed()
+    inputs["x"] = inputs["x"].astype(dtype)
+    np.testing.assert_array_equal(service.predict("scale", inputs)["y"], feed()["x"] * 2)
+
+
+def test_python_lists_are_accepted(service: InferenceService) -> None:
+    out = service.predict("scale", {"x": [[1.0, 2.0, 3.0]], "k": [5]})
+    np.testing.assert_array_equal(out["k1"], [6])
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype"),
+    [("k", np.float32), ("k", np.uint64), ("x", np.int64), ("x", np.complex64), ("k", np.str_)],
+)
+def test_unsafe_casts_are_refused(service: InferenceService, name: str, dtype: type) -> None:
+    inputs = feed()
+    inputs[name] = inputs[name].astype(dtype)
+    with pytest.raises(
+        InvalidInput, match=f"input '{name}' of model 'scale' must be .* cannot be cast to it safely"
+    ):
+        service.predict("scale", inputs)
+
+
+def test_wrong_rank_is_refused(service: InferenceService) -> None:
+    with pytest.raises(
+        InvalidInput,
+        match=r"input 'x' of model 'scale' must have rank 2 \(shape \[-1, 3\]\), got shape \[6\]",
+    ):
+        service.predict("scale", {"x": np.zeros(6, np.float32), "k": np.zeros(2, np.int64)})
+
+
+def test_wrong_fixed_dimension_is_refused(service: InferenceService) -> None:
+    with pytest.raises(InvalidInput, match=r"must have 3 at axis 1 \(shape \[-1, 3\]\), got shape \[2, 4\]"):
+        service.predict("scale", {"x": np.zeros((2, 4), np.float32), "k": np.zeros(2, np.int64)})
+
+
+def test_empty_batch_is_refused(service: InferenceService) -> None:
+    with pytest.raises(InvalidInput, match="input 'x' of model 'scale' is an empty batch"):
+        service.predict("scale", feed(0))
+
+
+def test_inputs_disagreeing_on_batch_size_are_refused(service: InferenceService) -> None:
+    with pytest.raises(InvalidInput, match="disagree on the batch size: 'k' has 3, another input has 2"):
+        service.predict("scale", {"x": feed(2)["x"], "k": feed(3)["k"]})
+
+
+def test_batches_over_max_batch_size_are_chunked_transparently(service: InferenceService) -> None:
+    out = service.predict("scale", feed(11))
+    np.testing.assert_array_equal(out["y"], feed(11)["x"] * 2)
+    np.testing.assert_array_equal(out["k1"], np.arange(11) + 1)
+
+
+def test_every_validation_error_is_a_422(service: InferenceService) -> None:
+    assert InvalidInput.status_code == 422
+    assert ModelNotReady.status_code == 503
+    assert issubclass(ModelLoadError, ModelNotReady)
+
+
+def test_metadata_comes_from_the_graph(service: InferenceService) -> None:
+    meta = service.model_metadata("scale")
+    assert meta == {
+        "name": "scale",
+        "versions": ["1"],
+        "platform": "onnxruntime_onnx",
+        "inputs": [
+            {"name": "x", "datatype": "FP32", "shape": [-1, 3]},
+            {"name": "k", "datatype": "INT64", "shape": [-1]},
+        ],
+        "outputs": [
+            {"name": "y", "datatype": "FP32", "shape": [-1, 3]},
+            {"name": "k1", "datatype": "INT64", "shape": [-1]},
+        ],
+    }
+
+
+def test_readiness_reports_broken_models_without_raising(write_manifest: ManifestWriter) -> None:
+    service = InferenceService.from_manifest(
+        write_manifest({"data": model_bytes()}, {"data": model_bytes(), "name": "broken", "sha256": "e" * 64})
+    )
+    assert service.model_ready("scale") is True
+    assert service.model_ready("broken") is False
+    assert service.ready() is False
+    with pytest.raises(ModelNotFound):
+        service.model_ready("nope")
+    with pytest.raises(ModelLoadError) as info:
+        service.predict("broken", feed())
+    assert info.value.status_code == 503
+
+
+def test_eager_loading_fails_at_start(write_manifest: ManifestWriter) -> None:
+    manifest = write_manifest({"data": model_bytes(), "sha256": "e" * 64})
+    with pytest.raises(ModelLoadError):
+        InferenceService.from_manifest(manifest, eager=True)
+
+
+def test_errors_cross_process_boundaries_as_plain_data() -> None:
+    data = InvalidInput("bad tensor").to_dict()
+    assert data == {"type": "InvalidInput", "message": "bad tensor", "status_code": 422}
+    rebuilt = FnserveError.from_dict(data)
+    assert type(rebuilt) is InvalidInput and rebuilt.message == "bad tensor" and rebuilt.status_code == 422
+    assert type(FnserveError.from_dict({"type": "os.system", "message": "x"})) is FnserveError
+
+
+def test_service_is_importable_without_web_or_aws_libraries(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fnserve, fnserve.core.service\n"
+        "bad = [m for m in ('boto3', 'botocore', 'fastapi', 'mangum', 'starlette') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

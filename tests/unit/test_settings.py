@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from fnserve.core import _cpus
+from fnserve.core.settings import Manifest, ModelSettings, Settings
+
+SHA = "a" * 64
+
+
+def model(**fields: object) -> ModelSettings:
+    return ModelSettings.model_validate({"name": "m", "path": "m.onnx", "sha256": SHA, **fields})
+
+
+@pytest.mark.parametrize(
+    "name", ["../etc", "a/b", "a b", "", ".hidden", "x" * 129, "a..b", "trailing.", "%2e%2e", "m?x=1"]
+)
+def test_model_names_that_could_escape_a_path_or_url_are_refused(name: str) -> None:
+    with pytest.raises(ValidationError, match="name"):
+        model(name=name)
+
+
+@pytest.mark.parametrize("name", ["digits-fast", "resnet50_v1.5", "A", "m2"])
+def test_ordinary_model_names_are_accepted(name: str) -> None:
+    assert model(name=name).name == name
+
+
+def test_versions_are_validated_like_names() -> None:
+    with pytest.raises(ValidationError, match="model version '../1'"):
+        model(version="../1")
+
+
+def test_sha256_must_be_64_hex_digits_and_is_lowercased() -> None:
+    assert model(sha256="A" * 64).sha256 == "a" * 64
+    with pytest.raises(ValidationError, match="sha256 must be 64 hex digits"):
+        model(sha256="abc")
+
+
+@pytest.mark.parametrize("path", ["s3://bucket", "s3:///key", ""])
+def test_bad_model_paths_are_refused(path: str) -> None:
+    with pytest.raises(ValidationError, match="path"):
+        model(path=path)
+
+
+def test_shape_override_dimensions_must_be_positive_or_minus_one() -> None:
+    with pytest.raises(ValidationError, match="input 'x': shape dimensions must be positive or -1"):
+        model(inputs={"x": {"shape": [0, 3]}})
+
+
+def test_unknown_model_fields_are_refused() -> None:
+    with pytest.raises(ValidationError, match="max_batch"):
+        model(max_batch=4)
+
+
+def test_duplicate_model_versions_are_refused() -> None:
+    entry = {"name": "m", "path": "m.onnx", "sha256": SHA}
+    with pytest.raises(ValidationError, match="model 'm' version '1' is listed twice"):
+        Manifest.model_validate({"models": [entry, entry]})
+
+
+def test_settings_read_fnserve_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FNSERVE_MANIFEST", "/models/m.toml")
+    monkeypatch.setenv("FNSERVE_PARALLEL_WORKERS", "0")
+    monkeypatch.setenv("FNSERVE_EAGER_LOAD", "true")
+    settings = Settings()
+    assert str(settings.manifest) == "/models/m.toml"
+    assert settings.parallel_workers == 0
+    assert settings.eager_load is True
+
+
+def test_oversubscribing_threads_is_refused_naming_both_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_cpus, "available_cpus", lambda: 4)
+    monkeypatch.setattr("fnserve.core.settings.available_cpus", lambda: 4)
+    assert Settings(intra_op_threads=2, parallel_workers=2).intra_op_threads == 2
+    with pytest.raises(ValidationError, match="FNSERVE_INTRA_OP_THREADS=3 x FNSERVE_PARALLEL_WORKERS=2"):
+        Settings(intra_op_threads=3, parallel_workers=2)
+
+
+def test_negative_workers_are_refused() -> None:
+    with pytest.raises(ValidationError, match="parallel_workers"):
+        Settings(parallel_workers=-1)
+
+
+@pytest.mark.parametrize(
+    ("cpus", "workers", "threads"), [(8, 1, 8), (8, 2, 4), (8, 3, 2), (2, 4, 1), (1, 0, 1)]
+)
+def test_default_threads_never_oversubscribe(cpus: int, workers: int, threads: int) -> None:
+    assert _cpus.default_intra_op_threads(workers, cpus=cpus) == threads
+    assert threads * max(1, workers) <= cpus or threads == 1
+
+
+def test_available_cpus_honours_a_cgroup_quota(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cpu_max = tmp_path / "cpu.max"
+    monkeypatch.setattr(_cpus, "_CGROUP_CPU_MAX", cpu_max)
+    monkeypatch.setattr(_cpus.os, "sched_getaffinity", lambda pid: set(range(16)))
+    cpu_max.write_text("150000 100000\n")
+    assert _cpus.available_cpus() == 2
+    cpu_max.write_text("max 100000\n")
+    assert _cpus.available_cpus() == 16
