@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import onnx
 from onnx import TensorProto, helper
@@ -45,3 +46,79 @@ def model_bytes(model: onnx.ModelProto | None = None) -> bytes:
 
 
 ManifestWriter = Callable[..., Path]
+
+
+ONNX_TYPES = {
+    "BOOL": TensorProto.BOOL,
+    "UINT8": TensorProto.UINT8,
+    "UINT16": TensorProto.UINT16,
+    "UINT32": TensorProto.UINT32,
+    "UINT64": TensorProto.UINT64,
+    "INT8": TensorProto.INT8,
+    "INT16": TensorProto.INT16,
+    "INT32": TensorProto.INT32,
+    "INT64": TensorProto.INT64,
+    "FP16": TensorProto.FLOAT16,
+    "FP32": TensorProto.FLOAT,
+    "FP64": TensorProto.DOUBLE,
+    "BYTES": TensorProto.STRING,
+}
+
+
+def identity_model() -> onnx.ModelProto:
+    """One Identity per V2 datatype: input ``in_<TYPE>`` [N, 2] -> output ``out_<TYPE>``."""
+    nodes, inputs, outputs = [], [], []
+    for name, onnx_type in ONNX_TYPES.items():
+        nodes.append(helper.make_node("Identity", [f"in_{name}"], [f"out_{name}"]))
+        inputs.append(helper.make_tensor_value_info(f"in_{name}", onnx_type, ["N", 2]))
+        outputs.append(helper.make_tensor_value_info(f"out_{name}", onnx_type, ["N", 2]))
+    model = helper.make_model(
+        helper.make_graph(nodes, "identity", inputs, outputs), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def sample_arrays(rows: int = 3) -> dict[str, Any]:
+    """A value of every datatype, shaped [rows, 2], with extremes where the type has them."""
+    import numpy as np
+
+    from fnserve.core.datatypes import V2_TO_NUMPY
+
+    out: dict[str, Any] = {}
+    for name, dtype in V2_TO_NUMPY.items():
+        if name == "BOOL":
+            values = np.array([True, False] * rows).reshape(rows, 2)
+        elif name == "BYTES":
+            values = np.array([f"s{i}-é".encode() for i in range(rows * 2)], dtype=object).reshape(rows, 2)
+        elif dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            values = np.array([info.min, info.max] + list(range(rows * 2 - 2)), dtype=dtype).reshape(rows, 2)
+        else:
+            values = (np.arange(rows * 2, dtype=dtype) / 4 - 0.5).reshape(rows, 2)
+        out[name] = values
+    return out
+
+
+def write_test_manifest(directory: Path) -> Path:
+    """A manifest with the demo models (by absolute path) plus the all-datatypes identity model."""
+    import hashlib
+    import tomllib
+
+    data = identity_model().SerializeToString()
+    (directory / "identity.onnx").write_bytes(data)
+    demo = tomllib.loads(DEMO_MANIFEST.read_text())["models"]
+    lines = []
+    for entry in demo:
+        lines += [
+            "[[models]]",
+            f'name = "{entry["name"]}"',
+            f'path = "{DEMO_MANIFEST.parent / entry["path"]}"',
+            f'sha256 = "{entry["sha256"]}"',
+        ]
+    lines += ["[[models]]", 'name = "identity"', 'path = "identity.onnx"']
+    lines += [f'sha256 = "{hashlib.sha256(data).hexdigest()}"']
+    manifest = directory / "manifest.toml"
+    manifest.write_text("\n".join(lines) + "\n")
+    return manifest

@@ -18,9 +18,7 @@ runner = CliRunner()
 
 
 def test_predict_prints_predictions_beside_true_labels() -> None:
-    result = runner.invoke(
-        app, ["predict", "digits-fast", str(DEMO_HOLDOUT), "-m", str(DEMO_MANIFEST), "-n", "8"]
-    )
+    result = runner.invoke(app, ["predict", "digits-fast", str(DEMO_HOLDOUT), "-m", str(DEMO_MANIFEST), "-n", "8"])
     assert result.exit_code == 0, result.output
     labels = np.load(DEMO_HOLDOUT)["labels"][:8]
     rows = [line for line in result.output.splitlines() if line.strip().startswith("row")]
@@ -66,9 +64,7 @@ def test_quantize_dynamic_reports_size_latency_and_accuracy(tmp_path: Path) -> N
 
 
 def test_quantize_static_needs_calibration(tmp_path: Path) -> None:
-    result = runner.invoke(
-        app, ["quantize", str(ACCURATE), "-o", str(tmp_path / "q.onnx"), "--mode", "static"]
-    )
+    result = runner.invoke(app, ["quantize", str(ACCURATE), "-o", str(tmp_path / "q.onnx"), "--mode", "static"])
     assert result.exit_code == 1
     assert "static quantization needs --calibration" in result.output
 

@@ -20,9 +20,7 @@ def service() -> InferenceService:
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_accuracy_on_held_out_digits_matches_what_the_build_recorded(
-    service: InferenceService, model: str
-) -> None:
+def test_accuracy_on_held_out_digits_matches_what_the_build_recorded(service: InferenceService, model: str) -> None:
     data = read_data(DEMO_HOLDOUT, ["input"])
     out = service.predict(model, data.inputs)
     recorded = json.loads((DEMO_MANIFEST.parent / model / "1" / "accuracy.json").read_text())
@@ -37,9 +35,7 @@ def test_accuracy_on_held_out_digits_matches_what_the_build_recorded(
 def test_batch_one_predictions_match_the_batched_ones(service: InferenceService) -> None:
     data = read_data(DEMO_HOLDOUT, ["input"]).head(20)
     batched = service.predict("digits-accurate", data.inputs)["label"]
-    single = [
-        service.predict("digits-accurate", {"input": row[None]})["label"][0] for row in data.inputs["input"]
-    ]
+    single = [service.predict("digits-accurate", {"input": row[None]})["label"][0] for row in data.inputs["input"]]
     np.testing.assert_array_equal(single, batched)
 
 

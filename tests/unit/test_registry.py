@@ -24,9 +24,7 @@ def test_manifest_errors_name_the_file_and_the_field(tmp_path: Path, write_manif
     with pytest.raises(ConfigError, match=r"bad.toml cannot be read"):
         load_manifest(bad)
     manifest = write_manifest({"data": model_bytes(), "max_batch_size": 0})
-    with pytest.raises(
-        ConfigError, match=r"models.0.max_batch_size: Input should be greater than or equal to 1"
-    ):
+    with pytest.raises(ConfigError, match=r"models.0.max_batch_size: Input should be greater than or equal to 1"):
         load_manifest(manifest)
 
 
@@ -63,9 +61,7 @@ def test_missing_file_is_refused(write_manifest: ManifestWriter) -> None:
 
 def test_a_file_that_is_not_onnx_is_refused(write_manifest: ManifestWriter) -> None:
     reg = registry(write_manifest({"data": b"this is not a protobuf"}))
-    with pytest.raises(
-        ModelLoadError, match=r"model 'scale' version '1': .*model.onnx is not a valid ONNX model"
-    ):
+    with pytest.raises(ModelLoadError, match=r"model 'scale' version '1': .*model.onnx is not a valid ONNX model"):
         reg.get("scale")
 
 
@@ -116,9 +112,7 @@ def test_unknown_models_and_versions_are_404s(write_manifest: ManifestWriter) ->
 def test_thread_count_defaults_to_cpus_over_workers_and_per_model_wins(
     write_manifest: ManifestWriter,
 ) -> None:
-    manifest = write_manifest(
-        {"data": model_bytes()}, {"data": model_bytes(), "name": "own", "intra_op_threads": 3}
-    )
+    manifest = write_manifest({"data": model_bytes()}, {"data": model_bytes(), "name": "own", "intra_op_threads": 3})
     reg = registry(manifest, intra_op_threads=2)
     assert reg.get("scale").session.get_session_options().intra_op_num_threads == 2
     assert reg.get("own").session.get_session_options().intra_op_num_threads == 3
@@ -140,9 +134,7 @@ def test_remote_models_are_fetched_once_then_verified(write_manifest: ManifestWr
         shutil.copyfile(source, target)
         return target
 
-    manifest = write_manifest(
-        {"path": "s3://bucket/scale.onnx", "sha256": hashlib.sha256(model_bytes()).hexdigest()}
-    )
+    manifest = write_manifest({"path": "s3://bucket/scale.onnx", "sha256": hashlib.sha256(model_bytes()).hexdigest()})
     reg = registry(manifest, fetchers={"s3": fetch}, cache_dir=tmp_path / "cache")
     assert reg.get("scale").path == tmp_path / "cache/scale/1/model.onnx"
     registry(manifest, fetchers={"s3": fetch}, cache_dir=tmp_path / "cache").get("scale")
@@ -150,9 +142,7 @@ def test_remote_models_are_fetched_once_then_verified(write_manifest: ManifestWr
 
 
 def test_unknown_execution_providers_are_refused(write_manifest: ManifestWriter) -> None:
-    reg = registry(
-        write_manifest({"data": model_bytes(), "execution_providers": ["WarpDriveExecutionProvider"]})
-    )
+    reg = registry(write_manifest({"data": model_bytes(), "execution_providers": ["WarpDriveExecutionProvider"]}))
     with pytest.raises(ModelLoadError, match="unknown execution providers"):
         reg.get("scale")
 

@@ -70,9 +70,7 @@ def test_python_lists_are_accepted(service: InferenceService) -> None:
 def test_unsafe_casts_are_refused(service: InferenceService, name: str, dtype: type) -> None:
     inputs = feed()
     inputs[name] = inputs[name].astype(dtype)
-    with pytest.raises(
-        InvalidInput, match=f"input '{name}' of model 'scale' must be .* cannot be cast to it safely"
-    ):
+    with pytest.raises(InvalidInput, match=f"input '{name}' of model 'scale' must be .* cannot be cast to it safely"):
         service.predict("scale", inputs)
 
 
@@ -166,3 +164,17 @@ def test_service_is_importable_without_web_or_aws_libraries(tmp_path: Path) -> N
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bytes_inputs_reach_the_runtime_as_text_and_must_be_utf8(write_manifest: ManifestWriter) -> None:
+    from tests.helpers import identity_model, sample_arrays
+
+    service = InferenceService.from_manifest(
+        write_manifest({"name": "identity", "data": model_bytes(identity_model())})
+    )
+    inputs = {f"in_{k}": v for k, v in sample_arrays().items()}
+    out = service.predict("identity", inputs, outputs=["out_BYTES"])["out_BYTES"]
+    assert out.tolist() == [[v.decode() for v in row] for row in inputs["in_BYTES"]]
+    inputs["in_BYTES"] = np.array([[b"\xff", b"ok"]] * 3, dtype=object)
+    with pytest.raises(InvalidInput, match="input 'in_BYTES' of model 'identity': BYTES elements must be UTF-8"):
+        service.predict("identity", inputs)

@@ -82,9 +82,7 @@ def test_negative_workers_are_refused() -> None:
         Settings(parallel_workers=-1)
 
 
-@pytest.mark.parametrize(
-    ("cpus", "workers", "threads"), [(8, 1, 8), (8, 2, 4), (8, 3, 2), (2, 4, 1), (1, 0, 1)]
-)
+@pytest.mark.parametrize(("cpus", "workers", "threads"), [(8, 1, 8), (8, 2, 4), (8, 3, 2), (2, 4, 1), (1, 0, 1)])
 def test_default_threads_never_oversubscribe(cpus: int, workers: int, threads: int) -> None:
     assert _cpus.default_intra_op_threads(workers, cpus=cpus) == threads
     assert threads * max(1, workers) <= cpus or threads == 1

@@ -103,9 +103,7 @@ def quantize(
     ] = None,
     rounds: Annotated[int, typer.Option(min=10, help="Timed rounds per batch size.")] = 200,
     threads: Annotated[int | None, typer.Option(min=1, help="Intra-op threads while timing.")] = None,
-    force: Annotated[
-        bool, typer.Option("--force", help="Write the model even if it came out slower.")
-    ] = False,
+    force: Annotated[bool, typer.Option("--force", help="Write the model even if it came out slower.")] = False,
 ) -> None:
     """Quantize a model to int8 and report size, latency and accuracy before and after."""
     from rich.progress import Progress
@@ -139,9 +137,7 @@ def quantize(
         for batch in (1, 64):
             task = progress.add_task(f"timing batch {batch}", total=rounds)
             report.latencies.append(
-                q.measure_latency(
-                    before, after, sample, batch, rounds, functools.partial(progress.advance, task)
-                )
+                q.measure_latency(before, after, sample, batch, rounds, functools.partial(progress.advance, task))
             )
         if valid is not None:
             q.compare_outputs(before, after, valid, report)
@@ -156,3 +152,61 @@ def quantize(
         output.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(candidate, output)
     typer.echo(f"wrote {output}")
+
+
+@app.command()
+def serve(
+    manifest: ManifestOpt,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes, each with its own models.")] = 1,
+) -> None:
+    """Serve the manifest's models over the V2 HTTP API (uvicorn), as in a container."""
+    from fnserve.adapters.server import serve as run_server
+    from fnserve.core.service import InferenceService
+
+    try:
+        service = InferenceService.from_manifest(manifest)
+        name = service.registry.names()[0]
+        meta = service.model_metadata(name)
+    except FnserveError as exc:
+        raise _fail(exc.message) from None
+    url = f"http://{host}:{port}"
+    typer.echo(f"fnserve: {len(service.registry.names())} models on {url}, {workers} worker(s); Ctrl-C stops.")
+    typer.echo(f"  metadata  curl -s {url}/v2/models/{name}")
+    typer.echo(f"  infer     curl -s {url}/v2/models/{name}/infer -d '{_example_request(meta)}'")
+    inputs = "; ".join(
+        f"i{n} = t.InferInput('{spec['name']}', {_one_row(spec['shape'])}, '{spec['datatype']}'); "
+        f"i{n}.set_data_from_numpy(np.zeros({_one_row(spec['shape'])}, '{_numpy_name(spec['datatype'])}'), "
+        "binary_data=True)"
+        for n, spec in enumerate(meta["inputs"])
+    )
+    typer.echo(
+        "  python    import numpy as np, tritonclient.http as t; "
+        f"c = t.InferenceServerClient('{host}:{port}'); "
+        f"{inputs}; r = c.infer('{name}', [{', '.join(f'i{n}' for n in range(len(meta['inputs'])))}]); "
+        f"print(r.get_response())"
+    )
+    run_server(str(manifest.resolve()), host, port, workers)
+
+
+def _one_row(shape: list[int]) -> list[int]:
+    return [1 if d == -1 else d for d in shape]
+
+
+def _numpy_name(datatype: str) -> str:
+    from fnserve.core.datatypes import V2_TO_NUMPY
+
+    return str(V2_TO_NUMPY[datatype])
+
+
+def _example_request(meta: dict[str, Any]) -> str:
+    import json
+
+    inputs = []
+    for spec in meta["inputs"]:
+        shape = _one_row(spec["shape"])
+        size = int(np.prod(shape))
+        value: object = "" if spec["datatype"] == "BYTES" else False if spec["datatype"] == "BOOL" else 0
+        inputs.append({"name": spec["name"], "shape": shape, "datatype": spec["datatype"], "data": [value] * size})
+    return json.dumps({"inputs": inputs}, separators=(",", ":"))

@@ -48,9 +48,7 @@ def numpy_dtype(datatype: str) -> np.dtype[np.generic]:
     try:
         return V2_TO_NUMPY[datatype]
     except KeyError:
-        raise InvalidInput(
-            f"unknown datatype {datatype!r}; expected one of {', '.join(V2_TO_NUMPY)}"
-        ) from None
+        raise InvalidInput(f"unknown datatype {datatype!r}; expected one of {', '.join(V2_TO_NUMPY)}") from None
 
 
 def v2_datatype(dtype: np.dtype[np.generic]) -> str:

@@ -166,9 +166,7 @@ class ModelRegistry:
             raise ModelLoadError(f"{where}: file {path} cannot be read: {exc}") from exc
         digest = hashlib.sha256(data).hexdigest()
         if digest != settings.sha256:
-            raise ModelLoadError(
-                f"{where}: file {path} has sha256 {digest}, but the manifest says {settings.sha256}"
-            )
+            raise ModelLoadError(f"{where}: file {path} has sha256 {digest}, but the manifest says {settings.sha256}")
         options = ort.SessionOptions()
         options.intra_op_num_threads = settings.intra_op_threads or self._threads
         options.inter_op_num_threads = settings.inter_op_threads
@@ -181,6 +179,8 @@ class ModelRegistry:
             raise ModelLoadError(f"{where}: {path} is not a valid ONNX model: {exc}") from exc
         inputs = _specs(session.get_inputs(), settings.inputs, where, "input")
         outputs = _specs(session.get_outputs(), settings.outputs, where, "output")
+        if settings.warmup:
+            _warm_up(session, inputs, where)
         logger.info(
             "loaded %s from %s (%d threads, providers %s)",
             where,
@@ -236,6 +236,17 @@ class ModelRegistry:
         return chosen or ["CPUExecutionProvider"]
 
 
+def _warm_up(session: ort.InferenceSession, inputs: Sequence[TensorSpec], where: str) -> None:
+    feed = {}
+    for spec in inputs:
+        shape = [1 if d == -1 else d for d in spec.shape]
+        feed[spec.name] = np.full(shape, b"" if spec.datatype == "BYTES" else 0, dtype=spec.dtype)
+    try:
+        session.run(None, feed)
+    except Exception as exc:  # a model may reject zeros (e.g. indices); it still serves
+        logger.info("%s: warm-up run skipped: %s", where, exc)
+
+
 def _specs(
     args: Sequence[ort.NodeArg],
     overrides: Mapping[str, TensorOverride],
@@ -245,9 +256,7 @@ def _specs(
     names = {a.name for a in args}
     unknown = sorted(set(overrides) - names)
     if unknown:
-        raise ModelLoadError(
-            f"{where}: manifest overrides unknown {kind}s {unknown}; graph has {sorted(names)}"
-        )
+        raise ModelLoadError(f"{where}: manifest overrides unknown {kind}s {unknown}; graph has {sorted(names)}")
     specs = []
     for arg in args:
         datatype = ORT_TO_V2.get(arg.type)

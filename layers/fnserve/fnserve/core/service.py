@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
@@ -14,6 +14,9 @@ from fnserve.core.datatypes import can_cast
 from fnserve.core.errors import FnserveError, InferenceError, InvalidInput, ModelNotReady
 from fnserve.core.manifest import load_manifest
 from fnserve.core.registry import Fetcher, LoadedModel, ModelRegistry, TensorSpec
+
+if TYPE_CHECKING:
+    from fnserve.core.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +51,18 @@ class InferenceService:
         if eager:
             registry.load_all()
         return cls(registry)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, fetchers: Mapping[str, Fetcher] | None = None) -> InferenceService:
+        """Build the service a process serves with, as the server settings describe it."""
+        return cls.from_manifest(
+            settings.manifest,
+            workers=settings.parallel_workers,
+            intra_op_threads=settings.intra_op_threads,
+            eager=settings.eager_load,
+            cache_dir=settings.model_cache_dir,
+            fetchers=fetchers,
+        )
 
     # -- inference ----------------------------------------------------------------------------
 
@@ -118,6 +133,8 @@ def _validate(model: LoadedModel, inputs: Mapping[str, Any]) -> tuple[Arrays, in
             array = np.asarray(array)
         if array.dtype != spec.dtype:
             array = _cast(model, spec, array)
+        if spec.datatype == "BYTES":
+            array = _strings(model, spec, array)
         shape = array.shape
         if len(shape) != len(spec.shape):
             raise InvalidInput(
@@ -165,12 +182,20 @@ def _cast(model: LoadedModel, spec: TensorSpec, array: np.ndarray[Any, Any]) -> 
     return array.astype(spec.dtype)
 
 
+def _strings(model: LoadedModel, spec: TensorSpec, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    # ONNX Runtime takes string tensors as str objects (it would str() a bytes object into "b'..'").
+    out = np.empty(array.shape, dtype=object)
+    try:
+        out.ravel()[:] = [v.decode() if isinstance(v, bytes) else str(v) for v in array.ravel()]
+    except UnicodeDecodeError:
+        raise InvalidInput(f"input {spec.name!r} of model {model.name!r}: BYTES elements must be UTF-8") from None
+    return out
+
+
 def _check_outputs(model: LoadedModel, outputs: Sequence[str]) -> tuple[str, ...]:
     unknown = [name for name in outputs if name not in model.output_set]
     if unknown:
-        raise InvalidInput(
-            f"model {model.name!r} has no outputs {unknown}; it has {list(model.output_names)}"
-        )
+        raise InvalidInput(f"model {model.name!r} has no outputs {unknown}; it has {list(model.output_names)}")
     if not outputs:
         return model.output_names
     return tuple(dict.fromkeys(outputs))

@@ -48,9 +48,7 @@ class ModelSettings(BaseModel):
 
     name: ModelName = Field(description="Model name used in URLs and job records.")
     version: str = Field(default="1", description="Version label; the highest is the default.")
-    path: str = Field(
-        description="ONNX file: a path relative to the manifest, an absolute path, or s3://bucket/key."
-    )
+    path: str = Field(description="ONNX file: a path relative to the manifest, an absolute path, or s3://bucket/key.")
     sha256: str = Field(description="Hex SHA-256 of the ONNX file; a mismatch refuses the load.")
     description: str = Field(default="", description="Free text shown in model metadata.")
     inputs: dict[str, TensorOverride] = Field(
@@ -77,6 +75,11 @@ class ModelSettings(BaseModel):
     )
     graph_optimization: Literal["disable", "basic", "extended", "all"] = Field(
         default="all", description="ONNX Runtime graph optimisation level."
+    )
+    warmup: bool = Field(
+        default=True,
+        description="Run one zero-filled batch at load, so the first request does not pay the "
+        "runtime's first-run allocations.",
     )
 
     @field_validator("name")
@@ -125,9 +128,7 @@ class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     models: list[ModelSettings] = Field(min_length=1, description="Served model versions.")
-    base_dir: Path = Field(
-        default=Path("."), description="Directory relative model paths are resolved against."
-    )
+    base_dir: Path = Field(default=Path("."), description="Directory relative model paths are resolved against.")
 
     @model_validator(mode="after")
     def _unique(self) -> Manifest:
@@ -166,6 +167,15 @@ class Settings(BaseSettings):
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log level of fnserve's loggers."
+    )
+    access_log: bool = Field(
+        default=True, description="One structured log line per inference request, with stage timings."
+    )
+    max_request_bytes: int = Field(
+        default=6 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body accepted (413 beyond, before parsing); default: "
+        "Lambda's 6 MB synchronous payload limit.",
     )
 
     @model_validator(mode="after")

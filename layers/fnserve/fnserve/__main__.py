@@ -1,0 +1,5 @@
+"""``python -m fnserve``: the command line."""
+
+from fnserve.cli import main
+
+main()

@@ -1,0 +1,205 @@
+"""The HTTP API: Open Inference Protocol V2 over FastAPI, shared by Lambda (Mangum) and the server.
+
+Routes translate HTTP to :class:`InferenceService` calls and back; they hold no inference logic.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from fnserve import __version__
+from fnserve.adapters import openapi
+from fnserve.adapters.logs import logger
+from fnserve.core.errors import BadRequest, FnserveError, PayloadTooLarge
+from fnserve.core.service import InferenceService
+from fnserve.core.settings import Settings
+from fnserve.core.tensors import JSON_HEADER, decode_request, encode_response
+
+EXTENSIONS = ["binary_tensor_data"]
+JSON = "application/json"
+BINARY = "application/octet-stream"
+
+
+class Telemetry(Protocol):
+    """Where per-request figures go (EMF metrics in Lambda, nothing by default)."""
+
+    def record(self, model: str, status: int, timings: dict[str, float]) -> None: ...
+
+
+class NoTelemetry:
+    def record(self, model: str, status: int, timings: dict[str, float]) -> None:
+        return None
+
+
+def json_response(content: Any, status_code: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(content), status_code=status_code, media_type=JSON, headers=headers)
+
+
+def error_response(message: str, status_code: int, headers: Mapping[str, str] | None = None) -> Response:
+    return json_response({"error": message}, status_code, headers)
+
+
+def request_id(scope: Scope) -> str:
+    """The caller's X-Request-Id, else the Lambda request id, else a new one."""
+    for key, value in scope.get("headers", ()):
+        if key == b"x-request-id" and value:
+            return bytes(value[:128]).decode("latin-1")
+    rid = getattr(scope.get("aws.context"), "aws_request_id", None)
+    return str(rid) if rid else uuid.uuid4().hex
+
+
+class RequestContext:
+    """Pure ASGI middleware: request id in every log line and in the response; no 500 leaks details.
+
+    (Starlette's BaseHTTPMiddleware would cost a task and a stream per request.)
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = request_id(scope)
+        logger.thread_safe_append_keys(request_id=rid)
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                message["headers"] = [*message.get("headers", ()), (b"x-request-id", rid.encode("latin-1"))]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            logger.exception("unhandled error", extra={"path": scope.get("path")})
+            if started:
+                raise
+            await error_response("internal server error", 500)(scope, receive, send_with_id)
+
+
+def create_app(
+    service: InferenceService,
+    settings: Settings | None = None,
+    telemetry: Telemetry | None = None,
+) -> FastAPI:
+    """The FastAPI application serving ``service``."""
+    settings = settings or Settings()
+    logger.setLevel(settings.log_level)
+    telemetry = telemetry or NoTelemetry()
+    limit = settings.max_request_bytes
+    access_log = settings.access_log
+    app = FastAPI(
+        title="fnserve",
+        version=__version__,
+        description="Open Inference Protocol V2 (REST) with Triton's binary tensor extension.",
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.add_middleware(RequestContext)
+
+    @app.exception_handler(FnserveError)
+    async def _fnserve_error(request: Request, exc: FnserveError) -> Response:
+        return error_response(exc.message, exc.status_code)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> Response:
+        return error_response(str(exc.detail), exc.status_code, exc.headers)
+
+    @app.get("/v2/health/live", tags=["health"], responses=openapi.LIVE)
+    async def live() -> Response:
+        return json_response({"live": True})
+
+    @app.get("/v2/health/ready", tags=["health"], responses=openapi.READY)
+    async def ready() -> Response:
+        is_ready = service.ready()
+        return json_response({"ready": is_ready}, 200 if is_ready else 503)
+
+    @app.get("/v2", tags=["metadata"], responses=openapi.SERVER_METADATA)
+    @app.get("/v2/", include_in_schema=False)
+    async def server_metadata() -> Response:
+        return json_response({"name": "fnserve", "version": __version__, "extensions": EXTENSIONS})
+
+    @app.get("/v2/models/{name}", tags=["metadata"], responses=openapi.MODEL_METADATA)
+    @app.get("/v2/models/{name}/versions/{version}", tags=["metadata"], responses=openapi.MODEL_METADATA)
+    async def model_metadata(name: str, version: str | None = None) -> Response:
+        return json_response(service.model_metadata(name, version))
+
+    @app.get("/v2/models/{name}/ready", tags=["health"], responses=openapi.MODEL_READY)
+    @app.get("/v2/models/{name}/versions/{version}/ready", tags=["health"], responses=openapi.MODEL_READY)
+    async def model_ready(name: str, version: str | None = None) -> Response:
+        is_ready = service.model_ready(name, version)
+        return json_response({"name": name, "ready": is_ready}, 200 if is_ready else 503)
+
+    @app.post("/v2/models/{name}/infer", tags=["inference"], **openapi.INFER)
+    @app.post("/v2/models/{name}/versions/{version}/infer", tags=["inference"], **openapi.INFER)
+    async def infer(request: Request, name: str, version: str | None = None) -> Response:
+        timings: dict[str, float] = {}
+        status = 200
+        try:
+            t0 = time.perf_counter()
+            body = await _read_body(request, limit)
+            json_length = _json_length(request)
+            decoded = decode_request(body, json_length)
+            t1 = time.perf_counter()
+            outputs = service.predict(name, decoded.inputs, version=version, outputs=decoded.outputs)
+            t2 = time.perf_counter()
+            model = service.registry.resolve(name, version)
+            payload, head_length = encode_response(model.name, model.version, outputs, decoded)
+            t3 = time.perf_counter()
+        except FnserveError as exc:
+            status = exc.status_code
+            if access_log:
+                logger.info("inference refused", extra={"model": name, "status": status, "error": exc.message})
+            telemetry.record(name, status, timings)
+            raise
+        timings = {
+            "decode": round((t1 - t0) * 1e3, 3),
+            "infer": round((t2 - t1) * 1e3, 3),
+            "encode": round((t3 - t2) * 1e3, 3),
+        }
+        headers = {"server-timing": ", ".join(f"{k};dur={v}" for k, v in timings.items())}
+        if head_length is not None:
+            headers[JSON_HEADER] = str(head_length)
+        if access_log:
+            logger.info("inference", extra={"model": name, "version": model.version, "status": status, **timings})
+        telemetry.record(name, status, timings)
+        return Response(payload, media_type=BINARY if head_length is not None else JSON, headers=headers)
+
+    return app
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body of {declared} bytes is over the {limit}-byte limit")
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body is over the {limit}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json_length(request: Request) -> int | None:
+    value = request.headers.get(JSON_HEADER)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise BadRequest(f"Inference-Header-Content-Length must be an integer, got {value!r}") from None

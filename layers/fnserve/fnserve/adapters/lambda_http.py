@@ -1,0 +1,64 @@
+"""The Lambda HTTP handler: API Gateway (REST v1, HTTP API v2) and ALB events -> Mangum -> the app.
+
+Everything is built once per container, at import of the function's ``app.py`` (warm
+globals); Mangum's lifespan is off, since Mangum would run it on every invocation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from aws_lambda_powertools import Metrics
+from aws_lambda_powertools.metrics import MetricUnit
+from mangum import Mangum
+
+from fnserve.adapters.http import create_app
+from fnserve.adapters.logs import logger
+from fnserve.core.service import InferenceService
+from fnserve.core.settings import Settings
+
+# Only JSON is text; everything else (the binary tensor extension's application/octet-stream)
+# is base64-encoded for API Gateway, which decodes it back to bytes for the client.
+TEXT_MIME_TYPES = ["application/json"]
+
+LambdaHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
+
+
+class EmfTelemetry:
+    """Per-request EMF metrics: requests, status and stage latencies, by model."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def record(self, model: str, status: int, timings: dict[str, float]) -> None:
+        # One request per invocation, so the dimensions describe exactly this request.
+        self.metrics.add_dimension(name="model", value=model)
+        self.metrics.add_dimension(name="status", value=str(status))
+        self.metrics.add_metric(name="Requests", unit=MetricUnit.Count, value=1)
+        if status >= 400:
+            self.metrics.add_metric(name="Errors", unit=MetricUnit.Count, value=1)
+        for stage, ms in timings.items():
+            self.metrics.add_metric(name=f"{stage.capitalize()}Latency", unit=MetricUnit.Milliseconds, value=ms)
+        if timings:
+            self.metrics.add_metric(name="Latency", unit=MetricUnit.Milliseconds, value=sum(timings.values()))
+
+
+def create_handler(
+    service: InferenceService | None = None,
+    settings: Settings | None = None,
+    metrics: Metrics | None = None,
+) -> LambdaHandler:
+    """The Lambda handler for the HTTP API; build it once, at import."""
+    settings = settings or Settings()
+    service = service or InferenceService.from_settings(settings)
+    metrics = metrics or Metrics(namespace="fnserve", service="fnserve")
+    app = create_app(service, settings, telemetry=EmfTelemetry(metrics))
+    asgi = Mangum(app, lifespan="off", text_mime_types=TEXT_MIME_TYPES)
+
+    @metrics.log_metrics
+    @logger.inject_lambda_context(clear_state=True)
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        return asgi(event, context)
+
+    return handler

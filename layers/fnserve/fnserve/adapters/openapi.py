@@ -1,0 +1,174 @@
+"""OpenAPI documentation of the V2 routes (schemas after the Open Inference Protocol's spec).
+
+The routes read raw bodies for speed, so their request and response shapes are declared
+here rather than inferred from pydantic models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
+_PARAMETERS = {"type": "object"}
+_TENSOR_DATA: dict[str, Any] = {"type": "array", "items": {}}
+_SHAPE = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+_METADATA_TENSOR = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "datatype": {"type": "string"},
+        "shape": _SHAPE | {"items": {"type": "integer"}},
+    },
+    "required": ["name", "datatype", "shape"],
+}
+DATATYPES = [
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BYTES",
+]
+
+INFERENCE_REQUEST = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "parameters": _PARAMETERS,
+        "inputs": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "shape": _SHAPE,
+                    "datatype": {"type": "string", "enum": DATATYPES},
+                    "parameters": _PARAMETERS,
+                    "data": _TENSOR_DATA,
+                },
+                "required": ["name", "shape", "datatype", "data"],
+            },
+        },
+        "outputs": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "parameters": _PARAMETERS},
+                "required": ["name"],
+            },
+        },
+    },
+    "required": ["inputs"],
+}
+
+INFERENCE_RESPONSE = {
+    "type": "object",
+    "properties": {
+        "model_name": {"type": "string"},
+        "model_version": {"type": "string"},
+        "id": {"type": "string"},
+        "parameters": _PARAMETERS,
+        "outputs": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "shape": _SHAPE,
+                    "datatype": {"type": "string"},
+                    "parameters": _PARAMETERS,
+                    "data": _TENSOR_DATA,
+                },
+                "required": ["name", "shape", "datatype"],
+            },
+        },
+    },
+    "required": ["model_name", "outputs"],
+}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_ERRORS: dict[int | str, Any] = {
+    404: _json(_ERROR, "Unknown model or version"),
+}
+
+LIVE: dict[int | str, Any] = {
+    200: _json({"type": "object", "properties": {"live": {"type": "boolean"}}}, "Live"),
+}
+READY: dict[int | str, Any] = {
+    200: _json({"type": "object", "properties": {"ready": {"type": "boolean"}}}, "Every model can serve"),
+    503: _json({"type": "object", "properties": {"ready": {"type": "boolean"}}}, "Some model cannot serve"),
+}
+SERVER_METADATA: dict[int | str, Any] = {
+    200: _json(
+        {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "version": {"type": "string"},
+                "extensions": {"type": "array", "items": {"type": "string"}},
+            },
+            "required": ["name", "version", "extensions"],
+        },
+        "Server metadata",
+    )
+}
+MODEL_METADATA: dict[int | str, Any] = {
+    200: _json(
+        {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "versions": {"type": "array", "items": {"type": "string"}},
+                "platform": {"type": "string"},
+                "inputs": {"type": "array", "items": _METADATA_TENSOR},
+                "outputs": {"type": "array", "items": _METADATA_TENSOR},
+            },
+            "required": ["name", "platform"],
+        },
+        "Model metadata",
+    ),
+    **_ERRORS,
+    503: _json(_ERROR, "The model cannot load"),
+}
+_MODEL_READY = {"type": "object", "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}}}
+MODEL_READY: dict[int | str, Any] = {
+    200: _json(_MODEL_READY, "The model can serve"),
+    503: _json(_MODEL_READY, "The model cannot serve"),
+    **_ERRORS,
+}
+INFER: dict[str, Any] = {
+    "responses": {
+        200: {
+            "description": "Inference result (application/octet-stream when binary tensors follow the JSON)",
+            "content": {
+                "application/json": {"schema": INFERENCE_RESPONSE},
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+            },
+        },
+        400: _json(_ERROR, "Malformed request"),
+        **_ERRORS,
+        413: _json(_ERROR, "Request body over the size limit"),
+        422: _json(_ERROR, "Tensors that do not fit the model"),
+        503: _json(_ERROR, "The model cannot load"),
+    },
+    "openapi_extra": {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": INFERENCE_REQUEST},
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+            },
+        }
+    },
+}

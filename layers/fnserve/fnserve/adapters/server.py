@@ -1,0 +1,40 @@
+"""The long-running server: the same app under uvicorn (uvloop + httptools), N worker processes."""
+
+from __future__ import annotations
+
+import os
+
+from fastapi import FastAPI
+
+from fnserve.adapters.http import create_app
+from fnserve.core.service import InferenceService
+from fnserve.core.settings import Settings
+
+
+def app_factory() -> FastAPI:
+    """Called once in every uvicorn worker process: that worker's warm service and app."""
+    settings = Settings()
+    return create_app(InferenceService.from_settings(settings), settings)
+
+
+def serve(manifest: str, host: str = "127.0.0.1", port: int = 8080, workers: int = 1) -> None:
+    """Run the server until interrupted. Settings reach the workers through FNSERVE_* variables."""
+    import uvicorn
+
+    os.environ["FNSERVE_MANIFEST"] = manifest
+    # Each worker sizes its ONNX Runtime threads as CPUs / workers (see Settings).
+    os.environ["FNSERVE_PARALLEL_WORKERS"] = str(workers)
+    # A long-running worker loads (and warms) every model before it takes traffic.
+    os.environ.setdefault("FNSERVE_EAGER_LOAD", "true")
+    Settings()  # refuse bad settings here, once, rather than in every worker
+    uvicorn.run(
+        "fnserve.adapters.server:app_factory",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level="warning",
+    )

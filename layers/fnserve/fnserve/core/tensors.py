@@ -1,0 +1,284 @@
+"""Open Inference Protocol V2 tensor codec: JSON and Triton's binary tensor extension <-> numpy.
+
+Decoding and encoding stay in numpy and orjson (C) on the hot path: ``np.asarray`` on the
+JSON data, ``np.frombuffer`` on binary data, ``orjson`` with numpy serialisation on the way
+out. Only BYTES tensors, which are per-element by nature, loop in Python.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+import orjson
+
+from fnserve.core.datatypes import V2_TO_NUMPY, v2_datatype
+from fnserve.core.errors import BadRequest, InvalidInput
+
+JSON_HEADER = "inference-header-content-length"
+_LE: Final = "<"
+_U32 = struct.Struct("<I")
+_DUMP_OPTS = orjson.OPT_SERIALIZE_NUMPY
+
+
+@dataclass(slots=True)
+class InferenceRequest:
+    """A decoded V2 inference request."""
+
+    inputs: dict[str, np.ndarray[Any, Any]]
+    id: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    outputs: list[str] | None = None  # requested output names, None for all
+    binary_outputs: dict[str, bool] = field(default_factory=dict)  # per requested output
+    binary_default: bool = False  # request's binary_data_output
+
+    def wants_binary(self, name: str) -> bool:
+        return self.binary_outputs.get(name, self.binary_default)
+
+
+def decode_request(body: bytes, json_length: int | None = None) -> InferenceRequest:
+    """Parse a V2 request body; ``json_length`` is the Inference-Header-Content-Length value."""
+    if json_length is None:
+        head, binary = body, b""
+    else:
+        if json_length < 0 or json_length > len(body):
+            raise BadRequest(f"Inference-Header-Content-Length is {json_length} but the body has {len(body)} bytes")
+        head, binary = body[:json_length], body[json_length:]
+    try:
+        doc = orjson.loads(head)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("request body must be a JSON object")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InvalidInput("'inputs' must be a non-empty list of tensors")
+    request = InferenceRequest(inputs={})
+    if (req_id := doc.get("id")) is not None:
+        if not isinstance(req_id, str):
+            raise InvalidInput("'id' must be a string")
+        request.id = req_id
+    request.parameters = _parameters(doc.get("parameters"), "request")
+    binary_default = request.parameters.get("binary_data_output", False)
+    if not isinstance(binary_default, bool):
+        raise InvalidInput("parameter 'binary_data_output' must be a boolean")
+    request.binary_default = binary_default
+    offset = 0
+    for raw in raw_inputs:
+        name, array, offset = _decode_input(raw, binary, offset)
+        if name in request.inputs:
+            raise InvalidInput(f"input {name!r} appears twice")
+        request.inputs[name] = array
+    if offset != len(binary):
+        raise BadRequest(f"{len(binary) - offset} bytes of binary data follow the JSON but no input claims them")
+    raw_outputs = doc.get("outputs")
+    if raw_outputs is not None:
+        request.outputs = _decode_outputs(raw_outputs, request)
+    return request
+
+
+def _parameters(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{where} 'parameters' must be an object")
+    return value
+
+
+def _decode_input(raw: Any, binary: bytes, offset: int) -> tuple[str, np.ndarray[Any, Any], int]:
+    if not isinstance(raw, dict):
+        raise InvalidInput("each input must be an object with name, shape, datatype and data")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("each input needs a 'name' string")
+    datatype = raw.get("datatype")
+    dtype = V2_TO_NUMPY.get(datatype) if isinstance(datatype, str) else None
+    if dtype is None:
+        raise InvalidInput(f"input {name!r}: unknown datatype {datatype!r}; expected one of {', '.join(V2_TO_NUMPY)}")
+    shape = raw.get("shape")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise InvalidInput(f"input {name!r}: 'shape' must be a list of non-negative integers")
+    size = math.prod(shape)
+    params = _parameters(raw.get("parameters"), f"input {name!r}")
+    nbytes = params.get("binary_data_size")
+    if nbytes is not None:
+        if type(nbytes) is not int or nbytes < 0:
+            raise InvalidInput(f"input {name!r}: 'binary_data_size' must be a non-negative integer")
+        if "data" in raw:
+            raise InvalidInput(f"input {name!r} has both 'data' and 'binary_data_size'")
+        if offset + nbytes > len(binary):
+            raise BadRequest(f"input {name!r} claims {nbytes} binary bytes but only {len(binary) - offset} remain")
+        chunk = binary[offset : offset + nbytes]
+        array = _from_binary(name, datatype, dtype, chunk, size)  # type: ignore[arg-type]
+        return name, array.reshape(shape), offset + nbytes
+    if "data" not in raw:
+        raise InvalidInput(f"input {name!r} has no 'data' (and no 'binary_data_size')")
+    array = _from_json(name, datatype, dtype, raw["data"])  # type: ignore[arg-type]
+    if array.size != size:
+        raise InvalidInput(f"input {name!r}: shape {shape} needs {size} elements, data has {array.size}")
+    return name, array.reshape(shape), offset
+
+
+def _from_json(name: str, datatype: str, dtype: np.dtype[Any], data: Any) -> np.ndarray[Any, Any]:
+    if not isinstance(data, list):
+        data = [data]
+    if datatype == "BYTES":
+        flat = _flatten(data)
+        if not all(isinstance(v, str) for v in flat):
+            raise InvalidInput(f"input {name!r}: BYTES data must be strings")
+        out = np.empty(len(flat), dtype=object)
+        out[:] = [v.encode() for v in flat]
+        return out
+    try:
+        raw = np.asarray(data)
+    except ValueError:
+        raise InvalidInput(f"input {name!r}: 'data' is a ragged nested list") from None
+    kind = raw.dtype.kind
+    if raw.size == 0:
+        return raw.astype(dtype)
+    if dtype.kind == "b":
+        if kind != "b":
+            raise InvalidInput(f"input {name!r}: BOOL data must be true/false")
+        return raw
+    if kind not in "biuf":
+        raise InvalidInput(f"input {name!r}: {datatype} data must be numbers, got {raw.dtype.kind!r} values")
+    if dtype.kind in "iu":
+        if kind == "f":
+            if datatype == "UINT64" and all(type(v) is int for v in _flatten(data)):
+                # numpy infers float64 for ints past int64's range; build it exactly instead.
+                return _exact_uint64(name, data)
+            raise InvalidInput(f"input {name!r}: {datatype} data must be integers, got floats")
+        info = np.iinfo(dtype)
+        if raw.min() < info.min or raw.max() > info.max:
+            raise InvalidInput(f"input {name!r}: values out of range for {datatype}")
+    return raw.astype(dtype, copy=False)
+
+
+def _exact_uint64(name: str, data: list[Any]) -> np.ndarray[Any, Any]:
+    try:
+        return np.asarray(data, dtype=np.uint64)
+    except OverflowError:
+        raise InvalidInput(f"input {name!r}: values out of range for UINT64") from None
+
+
+def _flatten(data: list[Any]) -> list[Any]:
+    if not any(isinstance(v, list) for v in data):
+        return data
+    out: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
+    return out
+
+
+def _from_binary(name: str, datatype: str, dtype: np.dtype[Any], chunk: bytes, size: int) -> np.ndarray[Any, Any]:
+    if datatype == "BYTES":
+        items = _split_bytes(name, chunk)
+        if len(items) != size:
+            raise InvalidInput(f"input {name!r}: shape needs {size} elements, binary data has {len(items)}")
+        out = np.empty(len(items), dtype=object)
+        out[:] = items
+        return out
+    if len(chunk) != size * dtype.itemsize:
+        raise InvalidInput(
+            f"input {name!r}: {datatype} shape needs {size * dtype.itemsize} bytes, 'binary_data_size' is {len(chunk)}"
+        )
+    return np.frombuffer(chunk, dtype=dtype.newbyteorder(_LE))
+
+
+def _split_bytes(name: str, chunk: bytes) -> list[bytes]:
+    items = []
+    pos, end = 0, len(chunk)
+    while pos < end:
+        if pos + 4 > end:
+            raise InvalidInput(f"input {name!r}: truncated BYTES element length")
+        (length,) = _U32.unpack_from(chunk, pos)
+        pos += 4
+        if pos + length > end:
+            raise InvalidInput(f"input {name!r}: BYTES element overruns the binary data")
+        items.append(chunk[pos : pos + length])
+        pos += length
+    return items
+
+
+def _decode_outputs(raw_outputs: Any, request: InferenceRequest) -> list[str]:
+    if not isinstance(raw_outputs, list):
+        raise InvalidInput("'outputs' must be a list")
+    names = []
+    for raw in raw_outputs:
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            raise InvalidInput("each requested output needs a 'name' string")
+        name = raw["name"]
+        params = _parameters(raw.get("parameters"), f"output {name!r}")
+        if "binary_data" in params:
+            if not isinstance(params["binary_data"], bool):
+                raise InvalidInput(f"output {name!r}: 'binary_data' must be a boolean")
+            request.binary_outputs[name] = params["binary_data"]
+        names.append(name)
+    return names
+
+
+def encode_response(
+    model_name: str,
+    model_version: str,
+    outputs: Mapping[str, np.ndarray[Any, Any]],
+    request: InferenceRequest,
+    parameters: Mapping[str, Any] | None = None,
+) -> tuple[bytes, int | None]:
+    """The response body and, when binary tensors follow the JSON, the JSON part's length."""
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
+    if request.id is not None:
+        doc["id"] = request.id
+    if parameters:
+        doc["parameters"] = dict(parameters)
+    tensors = []
+    blobs = []
+    for name, array in outputs.items():
+        datatype = v2_datatype(array.dtype)
+        tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if request.wants_binary(name):
+            blob = _to_binary(array, datatype)
+            tensor["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            tensor["data"] = _to_json(name, array, datatype)
+        tensors.append(tensor)
+    doc["outputs"] = tensors
+    head = orjson.dumps(doc, option=_DUMP_OPTS)
+    if not blobs:
+        return head, None
+    return b"".join([head, *blobs]), len(head)
+
+
+def _to_json(name: str, array: np.ndarray[Any, Any], datatype: str) -> Any:
+    if datatype == "BYTES":
+        try:
+            return [v.decode() if isinstance(v, bytes) else str(v) for v in array.ravel()]
+        except UnicodeDecodeError:
+            raise InvalidInput(
+                f"output {name!r} holds bytes that are not UTF-8; request it with binary_data: true"
+            ) from None
+    if datatype == "FP16":
+        array = array.astype(np.float32)
+    return np.ascontiguousarray(array).ravel()
+
+
+def _to_binary(array: np.ndarray[Any, Any], datatype: str) -> bytes:
+    if datatype == "BYTES":
+        parts = []
+        for v in array.ravel():
+            item = v if isinstance(v, bytes) else str(v).encode()
+            parts.append(_U32.pack(len(item)))
+            parts.append(item)
+        return b"".join(parts)
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder(_LE)).tobytes()

@@ -1,0 +1,240 @@
+"""The V2 codec: JSON and binary tensors both ways, and every way a request can be malformed."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from fnserve.core.errors import BadRequest, InvalidInput
+from fnserve.core.tensors import InferenceRequest, decode_request, encode_response
+from tests.helpers import sample_arrays
+
+
+def body(*inputs: dict[str, Any], **fields: Any) -> bytes:
+    return orjson.dumps({"inputs": list(inputs), **fields})
+
+
+def tensor(name: str, datatype: str, shape: list[int], data: Any) -> dict[str, Any]:
+    return {"name": name, "datatype": datatype, "shape": shape, "data": data}
+
+
+def binary_body(arrays: dict[str, tuple[str, np.ndarray]], **fields: Any) -> tuple[bytes, int]:
+    """A request with every array sent as binary, as tritonclient frames it."""
+    inputs, blobs = [], []
+    for name, (datatype, array) in arrays.items():
+        if datatype == "BYTES":
+            blob = b"".join(struct.pack("<I", len(v)) + v for v in array.ravel())
+        else:
+            blob = array.astype(array.dtype.newbyteorder("<")).tobytes()
+        inputs.append(
+            {
+                "name": name,
+                "datatype": datatype,
+                "shape": list(array.shape),
+                "parameters": {"binary_data_size": len(blob)},
+            }
+        )
+        blobs.append(blob)
+    head = orjson.dumps({"inputs": inputs, **fields})
+    return head + b"".join(blobs), len(head)
+
+
+def split_binary_response(payload: bytes, head_length: int) -> dict[str, np.ndarray]:
+    from fnserve.core.datatypes import V2_TO_NUMPY
+
+    doc = orjson.loads(payload[:head_length])
+    offset, out = head_length, {}
+    for t in doc["outputs"]:
+        size = t["parameters"]["binary_data_size"]
+        chunk = payload[offset : offset + size]
+        offset += size
+        if t["datatype"] == "BYTES":
+            items, pos = [], 0
+            while pos < len(chunk):
+                (n,) = struct.unpack_from("<I", chunk, pos)
+                items.append(chunk[pos + 4 : pos + 4 + n])
+                pos += 4 + n
+            out[t["name"]] = np.array(items, dtype=object).reshape(t["shape"])
+        else:
+            out[t["name"]] = np.frombuffer(chunk, V2_TO_NUMPY[t["datatype"]]).reshape(t["shape"])
+    assert offset == len(payload)
+    return out
+
+
+@pytest.mark.parametrize("datatype", list(sample_arrays()))
+def test_every_datatype_decodes_from_json(datatype: str) -> None:
+    array = sample_arrays()[datatype]
+    data = [v.decode() for v in array.ravel()] if datatype == "BYTES" else array.ravel().tolist()
+    request = decode_request(body(tensor("x", datatype, list(array.shape), data)))
+    np.testing.assert_array_equal(request.inputs["x"], array)
+    assert request.inputs["x"].dtype == array.dtype
+
+
+@pytest.mark.parametrize("datatype", list(sample_arrays()))
+def test_every_datatype_decodes_from_binary(datatype: str) -> None:
+    array = sample_arrays()[datatype]
+    payload, head = binary_body({"x": (datatype, array)})
+    request = decode_request(payload, head)
+    np.testing.assert_array_equal(request.inputs["x"], array)
+    assert request.inputs["x"].dtype == array.dtype
+
+
+@pytest.mark.parametrize("datatype", list(sample_arrays()))
+def test_every_datatype_encodes_to_json_and_binary(datatype: str) -> None:
+    array = sample_arrays()[datatype]
+    payload, head = encode_response("m", "1", {"y": array}, InferenceRequest(inputs={}))
+    assert head is None
+    out = orjson.loads(payload)["outputs"][0]
+    assert out["datatype"] == datatype and out["shape"] == list(array.shape)
+    expected = [v.decode() for v in array.ravel()] if datatype == "BYTES" else array.ravel().tolist()
+    if datatype == "FP16":
+        expected = array.astype(np.float32).ravel().tolist()
+    assert out["data"] == expected
+    payload, head = encode_response("m", "1", {"y": array}, InferenceRequest(inputs={}, binary_default=True))
+    assert head is not None
+    decoded = split_binary_response(payload, head)["y"]
+    np.testing.assert_array_equal(decoded, array)
+
+
+def test_nested_data_is_accepted() -> None:
+    request = decode_request(body(tensor("x", "FP32", [2, 2], [[1, 2], [3, 4]])))
+    np.testing.assert_array_equal(request.inputs["x"], [[1, 2], [3, 4]])
+
+
+def test_id_parameters_and_requested_outputs_are_kept() -> None:
+    request = decode_request(
+        body(
+            tensor("x", "INT32", [1], [1]),
+            id="req-1",
+            parameters={"binary_data_output": True, "custom": 3},
+            outputs=[{"name": "a", "parameters": {"binary_data": False}}, {"name": "b"}],
+        )
+    )
+    assert request.id == "req-1" and request.parameters["custom"] == 3
+    assert request.outputs == ["a", "b"]
+    assert request.wants_binary("a") is False and request.wants_binary("b") is True
+    payload, _ = encode_response("m", "1", {"a": np.zeros(1)}, request, {"cache": "miss"})
+    doc = orjson.loads(payload)
+    assert doc["id"] == "req-1" and doc["parameters"] == {"cache": "miss"}
+
+
+def test_mixed_json_and_binary_inputs_and_outputs() -> None:
+    array = np.arange(4, dtype=np.float32)
+    payload, head = binary_body({"b": ("FP32", array)})
+    doc = orjson.loads(payload[:head])
+    doc["inputs"].append(tensor("j", "INT64", [2], [5, 6]))
+    head_bytes = orjson.dumps(doc)
+    request = decode_request(head_bytes + payload[head:], len(head_bytes))
+    np.testing.assert_array_equal(request.inputs["b"], array)
+    np.testing.assert_array_equal(request.inputs["j"], [5, 6])
+    request.binary_outputs = {"bin": True}
+    out, head_len = encode_response("m", "1", {"js": np.array([1.5]), "bin": array}, request)
+    assert head_len is not None
+    doc = orjson.loads(out[:head_len])
+    assert doc["outputs"][0]["data"] == [1.5] and "data" not in doc["outputs"][1]
+    np.testing.assert_array_equal(np.frombuffer(out[head_len:], np.float32), array)
+
+
+BAD_REQUESTS: list[tuple[bytes, int | None, type[Exception], str]] = [
+    (b"{not json", None, BadRequest, "not valid JSON"),
+    (b"[1, 2]", None, BadRequest, "must be a JSON object"),
+    (body(), None, InvalidInput, "'inputs' must be a non-empty list"),
+    (orjson.dumps({"inputs": "x"}), None, InvalidInput, "'inputs' must be a non-empty list"),
+    (body("x"), None, InvalidInput, "each input must be an object"),
+    (body({"datatype": "FP32", "shape": [1], "data": [1]}), None, InvalidInput, "needs a 'name'"),
+    (body(tensor("x", "FP128", [1], [1])), None, InvalidInput, "unknown datatype 'FP128'"),
+    (body(tensor("x", "FP32", [-1], [1])), None, InvalidInput, "'shape' must be a list of non-negative"),
+    (body(tensor("x", "FP32", [1.5], [1])), None, InvalidInput, "'shape' must be a list of non-negative"),
+    (body(tensor("x", "FP32", [3], [1, 2])), None, InvalidInput, r"shape \[3\] needs 3 elements, data has 2"),
+    (body(tensor("x", "FP32", [2, 2], [[1, 2], [3]])), None, InvalidInput, "ragged"),
+    (body(tensor("x", "INT32", [1], [1.5])), None, InvalidInput, "INT32 data must be integers, got floats"),
+    (body(tensor("x", "UINT8", [1], [256])), None, InvalidInput, "out of range for UINT8"),
+    (body(tensor("x", "INT8", [1], [-129])), None, InvalidInput, "out of range for INT8"),
+    (  # orjson reads integers past 64 bits as floats
+        b'{"inputs":[{"name":"x","datatype":"INT64","shape":[1],"data":[1180591620717411303424]}]}',
+        None,
+        InvalidInput,
+        "INT64 data must be integers, got floats",
+    ),
+    (body(tensor("x", "FP32", [1], ["a"])), None, InvalidInput, "FP32 data must be numbers"),
+    (body(tensor("x", "BOOL", [1], [1])), None, InvalidInput, "BOOL data must be true/false"),
+    (body(tensor("x", "BYTES", [1], [1])), None, InvalidInput, "BYTES data must be strings"),
+    (body({"name": "x", "datatype": "FP32", "shape": [1]}), None, InvalidInput, "has no 'data'"),
+    (body(tensor("x", "FP32", [1], [1]), tensor("x", "FP32", [1], [1])), None, InvalidInput, "appears twice"),
+    (body(tensor("x", "FP32", [1], [1]), id=5), None, InvalidInput, "'id' must be a string"),
+    (
+        body(tensor("x", "FP32", [1], [1]), parameters=[]),
+        None,
+        InvalidInput,
+        "'parameters' must be an object",
+    ),
+    (body(tensor("x", "FP32", [1], [1]), outputs="y"), None, InvalidInput, "'outputs' must be a list"),
+    (body(tensor("x", "FP32", [1], [1]), outputs=[{"n": 1}]), None, InvalidInput, "needs a 'name' string"),
+    (
+        body(tensor("x", "FP32", [1], [1]), parameters={"binary_data_output": "yes"}),
+        None,
+        InvalidInput,
+        "'binary_data_output' must be a boolean",
+    ),
+    (body(tensor("x", "FP32", [1], [1])), 10_000, BadRequest, "Inference-Header-Content-Length is 10000"),
+]
+
+
+@pytest.mark.parametrize(("payload", "head", "error", "message"), BAD_REQUESTS)
+def test_malformed_requests_are_refused_with_a_reason(
+    payload: bytes, head: int | None, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        decode_request(payload, head)
+
+
+def _binary_input(size: int, datatype: str = "FP32", shape: list[int] | None = None) -> dict[str, Any]:
+    return {
+        "name": "x",
+        "datatype": datatype,
+        "shape": shape or [2],
+        "parameters": {"binary_data_size": size},
+    }
+
+
+@pytest.mark.parametrize(
+    ("tensor_json", "tail", "error", "message"),
+    [
+        (_binary_input(8), b"\0" * 4, BadRequest, "claims 8 binary bytes but only 4 remain"),
+        (_binary_input(4), b"\0" * 4, InvalidInput, "shape needs 8 bytes, 'binary_data_size' is 4"),
+        (
+            _binary_input(8),
+            b"\0" * 12,
+            BadRequest,
+            "4 bytes of binary data follow the JSON but no input claims them",
+        ),
+        (_binary_input(-1), b"", InvalidInput, "'binary_data_size' must be a non-negative integer"),
+        ({**_binary_input(8), "data": [1, 2]}, b"\0" * 8, InvalidInput, "both 'data' and 'binary_data_size'"),
+        (_binary_input(6, "BYTES", [1]), struct.pack("<I", 9) + b"ab", InvalidInput, "overruns"),
+        (_binary_input(2, "BYTES", [1]), b"ab", InvalidInput, "truncated BYTES element length"),
+        (
+            _binary_input(5, "BYTES", [2]),
+            struct.pack("<I", 1) + b"a",
+            InvalidInput,
+            "needs 2 elements, binary data has 1",
+        ),
+    ],
+)
+def test_malformed_binary_framing_is_refused(
+    tensor_json: dict[str, Any], tail: bytes, error: type[Exception], message: str
+) -> None:
+    head = orjson.dumps({"inputs": [tensor_json]})
+    with pytest.raises(error, match=message):
+        decode_request(head + tail, len(head))
+
+
+def test_non_utf8_bytes_outputs_must_be_requested_as_binary() -> None:
+    array = np.array([b"\xff\xfe"], dtype=object)
+    with pytest.raises(InvalidInput, match="request it with binary_data: true"):
+        encode_response("m", "1", {"y": array}, InferenceRequest(inputs={}))
+    payload, head = encode_response("m", "1", {"y": array}, InferenceRequest(inputs={}, binary_default=True))
+    assert head is not None and payload.endswith(b"\xff\xfe")
