@@ -122,3 +122,24 @@ def write_test_manifest(directory: Path) -> Path:
     manifest = directory / "manifest.toml"
     manifest.write_text("\n".join(lines) + "\n")
     return manifest
+
+
+class LambdaContext:
+    """The attributes of Lambda's context object that handlers and Powertools read."""
+
+    def __init__(self, request_id: str = "8f5b0a5c-1d2e-4f3a-9b8c-7d6e5f4a3b2c", timeout_ms: int = 30_000) -> None:
+        import time
+
+        self.aws_request_id = request_id
+        self.function_name = "fnserve-api"
+        self.function_version = "$LATEST"
+        self.memory_limit_in_mb = 2048
+        self.invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:fnserve-api"
+        self.log_group_name = "/aws/lambda/fnserve-api"
+        self.log_stream_name = "2026/11/22/[$LATEST]0123456789abcdef"
+        self._deadline = time.monotonic() + timeout_ms / 1000
+
+    def get_remaining_time_in_millis(self) -> int:
+        import time
+
+        return max(0, int((self._deadline - time.monotonic()) * 1000))

@@ -56,9 +56,13 @@ def create_handler(
     app = create_app(service, settings, telemetry=EmfTelemetry(metrics))
     asgi = Mangum(app, lifespan="off", text_mime_types=TEXT_MIME_TYPES)
 
-    @metrics.log_metrics
     @logger.inject_lambda_context(clear_state=True)
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-        return asgi(event, context)
+        try:
+            return asgi(event, context)
+        finally:
+            # Only inference records figures; flushing an empty set would warn on every GET.
+            if metrics.metric_set:
+                metrics.flush_metrics()
 
     return handler

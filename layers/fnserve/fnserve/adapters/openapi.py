@@ -44,6 +44,7 @@ INFERENCE_REQUEST = {
         "parameters": _PARAMETERS,
         "inputs": {
             "type": "array",
+            "minItems": 1,
             "items": {
                 "type": "object",
                 "properties": {

@@ -1,0 +1,197 @@
+"""Write events/*.json: real-shaped Lambda events (as `sam local generate-event` makes them)
+carrying demo-model requests on held-out digits.
+
+    python infra/events/make_events.py        (rerun when the demo models change)
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+EVENTS = REPO / "events"
+HOLDOUT = np.load(REPO / "layers" / "models" / "models" / "digits-holdout.npz")
+MODEL = "digits-accurate"
+PATH = f"/v2/models/{MODEL}/infer"
+TIME, EPOCH = "22/Nov/2026:04:20:00 +0000", 1795321200000
+
+
+def json_body(rows: slice) -> bytes:
+    x = HOLDOUT["input"][rows]
+    request = {
+        "id": f"digits-{rows.start}-{rows.stop}",
+        "inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}],
+    }
+    return json.dumps(request, separators=(",", ":")).encode()
+
+
+def binary_body(rows: slice) -> tuple[bytes, int]:
+    x = np.ascontiguousarray(HOLDOUT["input"][rows], dtype="<f4")
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "input",
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "parameters": {"binary_data_output": True},
+        },
+        separators=(",", ":"),
+    ).encode()
+    return head + x.tobytes(), len(head)
+
+
+def headers(body: bytes, content_type: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {
+        "accept": "*/*",
+        "content-length": str(len(body)),
+        "content-type": content_type,
+        "host": "abcdef1234.execute-api.us-east-1.amazonaws.com",
+        "user-agent": "python-requests/2.32",
+        "x-amzn-trace-id": "Root=1-6740a1b0-3c1f6b2e4f5a6b7c8d9e0f1a",
+        "x-forwarded-for": "192.0.2.10",
+        "x-forwarded-port": "443",
+        "x-forwarded-proto": "https",
+        **(extra or {}),
+    }
+
+
+def http_api(method: str, path: str, body: bytes | None, hdrs: dict[str, str], binary: bool = False) -> dict[str, Any]:
+    """API Gateway HTTP API, payload format 2.0."""
+    route = "POST /v2/models/{name}/infer" if method == "POST" else "GET /v2/models/{name}"
+    event: dict[str, Any] = {
+        "version": "2.0",
+        "routeKey": route,
+        "rawPath": path,
+        "rawQueryString": "",
+        "headers": hdrs,
+        "requestContext": {
+            "accountId": "123456789012",
+            "apiId": "abcdef1234",
+            "authorizer": {
+                "iam": {
+                    "accessKey": "AKIAIOSFODNN7EXAMPLE",
+                    "accountId": "123456789012",
+                    "callerId": "AIDACKCEVSQ6C2EXAMPLE",
+                    "principalOrgId": None,
+                    "userArn": "arn:aws:iam::123456789012:user/ml-engineer",
+                    "userId": "AIDACKCEVSQ6C2EXAMPLE",
+                }
+            },
+            "domainName": "abcdef1234.execute-api.us-east-1.amazonaws.com",
+            "domainPrefix": "abcdef1234",
+            "http": {
+                "method": method,
+                "path": path,
+                "protocol": "HTTP/1.1",
+                "sourceIp": "192.0.2.10",
+                "userAgent": "python-requests/2.32",
+            },
+            "requestId": "c6af9ac6-7b61-11e6-9a41-93e8deadbeef",
+            "routeKey": route,
+            "stage": "$default",
+            "time": TIME,
+            "timeEpoch": EPOCH,
+        },
+        "pathParameters": {"name": MODEL},
+        "isBase64Encoded": binary,
+        "stageVariables": None,
+    }
+    if body is not None:
+        event["body"] = base64.b64encode(body).decode() if binary else body.decode()
+    return event
+
+
+def rest_api(body: bytes, hdrs: dict[str, str], binary: bool = False) -> dict[str, Any]:
+    """API Gateway REST API, Lambda proxy integration (payload format 1.0)."""
+    return {
+        "resource": "/v2/models/{name}/infer",
+        "path": PATH,
+        "httpMethod": "POST",
+        "headers": hdrs,
+        "multiValueHeaders": {k: [v] for k, v in hdrs.items()},
+        "queryStringParameters": None,
+        "multiValueQueryStringParameters": None,
+        "pathParameters": {"name": MODEL},
+        "stageVariables": None,
+        "requestContext": {
+            "resourceId": "2gxmpl",
+            "resourcePath": "/v2/models/{name}/infer",
+            "httpMethod": "POST",
+            "extendedRequestId": "JJbxmHEHPHcFYXg=",
+            "requestTime": TIME,
+            "path": f"/prod{PATH}",
+            "accountId": "123456789012",
+            "protocol": "HTTP/1.1",
+            "stage": "prod",
+            "domainPrefix": "abcdef1234",
+            "requestTimeEpoch": EPOCH,
+            "requestId": "e0dd3f2a-8e9c-4b1d-9f32-6c2b1a0e7d11",
+            "identity": {
+                "cognitoIdentityPoolId": None,
+                "accountId": "123456789012",
+                "cognitoIdentityId": None,
+                "caller": "AIDACKCEVSQ6C2EXAMPLE",
+                "sourceIp": "192.0.2.10",
+                "principalOrgId": None,
+                "accessKey": "AKIAIOSFODNN7EXAMPLE",
+                "cognitoAuthenticationType": None,
+                "cognitoAuthenticationProvider": None,
+                "userArn": "arn:aws:iam::123456789012:user/ml-engineer",
+                "userAgent": "python-requests/2.32",
+                "user": "AIDACKCEVSQ6C2EXAMPLE",
+            },
+            "domainName": "abcdef1234.execute-api.us-east-1.amazonaws.com",
+            "apiId": "abcdef1234",
+        },
+        "body": base64.b64encode(body).decode() if binary else body.decode(),
+        "isBase64Encoded": binary,
+    }
+
+
+def alb(body: bytes, hdrs: dict[str, str]) -> dict[str, Any]:
+    """Application Load Balancer target group event."""
+    return {
+        "requestContext": {
+            "elb": {
+                "targetGroupArn": "arn:aws:elasticloadbalancing:us-east-1:123456789012:"
+                "targetgroup/fnserve/6d0ecf831eec9f09"
+            }
+        },
+        "httpMethod": "POST",
+        "path": PATH,
+        "queryStringParameters": {},
+        "headers": {**hdrs, "host": "fnserve-alb-1234567890.us-east-1.elb.amazonaws.com"},
+        "body": body.decode(),
+        "isBase64Encoded": False,
+    }
+
+
+def main() -> None:
+    EVENTS.mkdir(exist_ok=True)
+    body = json_body(slice(0, 4))
+    binary, head = binary_body(slice(4, 8))
+    bin_headers = headers(binary, "application/octet-stream", {"inference-header-content-length": str(head)})
+    events = {
+        "api-http-infer.json": http_api("POST", PATH, body, headers(body, "application/json")),
+        "api-http-infer-binary.json": http_api("POST", PATH, binary, bin_headers, binary=True),
+        "api-http-metadata.json": http_api("GET", f"/v2/models/{MODEL}", None, headers(b"", "application/json")),
+        "api-rest-infer.json": rest_api(body, headers(body, "application/json")),
+        "api-rest-infer-binary.json": rest_api(binary, bin_headers, binary=True),
+        "api-alb-infer.json": alb(body, headers(body, "application/json")),
+    }
+    for name, event in events.items():
+        (EVENTS / name).write_text(json.dumps(event, indent=2) + "\n")
+        print(f"wrote events/{name}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""The HTTP function's handler (functions/api/app.py) fed every event in events/."""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import io
+import json
+import logging
+import struct
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import orjson
+import pytest
+
+from tests.helpers import DEMO_MANIFEST, REPO, LambdaContext
+
+EVENTS = sorted((REPO / "events").glob("api-*.json"))
+Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
+
+
+def load_function(path: Path) -> ModuleType:
+    """Import a function's app.py as Lambda does: a fresh module, built at import."""
+    spec = importlib.util.spec_from_file_location(f"fn_{path.parent.name}", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def handler() -> Handler:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FNSERVE_MANIFEST", str(DEMO_MANIFEST))
+        mp.setenv("POWERTOOLS_METRICS_NAMESPACE", "fnserve")
+        return load_function(REPO / "functions" / "api" / "app.py").handler  # type: ignore[no-any-return]
+
+
+def request_of(event: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
+    body = event.get("body") or ""
+    raw = base64.b64decode(body) if event.get("isBase64Encoded") else body.encode()
+    return raw, {k.lower(): v for k, v in (event.get("headers") or {}).items()}
+
+
+def inputs_of(raw: bytes, headers: dict[str, str]) -> np.ndarray:
+    if "inference-header-content-length" in headers:
+        head = int(headers["inference-header-content-length"])
+        tensor = orjson.loads(raw[:head])["inputs"][0]
+        return np.frombuffer(raw[head:], "<f4").reshape(tensor["shape"])
+    tensor = orjson.loads(raw)["inputs"][0]
+    return np.array(tensor["data"], np.float32).reshape(tensor["shape"])
+
+
+def outputs_of(response: dict[str, Any]) -> dict[str, np.ndarray]:
+    body = response["body"]
+    raw = base64.b64decode(body) if response.get("isBase64Encoded") else body.encode()
+    headers = {k.lower(): v for k, v in response.get("headers", {}).items()}
+    if "inference-header-content-length" not in headers:
+        return {o["name"]: np.array(o["data"]).reshape(o["shape"]) for o in orjson.loads(raw)["outputs"]}
+    head = int(headers["inference-header-content-length"])
+    offset, out = head, {}
+    for o in orjson.loads(raw[:head])["outputs"]:
+        size = o["parameters"]["binary_data_size"]
+        dtype = {"INT64": "<i8", "FP32": "<f4"}[o["datatype"]]
+        out[o["name"]] = np.frombuffer(raw[offset : offset + size], dtype).reshape(o["shape"])
+        offset += size
+    assert offset == len(raw)
+    return out
+
+
+def test_every_event_type_is_covered() -> None:
+    names = {p.name for p in EVENTS}
+    assert {"api-http-infer.json", "api-rest-infer.json", "api-alb-infer.json"} <= names
+    assert {"api-http-infer-binary.json", "api-rest-infer-binary.json"} <= names
+
+
+@pytest.mark.parametrize("path", [p for p in EVENTS if "infer" in p.name], ids=lambda p: p.name)
+def test_infer_events_give_the_models_predictions(handler: Handler, path: Path) -> None:
+    event = json.loads(path.read_text())
+    response = handler(event, LambdaContext())
+    assert response["statusCode"] == 200, response["body"]
+    raw, headers = request_of(event)
+    x = inputs_of(raw, headers)
+    session = ort.InferenceSession(str(DEMO_MANIFEST.parent / "digits-accurate" / "1" / "model.onnx"))
+    label, probabilities = session.run(["label", "probabilities"], {"input": x})
+    out = outputs_of(response)
+    np.testing.assert_array_equal(out["label"], label)
+    np.testing.assert_allclose(out["probabilities"], probabilities, rtol=1e-6)
+    binary = "inference-header-content-length" in headers
+    # Binary responses travel base64-encoded through API Gateway and come out as bytes.
+    assert response["isBase64Encoded"] is binary
+
+
+def test_metadata_event(handler: Handler) -> None:
+    event = json.loads((REPO / "events" / "api-http-metadata.json").read_text())
+    response = handler(event, LambdaContext())
+    assert response["statusCode"] == 200
+    assert json.loads(response["body"])["name"] == "digits-accurate"
+
+
+def test_errors_are_json_with_status(handler: Handler) -> None:
+    event = json.loads((REPO / "events" / "api-http-infer.json").read_text())
+    event["body"] = '{"inputs": [{"name": "input", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}'
+    response = handler(event, LambdaContext())
+    assert response["statusCode"] == 422
+    assert "must have 64 at axis 1" in json.loads(response["body"])["error"]
+    event["body"] = "{"
+    assert handler(event, LambdaContext())["statusCode"] == 400
+
+
+def _log_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture
+def log_stream() -> Iterator[io.StringIO]:
+    """What fnserve's Powertools logger writes (its handler bound stdout at import)."""
+    from fnserve.adapters.logs import logger
+
+    stream = io.StringIO()
+    handler = logger.registered_handler
+    assert isinstance(handler, logging.StreamHandler)
+    old = handler.setStream(stream)
+    yield stream
+    handler.setStream(old)
+
+
+def test_logs_and_emf_metrics_carry_the_request(
+    handler: Handler, capsys: pytest.CaptureFixture[str], log_stream: io.StringIO
+) -> None:
+    event = json.loads((REPO / "events" / "api-http-infer.json").read_text())
+    capsys.readouterr()
+    response = handler(event, LambdaContext(request_id="lambda-req-1"))
+    logs = _log_lines(log_stream.getvalue())
+    emf = _log_lines(capsys.readouterr().out)
+    assert logs, "no structured log line"
+    assert all(line["function_request_id"] == "lambda-req-1" for line in logs)
+    assert all(line["request_id"] == "lambda-req-1" for line in logs)
+    assert response["headers"]["x-request-id"] == "lambda-req-1"
+    inference = next(line for line in logs if line["message"] == "inference")
+    assert inference["model"] == "digits-accurate" and {"decode", "infer", "encode"} <= set(inference)
+    assert len(emf) == 1
+    blob = emf[0]
+    assert (
+        blob["model"] == "digits-accurate"
+        and blob["status"] == "200"
+        and blob["Requests"] == [1.0]
+        or blob["Requests"] == 1.0
+    )
+    names = {m["Name"] for m in blob["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
+    assert {"Requests", "Latency", "DecodeLatency", "InferLatency", "EncodeLatency"} <= names
+    assert "Errors" not in names
+
+
+def test_error_requests_count_as_errors(handler: Handler, capsys: pytest.CaptureFixture[str]) -> None:
+    event = json.loads((REPO / "events" / "api-http-infer.json").read_text())
+    event["body"] = "{"
+    capsys.readouterr()
+    handler(event, LambdaContext())
+    emf = [line for line in _log_lines(capsys.readouterr().out) if "_aws" in line]
+    assert len(emf) == 1 and emf[0]["status"] == "400"
+    assert "Errors" in {m["Name"] for m in emf[0]["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
+
+
+def test_binary_response_is_base64_only_for_binary(handler: Handler) -> None:
+    event = json.loads((REPO / "events" / "api-http-infer-binary.json").read_text())
+    response = handler(event, LambdaContext())
+    raw = base64.b64decode(response["body"])
+    head = int(response["headers"]["inference-header-content-length"])
+    doc = orjson.loads(raw[:head])
+    assert [o["parameters"]["binary_data_size"] for o in doc["outputs"]] == [4 * 8, 4 * 10 * 4]
+    assert struct.calcsize("<q") == 8
