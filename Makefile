@@ -5,6 +5,7 @@ PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 MANIFEST := layers/models/models/manifest.toml
 HOLDOUT  := layers/models/models/digits-holdout.npz
+PORT     ?= 8080
 
 .PHONY: setup run test lint bench models clean
 
@@ -18,19 +19,22 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 run: setup
-	$(BIN)/fnserve models -m $(MANIFEST)
-	$(BIN)/fnserve predict digits-fast $(HOLDOUT) -m $(MANIFEST) -n 12
-	$(BIN)/fnserve predict digits-accurate $(HOLDOUT) -m $(MANIFEST) -n 12
+	$(BIN)/fnserve predict digits-accurate $(HOLDOUT) -m $(MANIFEST) -n 5
+	$(BIN)/fnserve serve -m $(MANIFEST) --port $(PORT)
 
 lint: setup
 	$(BIN)/ruff check layers/fnserve functions tests infra
+	$(BIN)/ruff format --check layers/fnserve functions tests infra
 	$(BIN)/mypy
 
 test: lint
 	$(BIN)/pytest
 
 bench: setup
+	@command -v wrk >/dev/null || { echo "installing wrk (Debian) for the HTTP load benchmark"; \
+		apt-get install -y -qq wrk >/dev/null 2>&1 || echo "could not install wrk: the load part will be skipped"; }
 	$(PY) -m tests.bench.bench_service
+	$(PY) -m tests.bench.bench_http
 
 models: setup
 	$(PY) infra/models/build_demo_models.py layers/models/models

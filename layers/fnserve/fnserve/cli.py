@@ -160,6 +160,9 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
     workers: Annotated[int, typer.Option(min=1, help="Worker processes, each with its own models.")] = 1,
+    access_log: Annotated[
+        bool, typer.Option("--access-log", help="One structured log line per request (costly at high rates).")
+    ] = False,
 ) -> None:
     """Serve the manifest's models over the V2 HTTP API (uvicorn), as in a container."""
     from fnserve.adapters.server import serve as run_server
@@ -187,7 +190,7 @@ def serve(
         f"{inputs}; r = c.infer('{name}', [{', '.join(f'i{n}' for n in range(len(meta['inputs'])))}]); "
         f"print(r.get_response())"
     )
-    run_server(str(manifest.resolve()), host, port, workers)
+    run_server(str(manifest.resolve()), host, port, workers, access_log)
 
 
 def _one_row(shape: list[int]) -> list[int]:

@@ -5,6 +5,7 @@ Routes translate HTTP to :class:`InferenceService` calls and back; they hold no 
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Mapping
@@ -54,7 +55,12 @@ def request_id(scope: Scope) -> str:
         if key == b"x-request-id" and value:
             return bytes(value[:128]).decode("latin-1")
     rid = getattr(scope.get("aws.context"), "aws_request_id", None)
-    return str(rid) if rid else uuid.uuid4().hex
+    return str(rid) if rid else f"{_ID_PREFIX}-{next(_ID_COUNTER):x}"
+
+
+# Request ids made here: unique per process (random prefix) and cheap (a counter, no uuid4 per request).
+_ID_PREFIX = uuid.uuid4().hex[:12]
+_ID_COUNTER = itertools.count(1)
 
 
 class RequestContext:
@@ -110,6 +116,45 @@ def create_app(
     )
     app.add_middleware(RequestContext)
 
+    # The hot route first: Starlette tries routes in order.
+    @app.post("/v2/models/{name}/infer", tags=["inference"], **openapi.infer(versioned=False))
+    @app.post("/v2/models/{name}/versions/{version}/infer", tags=["inference"], **openapi.infer(versioned=True))
+    async def infer(request: Request) -> Response:
+        # Path parameters read directly: FastAPI's per-parameter validation costs more than the model.
+        name: str = request.path_params["name"]
+        version: str | None = request.path_params.get("version")
+        timings: dict[str, float] = {}
+        status = 200
+        try:
+            t0 = time.perf_counter()
+            body = await _read_body(request, limit)
+            json_length = _json_length(request)
+            decoded = decode_request(body, json_length)
+            t1 = time.perf_counter()
+            outputs = service.predict(name, decoded.inputs, version=version, outputs=decoded.outputs)
+            t2 = time.perf_counter()
+            model = service.registry.resolve(name, version)
+            payload, head_length = encode_response(model.name, model.version, outputs, decoded)
+            t3 = time.perf_counter()
+        except FnserveError as exc:
+            status = exc.status_code
+            if access_log:
+                logger.info("inference refused", extra={"model": name, "status": status, "error": exc.message})
+            telemetry.record(name, status, timings)
+            raise
+        timings = {
+            "decode": round((t1 - t0) * 1e3, 3),
+            "infer": round((t2 - t1) * 1e3, 3),
+            "encode": round((t3 - t2) * 1e3, 3),
+        }
+        headers = {"server-timing": ", ".join(f"{k};dur={v}" for k, v in timings.items())}
+        if head_length is not None:
+            headers[JSON_HEADER] = str(head_length)
+        if access_log:
+            logger.info("inference", extra={"model": name, "version": model.version, "status": status, **timings})
+        telemetry.record(name, status, timings)
+        return Response(payload, media_type=BINARY if head_length is not None else JSON, headers=headers)
+
     @app.exception_handler(FnserveError)
     async def _fnserve_error(request: Request, exc: FnserveError) -> Response:
         return error_response(exc.message, exc.status_code)
@@ -142,41 +187,6 @@ def create_app(
     async def model_ready(name: str, version: str | None = None) -> Response:
         is_ready = service.model_ready(name, version)
         return json_response({"name": name, "ready": is_ready}, 200 if is_ready else 503)
-
-    @app.post("/v2/models/{name}/infer", tags=["inference"], **openapi.INFER)
-    @app.post("/v2/models/{name}/versions/{version}/infer", tags=["inference"], **openapi.INFER)
-    async def infer(request: Request, name: str, version: str | None = None) -> Response:
-        timings: dict[str, float] = {}
-        status = 200
-        try:
-            t0 = time.perf_counter()
-            body = await _read_body(request, limit)
-            json_length = _json_length(request)
-            decoded = decode_request(body, json_length)
-            t1 = time.perf_counter()
-            outputs = service.predict(name, decoded.inputs, version=version, outputs=decoded.outputs)
-            t2 = time.perf_counter()
-            model = service.registry.resolve(name, version)
-            payload, head_length = encode_response(model.name, model.version, outputs, decoded)
-            t3 = time.perf_counter()
-        except FnserveError as exc:
-            status = exc.status_code
-            if access_log:
-                logger.info("inference refused", extra={"model": name, "status": status, "error": exc.message})
-            telemetry.record(name, status, timings)
-            raise
-        timings = {
-            "decode": round((t1 - t0) * 1e3, 3),
-            "infer": round((t2 - t1) * 1e3, 3),
-            "encode": round((t3 - t2) * 1e3, 3),
-        }
-        headers = {"server-timing": ", ".join(f"{k};dur={v}" for k, v in timings.items())}
-        if head_length is not None:
-            headers[JSON_HEADER] = str(head_length)
-        if access_log:
-            logger.info("inference", extra={"model": name, "version": model.version, "status": status, **timings})
-        telemetry.record(name, status, timings)
-        return Response(payload, media_type=BINARY if head_length is not None else JSON, headers=headers)
 
     return app
 

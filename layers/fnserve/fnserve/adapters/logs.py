@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import orjson
 from aws_lambda_powertools import Logger
 
-logger = Logger(service="fnserve")
+
+def _dumps(record: object) -> str:
+    return orjson.dumps(record, default=str).decode()
+
+
+# orjson instead of the stdlib encoder: the access log line is on every request's path.
+logger = Logger(service="fnserve", json_serializer=_dumps)

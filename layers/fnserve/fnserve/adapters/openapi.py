@@ -148,7 +148,19 @@ MODEL_READY: dict[int | str, Any] = {
     503: _json(_MODEL_READY, "The model cannot serve"),
     **_ERRORS,
 }
-INFER: dict[str, Any] = {
+
+
+def infer(versioned: bool) -> dict[str, Any]:
+    """Route documentation for infer; its path parameters are declared here, not as arguments."""
+    names = ["name", "version"] if versioned else ["name"]
+    doc = {**_INFER, "openapi_extra": {**_INFER["openapi_extra"]}}
+    doc["openapi_extra"]["parameters"] = [
+        {"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names
+    ]
+    return doc
+
+
+_INFER: dict[str, Any] = {
     "responses": {
         200: {
             "description": "Inference result (application/octet-stream when binary tensors follow the JSON)",

@@ -17,8 +17,12 @@ def app_factory() -> FastAPI:
     return create_app(InferenceService.from_settings(settings), settings)
 
 
-def serve(manifest: str, host: str = "127.0.0.1", port: int = 8080, workers: int = 1) -> None:
-    """Run the server until interrupted. Settings reach the workers through FNSERVE_* variables."""
+def serve(manifest: str, host: str = "127.0.0.1", port: int = 8080, workers: int = 1, access_log: bool = False) -> None:
+    """Run the server until interrupted. Settings reach the workers through FNSERVE_* variables.
+
+    The per-request access log is off unless asked for: at thousands of requests a second a
+    structured log line costs as much as the model (timings are in Server-Timing regardless).
+    """
     import uvicorn
 
     os.environ["FNSERVE_MANIFEST"] = manifest
@@ -26,6 +30,7 @@ def serve(manifest: str, host: str = "127.0.0.1", port: int = 8080, workers: int
     os.environ["FNSERVE_PARALLEL_WORKERS"] = str(workers)
     # A long-running worker loads (and warms) every model before it takes traffic.
     os.environ.setdefault("FNSERVE_EAGER_LOAD", "true")
+    os.environ.setdefault("FNSERVE_ACCESS_LOG", "true" if access_log else "false")
     Settings()  # refuse bad settings here, once, rather than in every worker
     uvicorn.run(
         "fnserve.adapters.server:app_factory",

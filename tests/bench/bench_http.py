@@ -1,0 +1,167 @@
+"""HTTP benchmarks: the Lambda handler in-process, and the server under load.
+
+    make bench        (or: python -m tests.bench.bench_http; needs wrk for the load part)
+
+(a) The API function's handler fed API Gateway HTTP API (v2) events, beside raw
+    ``session.run`` on the same input, interleaved: p50 overhead on digits-accurate.
+(b) ``fnserve serve --workers 2`` under wrk at concurrency 16, beside the plain
+    FastAPI + uvicorn server in tests/bench/plain_server.py (same model, same JSON,
+    same worker and thread counts), alternating rounds, medians of each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+
+from tests.bench._timing import interleaved, percentile
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO, LambdaContext
+
+MODEL = "digits-accurate"
+MODEL_PATH = DEMO_MANIFEST.parent / MODEL / "1" / "model.onnx"
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3000"))
+LOAD_SECONDS = int(os.environ.get("BENCH_LOAD_SECONDS", "8"))
+LOAD_ROUNDS = int(os.environ.get("BENCH_LOAD_ROUNDS", "3"))
+
+
+def handler_overhead() -> None:
+    os.environ["FNSERVE_MANIFEST"] = str(DEMO_MANIFEST)
+    os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "fnserve")
+    from fnserve.adapters.lambda_http import create_handler
+    from fnserve.adapters.logs import logger
+
+    handler = create_handler()
+    sink = open(os.devnull, "w")  # noqa: SIM115 - lives for the whole benchmark
+    stream_handler = logger.registered_handler
+    assert isinstance(stream_handler, logging.StreamHandler)
+    stream_handler.setStream(sink)  # logs are written, as in Lambda, just not to the terminal
+
+    x = np.load(DEMO_HOLDOUT)["input"][:1]
+    event = json.loads((REPO / "events" / "api-http-infer.json").read_text())
+    event = copy.deepcopy(event)
+    body = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": x.ravel().tolist()}]}
+    event["body"] = json.dumps(body)
+    event["headers"]["content-length"] = str(len(event["body"]))
+    session = ort.InferenceSession(str(MODEL_PATH), providers=["CPUExecutionProvider"])
+    session.get_session_options()
+    context = LambdaContext()
+    with contextlib.redirect_stdout(sink):  # EMF blobs go to stdout
+        assert handler(event, context)["statusCode"] == 200
+        raw, full = interleaved(
+            [lambda: session.run(None, {"input": x}), lambda: handler(event, context)], ROUNDS, warmup=200
+        )
+    raw_p50, full_p50 = statistics.median(raw) * 1e3, statistics.median(full) * 1e3
+    print(f"(a) Lambda handler, API Gateway v2 event, {MODEL} batch 1 ({ROUNDS} interleaved rounds)")
+    print(f"    raw session.run   p50 {raw_p50:7.3f} ms")
+    print(
+        f"    handler           p50 {full_p50:7.3f} ms  p99 {percentile(full, 99) * 1e3:7.3f} ms"
+        f"  -> overhead p50 {full_p50 - raw_p50:.3f} ms (target <= 0.3 ms)"
+    )
+
+
+@contextlib.contextmanager
+def running(cmd: list[str], port: int, env: dict[str, str]) -> Iterator[None]:
+    proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{cmd} exited with {proc.returncode}")
+            try:
+                httpx.post(f"http://127.0.0.1:{port}/v2/models/{MODEL}/infer", content=BODY, timeout=1)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def wrk(port: int, script: Path) -> tuple[float, float, float]:
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            "-c16",
+            f"-d{LOAD_SECONDS}s",
+            "--latency",
+            "-s",
+            str(script),
+            f"http://127.0.0.1:{port}/v2/models/{MODEL}/infer",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if non2xx:
+        raise RuntimeError(f"{non2xx.group(1)} failed responses:\n{out}")
+    return rps, _latency(out, "50%"), _latency(out, "99%")
+
+
+def _latency(out: str, pct: str) -> float:
+    value, unit = re.search(rf"{re.escape(pct)}\s+([\d.]+)(us|ms|s)", out).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+
+
+x1 = np.load(DEMO_HOLDOUT)["input"][:1]
+BODY = json.dumps({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": x1.ravel().tolist()}]})
+
+
+def load_test() -> None:
+    if shutil.which("wrk") is None:
+        print("(b) skipped: wrk is not installed (make bench installs it with apt-get)")
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="fnserve-bench-"))
+    script = tmp / "post.lua"
+    script.write_text(
+        f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\nwrk.body = {json.dumps(BODY)}\n'
+    )
+    fn_port, plain_port = 18081, 18082
+    fn = [sys.executable, "-m", "fnserve", "serve", "-m", str(DEMO_MANIFEST), "--port", str(fn_port), "--workers", "2"]
+    plain = [sys.executable, "-m", "uvicorn", "tests.bench.plain_server:app", "--port", str(plain_port)]
+    plain += ["--workers", "2", "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"]
+    plain_env = {"PLAIN_MODEL_PATH": str(MODEL_PATH), "PLAIN_THREADS": "1"}
+    servers = {
+        "fnserve serve --workers 2": (fn, fn_port, {}),
+        "fnserve serve --workers 2 --access-log": ([*fn, "--access-log"], fn_port, {}),
+        "plain FastAPI + uvicorn, 2 workers": (plain, plain_port, plain_env),
+    }
+    results: dict[str, list[tuple[float, float, float]]] = {k: [] for k in servers}
+    for _ in range(LOAD_ROUNDS):  # alternate servers so drift hits all alike
+        for label, (cmd, port, env) in servers.items():
+            with running(cmd, port, env):
+                wrk(port, script)  # warm-up run, discarded
+                results[label].append(wrk(port, script))
+    base = statistics.median(r[0] for r in results["plain FastAPI + uvicorn, 2 workers"])
+    print(f"\n(b) wrk, concurrency 16, {MODEL} batch 1 JSON, {LOAD_ROUNDS} rounds of {LOAD_SECONDS}s, medians")
+    for label, runs in results.items():
+        rps = statistics.median(r[0] for r in runs)
+        p50 = statistics.median(r[1] for r in runs)
+        p99 = statistics.median(r[2] for r in runs)
+        print(f"    {label:<44}{rps:9.0f} req/s  {rps / base:5.2f}x  p50 {p50:6.2f} ms  p99 {p99:6.2f} ms")
+
+
+if __name__ == "__main__":
+    handler_overhead()
+    load_test()
