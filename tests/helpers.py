@@ -101,8 +101,11 @@ def sample_arrays(rows: int = 3) -> dict[str, Any]:
     return out
 
 
-def write_test_manifest(directory: Path) -> Path:
-    """A manifest with the demo models (by absolute path) plus the all-datatypes identity model."""
+def write_test_manifest(directory: Path, cache_ttl: int | None = None) -> Path:
+    """A manifest with the demo models (by absolute path) plus the all-datatypes identity model.
+
+    ``cache_ttl`` turns the result cache on for the demo models.
+    """
     import hashlib
     import tomllib
 
@@ -117,6 +120,8 @@ def write_test_manifest(directory: Path) -> Path:
             f'path = "{DEMO_MANIFEST.parent / entry["path"]}"',
             f'sha256 = "{entry["sha256"]}"',
         ]
+        if cache_ttl is not None:
+            lines.append(f"cache_ttl_seconds = {cache_ttl}")
     lines += ["[[models]]", 'name = "identity"', 'path = "identity.onnx"']
     lines += [f'sha256 = "{hashlib.sha256(data).hexdigest()}"']
     manifest = directory / "manifest.toml"
@@ -143,3 +148,33 @@ class LambdaContext:
         import time
 
         return max(0, int((self._deadline - time.monotonic()) * 1000))
+
+
+def sqs_event(
+    bodies: list[str], receive_counts: list[int] | None = None, queue: str = "fnserve-jobs"
+) -> dict[str, Any]:
+    """An SQS event as Lambda delivers it to a function (one record per body)."""
+    import hashlib
+
+    counts = receive_counts or [1] * len(bodies)
+    return {
+        "Records": [
+            {
+                "messageId": f"msg-{i:05d}",
+                "receiptHandle": f"AQEB{i:05d}",
+                "body": body,
+                "attributes": {
+                    "ApproximateReceiveCount": str(count),
+                    "SentTimestamp": "1795321200000",
+                    "SenderId": "AIDAIENQZJOLO23YVJ4VO",
+                    "ApproximateFirstReceiveTimestamp": "1795321200001",
+                },
+                "messageAttributes": {},
+                "md5OfBody": hashlib.md5(body.encode()).hexdigest(),
+                "eventSource": "aws:sqs",
+                "eventSourceARN": f"arn:aws:sqs:us-east-1:123456789012:{queue}",
+                "awsRegion": "us-east-1",
+            }
+            for i, (body, count) in enumerate(zip(bodies, counts, strict=True))
+        ]
+    }

@@ -175,6 +175,39 @@ def alb(body: bytes, hdrs: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def sqs_jobs() -> dict[str, Any]:
+    """SQS event for the batch function: three digits-accurate jobs, one digits-fast job, one poison record."""
+    import hashlib
+
+    bodies = []
+    for i, model in enumerate(["digits-accurate", "digits-accurate", "digits-accurate", "digits-fast"]):
+        x = HOLDOUT["input"][i * 2 : i * 2 + 2]
+        tensor = {"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}
+        bodies.append(json.dumps({"id": f"example-{i}", "model": model, "inputs": [tensor]}, separators=(",", ":")))
+    bodies.append('{"id": "example-poison", "model": "digits-accurate", "inputs": "not tensors"}')
+    return {
+        "Records": [
+            {
+                "messageId": f"059f36b4-87a3-44ab-83d2-66197573{i:04d}",
+                "receiptHandle": f"AQEBwJnKyrHigUMZj6rYigCgxlaS3SLy0a{i:04d}",
+                "body": body,
+                "attributes": {
+                    "ApproximateReceiveCount": "1",
+                    "SentTimestamp": "1795321200000",
+                    "SenderId": "AIDAIENQZJOLO23YVJ4VO",
+                    "ApproximateFirstReceiveTimestamp": "1795321200001",
+                },
+                "messageAttributes": {},
+                "md5OfBody": hashlib.md5(body.encode()).hexdigest(),
+                "eventSource": "aws:sqs",
+                "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:fnserve-jobs",
+                "awsRegion": "us-east-1",
+            }
+            for i, body in enumerate(bodies)
+        ]
+    }
+
+
 def main() -> None:
     EVENTS.mkdir(exist_ok=True)
     body = json_body(slice(0, 4))
@@ -187,6 +220,7 @@ def main() -> None:
         "api-rest-infer.json": rest_api(body, headers(body, "application/json")),
         "api-rest-infer-binary.json": rest_api(binary, bin_headers, binary=True),
         "api-alb-infer.json": alb(body, headers(body, "application/json")),
+        "batch-jobs.json": sqs_jobs(),
     }
     for name, event in events.items():
         (EVENTS / name).write_text(json.dumps(event, indent=2) + "\n")

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
+from fnserve.aws import clients as aws_clients
 from tests.helpers import write_test_manifest
+from tests.moto import aws_env, moto_server
+from tests.moto import reset as reset_moto
 
 MAX_REQUEST_BYTES = 1 << 20
 
@@ -69,3 +74,55 @@ def server(test_manifest: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 def client(server: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server, timeout=10) as c:
         yield c
+
+
+@dataclass
+class Aws:
+    """The AWS resources of one test, in a freshly reset moto server."""
+
+    url: str
+    table: str
+    bucket: str
+    queue_url: str
+    dlq_url: str
+
+
+@pytest.fixture(scope="session")
+def moto_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with moto_server(tmp_path_factory.mktemp("moto") / "moto.log") as url:
+        yield url
+
+
+def create_resources(table: str, bucket: str, queue: str) -> tuple[str, str]:
+    """The results table (TTL on), the bucket, and a queue with its DLQ; returns (queue URL, DLQ URL)."""
+    dynamodb = aws_clients.client("dynamodb")
+    dynamodb.create_table(
+        TableName=table,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    dynamodb.update_time_to_live(
+        TableName=table, TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"}
+    )
+    aws_clients.client("s3").create_bucket(Bucket=bucket)
+    sqs = aws_clients.client("sqs")
+    dlq_url = sqs.create_queue(QueueName=f"{queue}-dlq")["QueueUrl"]
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    redrive = json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "5"})
+    queue_url = sqs.create_queue(QueueName=queue, Attributes={"RedrivePolicy": redrive, "VisibilityTimeout": "30"})[
+        "QueueUrl"
+    ]
+    return queue_url, dlq_url
+
+
+@pytest.fixture
+def aws(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Aws]:
+    reset_moto(moto_url)
+    for key, value in aws_env(moto_url).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("LOCALSTACK_HOST", raising=False)
+    aws_clients.reset()
+    queue_url, dlq_url = create_resources("fnserve-results", "fnserve-payloads", "fnserve-jobs")
+    yield Aws(moto_url, "fnserve-results", "fnserve-payloads", queue_url, dlq_url)
+    aws_clients.reset()

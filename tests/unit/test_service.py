@@ -178,3 +178,50 @@ def test_bytes_inputs_reach_the_runtime_as_text_and_must_be_utf8(write_manifest:
     inputs["in_BYTES"] = np.array([[b"\xff", b"ok"]] * 3, dtype=object)
     with pytest.raises(InvalidInput, match="input 'in_BYTES' of model 'identity': BYTES elements must be UTF-8"):
         service.predict("identity", inputs)
+
+
+def test_infer_many_runs_valid_jobs_together_and_isolates_bad_ones(service: InferenceService) -> None:
+    jobs = [feed(1), {"x": np.zeros((1, 4), np.float32), "k": np.zeros(1, np.int64)}, feed(3), {"x": feed(1)["x"]}]
+    results = service.infer_many("scale", jobs)
+    assert [type(r).__name__ for r in results] == ["Prediction", "InvalidInput", "Prediction", "InvalidInput"]
+    np.testing.assert_array_equal(results[2].outputs["y"], feed(3)["x"] * 2)  # type: ignore[union-attr]
+    assert results[0].outputs["y"].shape == (1, 3)  # type: ignore[union-attr]
+
+
+def test_infer_many_chunks_large_stacks_by_max_batch_size(service: InferenceService) -> None:
+    results = service.infer_many("scale", [feed(3) for _ in range(5)])  # 15 rows, max_batch_size 4
+    for r in results:
+        np.testing.assert_array_equal(r.outputs["k1"], [1, 2, 3])  # type: ignore[union-attr]
+
+
+def test_infer_many_uses_the_cache_for_repeated_inputs(write_manifest: ManifestWriter) -> None:
+    from fnserve.core.cache import ResultCache
+
+    manifest = write_manifest({"data": model_bytes(), "cache_ttl_seconds": 60})
+    service = InferenceService.from_manifest(manifest, cache=ResultCache())
+    first = service.infer_many("scale", [feed(2), feed(1)])
+    second = service.infer_many("scale", [feed(1), feed(2), feed(3)])
+    assert [r.cache for r in first] == ["miss", "miss"]  # type: ignore[union-attr]
+    assert [r.cache for r in second] == ["hit", "hit", "miss"]  # type: ignore[union-attr]
+    assert service.infer("scale", feed(3)).cache == "hit"
+
+
+def test_infer_many_never_stacks_a_model_that_reduces_over_the_batch(write_manifest: ManifestWriter) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x", "axes"], ["total"], keepdims=0)],
+        "sum",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("total", TensorProto.FLOAT, [3])],
+        initializer=[helper.make_tensor("axes", TensorProto.INT64, [1], [0])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    service = InferenceService.from_manifest(write_manifest({"name": "sum", "data": model_bytes(model)}))
+    jobs = [{"x": np.ones((1, 3), np.float32)}, {"x": np.full((2, 3), 2, np.float32)}]  # 3 rows, output length 3
+    results = service.infer_many("sum", jobs)
+    np.testing.assert_array_equal(results[0].outputs["total"], [1, 1, 1])  # type: ignore[union-attr]
+    np.testing.assert_array_equal(results[1].outputs["total"], [4, 4, 4])  # type: ignore[union-attr]

@@ -213,3 +213,69 @@ def _example_request(meta: dict[str, Any]) -> str:
         value: object = "" if spec["datatype"] == "BYTES" else False if spec["datatype"] == "BOOL" else 0
         inputs.append({"name": spec["name"], "shape": shape, "datatype": spec["datatype"], "data": [value] * size})
     return json.dumps({"inputs": inputs}, separators=(",", ":"))
+
+
+@app.command()
+def submit(
+    data: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Inputs: .npy, .npz or .jsonl.")],
+    queue: Annotated[str, typer.Option("--queue", envvar="FNSERVE_JOBS_QUEUE", help="SQS queue URL.")],
+    model: Annotated[str, typer.Option("--model", help="Model to run.")],
+    version: Annotated[str | None, typer.Option(help="Model version (default: latest).")] = None,
+    bucket: Annotated[
+        str | None, typer.Option(envvar="FNSERVE_RESULTS_BUCKET", help="S3 bucket for jobs over SQS's size limit.")
+    ] = None,
+    input_name: Annotated[str, typer.Option(help="Input name for a .npy file.")] = "input",
+    rows_per_job: Annotated[int, typer.Option(min=1, help="Rows of .npy/.npz data in each job.")] = 1,
+    prefix: Annotated[str | None, typer.Option(help="Job id prefix (default: a new random one).")] = None,
+    ids_file: Annotated[Path | None, typer.Option("--ids", help="Write the job ids here, one per line.")] = None,
+) -> None:
+    """Enqueue inference jobs (10 per SendMessageBatch) and list their ids."""
+    from rich.progress import Progress
+
+    from fnserve import jobsclient
+
+    jobs = list(
+        jobsclient.jobs_from_file(
+            data,
+            model,
+            input_name=input_name,
+            rows_per_job=rows_per_job,
+            version=version,
+            prefix=prefix or jobsclient.new_prefix(),
+        )
+    )
+    try:
+        with Progress(transient=True) as progress:
+            task = progress.add_task("submitting", total=len(jobs))
+            report = jobsclient.submit(
+                queue, iter(jobs), bucket=bucket, progress=functools.partial(progress.advance, task)
+            )
+    except FnserveError as exc:
+        raise _fail(exc.message) from None
+    if ids_file:
+        ids_file.write_text("".join(f"{i}\n" for i in report.ids))
+    else:
+        for job_id in report.ids:
+            typer.echo(job_id)
+    typer.echo(f"submitted {len(report.ids)} jobs ({report.by_reference} by S3 reference)", err=True)
+    if report.failed:
+        for job_id, reason in report.failed.items():
+            typer.echo(f"not sent: {job_id}: {reason}", err=True)
+        raise typer.Exit(code=1)
+
+
+@app.command()
+def results(
+    ids_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Job ids, one per line.")],
+    table: Annotated[str, typer.Option("--table", envvar="FNSERVE_RESULTS_TABLE", help="DynamoDB results table.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Write results to .npz or .jsonl.")],
+) -> None:
+    """Fetch stored results of jobs; say which are done, failed or still pending."""
+    from fnserve import jobsclient
+
+    ids = [line.strip() for line in ids_file.read_text().splitlines() if line.strip()]
+    found = jobsclient.fetch_results(table, ids)
+    jobsclient.write_results(found, ids, output)
+    typer.echo(f"done {len(found.done)}, failed {len(found.failed)}, pending {len(found.pending)} -> {output}")
+    for job_id, reason in list(found.failed.items())[:20]:
+        typer.echo(f"  failed {job_id}: {reason}")

@@ -33,11 +33,11 @@ BINARY = "application/octet-stream"
 class Telemetry(Protocol):
     """Where per-request figures go (EMF metrics in Lambda, nothing by default)."""
 
-    def record(self, model: str, status: int, timings: dict[str, float]) -> None: ...
+    def record(self, model: str, status: int, timings: dict[str, float], cache: str) -> None: ...
 
 
 class NoTelemetry:
-    def record(self, model: str, status: int, timings: dict[str, float]) -> None:
+    def record(self, model: str, status: int, timings: dict[str, float], cache: str) -> None:
         return None
 
 
@@ -131,16 +131,19 @@ def create_app(
             json_length = _json_length(request)
             decoded = decode_request(body, json_length)
             t1 = time.perf_counter()
-            outputs = service.predict(name, decoded.inputs, version=version, outputs=decoded.outputs)
+            prediction = service.infer(name, decoded.inputs, version=version, outputs=decoded.outputs)
             t2 = time.perf_counter()
-            model = service.registry.resolve(name, version)
-            payload, head_length = encode_response(model.name, model.version, outputs, decoded)
+            cache = prediction.cache
+            params = {"cache": cache} if cache != "off" else None
+            payload, head_length = encode_response(
+                prediction.model, prediction.version, prediction.outputs, decoded, params
+            )
             t3 = time.perf_counter()
         except FnserveError as exc:
             status = exc.status_code
             if access_log:
                 logger.info("inference refused", extra={"model": name, "status": status, "error": exc.message})
-            telemetry.record(name, status, timings)
+            telemetry.record(name, status, timings, "off")
             raise
         timings = {
             "decode": round((t1 - t0) * 1e3, 3),
@@ -148,11 +151,14 @@ def create_app(
             "encode": round((t3 - t2) * 1e3, 3),
         }
         headers = {"server-timing": ", ".join(f"{k};dur={v}" for k, v in timings.items())}
+        if cache != "off":
+            headers["x-fnserve-cache"] = cache
         if head_length is not None:
             headers[JSON_HEADER] = str(head_length)
         if access_log:
-            logger.info("inference", extra={"model": name, "version": model.version, "status": status, **timings})
-        telemetry.record(name, status, timings)
+            extra = {"model": name, "version": prediction.version, "status": status, "cache": cache, **timings}
+            logger.info("inference", extra=extra)
+        telemetry.record(name, status, timings, cache)
         return Response(payload, media_type=BINARY if head_length is not None else JSON, headers=headers)
 
     @app.exception_handler(FnserveError)

@@ -15,6 +15,7 @@ from mangum import Mangum
 
 from fnserve.adapters.http import create_app
 from fnserve.adapters.logs import logger
+from fnserve.aws.service import build_service
 from fnserve.core.service import InferenceService
 from fnserve.core.settings import Settings
 
@@ -31,7 +32,7 @@ class EmfTelemetry:
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
 
-    def record(self, model: str, status: int, timings: dict[str, float]) -> None:
+    def record(self, model: str, status: int, timings: dict[str, float], cache: str) -> None:
         # One request per invocation, so the dimensions describe exactly this request.
         self.metrics.add_dimension(name="model", value=model)
         self.metrics.add_dimension(name="status", value=str(status))
@@ -42,6 +43,10 @@ class EmfTelemetry:
             self.metrics.add_metric(name=f"{stage.capitalize()}Latency", unit=MetricUnit.Milliseconds, value=ms)
         if timings:
             self.metrics.add_metric(name="Latency", unit=MetricUnit.Milliseconds, value=sum(timings.values()))
+        if cache != "off":
+            self.metrics.add_metric(
+                name="CacheHits" if cache == "hit" else "CacheMisses", unit=MetricUnit.Count, value=1
+            )
 
 
 def create_handler(
@@ -51,7 +56,7 @@ def create_handler(
 ) -> LambdaHandler:
     """The Lambda handler for the HTTP API; build it once, at import."""
     settings = settings or Settings()
-    service = service or InferenceService.from_settings(settings)
+    service = service or build_service(settings)
     metrics = metrics or Metrics(namespace="fnserve", service="fnserve")
     app = create_app(service, settings, telemetry=EmfTelemetry(metrics))
     asgi = Mangum(app, lifespan="off", text_mime_types=TEXT_MIME_TYPES)

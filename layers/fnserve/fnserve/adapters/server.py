@@ -7,14 +7,14 @@ import os
 from fastapi import FastAPI
 
 from fnserve.adapters.http import create_app
-from fnserve.core.service import InferenceService
+from fnserve.aws.service import build_service
 from fnserve.core.settings import Settings
 
 
 def app_factory() -> FastAPI:
     """Called once in every uvicorn worker process: that worker's warm service and app."""
     settings = Settings()
-    return create_app(InferenceService.from_settings(settings), settings)
+    return create_app(build_service(settings), settings)
 
 
 def serve(manifest: str, host: str = "127.0.0.1", port: int = 8080, workers: int = 1, access_log: bool = False) -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
+from fnserve.core.cache import CacheBackend, ResultCache, cache_key
 from fnserve.core.datatypes import can_cast
 from fnserve.core.errors import FnserveError, InferenceError, InvalidInput, ModelNotReady
 from fnserve.core.manifest import load_manifest
@@ -23,11 +25,22 @@ logger = logging.getLogger(__name__)
 Arrays = dict[str, np.ndarray[Any, Any]]
 
 
-class InferenceService:
-    """Validated inference over a :class:`ModelRegistry`."""
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """A result with where it came from: the model version, and ``hit``/``miss``/``off`` for the cache."""
 
-    def __init__(self, registry: ModelRegistry) -> None:
+    outputs: Arrays
+    model: str
+    version: str
+    cache: str
+
+
+class InferenceService:
+    """Validated inference over a :class:`ModelRegistry`, with an optional result cache."""
+
+    def __init__(self, registry: ModelRegistry, cache: ResultCache | None = None) -> None:
         self.registry = registry
+        self.cache = cache
 
     @classmethod
     def from_manifest(
@@ -39,6 +52,7 @@ class InferenceService:
         eager: bool = False,
         cache_dir: Path | None = None,
         fetchers: Mapping[str, Fetcher] | None = None,
+        cache: ResultCache | None = None,
     ) -> InferenceService:
         """Build a service from a manifest file; ``eager`` loads every model now."""
         registry = ModelRegistry(
@@ -50,10 +64,16 @@ class InferenceService:
         )
         if eager:
             registry.load_all()
-        return cls(registry)
+        return cls(registry, cache)
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, fetchers: Mapping[str, Fetcher] | None = None) -> InferenceService:
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        fetchers: Mapping[str, Fetcher] | None = None,
+        cache_backend: CacheBackend | None = None,
+    ) -> InferenceService:
         """Build the service a process serves with, as the server settings describe it."""
         return cls.from_manifest(
             settings.manifest,
@@ -62,6 +82,7 @@ class InferenceService:
             eager=settings.eager_load,
             cache_dir=settings.model_cache_dir,
             fetchers=fetchers,
+            cache=ResultCache(settings.cache_max_bytes, cache_backend),
         )
 
     # -- inference ----------------------------------------------------------------------------
@@ -78,19 +99,81 @@ class InferenceService:
 
         Batches over the model's ``max_batch_size`` are run in chunks and concatenated.
         """
+        return self.infer(model, inputs, version=version, outputs=outputs).outputs
+
+    def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        *,
+        version: str | None = None,
+        outputs: Sequence[str] | None = None,
+    ) -> Prediction:
+        """:meth:`predict`, through the result cache when the model opts in; says which version and cache."""
         loaded = self.registry.get(model, version)
         feed, batch = _validate(loaded, inputs)
         names = loaded.output_names if outputs is None else _check_outputs(loaded, outputs)
-        limit = loaded.settings.max_batch_size
-        if batch <= limit or batch < 0:
-            results = _run(loaded, names, feed)
-        else:
-            chunks = [
-                _run(loaded, names, {k: v[start : start + limit] for k, v in feed.items()})
-                for start in range(0, batch, limit)
-            ]
-            results = [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
-        return dict(zip(names, results, strict=True))
+        ttl = loaded.settings.cache_ttl_seconds
+        if ttl is None or self.cache is None:
+            return Prediction(_run_batched(loaded, names, feed, batch), loaded.name, loaded.version, "off")
+        key = cache_key(loaded.name, loaded.version, feed, names)
+        hit = self.cache.get_many([key]).get(key)
+        if hit is not None:
+            return Prediction(hit, loaded.name, loaded.version, "hit")
+        result = _run_batched(loaded, names, feed, batch)
+        self.cache.put_many({key: result}, ttl)
+        return Prediction(result, loaded.name, loaded.version, "miss")
+
+    def infer_many(
+        self,
+        model: str,
+        jobs: Sequence[Mapping[str, Any]],
+        *,
+        version: str | None = None,
+        outputs: Sequence[str] | None = None,
+    ) -> list[Prediction | FnserveError]:
+        """Many independent requests to one model, vectorised: one result or error per job, in order.
+
+        Each job is validated alone; the cache is asked once for all of them; the misses are
+        stacked along the batch axis (grouped by their other dimensions) and run together in
+        chunks of ``max_batch_size``; outputs are split back with a check that they split
+        exactly. If a stacked run fails, its jobs are run one by one, so one poisoned job
+        cannot fail the others. Unknown models and versions raise, as for :meth:`infer`.
+        """
+        loaded = self.registry.get(model, version)
+        names = loaded.output_names if outputs is None else _check_outputs(loaded, outputs)
+        results: list[Prediction | FnserveError | None] = [None] * len(jobs)
+        feeds: dict[int, tuple[Arrays, int]] = {}
+        for i, job in enumerate(jobs):
+            try:
+                feeds[i] = _validate(loaded, job)
+            except FnserveError as exc:
+                results[i] = exc
+        ttl = loaded.settings.cache_ttl_seconds
+        caching = ttl is not None and self.cache is not None
+        keys: dict[int, str] = {}
+        if caching and feeds:
+            assert self.cache is not None
+            keys = {i: cache_key(loaded.name, loaded.version, feed, names) for i, (feed, _) in feeds.items()}
+            hits = self.cache.get_many(list(keys.values()))
+            for i in list(feeds):
+                hit = hits.get(keys[i])
+                if hit is not None:
+                    results[i] = Prediction(hit, loaded.name, loaded.version, "hit")
+                    del feeds[i]
+        fresh: dict[str, Arrays] = {}
+        for group in _stackable_groups(loaded, feeds):
+            for i, outcome in _run_group(loaded, names, group, feeds).items():
+                if isinstance(outcome, FnserveError):
+                    results[i] = outcome
+                else:
+                    results[i] = Prediction(outcome, loaded.name, loaded.version, "miss" if caching else "off")
+                    if caching:
+                        fresh[keys[i]] = outcome
+        if fresh:
+            assert self.cache is not None and ttl is not None
+            self.cache.put_many(fresh, ttl)
+        return [r if r is not None else InferenceError("job was not run") for r in results]
 
     # -- metadata and readiness ---------------------------------------------------------------
 
@@ -199,6 +282,67 @@ def _check_outputs(model: LoadedModel, outputs: Sequence[str]) -> tuple[str, ...
     if not outputs:
         return model.output_names
     return tuple(dict.fromkeys(outputs))
+
+
+def _run_batched(model: LoadedModel, names: Sequence[str], feed: Arrays, batch: int) -> Arrays:
+    limit = model.settings.max_batch_size
+    if batch <= limit:
+        results = _run(model, names, feed)
+    else:
+        chunks = [
+            _run(model, names, {k: v[start : start + limit] for k, v in feed.items()})
+            for start in range(0, batch, limit)
+        ]
+        results = [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
+    return dict(zip(names, results, strict=True))
+
+
+def _stackable_groups(model: LoadedModel, feeds: Mapping[int, tuple[Arrays, int]]) -> list[list[int]]:
+    """Jobs that can share one runtime call: same non-batch dimensions, every input and output batched.
+
+    An output whose first dimension the graph fixes (a reduction over the batch, say) could not
+    be split back by rows, even where its length happens to equal the stacked rows.
+    """
+    batched = (spec.shape and spec.shape[0] == -1 for spec in (*model.inputs, *model.outputs))
+    if not all(batched):
+        return [[i] for i in feeds]
+    groups: dict[tuple[tuple[int, ...], ...], list[int]] = {}
+    for i, (feed, _) in feeds.items():
+        groups.setdefault(tuple(feed[spec.name].shape[1:] for spec in model.inputs), []).append(i)
+    return list(groups.values())
+
+
+def _run_group(
+    model: LoadedModel, names: Sequence[str], group: list[int], feeds: Mapping[int, tuple[Arrays, int]]
+) -> dict[int, Arrays | FnserveError]:
+    sizes = [feeds[i][1] for i in group]
+    if len(group) > 1:
+        stacked = {spec.name: np.concatenate([feeds[i][0][spec.name] for i in group]) for spec in model.inputs}
+        try:
+            outputs = _run_batched(model, names, stacked, sum(sizes))
+            return dict(zip(group, _split(model, outputs, sizes), strict=True))
+        except FnserveError:
+            logger.warning("a stacked batch of model %r failed; running its %d jobs one by one", model.name, len(group))
+    results: dict[int, Arrays | FnserveError] = {}
+    for i in group:
+        try:
+            results[i] = _run_batched(model, names, *feeds[i])
+        except FnserveError as exc:
+            results[i] = exc
+    return results
+
+
+def _split(model: LoadedModel, outputs: Arrays, sizes: list[int]) -> list[Arrays]:
+    total = sum(sizes)
+    for name, array in outputs.items():
+        if array.ndim == 0 or array.shape[0] != total:
+            raise InferenceError(
+                f"model {model.name!r}: output {name!r} has shape {list(array.shape)}, which does not split "
+                f"back into the {len(sizes)} stacked requests ({total} rows)"
+            )
+    bounds = np.cumsum(sizes)[:-1]
+    per_output = {name: np.split(array, bounds) for name, array in outputs.items()}
+    return [{name: parts[j] for name, parts in per_output.items()} for j in range(len(sizes))]
 
 
 def _run(model: LoadedModel, names: Sequence[str], feed: Arrays) -> list[np.ndarray[Any, Any]]:

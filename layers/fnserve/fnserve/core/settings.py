@@ -76,6 +76,11 @@ class ModelSettings(BaseModel):
     graph_optimization: Literal["disable", "basic", "extended", "all"] = Field(
         default="all", description="ONNX Runtime graph optimisation level."
     )
+    cache_ttl_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="Cache this model's results for this long (in-process and DynamoDB); off when unset.",
+    )
     warmup: bool = Field(
         default=True,
         description="Run one zero-filled batch at load, so the first request does not pay the "
@@ -170,6 +175,20 @@ class Settings(BaseSettings):
     )
     access_log: bool = Field(
         default=True, description="One structured log line per inference request, with stage timings."
+    )
+    results_table: str | None = Field(
+        default=None,
+        description="DynamoDB table for job results and the shared result cache tier; unset: in-process only.",
+    )
+    results_bucket: str | None = Field(
+        default=None,
+        description="S3 bucket for results and job inputs too big for a DynamoDB item or an SQS message.",
+    )
+    cache_max_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=0, description="Size bound of the in-process result cache tier."
+    )
+    result_ttl_seconds: int = Field(
+        default=7 * 24 * 3600, ge=60, description="How long stored job results live (DynamoDB TTL)."
     )
     max_request_bytes: int = Field(
         default=6 * 1024 * 1024,

@@ -54,6 +54,11 @@ def decode_request(body: bytes, json_length: int | None = None) -> InferenceRequ
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise BadRequest("request body must be a JSON object")
+    return decode_document(doc, binary)
+
+
+def decode_document(doc: dict[str, Any], binary: bytes = b"") -> InferenceRequest:
+    """A V2 request from its parsed JSON object (and the binary tensors that followed it)."""
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidInput("'inputs' must be a non-empty list of tensors")
@@ -282,3 +287,33 @@ def _to_binary(array: np.ndarray[Any, Any], datatype: str) -> bytes:
             parts.append(item)
         return b"".join(parts)
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder(_LE)).tobytes()
+
+
+def pack_arrays(arrays: Mapping[str, np.ndarray[Any, Any]]) -> bytes:
+    """Arrays to one self-describing blob (a length-prefixed JSON header, then binary tensors).
+
+    The same little-endian framing as the binary extension; used to store results.
+    """
+    header = []
+    blobs = []
+    for name, array in arrays.items():
+        datatype = v2_datatype(array.dtype)
+        blob = _to_binary(array, datatype)
+        header.append([name, datatype, list(array.shape), len(blob)])
+        blobs.append(blob)
+    head = orjson.dumps(header)
+    return b"".join([_U32.pack(len(head)), head, *blobs])
+
+
+def unpack_arrays(blob: bytes) -> dict[str, np.ndarray[Any, Any]]:
+    """The inverse of :func:`pack_arrays`."""
+    (head_length,) = _U32.unpack_from(blob, 0)
+    offset = 4 + head_length
+    out = {}
+    for name, datatype, shape, size in orjson.loads(blob[4:offset]):
+        chunk = blob[offset : offset + size]
+        offset += size
+        out[name] = _from_binary(name, datatype, V2_TO_NUMPY[datatype], chunk, math.prod(shape)).reshape(shape)
+    if offset != len(blob):
+        raise ValueError(f"packed arrays: {len(blob) - offset} trailing bytes")
+    return out

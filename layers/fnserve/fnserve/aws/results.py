@@ -1,0 +1,173 @@
+"""The DynamoDB result store: job results, follow-up results and the shared cache tier, one table.
+
+Every read is a BatchGetItem (100 keys a call) and every write a BatchWriteItem (25 items a
+call); unprocessed keys and items are retried with exponential backoff and full jitter.
+Items carry a TTL attribute (``expires_at``); DynamoDB deletes late, so reads ignore
+expired items. A payload too big for an item (400 KB) goes to S3, the item holding its URI.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from fnserve.aws import s3
+from fnserve.aws.clients import client
+
+logger = logging.getLogger(__name__)
+
+KEY = "pk"
+TTL_ATTRIBUTE = "expires_at"
+GET_BATCH = 100
+WRITE_BATCH = 25
+# Leave room in the 400 KB item limit for the other attributes.
+MAX_INLINE_PAYLOAD = 350 * 1024
+
+Item = dict[str, Any]
+
+
+def _to_dynamo(item: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in item.items():
+        if value is None:
+            continue
+        if isinstance(value, bytes):
+            out[name] = {"B": value}
+        elif isinstance(value, bool):
+            out[name] = {"BOOL": value}
+        elif isinstance(value, int | float):
+            out[name] = {"N": str(value)}
+        else:
+            out[name] = {"S": str(value)}
+    return out
+
+
+def _from_dynamo(item: Mapping[str, Any]) -> Item:
+    out: Item = {}
+    for name, typed in item.items():
+        ((kind, value),) = typed.items()
+        out[name] = float(value) if kind == "N" else bytes(value) if kind == "B" else value
+    return out
+
+
+class DynamoResultStore:
+    """Batched, retried reads and writes of result items keyed by ``pk``."""
+
+    def __init__(
+        self,
+        table: str,
+        *,
+        bucket: str | None = None,
+        dynamodb: Any = None,
+        max_attempts: int = 8,
+        base_delay: float = 0.05,
+        max_delay: float = 2.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.table = table
+        self.bucket = bucket
+        self._dynamodb = dynamodb
+        self.max_attempts = max_attempts
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+        self._sleep = sleep
+
+    @property
+    def dynamodb(self) -> Any:
+        if self._dynamodb is None:
+            self._dynamodb = client("dynamodb")
+        return self._dynamodb
+
+    def _backoff(self, attempt: int) -> None:
+        self._sleep(random.uniform(0, min(self.max_delay, self.base_delay * 2**attempt)))
+
+    def get(self, keys: Iterable[str]) -> dict[str, Item]:
+        """Unexpired items among ``keys`` (payloads fetched back from S3); missing keys are absent."""
+        wanted = list(dict.fromkeys(keys))
+        found: dict[str, Item] = {}
+        now = time.time()
+        for start in range(0, len(wanted), GET_BATCH):
+            request = {self.table: {"Keys": [{KEY: {"S": k}} for k in wanted[start : start + GET_BATCH]]}}
+            for attempt in range(self.max_attempts):
+                response = self.dynamodb.batch_get_item(RequestItems=request)
+                for raw in response.get("Responses", {}).get(self.table, []):
+                    item = _from_dynamo(raw)
+                    if item.get(TTL_ATTRIBUTE, float("inf")) > now:
+                        found[item[KEY]] = item
+                request = response.get("UnprocessedKeys") or {}
+                if not request:
+                    break
+                self._backoff(attempt)
+            else:
+                raise TimeoutError(f"DynamoDB left keys unprocessed after {self.max_attempts} attempts")
+        for item in found.values():
+            if "payload_s3" in item:
+                item["payload"] = s3.get_bytes(item.pop("payload_s3"))
+        return found
+
+    def put(self, items: Sequence[Item]) -> set[str]:
+        """Write items (last write wins); returns the keys that could not be stored. Never raises."""
+        failed: set[str] = set()
+        requests = []
+        for item in items:
+            prepared = self._offload(item)
+            if prepared is None:
+                failed.add(item[KEY])
+            else:
+                requests.append({"PutRequest": {"Item": _to_dynamo(prepared)}})
+        for start in range(0, len(requests), WRITE_BATCH):
+            failed |= self._write(requests[start : start + WRITE_BATCH])
+        return failed
+
+    def _offload(self, item: Item) -> Item | None:
+        payload = item.get("payload")
+        if payload is None or len(payload) <= MAX_INLINE_PAYLOAD:
+            return item
+        if self.bucket is None:
+            logger.error(
+                "result %s is %d bytes, over the item limit, and no results bucket is set", item[KEY], len(payload)
+            )
+            return None
+        try:
+            uri = s3.put_bytes(self.bucket, f"fnserve/results/{item[KEY].replace('#', '/')}", payload)
+        except Exception:
+            logger.exception("result %s could not be written to S3", item[KEY])
+            return None
+        return {**{k: v for k, v in item.items() if k != "payload"}, "payload_s3": uri}
+
+    def _write(self, batch: list[dict[str, Any]]) -> set[str]:
+        pending = {self.table: batch}
+        for attempt in range(self.max_attempts):
+            try:
+                response = self.dynamodb.batch_write_item(RequestItems=pending)
+            except Exception:
+                logger.exception("BatchWriteItem failed")
+                break
+            pending = response.get("UnprocessedItems") or {}
+            if not pending:
+                return set()
+            self._backoff(attempt)
+        left = pending.get(self.table, [])
+        keys = {r["PutRequest"]["Item"][KEY]["S"] for r in left}
+        logger.error("%d results could not be stored: %s", len(keys), sorted(keys)[:10])
+        return keys
+
+
+class DynamoCacheBackend:
+    """The result cache's shared tier, as ``cache#<key>`` items in the result store."""
+
+    def __init__(self, store: DynamoResultStore) -> None:
+        self.store = store
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, tuple[bytes, float]]:
+        items = self.store.get(f"cache#{k}" for k in keys)
+        return {pk.removeprefix("cache#"): (item["payload"], item[TTL_ATTRIBUTE]) for pk, item in items.items()}
+
+    def put_many(self, entries: Mapping[str, bytes], ttl_seconds: int) -> None:
+        expires = int(time.time()) + ttl_seconds
+        failed = self.store.put([{KEY: f"cache#{k}", "payload": v, TTL_ATTRIBUTE: expires} for k, v in entries.items()])
+        if failed:
+            raise RuntimeError(f"{len(failed)} cache entries were not stored")

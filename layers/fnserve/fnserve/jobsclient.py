@@ -1,0 +1,164 @@
+"""Client side of batch jobs: enqueue inputs as jobs (SendMessageBatch), read their results back."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from fnserve.aws import s3
+from fnserve.aws.clients import client
+from fnserve.aws.results import DynamoResultStore
+from fnserve.core.errors import InvalidInput
+from fnserve.core.jobs import MAX_MESSAGE_BYTES, job_key, job_message
+from fnserve.core.tensors import unpack_arrays
+from fnserve.datafiles import LABEL_KEYS
+
+SEND_BATCH = 10
+
+
+def jobs_from_file(
+    path: Path, model: str, *, input_name: str, rows_per_job: int, version: str | None, prefix: str
+) -> Iterator[dict[str, Any]]:
+    """Job messages from .npy / .npz (split by rows) or .jsonl (one V2 request per line)."""
+    if path.suffix == ".jsonl":
+        with path.open("rb") as lines:
+            for n, line in enumerate(lines):
+                if not line.strip():
+                    continue
+                doc = orjson.loads(line)
+                if not isinstance(doc, dict):
+                    raise InvalidInput(f"{path}:{n + 1}: each line must be a V2 request object")
+                doc.setdefault("id", f"{prefix}-{n:06d}")
+                doc["model"] = model
+                if version is not None:
+                    doc["version"] = version
+                yield doc
+        return
+    if path.suffix == ".npy":
+        arrays = {input_name: np.load(path, allow_pickle=False)}
+    elif path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files if k not in LABEL_KEYS}
+    else:
+        raise InvalidInput(f"{path}: expected .npy, .npz or .jsonl")
+    rows = {a.shape[0] for a in arrays.values()}
+    if len(rows) != 1:
+        raise InvalidInput(f"{path}: arrays disagree on the number of rows")
+    total = rows.pop()
+    for n, start in enumerate(range(0, total, rows_per_job)):
+        chunk = {k: v[start : start + rows_per_job] for k, v in arrays.items()}
+        yield job_message(f"{prefix}-{n:06d}", model, chunk, version=version)
+
+
+@dataclass
+class SubmitReport:
+    ids: list[str] = field(default_factory=list)
+    by_reference: int = 0
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+def submit(
+    queue_url: str,
+    jobs: Iterator[dict[str, Any]],
+    *,
+    bucket: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> SubmitReport:
+    """Send jobs 10 per SendMessageBatch; bodies over SQS's limit go to S3 by reference."""
+    sqs = client("sqs")
+    report = SubmitReport()
+    batch: list[dict[str, str]] = []
+
+    def flush() -> None:
+        if not batch:
+            return
+        response = sqs.send_message_batch(QueueUrl=queue_url, Entries=batch)
+        failed = {f["Id"]: f for f in response.get("Failed", [])}
+        retry = [e for e in batch if e["Id"] in failed and not failed[e["Id"]].get("SenderFault")]
+        if retry:
+            response = sqs.send_message_batch(QueueUrl=queue_url, Entries=retry)
+            failed = {f["Id"]: f for f in response.get("Failed", [])} | {
+                k: v for k, v in failed.items() if v.get("SenderFault")
+            }
+        for entry in batch:
+            job_id = orjson.loads(entry["MessageBody"])["id"]
+            if entry["Id"] in failed:
+                report.failed[job_id] = str(failed[entry["Id"]].get("Message", "send failed"))
+            else:
+                report.ids.append(job_id)
+        if progress:
+            progress(len(batch))
+        batch.clear()
+
+    for job in jobs:
+        body = orjson.dumps(job)
+        if len(body) > MAX_MESSAGE_BYTES - 1024:
+            if bucket is None:
+                raise InvalidInput(f"job {job['id']} is {len(body)} bytes, over SQS's limit: pass a bucket")
+            request = {k: v for k, v in job.items() if k not in ("id", "model", "version")}
+            uri = s3.put_bytes(bucket, f"fnserve/jobs/{job['id']}.json", orjson.dumps(request))
+            ref = {k: job[k] for k in ("id", "model", "version") if k in job} | {"payload": {"uri": uri}}
+            body = orjson.dumps(ref)
+            report.by_reference += 1
+        batch.append({"Id": str(len(batch)), "MessageBody": body.decode()})
+        if len(batch) == SEND_BATCH:
+            flush()
+    flush()
+    return report
+
+
+@dataclass
+class Results:
+    done: dict[str, dict[str, np.ndarray[Any, Any]]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    pending: list[str] = field(default_factory=list)
+
+
+def fetch_results(table: str, ids: Sequence[str], *, store: DynamoResultStore | None = None) -> Results:
+    """Every job's state: done (with outputs), failed (with the reason), or pending."""
+    store = store or DynamoResultStore(table)
+    items = store.get(job_key(i) for i in ids)
+    results = Results()
+    for job_id in ids:
+        item = items.get(job_key(job_id))
+        if item is None:
+            results.pending.append(job_id)
+        elif item.get("status") == "done":
+            results.done[job_id] = unpack_arrays(item["payload"])
+        else:
+            results.failed[job_id] = str(item.get("error", "failed"))
+    return results
+
+
+def write_results(results: Results, ids: Sequence[str], path: Path) -> None:
+    """.jsonl: one line per job with its state; .npz: each output stacked over the done jobs, plus ``ids``."""
+    if path.suffix == ".jsonl":
+        with path.open("wb") as out:
+            for job_id in ids:
+                line: dict[str, Any] = {"id": job_id}
+                if job_id in results.done:
+                    line["status"] = "done"
+                    line["outputs"] = {k: v.tolist() for k, v in results.done[job_id].items()}
+                elif job_id in results.failed:
+                    line |= {"status": "failed", "error": results.failed[job_id]}
+                else:
+                    line["status"] = "pending"
+                out.write(orjson.dumps(line, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+        return
+    if path.suffix not in (".npz", ".npy"):
+        raise InvalidInput(f"{path}: expected .npz or .jsonl")
+    done_ids = [i for i in ids if i in results.done]
+    names = list(results.done[done_ids[0]]) if done_ids else []
+    arrays: dict[str, Any] = {name: np.concatenate([results.done[i][name] for i in done_ids]) for name in names}
+    arrays["ids"] = np.array(done_ids)
+    np.savez(path.with_suffix(".npz"), **arrays)
+
+
+def new_prefix() -> str:
+    return f"job-{uuid.uuid4().hex[:10]}"

@@ -1,0 +1,298 @@
+"""SQS batch jobs and the result cache against a real moto server (SQS, DynamoDB, S3 over HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+from typer.testing import CliRunner
+
+from fnserve import jobsclient
+from fnserve.adapters.lambda_sqs import JobProcessor, create_handler, records_of
+from fnserve.aws import clients
+from fnserve.aws.results import DynamoResultStore
+from fnserve.aws.service import build_service
+from fnserve.cli import app
+from fnserve.core.jobs import job_key, job_message
+from fnserve.core.service import InferenceService
+from fnserve.core.settings import Settings
+from tests.functional.conftest import Aws
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, LambdaContext, sample_arrays, sqs_event, write_test_manifest
+
+HOLDOUT = np.load(DEMO_HOLDOUT)
+DIGITS = HOLDOUT["input"]
+SESSION = ort.InferenceSession(str(DEMO_MANIFEST.parent / "digits-accurate" / "1" / "model.onnx"))
+
+
+def labels(x: np.ndarray) -> np.ndarray:
+    return SESSION.run(["label"], {"input": x})[0]  # type: ignore[no-any-return]
+
+
+def job(job_id: str, rows: slice, **fields: Any) -> str:
+    return json.dumps({**job_message(job_id, "digits-accurate", {"input": DIGITS[rows]}), **fields})
+
+
+def settings(aws: Aws, manifest: Path) -> Settings:
+    return Settings(manifest=manifest, results_table=aws.table, results_bucket=aws.bucket)
+
+
+@pytest.fixture
+def manifest(tmp_path: Path) -> Path:
+    return write_test_manifest(tmp_path)
+
+
+class CountingService(InferenceService):
+    """The real service, counting the vectorised calls it makes."""
+
+    calls = 0
+
+    def infer_many(self, *args: Any, **kwargs: Any) -> Any:
+        CountingService.calls += 1
+        return super().infer_many(*args, **kwargs)
+
+
+def count_calls(operation: str) -> list[int]:
+    """Count a DynamoDB operation on fnserve's client from now on."""
+    calls = [0]
+
+    def hook(**_: Any) -> None:
+        calls[0] += 1
+
+    clients.client("dynamodb").meta.events.register(f"before-call.dynamodb.{operation}", hook)
+    return calls
+
+
+POISON = {
+    "not-json": "{oops",
+    "not-object": "[1, 2]",
+    "no-id": json.dumps({"model": "digits-accurate", "inputs": []}),
+    "bad-id": json.dumps({"id": "has spaces", "model": "digits-accurate", "inputs": []}),
+    "unknown-model": json.dumps(job_message("p-model", "nope", {"input": DIGITS[:1]})),
+    "unknown-version": job("p-version", slice(0, 1), version="9"),
+    "wrong-shape": json.dumps(job_message("p-shape", "digits-accurate", {"input": DIGITS[:1, :10]})),
+    "wrong-dtype": json.dumps(job_message("p-dtype", "digits-accurate", {"input": DIGITS[:1].astype(np.int64)})),
+    "unknown-output": job("p-output", slice(0, 1), outputs=[{"name": "logits"}]),
+    "missing-s3-object": json.dumps(
+        {"id": "p-s3", "model": "digits-accurate", "payload": {"uri": "s3://fnserve-payloads/nope.json"}}
+    ),
+}
+
+
+def test_poison_records_fail_alone_and_good_results_are_stored(aws: Aws, manifest: Path) -> None:
+    handler = create_handler(settings=settings(aws, manifest))
+    good = [job(f"good-{i}", slice(i * 3, i * 3 + 3)) for i in range(4)]
+    bodies = [good[0], *POISON.values(), *good[1:]]
+    event = sqs_event(bodies)
+    response = handler(event, LambdaContext())
+    failed = {f["itemIdentifier"] for f in response["batchItemFailures"]}
+    assert failed == {f"msg-{i:05d}" for i in range(1, 1 + len(POISON))}
+    found = jobsclient.fetch_results(aws.table, [f"good-{i}" for i in range(4)])
+    assert not found.pending and not found.failed
+    for i in range(4):
+        np.testing.assert_array_equal(found.done[f"good-{i}"]["label"], labels(DIGITS[i * 3 : i * 3 + 3]))
+        assert found.done[f"good-{i}"]["probabilities"].shape == (3, 10)
+    reasons = jobsclient.fetch_results(aws.table, ["p-model", "p-version", "p-shape", "p-dtype", "p-output", "p-s3"])
+    assert "model 'nope' not found" in reasons.failed["p-model"]
+    assert "no version '9'" in reasons.failed["p-version"]
+    assert "must have 64 at axis 1" in reasons.failed["p-shape"]
+    assert "cannot be cast to it safely" in reasons.failed["p-dtype"]
+    assert "has no outputs ['logits']" in reasons.failed["p-output"]
+    assert reasons.pending == ["p-s3"]  # parse-time failures have nothing to store
+
+
+def test_every_record_failing_reports_every_record(aws: Aws, manifest: Path) -> None:
+    handler = create_handler(settings=settings(aws, manifest))
+    response = handler(sqs_event(["{", "[]"]), LambdaContext())
+    assert [f["itemIdentifier"] for f in response["batchItemFailures"]] == ["msg-00000", "msg-00001"]
+
+
+def test_one_vectorised_call_per_model_and_results_written_once(aws: Aws, manifest: Path) -> None:
+    service = CountingService.from_settings(settings(aws, manifest))
+    handler = create_handler(service=service, settings=settings(aws, manifest))
+    bodies = [job(f"j-{i}", slice(i, i + 1)) for i in range(60)]
+    bodies += [json.dumps(job_message(f"f-{i}", "digits-fast", {"input": DIGITS[i : i + 1]})) for i in range(5)]
+    writes = count_calls("BatchWriteItem")
+    CountingService.calls = 0
+    assert handler(sqs_event(bodies), LambdaContext()) == {"batchItemFailures": []}
+    assert CountingService.calls == 2  # digits-accurate and digits-fast: one call each
+    assert writes[0] == 3  # 65 results, 25 per BatchWriteItem
+    # Redelivered (receive count 2) and already stored: not recomputed, not written again.
+    reads = count_calls("BatchGetItem")
+    assert handler(sqs_event(bodies, [2] * len(bodies)), LambdaContext()) == {"batchItemFailures": []}
+    assert CountingService.calls == 2 and writes[0] == 3
+    assert reads[0] == 1  # 65 redelivered keys: one BatchGetItem
+    found = jobsclient.fetch_results(aws.table, [f"j-{i}" for i in range(60)])
+    got = np.concatenate([found.done[f"j-{i}"]["label"] for i in range(60)])
+    np.testing.assert_array_equal(got, labels(DIGITS[:60]))
+
+
+def test_a_result_that_cannot_be_stored_is_redelivered(aws: Aws, manifest: Path) -> None:
+    handler = create_handler(settings=settings(aws, manifest))
+    clients.client("dynamodb").delete_table(TableName=aws.table)  # every write now fails
+    response = handler(sqs_event([job("lost-0", slice(0, 1)), job("lost-1", slice(1, 2))]), LambdaContext())
+    assert [f["itemIdentifier"] for f in response["batchItemFailures"]] == ["msg-00000", "msg-00001"]
+
+
+def test_big_inputs_and_outputs_travel_through_s3(aws: Aws, manifest: Path, tmp_path: Path) -> None:
+    rows = 40_000  # identity model: the FP64 output alone is 640 KB, over a DynamoDB item
+    arrays = {f"in_{k}": np.resize(v, (rows, 2)) for k, v in sample_arrays().items()}
+    jobs = iter([job_message("big-000000", "identity", arrays)])
+    report = jobsclient.submit(aws.queue_url, jobs, bucket=aws.bucket)
+    assert report.ids == ["big-000000"] and report.by_reference == 1
+    event = received_event(aws, 1)
+    handler = create_handler(settings=settings(aws, manifest))
+    assert handler(event, LambdaContext()) == {"batchItemFailures": []}
+    item = clients.client("dynamodb").get_item(TableName=aws.table, Key={"pk": {"S": job_key("big-000000")}})["Item"]
+    assert "payload" not in item and item["payload_s3"]["S"].startswith("s3://fnserve-payloads/")
+    out = jobsclient.fetch_results(aws.table, ["big-000000"]).done["big-000000"]
+    for datatype, array in sample_arrays().items():
+        got = out[f"out_{datatype}"]
+        if datatype == "BYTES":
+            assert got.ravel().tolist() == np.resize(array, (rows, 2)).ravel().tolist()
+        else:
+            np.testing.assert_array_equal(got, np.resize(array, (rows, 2)))
+
+
+def received_event(aws: Aws, count: int) -> dict[str, Any]:
+    """Receive ``count`` messages from the real queue and wrap them as Lambda's SQS event."""
+    sqs = clients.client("sqs")
+    messages: list[dict[str, Any]] = []
+    for _ in range(50):  # bounded: each receive long-polls up to 1 s
+        response = sqs.receive_message(
+            QueueUrl=aws.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1, AttributeNames=["All"]
+        )
+        messages += response.get("Messages", [])
+        if len(messages) >= count:
+            break
+    assert len(messages) == count
+    event = sqs_event([m["Body"] for m in messages])
+    for record, message in zip(event["Records"], messages, strict=True):
+        record["messageId"] = message["MessageId"]
+        record["receiptHandle"] = message["ReceiptHandle"]
+        record["attributes"] |= message["Attributes"]
+    return event
+
+
+def test_submit_handler_results_round_trip(aws: Aws, manifest: Path, tmp_path: Path) -> None:
+    np.savez(tmp_path / "digits.npz", input=DIGITS[:25], labels=HOLDOUT["labels"][:25])
+    ids = tmp_path / "ids.txt"
+    runner = CliRunner()
+    result = runner.invoke(
+        app,
+        [
+            "submit",
+            str(tmp_path / "digits.npz"),
+            "--queue",
+            aws.queue_url,
+            "--model",
+            "digits-accurate",
+            "--rows-per-job",
+            "2",
+            "--prefix",
+            "rt",
+            "--ids",
+            str(ids),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    job_ids = ids.read_text().split()
+    assert len(job_ids) == 13
+    pending = runner.invoke(app, ["results", str(ids), "--table", aws.table, "-o", str(tmp_path / "r.jsonl")])
+    assert "done 0, failed 0, pending 13" in pending.output
+    handler = create_handler(settings=settings(aws, manifest))
+    assert handler(received_event(aws, 13), LambdaContext()) == {"batchItemFailures": []}
+    result = runner.invoke(app, ["results", str(ids), "--table", aws.table, "-o", str(tmp_path / "r.npz")])
+    assert "done 13, failed 0, pending 0" in result.output, result.output
+    stored = np.load(tmp_path / "r.npz")
+    assert stored["ids"].tolist() == job_ids
+    np.testing.assert_array_equal(stored["label"], labels(DIGITS[:25]))
+    runner.invoke(app, ["results", str(ids), "--table", aws.table, "-o", str(tmp_path / "r.jsonl")])
+    lines = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert [line["status"] for line in lines] == ["done"] * 13
+
+
+def test_expired_items_are_ignored_on_read(aws: Aws) -> None:
+    store = DynamoResultStore(aws.table)
+    assert store.put([{"pk": "job#old", "status": "done", "payload": b"x", "expires_at": 1}]) == set()
+    assert store.put([{"pk": "job#new", "status": "done", "payload": b"y", "expires_at": 4_000_000_000}]) == set()
+    assert list(store.get(["job#old", "job#new"])) == ["job#new"]
+
+
+class AsgiClient:
+    """Requests straight into an ASGI app (httpx's ASGI transport), synchronously."""
+
+    def __init__(self, asgi: Any) -> None:
+        self.asgi = asgi
+
+    def post(self, path: str, **kwargs: Any) -> httpx.Response:
+        async def call() -> httpx.Response:
+            transport = httpx.ASGITransport(app=self.asgi)
+            async with httpx.AsyncClient(transport=transport, base_url="http://fnserve") as client:
+                return await client.post(path, **kwargs)
+
+        return asyncio.run(call())
+
+
+def test_cache_hits_on_the_http_path_and_across_processes(aws: Aws, tmp_path: Path) -> None:
+    from fnserve.adapters.http import create_app
+
+    cached = settings(aws, write_test_manifest(tmp_path, cache_ttl=3600))
+    body = {"inputs": [{"name": "input", "shape": [2, 64], "datatype": "FP32", "data": DIGITS[:2].ravel().tolist()}]}
+    first = AsgiClient(create_app(build_service(cached), cached))
+    responses = [first.post("/v2/models/digits-accurate/infer", json=body) for _ in range(2)]
+    assert [r.headers["x-fnserve-cache"] for r in responses] == ["miss", "hit"]
+    assert responses[1].json()["parameters"] == {"cache": "hit"}
+    assert responses[0].json()["outputs"] == responses[1].json()["outputs"]
+    # A new process (empty in-process tier) finds the result in DynamoDB.
+    second = AsgiClient(create_app(build_service(cached), cached))
+    assert second.post("/v2/models/digits-accurate/infer", json=body).headers["x-fnserve-cache"] == "hit"
+    other = {**body, "outputs": [{"name": "label"}]}  # other outputs: another key
+    assert second.post("/v2/models/digits-accurate/infer", json=other).headers["x-fnserve-cache"] == "miss"
+    uncached = AsgiClient(create_app(build_service(settings(aws, tmp_path / "manifest.toml")), cached))
+    assert "x-fnserve-cache" in uncached.post("/v2/models/digits-accurate/infer", json=body).headers
+
+
+def test_cache_on_the_sqs_path_infers_only_misses(aws: Aws, tmp_path: Path) -> None:
+    cached = settings(aws, write_test_manifest(tmp_path, cache_ttl=3600))
+    store = DynamoResultStore(aws.table)
+    processor = JobProcessor(build_service(cached, store), store, ttl_seconds=3600)
+    first = processor.process(records_of(sqs_event([job(f"a-{i}", slice(i, i + 1)) for i in range(8)])))
+    assert (first.done, first.cache_hits, first.failures) == (8, 0, [])
+    gets = count_calls("BatchGetItem")
+    again = [job(f"b-{i}", slice(i, i + 1)) for i in range(6)] + [job("b-new", slice(20, 21))]
+    second = JobProcessor(build_service(cached, store), store, ttl_seconds=3600).process(records_of(sqs_event(again)))
+    assert (second.done, second.cache_hits) == (7, 6)
+    assert gets[0] == 1  # all seven cache keys in one BatchGetItem
+    found = jobsclient.fetch_results(aws.table, [f"b-{i}" for i in range(6)] + ["b-new"])
+    np.testing.assert_array_equal(found.done["b-new"]["label"], labels(DIGITS[20:21]))
+
+
+def test_the_batch_function_handles_its_sample_event(aws: Aws, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.functional.test_lambda_http import load_function
+    from tests.helpers import REPO
+
+    monkeypatch.setenv("FNSERVE_MANIFEST", str(DEMO_MANIFEST))
+    monkeypatch.setenv("FNSERVE_RESULTS_TABLE", aws.table)
+    monkeypatch.setenv("FNSERVE_RESULTS_BUCKET", aws.bucket)
+    handler = load_function(REPO / "functions" / "batch" / "app.py").handler
+    event = json.loads((REPO / "events" / "batch-jobs.json").read_text())
+    response = handler(event, LambdaContext())
+    assert response == {"batchItemFailures": [{"itemIdentifier": event["Records"][4]["messageId"]}]}
+    found = jobsclient.fetch_results(aws.table, [f"example-{i}" for i in range(4)])
+    np.testing.assert_array_equal(found.done["example-0"]["label"], labels(DIGITS[0:2]))
+    fast = ort.InferenceSession(str(DEMO_MANIFEST.parent / "digits-fast" / "1" / "model.onnx"))
+    np.testing.assert_array_equal(found.done["example-3"]["label"], fast.run(["label"], {"input": DIGITS[6:8]})[0])
+
+
+def test_the_batch_function_refuses_to_start_without_a_results_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fnserve.core.errors import ConfigError
+
+    monkeypatch.delenv("FNSERVE_RESULTS_TABLE", raising=False)
+    with pytest.raises(ConfigError, match="needs FNSERVE_RESULTS_TABLE"):
+        create_handler(settings=Settings(manifest=DEMO_MANIFEST))

@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pytest
+
+from fnserve.core import cache as cache_module
+from fnserve.core.cache import ResultCache, cache_key
+from fnserve.core.tensors import pack_arrays, unpack_arrays
+from tests.helpers import sample_arrays
+
+
+class MemoryBackend:
+    """An in-memory shared tier."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, tuple[bytes, float]] = {}
+        self.gets = 0
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, tuple[bytes, float]]:
+        self.gets += 1
+        return {k: self.entries[k] for k in keys if k in self.entries}
+
+    def put_many(self, entries: Mapping[str, bytes], ttl_seconds: int) -> None:
+        for key, blob in entries.items():
+            self.entries[key] = (blob, 4_000_000_000)
+
+
+def test_keys_depend_on_model_version_outputs_and_input_bytes_only() -> None:
+    x = {"input": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    key = cache_key("m", "1", x, None)
+    assert key == cache_key("m", "1", {"input": x["input"].copy()}, None)
+    assert key != cache_key("m", "2", x, None)
+    assert key != cache_key("n", "1", x, None)
+    assert key != cache_key("m", "1", x, ["label"])
+    assert key != cache_key("m", "1", {"input": x["input"].reshape(3, 2)}, None)
+    assert key != cache_key("m", "1", {"input": x["input"].astype(np.float64)}, None)
+    assert key != cache_key("m", "1", {"other": x["input"]}, None)
+    strings = {"s": np.array([b"ab", b"c"], dtype=object)}
+    assert cache_key("m", "1", strings, None) != cache_key("m", "1", {"s": np.array([b"a", b"bc"], dtype=object)}, None)
+
+
+def test_packed_arrays_round_trip_every_datatype() -> None:
+    arrays = sample_arrays()
+    back = unpack_arrays(pack_arrays(arrays))
+    for name, array in arrays.items():
+        assert back[name].dtype == array.dtype and back[name].shape == array.shape
+        assert back[name].tolist() == array.tolist()
+
+
+def test_local_tier_is_bounded_in_bytes_and_least_recently_used_goes_first() -> None:
+    cache = ResultCache(max_bytes=3 * (800 + 64))
+    for key in "abc":
+        cache.put_many({key: {"y": np.zeros(100)}}, 60)
+    cache.get_many(["a"])  # a is now the most recently used
+    cache.put_many({"d": {"y": np.zeros(100)}}, 60)
+    assert sorted(cache.get_many(list("abcd"))) == ["a", "c", "d"]
+    cache.put_many({"huge": {"y": np.zeros(10_000)}}, 60)  # bigger than the whole tier: not kept
+    assert cache.get_many(["huge"]) == {}
+
+
+def test_expired_local_entries_are_misses(monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = ResultCache()
+    now = [1000.0]
+    monkeypatch.setattr(cache_module.time, "time", lambda: now[0])
+    cache.put_many({"k": {"y": np.ones(1)}}, ttl_seconds=10)
+    assert list(cache.get_many(["k"])) == ["k"]
+    now[0] = 1011.0
+    assert cache.get_many(["k"]) == {}
+
+
+def test_backend_hits_fill_the_local_tier_and_are_counted() -> None:
+    backend = MemoryBackend()
+    ResultCache(backend=backend).put_many({"k": {"y": np.arange(3)}}, 60)
+    fresh = ResultCache(backend=backend)
+    np.testing.assert_array_equal(fresh.get_many(["k", "missing"])["k"]["y"], np.arange(3))
+    assert (fresh.stats.remote_hits, fresh.stats.misses) == (1, 1)
+    fresh.get_many(["k"])
+    assert fresh.stats.local_hits == 1 and backend.gets == 1
+
+
+def test_cached_arrays_are_read_only() -> None:
+    cache = ResultCache()
+    cache.put_many({"k": {"y": np.ones(2)}}, 60)
+    with pytest.raises(ValueError, match="read-only"):
+        cache.get_many(["k"])["k"]["y"][0] = 5
