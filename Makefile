@@ -35,6 +35,7 @@ bench: setup
 		apt-get install -y -qq wrk >/dev/null 2>&1 || echo "could not install wrk: the load part will be skipped"; }
 	$(PY) -m tests.bench.bench_service
 	$(PY) -m tests.bench.bench_http
+	$(PY) -m tests.bench.bench_sqs
 
 models: setup
 	$(PY) infra/models/build_demo_models.py layers/models/models

@@ -56,6 +56,10 @@ class CountingService(InferenceService):
         CountingService.calls += 1
         return super().infer_many(*args, **kwargs)
 
+    def infer_stacked(self, *args: Any, **kwargs: Any) -> Any:
+        CountingService.calls += 1
+        return super().infer_stacked(*args, **kwargs)
+
 
 def count_calls(operation: str) -> list[int]:
     """Count a DynamoDB operation on fnserve's client from now on."""
@@ -296,3 +300,32 @@ def test_the_batch_function_refuses_to_start_without_a_results_table(monkeypatch
     monkeypatch.delenv("FNSERVE_RESULTS_TABLE", raising=False)
     with pytest.raises(ConfigError, match="needs FNSERVE_RESULTS_TABLE"):
         create_handler(settings=Settings(manifest=DEMO_MANIFEST))
+
+
+def test_a_bad_value_inside_a_uniform_group_fails_only_its_job(aws: Aws, manifest: Path) -> None:
+    handler = create_handler(settings=settings(aws, manifest))
+    bodies = [job(f"u-{i}", slice(i, i + 1)) for i in range(6)]
+    bad_value = json.loads(bodies[2])
+    bad_value["inputs"][0]["data"][5] = "x"
+    short = json.loads(bodies[4])
+    short["inputs"][0]["data"] = short["inputs"][0]["data"][:63]  # same declared shape, 63 values
+    bodies[2], bodies[4] = json.dumps(bad_value), json.dumps(short)
+    response = handler(sqs_event(bodies), LambdaContext())
+    assert [f["itemIdentifier"] for f in response["batchItemFailures"]] == ["msg-00002", "msg-00004"]
+    found = jobsclient.fetch_results(aws.table, [f"u-{i}" for i in range(6)])
+    assert sorted(found.done) == ["u-0", "u-1", "u-3", "u-5"]
+    assert found.pending == ["u-2", "u-4"]  # refused while parsing: reported to SQS, nothing stored
+
+
+def test_a_partly_stored_redelivered_group_runs_only_the_rest(aws: Aws, manifest: Path) -> None:
+    service = CountingService.from_settings(settings(aws, manifest))
+    handler = create_handler(service=service, settings=settings(aws, manifest))
+    first = [job(f"r-{i}", slice(i, i + 1)) for i in range(10)]
+    assert handler(sqs_event(first), LambdaContext()) == {"batchItemFailures": []}
+    writes = count_calls("BatchWriteItem")
+    more = first + [job(f"r-{i}", slice(i, i + 1)) for i in range(10, 15)]
+    assert handler(sqs_event(more, [2] * 15), LambdaContext()) == {"batchItemFailures": []}
+    assert writes[0] == 1  # the five new results only
+    found = jobsclient.fetch_results(aws.table, [f"r-{i}" for i in range(15)])
+    got = np.concatenate([found.done[f"r-{i}"]["label"] for i in range(15)])
+    np.testing.assert_array_equal(got, labels(DIGITS[:15]))

@@ -31,3 +31,14 @@ def test_readme_python_example_runs(
     if "handler = " in code:
         assert callable(namespace["handler"])
     assert os.getcwd() == str(REPO)
+
+
+def test_readme_manifest_example_is_a_valid_manifest() -> None:
+    import tomllib
+
+    from fnserve.core.settings import Manifest
+
+    (block,) = re.findall(r"```toml\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
+    manifest = Manifest.model_validate(tomllib.loads(block))
+    assert manifest.models[0].cache_ttl_seconds == 3600
+    assert manifest.models[0].inputs["input"].shape == [-1, 64]

@@ -7,8 +7,10 @@ out. Only BYTES tensors, which are per-element by nature, loop in Python.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -23,6 +25,7 @@ JSON_HEADER = "inference-header-content-length"
 _LE: Final = "<"
 _U32 = struct.Struct("<I")
 _DUMP_OPTS = orjson.OPT_SERIALIZE_NUMPY
+_BIG_ENDIAN_HOST = sys.byteorder == "big"
 
 
 @dataclass(slots=True)
@@ -122,13 +125,14 @@ def _decode_input(raw: Any, binary: bytes, offset: int) -> tuple[str, np.ndarray
         return name, array.reshape(shape), offset + nbytes
     if "data" not in raw:
         raise InvalidInput(f"input {name!r} has no 'data' (and no 'binary_data_size')")
-    array = _from_json(name, datatype, dtype, raw["data"])  # type: ignore[arg-type]
+    array = array_from_json(name, datatype, dtype, raw["data"])  # type: ignore[arg-type]
     if array.size != size:
         raise InvalidInput(f"input {name!r}: shape {shape} needs {size} elements, data has {array.size}")
     return name, array.reshape(shape), offset
 
 
-def _from_json(name: str, datatype: str, dtype: np.dtype[Any], data: Any) -> np.ndarray[Any, Any]:
+def array_from_json(name: str, datatype: str, dtype: np.dtype[Any], data: Any) -> np.ndarray[Any, Any]:
+    """JSON ``data`` (flat or nested lists) as an array of ``datatype``; values must fit it exactly."""
     if not isinstance(data, list):
         data = [data]
     if datatype == "BYTES":
@@ -286,7 +290,9 @@ def _to_binary(array: np.ndarray[Any, Any], datatype: str) -> bytes:
             parts.append(_U32.pack(len(item)))
             parts.append(item)
         return b"".join(parts)
-    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder(_LE)).tobytes()
+    if array.dtype.byteorder == ">" or (array.dtype.byteorder == "=" and _BIG_ENDIAN_HOST):
+        array = array.astype(array.dtype.newbyteorder(_LE))
+    return array.tobytes()  # C order, whatever the strides
 
 
 def pack_arrays(arrays: Mapping[str, np.ndarray[Any, Any]]) -> bytes:
@@ -294,15 +300,21 @@ def pack_arrays(arrays: Mapping[str, np.ndarray[Any, Any]]) -> bytes:
 
     The same little-endian framing as the binary extension; used to store results.
     """
-    header = []
+    spec = []
     blobs = []
     for name, array in arrays.items():
         datatype = v2_datatype(array.dtype)
         blob = _to_binary(array, datatype)
-        header.append([name, datatype, list(array.shape), len(blob)])
+        spec.append((name, datatype, array.shape, len(blob)))
         blobs.append(blob)
-    head = orjson.dumps(header)
-    return b"".join([_U32.pack(len(head)), head, *blobs])
+    return b"".join([_packed_header(tuple(spec)), *blobs])
+
+
+@functools.lru_cache(maxsize=1024)
+def _packed_header(spec: tuple[tuple[str, str, tuple[int, ...], int], ...]) -> bytes:
+    # Batch results repeat one structure thousands of times: build its header once.
+    head = orjson.dumps([[name, datatype, list(shape), size] for name, datatype, shape, size in spec])
+    return _U32.pack(len(head)) + head
 
 
 def unpack_arrays(blob: bytes) -> dict[str, np.ndarray[Any, Any]]:

@@ -1,0 +1,147 @@
+"""SQS batch benchmarks: the vectorised handler against a per-record loop, and DynamoDB calls.
+
+    make bench        (or: python -m tests.bench.bench_sqs)
+
+(a) One 10,000-record SQS event of digits-accurate jobs (cache off), through the batch
+    handler, beside a per-record loop over the same records that parses each record and
+    calls the service at batch 1. Both store results in the same in-memory store, so the
+    figure is the handler's own work (a real table adds the BatchWriteItem round trips).
+(b) DynamoDB calls per 1,000 records with the cache on, against a real moto server: a
+    first pass (all misses) and a second pass of the same inputs under new job ids (all hits).
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from fnserve.adapters.lambda_sqs import create_handler, records_of
+from fnserve.aws import clients
+from fnserve.core.jobs import job_key, job_message, parse_job
+from fnserve.core.service import InferenceService
+from fnserve.core.settings import Settings
+from fnserve.core.tensors import pack_arrays
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, LambdaContext, sqs_event, write_test_manifest
+from tests.moto import aws_env, moto_server
+
+RECORDS = int(os.environ.get("BENCH_SQS_RECORDS", "10000"))
+REPEATS = int(os.environ.get("BENCH_SQS_REPEATS", "5"))
+DIGITS = np.load(DEMO_HOLDOUT)["input"]
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self.items: dict[str, dict[str, Any]] = {}
+
+    def get(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
+        return {k: self.items[k] for k in keys if k in self.items}
+
+    def put(self, items: Sequence[dict[str, Any]]) -> set[str]:
+        for item in items:
+            self.items[item["pk"]] = item
+        return set()
+
+
+def bodies(n: int, prefix: str, unique: bool = False) -> list[str]:
+    """Jobs of one held-out digit each; ``unique`` nudges each input so no two share a cache key."""
+    rows = [DIGITS[i % len(DIGITS)][None] + (i * 1e-3 if unique else 0) for i in range(n)]
+    return [json.dumps(job_message(f"{prefix}-{i}", "digits-accurate", {"input": row})) for i, row in enumerate(rows)]
+
+
+def per_record_loop(service: InferenceService, event: dict[str, Any], store: MemoryStore) -> None:
+    """What a straightforward handler does: one record, one parse, one batch-1 call, one result."""
+    for message_id, body, _ in records_of(event):
+        job = parse_job(body)
+        outputs = service.predict(job.model, job.inputs, version=job.version)
+        store.put([{"pk": job_key(job.id), "status": "done", "payload": pack_arrays(outputs), "message": message_id}])
+
+
+def vectorised_vs_loop() -> None:
+    service = InferenceService.from_manifest(DEMO_MANIFEST, eager=True)
+    event = sqs_event(bodies(RECORDS, "bench"))
+    handler = create_handler(service=service, settings=Settings(manifest=DEMO_MANIFEST), store=MemoryStore())
+    sink = open(os.devnull, "w")  # noqa: SIM115
+    from contextlib import redirect_stdout
+
+    from fnserve.adapters.logs import logger
+
+    logger.registered_handler.setStream(sink)  # type: ignore[attr-defined]
+    fast, slow, parse = [], [], []
+    texts = [r["body"] for r in event["Records"]]
+    with redirect_stdout(sink):
+        for _ in range(REPEATS):  # interleaved
+            t0 = time.perf_counter()
+            assert handler(event, LambdaContext()) == {"batchItemFailures": []}
+            fast.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            per_record_loop(service, event, MemoryStore())
+            slow.append(time.perf_counter() - t0)
+            gc.disable()  # the floor at its best, as the handler parses (it pauses the collector)
+            t0 = time.perf_counter()
+            [orjson.loads(text) for text in texts]
+            parse.append(time.perf_counter() - t0)
+            gc.enable()
+    f, s, p = statistics.median(fast), statistics.median(slow), statistics.median(parse)
+    print(f"(a) SQS handler, one {RECORDS}-record event, digits-accurate, cache off (median of {REPEATS})")
+    print(f"    floor: orjson.loads of each body  {RECORDS / p:10.0f} records/s  ({p * 1e3:7.1f} ms)")
+    print(f"    per-record loop                   {RECORDS / s:10.0f} records/s  ({s * 1e3:7.1f} ms)")
+    print(
+        f"    fnserve vectorised                {RECORDS / f:10.0f} records/s  ({f * 1e3:7.1f} ms)"
+        f"  {s / f:4.1f}x the loop, {f / p:4.1f}x the parse floor's time"
+    )
+
+
+def dynamodb_calls() -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="fnserve-bench-"))
+    with moto_server(tmp / "moto.log") as url:
+        os.environ.update(aws_env(url))
+        clients.reset()
+        from tests.functional.conftest import create_resources
+
+        create_resources("bench-results", "bench-payloads", "bench-jobs")
+        settings = Settings(
+            manifest=write_test_manifest(tmp, cache_ttl=3600),
+            results_table="bench-results",
+            results_bucket="bench-payloads",
+        )
+        calls: collections.Counter[str] = collections.Counter()
+
+        def count(model: Any, params: dict[str, Any], **_: Any) -> None:
+            calls.update([model.name])
+            if model.name == "BatchWriteItem":
+                calls["items"] += sum(len(v) for v in params["RequestItems"].values())
+
+        clients.client("dynamodb").meta.events.register("before-parameter-build.dynamodb.*", count)
+        n = 1000
+        print(f"\n(b) DynamoDB calls per {n} records (distinct inputs), cache on (moto server)")
+        passes = (("first pass (misses)", "p1"), ("same inputs, new ids, new container (hits)", "p2"))
+        for label, prefix in passes:
+            handler = create_handler(settings=settings)  # a new container: empty in-process tier
+            calls.clear()
+            event = sqs_event(bodies(n, prefix, unique=True))
+            response = handler(event, LambdaContext())
+            assert response == {"batchItemFailures": []}, response
+            gets, writes = calls["BatchGetItem"], calls["BatchWriteItem"]
+            others = {k: v for k, v in calls.items() if k not in ("BatchGetItem", "BatchWriteItem", "items")}
+            print(
+                f"    {label:<44} BatchGetItem {gets:3d} ({n / max(gets, 1):.0f} records each)  "
+                f"BatchWriteItem {writes:3d} ({calls['items'] / max(writes, 1):.0f} items each)  "
+                f"other calls {others or 0}"
+            )
+        clients.reset()
+
+
+if __name__ == "__main__":
+    vectorised_vs_loop()
+    dynamodb_calls()
