@@ -219,6 +219,9 @@ def test_submit_handler_results_round_trip(aws: Aws, manifest: Path, tmp_path: P
     runner.invoke(app, ["results", str(ids), "--table", aws.table, "-o", str(tmp_path / "r.jsonl")])
     lines = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert [line["status"] for line in lines] == ["done"] * 13
+    assert lines[0]["outputs"]["label"] == labels(DIGITS[:2]).tolist()
+    several = runner.invoke(app, ["results", str(ids), "--table", aws.table, "-o", str(tmp_path / "r.npy")])
+    assert several.exit_code == 1 and "a .npy holds one, use .npz or .jsonl" in several.output
 
 
 def test_expired_items_are_ignored_on_read(aws: Aws) -> None:

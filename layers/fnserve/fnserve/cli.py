@@ -268,14 +268,17 @@ def submit(
 def results(
     ids_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Job ids, one per line.")],
     table: Annotated[str, typer.Option("--table", envvar="FNSERVE_RESULTS_TABLE", help="DynamoDB results table.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Write results to .npz or .jsonl.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Write results to .npy, .npz or .jsonl.")],
 ) -> None:
     """Fetch stored results of jobs; say which are done, failed or still pending."""
     from fnserve import jobsclient
 
     ids = [line.strip() for line in ids_file.read_text().splitlines() if line.strip()]
     found = jobsclient.fetch_results(table, ids)
-    jobsclient.write_results(found, ids, output)
+    try:
+        jobsclient.write_results(found, ids, output)
+    except FnserveError as exc:
+        raise _fail(exc.message) from None
     typer.echo(f"done {len(found.done)}, failed {len(found.failed)}, pending {len(found.pending)} -> {output}")
     for job_id, reason in list(found.failed.items())[:20]:
         typer.echo(f"  failed {job_id}: {reason}")

@@ -137,7 +137,8 @@ def fetch_results(table: str, ids: Sequence[str], *, store: DynamoResultStore | 
 
 
 def write_results(results: Results, ids: Sequence[str], path: Path) -> None:
-    """.jsonl: one line per job with its state; .npz: each output stacked over the done jobs, plus ``ids``."""
+    """.jsonl: one line per job with its state; .npz: each output stacked over the done jobs, plus ``ids``;
+    .npy: the one output, stacked over the done jobs."""
     if path.suffix == ".jsonl":
         with path.open("wb") as out:
             for job_id in ids:
@@ -152,12 +153,17 @@ def write_results(results: Results, ids: Sequence[str], path: Path) -> None:
                 out.write(orjson.dumps(line, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
         return
     if path.suffix not in (".npz", ".npy"):
-        raise InvalidInput(f"{path}: expected .npz or .jsonl")
+        raise InvalidInput(f"{path}: expected .npy, .npz or .jsonl")
     done_ids = [i for i in ids if i in results.done]
     names = list(results.done[done_ids[0]]) if done_ids else []
     arrays: dict[str, Any] = {name: np.concatenate([results.done[i][name] for i in done_ids]) for name in names}
+    if path.suffix == ".npy":
+        if len(arrays) != 1:
+            raise InvalidInput(f"{path}: the results have outputs {names}; a .npy holds one, use .npz or .jsonl")
+        np.save(path, next(iter(arrays.values())))
+        return
     arrays["ids"] = np.array(done_ids)
-    np.savez(path.with_suffix(".npz"), **arrays)
+    np.savez(path, **arrays)
 
 
 def new_prefix() -> str:
