@@ -36,6 +36,7 @@ bench: setup
 	$(PY) -m tests.bench.bench_service
 	$(PY) -m tests.bench.bench_http
 	$(PY) -m tests.bench.bench_sqs
+	$(PY) -m tests.bench.bench_cascade
 
 models: setup
 	$(PY) infra/models/build_demo_models.py layers/models/models

@@ -14,6 +14,12 @@ DEMO_MANIFEST = REPO / "layers" / "models" / "models" / "manifest.toml"
 DEMO_HOLDOUT = REPO / "layers" / "models" / "models" / "digits-holdout.npz"
 
 
+def _toml(value: Any) -> str:
+    if isinstance(value, str):
+        return '"' + value + '"'
+    return str(value)
+
+
 def scale_model() -> onnx.ModelProto:
     """x: FP32 [N, 3], k: INT64 [N]  ->  y = 2x (FP32 [N, 3]), k1 = k + 1 (INT64 [N])."""
     graph = helper.make_graph(
@@ -101,10 +107,10 @@ def sample_arrays(rows: int = 3) -> dict[str, Any]:
     return out
 
 
-def write_test_manifest(directory: Path, cache_ttl: int | None = None) -> Path:
+def write_test_manifest(directory: Path, cache_ttl: int | None = None, cascade: bool = False) -> Path:
     """A manifest with the demo models (by absolute path) plus the all-datatypes identity model.
 
-    ``cache_ttl`` turns the result cache on for the demo models.
+    ``cache_ttl`` turns the result cache on for the demo models; ``cascade`` adds the demo cascade.
     """
     import hashlib
     import tomllib
@@ -124,6 +130,10 @@ def write_test_manifest(directory: Path, cache_ttl: int | None = None) -> Path:
             lines.append(f"cache_ttl_seconds = {cache_ttl}")
     lines += ["[[models]]", 'name = "identity"', 'path = "identity.onnx"']
     lines += [f'sha256 = "{hashlib.sha256(data).hexdigest()}"']
+    if cascade:
+        for entry in tomllib.loads(DEMO_MANIFEST.read_text())["cascades"]:
+            lines.append("[[cascades]]")
+            lines += [f"{key} = {_toml(value)}" for key, value in entry.items()]
     manifest = directory / "manifest.toml"
     manifest.write_text("\n".join(lines) + "\n")
     return manifest

@@ -101,3 +101,20 @@ def test_slower_means_beyond_the_noise_margin() -> None:
     report = q.QuantizeReport("dynamic", 2, 1)
     report.latencies = [q.Latency(1, 1.0, 1.02), q.Latency(64, 1.0, 1.2)]
     assert report.slower_at() == [64]
+
+
+def test_cascade_tune_recommends_a_threshold_and_plots(tmp_path: Path) -> None:
+    plot = tmp_path / "tune.png"
+    args = ["cascade", "tune", "digits", "--data", str(DEMO_HOLDOUT), "-m", str(DEMO_MANIFEST)]
+    result = runner.invoke(app, [*args, "--target-accuracy", "0.977", "--plot", str(plot)])
+    assert result.exit_code == 0, result.output
+    assert "digits-fast alone 0.9556, digits-accurate alone 0.9750" in result.output
+    assert "| 0.65 | 88.3% | 0.9778 **recommended** |" in result.output
+    assert "recommended threshold 0.65" in result.output
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    impossible = runner.invoke(app, [*args, "--target-accuracy", "0.999"])
+    assert "no threshold reaches accuracy 0.999" in impossible.output
+    assert (
+        runner.invoke(app, ["cascade", "tune", "nope", "--data", str(DEMO_HOLDOUT), "-m", str(DEMO_MANIFEST)]).exit_code
+        == 1
+    )

@@ -33,12 +33,16 @@ def test_readme_python_example_runs(
     assert os.getcwd() == str(REPO)
 
 
-def test_readme_manifest_example_is_a_valid_manifest() -> None:
+def test_readme_manifest_examples_are_valid() -> None:
     import tomllib
 
+    from fnserve.core.cascade import CascadeSettings
     from fnserve.core.settings import Manifest
 
-    (block,) = re.findall(r"```toml\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
-    manifest = Manifest.model_validate(tomllib.loads(block))
+    blocks = [tomllib.loads(b) for b in re.findall(r"```toml\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)]
+    models = next(b for b in blocks if "models" in b)
+    manifest = Manifest.model_validate(models)
     assert manifest.models[0].cache_ttl_seconds == 3600
     assert manifest.models[0].inputs["input"].shape == [-1, 64]
+    cascades = [CascadeSettings.model_validate(c) for b in blocks for c in b.get("cascades", [])]
+    assert [c.name for c in cascades] == ["digits"] and cascades[0].threshold == 0.65

@@ -14,6 +14,8 @@ import typer
 from fnserve.core.errors import FnserveError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+cascade_app = typer.Typer(no_args_is_help=True, help="Fast-then-accurate model cascades.")
+app.add_typer(cascade_app, name="cascade")
 
 ManifestOpt = Annotated[
     Path,
@@ -282,3 +284,45 @@ def results(
     typer.echo(f"done {len(found.done)}, failed {len(found.failed)}, pending {len(found.pending)} -> {output}")
     for job_id, reason in list(found.failed.items())[:20]:
         typer.echo(f"  failed {job_id}: {reason}")
+
+
+@cascade_app.command("tune")
+def cascade_tune(
+    cascade: Annotated[str, typer.Argument(help="Cascade name in the manifest.")],
+    data: Annotated[Path, typer.Option("--data", exists=True, help="Labelled validation data (.npz).")],
+    manifest: ManifestOpt,
+    target_accuracy: Annotated[float | None, typer.Option(help="Recommend the threshold reaching this.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write a PNG of accuracy against slow-model share.")] = None,
+) -> None:
+    """Score thresholds on labelled data: slow-model share skipped, and combined accuracy."""
+    from fnserve import tune as tuning
+    from fnserve.core.service import InferenceService
+    from fnserve.datafiles import read_data
+
+    try:
+        service = InferenceService.from_manifest(manifest)
+        settings = {c.name: c for c in service.registry.manifest.cascades}.get(cascade)
+        if settings is None:
+            raise _fail(f"no cascade {cascade!r} in {manifest}")
+        names = [spec["name"] for spec in service.model_metadata(settings.fast, settings.fast_version)["inputs"]]
+        result = tuning.tune(service, settings, read_data(data, names))
+    except FnserveError as exc:
+        raise _fail(exc.message) from None
+    recommended = result.recommend(target_accuracy) if target_accuracy is not None else None
+    typer.echo(
+        f"cascade {cascade}: {settings.fast} alone {result.fast_accuracy:.4f}, {settings.slow} alone "
+        f"{result.slow_accuracy:.4f}; rule {settings.rule} on {settings.output} ({settings.scores})"
+    )
+    for line in tuning.table(result, recommended):
+        typer.echo(line)
+    if target_accuracy is not None:
+        if recommended is None:
+            typer.echo(f"no threshold reaches accuracy {target_accuracy:g}")
+        else:
+            typer.echo(
+                f"recommended threshold {recommended.threshold:g}: accuracy {recommended.accuracy:.4f}, "
+                f"slow model skipped for {recommended.skip_share:.1%} of requests"
+            )
+    if plot is not None:
+        tuning.plot(result, settings, plot, target_accuracy)
+        typer.echo(f"wrote {plot}")

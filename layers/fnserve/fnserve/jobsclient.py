@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from fnserve.aws import s3
 from fnserve.aws.clients import client
+from fnserve.aws.queue import job_body
 from fnserve.aws.results import DynamoResultStore
 from fnserve.core.errors import InvalidInput
-from fnserve.core.jobs import MAX_MESSAGE_BYTES, job_key, job_message
+from fnserve.core.jobs import job_key, job_message
 from fnserve.core.tensors import unpack_arrays
 from fnserve.datafiles import LABEL_KEYS
 
@@ -97,16 +97,9 @@ def submit(
         batch.clear()
 
     for job in jobs:
-        body = orjson.dumps(job)
-        if len(body) > MAX_MESSAGE_BYTES - 1024:
-            if bucket is None:
-                raise InvalidInput(f"job {job['id']} is {len(body)} bytes, over SQS's limit: pass a bucket")
-            request = {k: v for k, v in job.items() if k not in ("id", "model", "version")}
-            uri = s3.put_bytes(bucket, f"fnserve/jobs/{job['id']}.json", orjson.dumps(request))
-            ref = {k: job[k] for k in ("id", "model", "version") if k in job} | {"payload": {"uri": uri}}
-            body = orjson.dumps(ref)
-            report.by_reference += 1
-        batch.append({"Id": str(len(batch)), "MessageBody": body.decode()})
+        body, by_reference = job_body(job, bucket)
+        report.by_reference += by_reference
+        batch.append({"Id": str(len(batch)), "MessageBody": body})
         if len(batch) == SEND_BATCH:
             flush()
     flush()

@@ -5,25 +5,30 @@ Routes translate HTTP to :class:`InferenceService` calls and back; they hold no 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Any, Protocol
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fnserve import __version__
 from fnserve.adapters import openapi
 from fnserve.adapters.logs import logger
-from fnserve.core.errors import BadRequest, FnserveError, PayloadTooLarge
+from fnserve.core.cascade import CascadeRunner
+from fnserve.core.errors import BadRequest, FnserveError, ModelNotFound, PayloadTooLarge
+from fnserve.core.jobs import job_key
 from fnserve.core.service import InferenceService
 from fnserve.core.settings import Settings
-from fnserve.core.tensors import JSON_HEADER, decode_request, encode_response
+from fnserve.core.tensors import JSON_HEADER, decode_request, encode_response, json_tensor, unpack_arrays
 
 EXTENSIONS = ["binary_tensor_data"]
 JSON = "application/json"
@@ -42,7 +47,12 @@ class NoTelemetry:
 
 
 def json_response(content: Any, status_code: int = 200, headers: Mapping[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(content), status_code=status_code, media_type=JSON, headers=headers)
+    return Response(
+        orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY),
+        status_code=status_code,
+        media_type=JSON,
+        headers=headers,
+    )
 
 
 def error_response(message: str, status_code: int, headers: Mapping[str, str] | None = None) -> Response:
@@ -96,12 +106,21 @@ class RequestContext:
             await error_response("internal server error", 500)(scope, receive, send_with_id)
 
 
+class ResultReader(Protocol):
+    """Stored results by key (the DynamoDB result store in AWS)."""
+
+    def get(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]: ...
+
+
 def create_app(
     service: InferenceService,
     settings: Settings | None = None,
     telemetry: Telemetry | None = None,
+    *,
+    cascades: CascadeRunner | None = None,
+    results: ResultReader | None = None,
 ) -> FastAPI:
-    """The FastAPI application serving ``service``."""
+    """The FastAPI application serving ``service``, its cascades, and stored results."""
     settings = settings or Settings()
     logger.setLevel(settings.log_level)
     telemetry = telemetry or NoTelemetry()
@@ -131,13 +150,24 @@ def create_app(
             json_length = _json_length(request)
             decoded = decode_request(body, json_length)
             t1 = time.perf_counter()
-            prediction = service.infer(name, decoded.inputs, version=version, outputs=decoded.outputs)
+            params: dict[str, Any] = {}
+            if cascades is not None and name in cascades.cascades:
+                if version is not None:
+                    raise ModelNotFound(f"cascade {name!r} has no versions")
+                answer = cascades.infer(name, decoded.inputs, decoded.outputs)
+                prediction = answer.prediction
+                params |= {"answered_by": prediction.model, "followup_status": answer.status}
+                if answer.followup_id is not None:
+                    params |= {"followup_id": answer.followup_id, "followup_url": f"/v2/results/{answer.followup_id}"}
+                served = name
+            else:
+                prediction = service.infer(name, decoded.inputs, version=version, outputs=decoded.outputs)
+                served = prediction.model
             t2 = time.perf_counter()
             cache = prediction.cache
-            params = {"cache": cache} if cache != "off" else None
-            payload, head_length = encode_response(
-                prediction.model, prediction.version, prediction.outputs, decoded, params
-            )
+            if cache != "off":
+                params["cache"] = cache
+            payload, head_length = encode_response(served, prediction.version, prediction.outputs, decoded, params)
             t3 = time.perf_counter()
         except FnserveError as exc:
             status = exc.status_code
@@ -165,6 +195,11 @@ def create_app(
     async def _fnserve_error(request: Request, exc: FnserveError) -> Response:
         return error_response(exc.message, exc.status_code)
 
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        return error_response(problems, 400)
+
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> Response:
         return error_response(str(exc.detail), exc.status_code, exc.headers)
@@ -186,15 +221,66 @@ def create_app(
     @app.get("/v2/models/{name}", tags=["metadata"], responses=openapi.MODEL_METADATA)
     @app.get("/v2/models/{name}/versions/{version}", tags=["metadata"], responses=openapi.MODEL_METADATA)
     async def model_metadata(name: str, version: str | None = None) -> Response:
+        if cascades is not None and name in cascades.cascades and version is None:
+            cascade = cascades.cascades[name]
+            meta = service.model_metadata(cascade.fast, cascade.fast_version)
+            return json_response({**meta, "name": name, "versions": [], "platform": "fnserve_cascade"})
         return json_response(service.model_metadata(name, version))
 
     @app.get("/v2/models/{name}/ready", tags=["health"], responses=openapi.MODEL_READY)
     @app.get("/v2/models/{name}/versions/{version}/ready", tags=["health"], responses=openapi.MODEL_READY)
     async def model_ready(name: str, version: str | None = None) -> Response:
-        is_ready = service.model_ready(name, version)
+        if cascades is not None and name in cascades.cascades and version is None:
+            cascade = cascades.cascades[name]
+            is_ready = service.model_ready(cascade.fast, cascade.fast_version) and service.model_ready(
+                cascade.slow, cascade.slow_version
+            )
+        else:
+            is_ready = service.model_ready(name, version)
         return json_response({"name": name, "ready": is_ready}, 200 if is_ready else 503)
 
+    max_wait = settings.max_wait_seconds
+
+    @app.get("/v2/results/{result_id}", tags=["results"], responses=openapi.RESULT)
+    async def result(
+        result_id: str,
+        wait: Annotated[float, Query(ge=0, le=3600, description="Seconds to long-poll for the result.")] = 0.0,
+    ) -> Response:
+        """A stored result (cascade follow-up or batch job); ``wait`` long-polls for it (at most max_wait_seconds)."""
+        if results is None:
+            raise ModelNotFound("results are not stored here (no results table is configured)")
+        claim = cascades.ids.parse(result_id) if cascades is not None else None
+        cascade = cascades.cascades.get(claim.cascade) if cascades is not None and claim is not None else None
+        if claim is not None and cascade is not None and claim.status == "skipped":
+            return json_response({"id": result_id, "status": "skipped", "model_name": cascade.fast})
+        key = job_key(result_id)
+        deadline = time.monotonic() + min(wait, max_wait)
+        delay = 0.05
+        while True:
+            item = (await run_in_threadpool(results.get, [key])).get(key)
+            if item is not None:
+                return json_response(_result_document(result_id, item))
+            if claim is None or cascade is None or time.time() - claim.created > cascade.result_ttl_seconds:
+                raise ModelNotFound(f"result {result_id!r} not found")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return json_response({"id": result_id, "status": "pending", "model_name": cascade.slow})
+            # Back off between reads: a 20 s wait costs about 25 reads, not hundreds.
+            await asyncio.sleep(min(delay, remaining))
+            delay = min(delay * 2, 1.0)
+
     return app
+
+
+def _result_document(result_id: str, item: dict[str, Any]) -> dict[str, Any]:
+    doc: dict[str, Any] = {"id": result_id, "status": item.get("status"), "model_name": item.get("model_name")}
+    if item.get("model_version"):
+        doc["model_version"] = item["model_version"]
+    if item.get("status") == "done":
+        doc["outputs"] = [json_tensor(name, array) for name, array in unpack_arrays(item["payload"]).items()]
+    elif item.get("error"):
+        doc["error"] = item["error"]
+    return doc
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -15,7 +15,7 @@ from mangum import Mangum
 
 from fnserve.adapters.http import create_app
 from fnserve.adapters.logs import logger
-from fnserve.aws.service import build_service
+from fnserve.aws.service import build_service, cascade_runner, result_store
 from fnserve.core.service import InferenceService
 from fnserve.core.settings import Settings
 
@@ -56,9 +56,16 @@ def create_handler(
 ) -> LambdaHandler:
     """The Lambda handler for the HTTP API; build it once, at import."""
     settings = settings or Settings()
-    service = service or build_service(settings)
+    store = result_store(settings)
+    service = service or build_service(settings, store)
     metrics = metrics or Metrics(namespace="fnserve", service="fnserve")
-    app = create_app(service, settings, telemetry=EmfTelemetry(metrics))
+    app = create_app(
+        service,
+        settings,
+        telemetry=EmfTelemetry(metrics),
+        cascades=cascade_runner(settings, service),
+        results=store,
+    )
     asgi = Mangum(app, lifespan="off", text_mime_types=TEXT_MIME_TYPES)
 
     @logger.inject_lambda_context(clear_state=True)

@@ -1,4 +1,5 @@
-"""SQS batch jobs: every record of a batch parsed, one vectorised inference per model, results stored.
+"""SQS jobs (batch jobs and cascade follow-ups): every record of a batch parsed, one vectorised
+inference per model, results stored.
 
 Records that cannot be run (not JSON, unknown model, tensors that do not fit, a missing S3
 object) are reported in ``batchItemFailures`` with their reason logged, and never fail
@@ -73,11 +74,13 @@ class JobProcessor:
         *,
         ttl_seconds: int,
         load_payload: PayloadLoader | None = None,
+        max_receive_count: int | None = None,
     ) -> None:
         self.service = service
         self.store = store
         self.ttl_seconds = ttl_seconds
         self.load_payload = load_payload
+        self.max_receive_count = max_receive_count
 
     def process(self, records: Sequence[tuple[str, str, int]]) -> Outcome:
         """``records``: (message id, body, receive count) of each SQS record."""
@@ -93,6 +96,7 @@ class JobProcessor:
 
     def _process(self, records: Sequence[tuple[str, str, int]]) -> Outcome:
         outcome = Outcome(failures=[])
+        receive_counts = {message_id: count for message_id, _, count in records}
         groups, singles = parse_jobs([body for _, body, _ in records], self.load_payload)
         work: list[_Work] = []
         for group in groups:
@@ -125,7 +129,9 @@ class JobProcessor:
                         "job failed", extra={"message_id": message_id, "job": job_id, "error": result.message}
                     )
                     outcome.failures.append(message_id)
-                    if result.status_code < 500:  # the job itself is wrong: say why where results are read
+                    # Say why where results are read: at once when the job itself is wrong, and on the
+                    # last delivery for everything else (after it, SQS moves the message to the DLQ).
+                    if result.status_code < 500 or self._final(receive_counts[message_id]):
                         items.append(self._item(key, "failed", unit.model, None, now, error=result.message))
                     continue
                 outcome.cache_hits += result.cache == "hit"
@@ -155,6 +161,9 @@ class JobProcessor:
             return service.infer_many(unit.model, jobs, version=unit.version, outputs=unit.outputs)
         except FnserveError as exc:  # unknown model or version, unknown outputs: every job of the unit
             return [exc] * len(unit.job_ids)
+
+    def _final(self, receive_count: int) -> bool:
+        return self.max_receive_count is not None and receive_count >= self.max_receive_count
 
     def _without_stored(self, work: list[_Work], redelivered: set[str], outcome: Outcome) -> list[_Work]:
         """Drop redelivered jobs whose result is already stored (neither recomputed nor rewritten)."""
@@ -243,7 +252,13 @@ def create_handler(
         store = dynamo
         service = service or build_service(settings, dynamo)
     service = service or build_service(settings)
-    processor = JobProcessor(service, store, ttl_seconds=settings.result_ttl_seconds, load_payload=s3.get_bytes)
+    processor = JobProcessor(
+        service,
+        store,
+        ttl_seconds=settings.result_ttl_seconds,
+        load_payload=s3.get_bytes,
+        max_receive_count=settings.max_receive_count,
+    )
     metrics = metrics or Metrics(namespace="fnserve", service="fnserve-batch")
 
     @logger.inject_lambda_context(clear_state=True)

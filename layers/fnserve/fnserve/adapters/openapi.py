@@ -185,3 +185,23 @@ _INFER: dict[str, Any] = {
         }
     },
 }
+
+RESULT: dict[int | str, Any] = {
+    200: _json(
+        {
+            "type": "object",
+            "properties": {
+                "id": {"type": "string"},
+                "status": {"type": "string", "enum": ["pending", "done", "skipped", "failed"]},
+                "model_name": {"type": "string"},
+                "model_version": {"type": "string"},
+                "outputs": INFERENCE_RESPONSE["properties"]["outputs"],  # type: ignore[index]
+                "error": {"type": "string"},
+            },
+            "required": ["id", "status"],
+        },
+        "The result, or its status while it is not there yet",
+    ),
+    400: _json(_ERROR, "A bad 'wait'"),
+    404: _json(_ERROR, "No such result"),
+}

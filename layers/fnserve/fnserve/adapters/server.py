@@ -7,14 +7,16 @@ import os
 from fastapi import FastAPI
 
 from fnserve.adapters.http import create_app
-from fnserve.aws.service import build_service
+from fnserve.aws.service import build_service, cascade_runner, result_store
 from fnserve.core.settings import Settings
 
 
 def app_factory() -> FastAPI:
     """Called once in every uvicorn worker process: that worker's warm service and app."""
     settings = Settings()
-    return create_app(build_service(settings), settings)
+    store = result_store(settings)
+    service = build_service(settings, store)
+    return create_app(service, settings, cascades=cascade_runner(settings, service), results=store)
 
 
 def serve(manifest: str, host: str = "127.0.0.1", port: int = 8080, workers: int = 1, access_log: bool = False) -> None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+
+from fnserve.aws.queue import SqsFollowups
 from fnserve.aws.results import DynamoCacheBackend, DynamoResultStore
 from fnserve.aws.s3 import fetch_model
+from fnserve.core.cascade import CascadeRunner, FollowupIds
 from fnserve.core.service import InferenceService
 from fnserve.core.settings import Settings
 
@@ -20,3 +24,19 @@ def build_service(settings: Settings, store: DynamoResultStore | None = None) ->
     store = store or result_store(settings)
     backend = DynamoCacheBackend(store) if store is not None else None
     return InferenceService.from_settings(settings, fetchers={"s3": fetch_model}, cache_backend=backend)
+
+
+def followup_ids(settings: Settings) -> FollowupIds:
+    """The signer of follow-up ids: FNSERVE_RESULT_ID_KEY, else a key derived from the table name."""
+    if settings.result_id_key is not None:
+        return FollowupIds(settings.result_id_key.get_secret_value().encode())
+    return FollowupIds(hashlib.sha256(f"fnserve-result-ids:{settings.results_table}".encode()).digest())
+
+
+def cascade_runner(settings: Settings, service: InferenceService) -> CascadeRunner | None:
+    """The manifest's cascades with an SQS follow-up sender, or None when it declares none."""
+    if not service.registry.manifest.cascades:
+        return None
+    return CascadeRunner(
+        service, followup_ids(settings), SqsFollowups(settings.results_bucket), settings.followup_queue_url
+    )

@@ -27,7 +27,8 @@ from fnserve.core.datatypes import V2_TO_NUMPY
 from fnserve.core.errors import BadRequest, FnserveError, InvalidInput
 from fnserve.core.tensors import array_from_json, decode_document, decode_request
 
-JOB_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+# Room for cascade follow-up ids, which carry the cascade name and a signature.
+JOB_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
 # SQS's message size limit (1 MiB); bigger inputs travel by reference.
 MAX_MESSAGE_BYTES = 1024 * 1024
 
@@ -60,7 +61,7 @@ def parse_job(body: str | bytes, load_payload: PayloadLoader | None = None) -> J
         raise BadRequest("job must be a JSON object")
     job_id = doc.get("id")
     if not isinstance(job_id, str) or not JOB_ID.match(job_id):
-        raise InvalidInput("job needs an 'id' of 1-128 letters, digits, '.', '_', ':' or '-'")
+        raise InvalidInput("job needs an 'id' of 1-200 letters, digits, '.', '_', ':' or '-'")
     model = doc.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidInput(f"job {job_id}: needs a 'model' string")

@@ -7,26 +7,14 @@ import tempfile
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fnserve.core._cpus import available_cpus
-
-# Names travel in URLs (/v2/models/{name}/versions/{version}) and in file paths: no slashes,
-# no dot-dot, no whitespace, nothing that needs escaping.
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,126}[A-Za-z0-9_-])?$")
+from fnserve.core.cascade import CascadeSettings
+from fnserve.core.names import check_name
 
 ModelName = Annotated[str, Field(min_length=1, max_length=128)]
-
-
-def check_name(value: str, what: str) -> str:
-    """Refuse names that could escape a path or break a URL."""
-    if not NAME_PATTERN.match(value) or ".." in value:
-        raise ValueError(
-            f"{what} {value!r} is not allowed: use 1-128 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit, with no '..'"
-        )
-    return value
 
 
 class TensorOverride(BaseModel):
@@ -128,11 +116,12 @@ class ModelSettings(BaseModel):
 
 
 class Manifest(BaseModel):
-    """The model manifest: every model version this deployment serves."""
+    """The model manifest: every model version this deployment serves, and its cascades."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     models: list[ModelSettings] = Field(min_length=1, description="Served model versions.")
+    cascades: list[CascadeSettings] = Field(default_factory=list, description="Fast-then-accurate model pairs.")
     base_dir: Path = Field(default=Path("."), description="Directory relative model paths are resolved against.")
 
     @model_validator(mode="after")
@@ -143,6 +132,15 @@ class Manifest(BaseModel):
             if key in seen:
                 raise ValueError(f"model {model.name!r} version {model.version!r} is listed twice")
             seen.add(key)
+        models = {m.name for m in self.models}
+        taken = set(models)
+        for cascade in self.cascades:
+            if cascade.name in taken:
+                raise ValueError(f"cascade {cascade.name!r}: the name is already a model's or a cascade's")
+            for role, member in (("fast", cascade.fast), ("slow", cascade.slow)):
+                if member not in models:
+                    raise ValueError(f"cascade {cascade.name!r}: its {role} model {member!r} is not in the manifest")
+            taken.add(cascade.name)
         return self
 
 
@@ -186,6 +184,25 @@ class Settings(BaseSettings):
     )
     cache_max_bytes: int = Field(
         default=64 * 1024 * 1024, ge=0, description="Size bound of the in-process result cache tier."
+    )
+    followup_queue_url: str | None = Field(
+        default=None, description="SQS queue for cascade follow-ups (a cascade may name its own)."
+    )
+    result_id_key: SecretStr | None = Field(
+        default=None,
+        description="Key signing follow-up ids; set it (the same in every container) so ids cannot be forged. "
+        "Unset: derived from the results table name, which keeps ids consistent but not secret.",
+    )
+    max_wait_seconds: float = Field(
+        default=20.0,
+        gt=0,
+        le=25.0,
+        description="Longest long-poll on GET /v2/results/{id} (API Gateway stops at 29 s).",
+    )
+    max_receive_count: int = Field(
+        default=5,
+        ge=1,
+        description="The queues' maxReceiveCount: on that delivery, a job that still fails is stored as failed.",
     )
     result_ttl_seconds: int = Field(
         default=7 * 24 * 3600, ge=60, description="How long stored job results live (DynamoDB TTL)."

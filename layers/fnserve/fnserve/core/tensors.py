@@ -254,19 +254,25 @@ def encode_response(
     blobs = []
     for name, array in outputs.items():
         datatype = v2_datatype(array.dtype)
-        tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if request.wants_binary(name):
             blob = _to_binary(array, datatype)
+            tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
             tensor["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            tensor["data"] = _to_json(name, array, datatype)
+            tensor = json_tensor(name, array)
         tensors.append(tensor)
     doc["outputs"] = tensors
     head = orjson.dumps(doc, option=_DUMP_OPTS)
     if not blobs:
         return head, None
     return b"".join([head, *blobs]), len(head)
+
+
+def json_tensor(name: str, array: np.ndarray[Any, Any]) -> dict[str, Any]:
+    """A V2 output tensor with its data as JSON (orjson serialises the numpy data itself)."""
+    datatype = v2_datatype(array.dtype)
+    return {"name": name, "datatype": datatype, "shape": list(array.shape), "data": _to_json(name, array, datatype)}
 
 
 def _to_json(name: str, array: np.ndarray[Any, Any], datatype: str) -> Any:

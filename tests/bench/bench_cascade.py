@@ -1,0 +1,136 @@
+"""Cascade benchmarks: time to the first answer, and to the final one.
+
+    make bench        (or: python -m tests.bench.bench_cascade)
+
+(a) The Lambda HTTP handler on API Gateway v2 events: the digits cascade (a pending request,
+    its follow-up sent to a real SQS queue on a moto server; and a confident, skipped one)
+    beside the fast model called alone, interleaved, medians.
+(b) The final answer: from the cascade request to its follow-up result readable through
+    GET /v2/results/{id}, with the follow-up function run on the received messages (the
+    event source mapping's batching window, up to MaximumBatchingWindowInSeconds in AWS,
+    comes on top).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fnserve.adapters.lambda_http import create_handler
+from fnserve.adapters.lambda_sqs import create_handler as create_sqs_handler
+from fnserve.adapters.logs import logger
+from fnserve.aws import clients
+from fnserve.core.settings import Settings
+from tests.bench._timing import interleaved
+from tests.helpers import DEMO_HOLDOUT, REPO, LambdaContext, sqs_event, write_test_manifest
+from tests.moto import aws_env, moto_server
+
+ROUNDS = int(os.environ.get("BENCH_CASCADE_ROUNDS", "300"))
+HOLDOUT = np.load(DEMO_HOLDOUT)
+
+
+def event(model: str, row: int) -> dict[str, Any]:
+    base = json.loads((REPO / "events" / "api-http-infer.json").read_text())
+    x = HOLDOUT["input"][row : row + 1]
+    base["rawPath"] = base["requestContext"]["http"]["path"] = f"/v2/models/{model}/infer"
+    base["body"] = json.dumps(
+        {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": x.ravel().tolist()}]}
+    )
+    base["headers"]["content-length"] = str(len(base["body"]))
+    return base
+
+
+def main() -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="fnserve-bench-"))
+    with moto_server(tmp / "moto.log") as url:
+        os.environ.update(aws_env(url))
+        clients.reset()
+        from tests.functional.conftest import create_resources
+
+        queue_url, _ = create_resources("bench-results", "bench-payloads", "bench-followups")
+        settings = Settings(
+            manifest=write_test_manifest(tmp, cascade=True),
+            results_table="bench-results",
+            results_bucket="bench-payloads",
+            followup_queue_url=queue_url,
+            access_log=False,
+        )
+        handler = create_handler(settings=settings)
+        sink = open(os.devnull, "w")  # noqa: SIM115
+        logger.registered_handler.setStream(sink)  # type: ignore[attr-defined]
+        from tests.functional.test_cascade import SURE, UNSURE
+
+        fast, pending, skipped = (
+            event("digits-fast", int(UNSURE[0])),
+            event("digits", int(UNSURE[0])),
+            event("digits", int(SURE[0])),
+        )
+        context = LambdaContext()
+        sqs = clients.client("sqs")
+        body = json.dumps({"id": "bench", "model": "digits-accurate", **json.loads(pending["body"])})
+        with contextlib.redirect_stdout(sink):
+            alone, cascade_pending, cascade_skipped, send = interleaved(
+                [
+                    lambda: handler(fast, context),
+                    lambda: handler(pending, context),
+                    lambda: handler(skipped, context),
+                    lambda: sqs.send_message(QueueUrl=queue_url, MessageBody=body),
+                ],
+                ROUNDS,
+                warmup=20,
+            )
+        base = statistics.median(alone)
+        print(f"(a) first answer, Lambda handler, digits batch 1 ({ROUNDS} interleaved rounds, medians)")
+        print(f"    digits-fast alone                 {base * 1e3:7.3f} ms  1.00x")
+        rows = (
+            ("cascade, follow-up sent (pending)", cascade_pending),
+            ("cascade, confident (skipped)", cascade_skipped),
+            ("SQS SendMessage alone (moto)", send),
+        )
+        for label, samples in rows:
+            median = statistics.median(samples)
+            print(f"    {label:<34}{median * 1e3:7.3f} ms  {median / base:5.2f}x")
+        logic = statistics.median(cascade_pending) - statistics.median(send) - base
+        print(f"    pending minus (fast alone + SendMessage): {logic * 1e3:.3f} ms of cascade work")
+        # Drain what (a) enqueued, then time whole follow-ups.
+        sqs.purge_queue(QueueUrl=queue_url)
+        worker = create_sqs_handler(settings=settings)
+        finals = []
+
+        def get(url: str) -> dict[str, Any]:
+            request = json.loads((REPO / "events" / "api-http-metadata.json").read_text())
+            request["rawPath"] = request["requestContext"]["http"]["path"] = url
+            request["routeKey"] = request["requestContext"]["routeKey"] = "GET /v2/results/{id}"
+            return json.loads(handler(request, context)["body"])  # type: ignore[no-any-return]
+
+        with contextlib.redirect_stdout(sink):
+            for row in UNSURE[:20]:
+                t0 = time.perf_counter()
+                response = handler(event("digits", int(row)), context)
+                url = json.loads(response["body"])["parameters"]["followup_url"]
+                messages = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1)[
+                    "Messages"
+                ]
+                worker(sqs_event([m["Body"] for m in messages]), context)
+                assert get(url)["status"] == "done"
+                finals.append(time.perf_counter() - t0)
+                sqs.delete_message_batch(
+                    QueueUrl=queue_url,
+                    Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)],
+                )
+        final = statistics.median(finals) * 1e3
+        print(f"\n(b) final answer through the follow-up path, median of {len(finals)}: {final:.1f} ms")
+        print("    (request + SendMessage + ReceiveMessage + follow-up function + GET /v2/results, moto on loopback)")
+        clients.reset()
+
+
+if __name__ == "__main__":
+    main()
