@@ -332,3 +332,16 @@ def test_a_partly_stored_redelivered_group_runs_only_the_rest(aws: Aws, manifest
     found = jobsclient.fetch_results(aws.table, [f"r-{i}" for i in range(15)])
     got = np.concatenate([found.done[f"r-{i}"]["label"] for i in range(15)])
     np.testing.assert_array_equal(got, labels(DIGITS[:15]))
+
+
+def test_a_manifest_in_s3_loads_its_models_from_the_same_bucket(aws: Aws, tmp_path: Path) -> None:
+    s3 = clients.client("s3")
+    models = DEMO_MANIFEST.parent
+    s3.put_object(Bucket=aws.bucket, Key="models/manifest.toml", Body=DEMO_MANIFEST.read_bytes())
+    model = models / "digits-fast" / "1" / "model.onnx"
+    s3.put_object(Bucket=aws.bucket, Key="models/digits-fast/1/model.onnx", Body=model.read_bytes())
+    service = build_service(Settings(manifest=f"s3://{aws.bucket}/models/manifest.toml", model_cache_dir=tmp_path))
+    out = service.predict("digits-fast", {"input": DIGITS[:4]})
+    fast = ort.InferenceSession(str(model))
+    np.testing.assert_array_equal(out["label"], fast.run(["label"], {"input": DIGITS[:4]})[0])
+    assert service.registry.get("digits-fast").path == tmp_path / "digits-fast" / "1" / "model.onnx"

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import tomllib
+from pathlib import Path
 
 from fnserve.aws.queue import SqsFollowups
 from fnserve.aws.results import DynamoCacheBackend, DynamoResultStore
-from fnserve.aws.s3 import fetch_model
+from fnserve.aws.s3 import fetch_model, get_bytes, split_uri
 from fnserve.core.cascade import CascadeRunner, FollowupIds
 from fnserve.core.service import InferenceService
 from fnserve.core.settings import Settings
@@ -20,10 +23,30 @@ def result_store(settings: Settings) -> DynamoResultStore | None:
 
 
 def build_service(settings: Settings, store: DynamoResultStore | None = None) -> InferenceService:
-    """A service whose s3:// models load from S3 and whose cache shares results through DynamoDB."""
+    """A service whose s3:// models load from S3 and whose cache shares results through DynamoDB.
+
+    A manifest at an s3:// URI is fetched first; its relative model paths then name objects
+    beside it in the same bucket.
+    """
     store = store or result_store(settings)
     backend = DynamoCacheBackend(store) if store is not None else None
+    if settings.manifest.startswith("s3://"):
+        settings = settings.model_copy(update={"manifest": str(_fetch_manifest(settings))})
     return InferenceService.from_settings(settings, fetchers={"s3": fetch_model}, cache_backend=backend)
+
+
+def _fetch_manifest(settings: Settings) -> Path:
+    bucket, key = split_uri(settings.manifest)
+    prefix = key.rpartition("/")[0]
+    manifest = tomllib.loads(get_bytes(settings.manifest).decode())
+    for model in manifest.get("models", []):
+        path = str(model.get("path", ""))
+        if "://" not in path and not path.startswith("/"):
+            model["path"] = f"s3://{bucket}/{prefix + '/' if prefix else ''}{path}"
+    target = settings.model_cache_dir / "manifest.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(manifest))
+    return target
 
 
 def followup_ids(settings: Settings) -> FollowupIds:

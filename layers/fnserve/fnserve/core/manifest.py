@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
@@ -18,10 +19,12 @@ def load_manifest(path: str | Path) -> Manifest:
     """
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        # TOML is the format people write; JSON (a TOML-shaped document) is what fnserve writes itself.
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except FileNotFoundError:
         raise ConfigError(f"manifest {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"manifest {path} cannot be read: {exc}") from exc
     data.setdefault("base_dir", str(path.resolve().parent))
     try:

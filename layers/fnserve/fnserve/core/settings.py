@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import tempfile
 from pathlib import Path
@@ -149,9 +150,10 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="FNSERVE_", extra="ignore", frozen=True)
 
-    manifest: Path = Field(
-        default=Path("/opt/models/manifest.toml"),
-        description="Model manifest (TOML). The default is where the models layer lands in Lambda.",
+    manifest: str = Field(
+        default="/opt/models/manifest.toml",
+        description="Model manifest (TOML): a path, or s3://bucket/key (then relative model paths are in that "
+        "bucket too). The default is where the models layer lands in Lambda.",
     )
     parallel_workers: int = Field(
         default=1,
@@ -213,6 +215,11 @@ class Settings(BaseSettings):
         description="Largest request body accepted (413 beyond, before parsing); default: "
         "Lambda's 6 MB synchronous payload limit.",
     )
+
+    @field_validator("manifest", mode="before")
+    @classmethod
+    def _manifest(cls, value: object) -> object:
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
 
     @model_validator(mode="after")
     def _threads(self) -> Settings:
