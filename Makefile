@@ -7,7 +7,13 @@ MANIFEST := layers/models/models/manifest.toml
 HOLDOUT  := layers/models/models/digits-holdout.npz
 PORT     ?= 8080
 
-.PHONY: setup run test lint bench models clean
+SAM_VENV := .venv-sam
+# sam build needs the Lambda runtime's interpreter: the first python3.12 that really runs.
+PY312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
+	$$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$c; break; }; done)
+SAM := SAM_CLI_TELEMETRY=0 PATH="$(dir $(PY312)):$$PATH" $(SAM_VENV)/bin/sam
+
+.PHONY: setup run test lint sam-check bench models clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fnserve needs Python >= 3.11"'
@@ -27,7 +33,24 @@ lint: setup
 	$(BIN)/ruff format --check layers/fnserve functions tests infra
 	$(BIN)/mypy
 
-test: lint
+# The SAM CLI lives in its own virtualenv: it pins versions of its own.
+$(SAM_VENV)/.installed:
+	$(PYTHON) -m venv $(SAM_VENV)
+	$(SAM_VENV)/bin/pip install -q --upgrade pip
+	$(SAM_VENV)/bin/pip install -q "aws-sam-cli>=1.120"
+	@touch $@
+
+# The deploy checks that run without Docker or an AWS account: lint, validate, build, and the
+# built functions run under python3.12 with only their built layers.
+sam-check: setup $(SAM_VENV)/.installed
+	@test -n "$(PY312)" || { echo "sam build needs a python3.12 interpreter (Lambda's runtime): install one" \
+		"(pyenv install 3.12, or your distribution's python3.12) or pass PY312=/path/to/python3.12"; exit 1; }
+	$(BIN)/cfn-lint template.yaml
+	$(SAM) validate --lint
+	$(SAM) build
+	$(PY) -m tests.package.check_package $(PY312)
+
+test: lint sam-check
 	$(BIN)/pytest
 
 bench: setup
@@ -42,4 +65,4 @@ models: setup
 	$(PY) infra/models/build_demo_models.py layers/models/models
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SAM_VENV) .aws-sam .pytest_cache .mypy_cache .ruff_cache

@@ -175,16 +175,23 @@ def alb(body: bytes, hdrs: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def sqs_jobs() -> dict[str, Any]:
-    """SQS event for the batch function: three digits-accurate jobs, one digits-fast job, one poison record."""
+def sqs_jobs(followups: bool = False) -> dict[str, Any]:
+    """SQS event for the batch function: three digits-accurate jobs, one digits-fast job, one poison record.
+
+    ``followups``: the follow-up function's event instead: jobs as a cascade sends them (ids
+    minted by fnserve, the slow model, no digits-fast job).
+    """
     import hashlib
 
     bodies = []
-    for i, model in enumerate(["digits-accurate", "digits-accurate", "digits-accurate", "digits-fast"]):
+    models = ["digits-accurate"] * 4 if followups else ["digits-accurate"] * 3 + ["digits-fast"]
+    for i, model in enumerate(models):
         x = HOLDOUT["input"][i * 2 : i * 2 + 2]
         tensor = {"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}
-        bodies.append(json.dumps({"id": f"example-{i}", "model": model, "inputs": [tensor]}, separators=(",", ":")))
+        job_id = f"p-tfd9zk-{i:016x}-digits-0123456789abcdef0123" if followups else f"example-{i}"
+        bodies.append(json.dumps({"id": job_id, "model": model, "inputs": [tensor]}, separators=(",", ":")))
     bodies.append('{"id": "example-poison", "model": "digits-accurate", "inputs": "not tensors"}')
+    queue = "fnserve-followups" if followups else "fnserve-jobs"
     return {
         "Records": [
             {
@@ -200,7 +207,7 @@ def sqs_jobs() -> dict[str, Any]:
                 "messageAttributes": {},
                 "md5OfBody": hashlib.md5(body.encode()).hexdigest(),
                 "eventSource": "aws:sqs",
-                "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:fnserve-jobs",
+                "eventSourceARN": f"arn:aws:sqs:us-east-1:123456789012:{queue}",
                 "awsRegion": "us-east-1",
             }
             for i, body in enumerate(bodies)
@@ -221,6 +228,7 @@ def main() -> None:
         "api-rest-infer-binary.json": rest_api(binary, bin_headers, binary=True),
         "api-alb-infer.json": alb(body, headers(body, "application/json")),
         "batch-jobs.json": sqs_jobs(),
+        "followup-jobs.json": sqs_jobs(followups=True),
     }
     for name, event in events.items():
         (EVENTS / name).write_text(json.dumps(event, indent=2) + "\n")

@@ -280,21 +280,27 @@ def test_cache_on_the_sqs_path_infers_only_misses(aws: Aws, tmp_path: Path) -> N
     np.testing.assert_array_equal(found.done["b-new"]["label"], labels(DIGITS[20:21]))
 
 
-def test_the_batch_function_handles_its_sample_event(aws: Aws, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("function", "event_file"), [("batch", "batch-jobs.json"), ("followup", "followup-jobs.json")])
+def test_the_job_functions_handle_their_sample_events(
+    aws: Aws, monkeypatch: pytest.MonkeyPatch, function: str, event_file: str
+) -> None:
     from tests.functional.test_lambda_http import load_function
     from tests.helpers import REPO
 
     monkeypatch.setenv("FNSERVE_MANIFEST", str(DEMO_MANIFEST))
     monkeypatch.setenv("FNSERVE_RESULTS_TABLE", aws.table)
     monkeypatch.setenv("FNSERVE_RESULTS_BUCKET", aws.bucket)
-    handler = load_function(REPO / "functions" / "batch" / "app.py").handler
-    event = json.loads((REPO / "events" / "batch-jobs.json").read_text())
+    handler = load_function(REPO / "functions" / function / "app.py").handler
+    event = json.loads((REPO / "events" / event_file).read_text())
     response = handler(event, LambdaContext())
     assert response == {"batchItemFailures": [{"itemIdentifier": event["Records"][4]["messageId"]}]}
-    found = jobsclient.fetch_results(aws.table, [f"example-{i}" for i in range(4)])
-    np.testing.assert_array_equal(found.done["example-0"]["label"], labels(DIGITS[0:2]))
-    fast = ort.InferenceSession(str(DEMO_MANIFEST.parent / "digits-fast" / "1" / "model.onnx"))
-    np.testing.assert_array_equal(found.done["example-3"]["label"], fast.run(["label"], {"input": DIGITS[6:8]})[0])
+    ids = [json.loads(r["body"])["id"] for r in event["Records"][:4]]
+    models = [json.loads(r["body"])["model"] for r in event["Records"][:4]]
+    found = jobsclient.fetch_results(aws.table, ids)
+    for i, (job_id, model) in enumerate(zip(ids, models, strict=True)):
+        session = ort.InferenceSession(str(DEMO_MANIFEST.parent / model / "1" / "model.onnx"))
+        expected = session.run(["label"], {"input": DIGITS[i * 2 : i * 2 + 2]})[0]
+        np.testing.assert_array_equal(found.done[job_id]["label"], expected)
 
 
 def test_the_batch_function_refuses_to_start_without_a_results_table(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -73,6 +73,12 @@ _ID_PREFIX = uuid.uuid4().hex[:12]
 _ID_COUNTER = itertools.count(1)
 
 
+def new_id_prefix() -> None:
+    """A new prefix for the request ids made here (after a SnapStart restore)."""
+    global _ID_PREFIX
+    _ID_PREFIX = uuid.uuid4().hex[:12]
+
+
 class RequestContext:
     """Pure ASGI middleware: request id in every log line and in the response; no 500 leaks details.
 

@@ -13,6 +13,7 @@ from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from mangum import Mangum
 
+from fnserve.adapters import snapstart
 from fnserve.adapters.http import create_app
 from fnserve.adapters.logs import logger
 from fnserve.aws.service import build_service, cascade_runner, result_store
@@ -67,6 +68,8 @@ def create_handler(
         results=store,
     )
     asgi = Mangum(app, lifespan="off", text_mime_types=TEXT_MIME_TYPES)
+
+    snapstart.register()
 
     @logger.inject_lambda_context(clear_state=True)
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
+from fnserve.adapters import snapstart
 from fnserve.adapters.logs import logger
 from fnserve.core.errors import ConfigError, FnserveError
 from fnserve.core.jobs import Job, JobGroup, PayloadLoader, job_key, parse_jobs
@@ -260,6 +261,8 @@ def create_handler(
         max_receive_count=settings.max_receive_count,
     )
     metrics = metrics or Metrics(namespace="fnserve", service="fnserve-batch")
+
+    snapstart.register()
 
     @logger.inject_lambda_context(clear_state=True)
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:

@@ -1,0 +1,100 @@
+"""Prove the packaged artifact, not just the source: after `sam build`, run every built function
+on one of its events/ files under python3.12 with only the built layers on the path, against a
+real moto server; print the unzipped sizes against Lambda's limits. Exits non-zero on any failure.
+
+    python -m tests.package.check_package PYTHON312 [BUILD_DIR]        (make sam-check runs it)
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from fnserve.aws import clients
+from tests.functional.conftest import create_resources
+from tests.helpers import DEMO_MANIFEST, REPO
+from tests.moto import aws_env, moto_server
+
+LAMBDA_LIMIT = 250 * 1024 * 1024
+LAYER_TARGET = 150 * 1024 * 1024
+CHECKS = {  # function: (event, what a good response looks like)
+    "ApiFunction": ("api-http-infer.json", lambda r: r["statusCode"] == 200 and "label" in r["body"]),
+    "BatchFunction": ("batch-jobs.json", lambda r: len(r["batchItemFailures"]) == 1),
+    "FollowupFunction": ("followup-jobs.json", lambda r: len(r["batchItemFailures"]) == 1),
+}
+
+
+def size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def main(python312: str, build: Path) -> int:
+    runtime = Path(tempfile.mkdtemp(prefix="fnserve-lambda-runtime-"))
+    # boto3 is part of the Lambda runtime, not of the layer: install it beside, as Lambda provides it.
+    subprocess.run([python312, "-m", "pip", "install", "-q", "--target", str(runtime), "boto3"], check=True)
+    layer = build / "FnserveLayer" / "python"
+    models = REPO / "layers" / "models"  # packaged as is: it lands at /opt/models
+    failures = 0
+    sizes = {"FnserveLayer": size(build / "FnserveLayer"), "ModelsLayer": size(models)}
+    with moto_server(runtime / "moto.log") as url:
+        env = {**os.environ, **aws_env(url)}
+        os.environ.update(aws_env(url))
+        clients.reset()
+        create_resources("package-results", "package-payloads", "package-followups")
+        env |= {
+            "PYTHONPATH": f"{layer}:{runtime}",
+            "FNSERVE_MANIFEST": str(models / DEMO_MANIFEST.relative_to(models)),
+            "FNSERVE_RESULTS_TABLE": "package-results",
+            "FNSERVE_RESULTS_BUCKET": "package-payloads",
+            "POWERTOOLS_METRICS_NAMESPACE": "fnserve",
+            "PYTHONNOUSERSITE": "1",
+        }
+        for function, (event, good) in CHECKS.items():
+            directory = build / function
+            sizes[function] = size(directory)
+            done = subprocess.run(
+                [
+                    python312,
+                    str(REPO / "tests" / "package" / "invoke_built.py"),
+                    str(directory),
+                    str(REPO / "events" / event),
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+            lines = [line for line in done.stdout.splitlines() if line.startswith('{"response"')]
+            if done.returncode != 0 or not lines:
+                print(f"FAIL {function}: exit {done.returncode}\n{done.stderr[-3000:]}")
+                failures += 1
+                continue
+            result = json.loads(lines[-1])
+            response = result["response"]
+            if response.get("isBase64Encoded"):
+                response["body"] = base64.b64decode(response["body"]).decode(errors="replace")
+            ok = good(response)
+            failures += not ok
+            print(
+                f"{'ok  ' if ok else 'FAIL'} {function:<17} python {result['python']}, fnserve and onnxruntime from "
+                f"{', '.join(result['loaded_from'])}: {json.dumps(response)[:160]}"
+            )
+    print("\nunzipped sizes (Lambda's limit for a function and its layers together: 250 MB)")
+    for name, n in sizes.items():
+        print(f"  {name:<17}{n / 2**20:8.1f} MB")
+    for function in CHECKS:
+        total = sizes["FnserveLayer"] + sizes["ModelsLayer"] + sizes[function]
+        verdict = "ok" if total < LAMBDA_LIMIT else "OVER THE LIMIT"
+        failures += total >= LAMBDA_LIMIT
+        print(f"  {function} with its layers: {total / 2**20:.1f} MB ({verdict})")
+    if sizes["FnserveLayer"] > LAYER_TARGET:
+        print(f"  note: the runtime layer is over the {LAYER_TARGET / 2**20:.0f} MB target")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], Path(sys.argv[2]) if len(sys.argv) > 2 else REPO / ".aws-sam" / "build"))
