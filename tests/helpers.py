@@ -161,7 +161,7 @@ class LambdaContext:
 
 
 def sqs_event(
-    bodies: list[str], receive_counts: list[int] | None = None, queue: str = "fnserve-jobs"
+    bodies: list[str], receive_counts: list[int] | None = None, queue: str = "fnserve-jobs", id_prefix: str = "msg-0"
 ) -> dict[str, Any]:
     """An SQS event as Lambda delivers it to a function (one record per body)."""
     import hashlib
@@ -170,8 +170,8 @@ def sqs_event(
     return {
         "Records": [
             {
-                "messageId": f"msg-{i:05d}",
-                "receiptHandle": f"AQEB{i:05d}",
+                "messageId": f"{id_prefix}{i:04d}",
+                "receiptHandle": f"AQEBwJnKyrHigUMZj6rYigCgxlaS3SLy0a{i:04d}",
                 "body": body,
                 "attributes": {
                     "ApproximateReceiveCount": str(count),

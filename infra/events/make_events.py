@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from tests.helpers import sqs_event  # noqa: E402  (one SQS event shape for tests and samples)
+
 EVENTS = REPO / "events"
 HOLDOUT = np.load(REPO / "layers" / "models" / "models" / "digits-holdout.npz")
 MODEL = "digits-accurate"
@@ -181,8 +185,6 @@ def sqs_jobs(followups: bool = False) -> dict[str, Any]:
     ``followups``: the follow-up function's event instead: jobs as a cascade sends them (ids
     minted by fnserve, the slow model, no digits-fast job).
     """
-    import hashlib
-
     bodies = []
     models = ["digits-accurate"] * 4 if followups else ["digits-accurate"] * 3 + ["digits-fast"]
     for i, model in enumerate(models):
@@ -192,27 +194,7 @@ def sqs_jobs(followups: bool = False) -> dict[str, Any]:
         bodies.append(json.dumps({"id": job_id, "model": model, "inputs": [tensor]}, separators=(",", ":")))
     bodies.append('{"id": "example-poison", "model": "digits-accurate", "inputs": "not tensors"}')
     queue = "fnserve-followups" if followups else "fnserve-jobs"
-    return {
-        "Records": [
-            {
-                "messageId": f"059f36b4-87a3-44ab-83d2-66197573{i:04d}",
-                "receiptHandle": f"AQEBwJnKyrHigUMZj6rYigCgxlaS3SLy0a{i:04d}",
-                "body": body,
-                "attributes": {
-                    "ApproximateReceiveCount": "1",
-                    "SentTimestamp": "1795321200000",
-                    "SenderId": "AIDAIENQZJOLO23YVJ4VO",
-                    "ApproximateFirstReceiveTimestamp": "1795321200001",
-                },
-                "messageAttributes": {},
-                "md5OfBody": hashlib.md5(body.encode()).hexdigest(),
-                "eventSource": "aws:sqs",
-                "eventSourceARN": f"arn:aws:sqs:us-east-1:123456789012:{queue}",
-                "awsRegion": "us-east-1",
-            }
-            for i, body in enumerate(bodies)
-        ]
-    }
+    return sqs_event(bodies, queue=queue, id_prefix="059f36b4-87a3-44ab-83d2-66197573")
 
 
 def main() -> None:
