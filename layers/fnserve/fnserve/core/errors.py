@@ -23,7 +23,7 @@ class FnserveError(Exception):
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FnserveError:
         """Rebuild an error sent by :meth:`to_dict`, as the closest known class."""
-        error_cls = _BY_NAME.get(str(data.get("type")), FnserveError)
+        error_cls = _known().get(str(data.get("type")), FnserveError)
         return error_cls(str(data.get("message", "")), int(data.get("status_code", 500)))
 
 
@@ -73,17 +73,12 @@ class ConfigError(FnserveError):
     status_code = 500
 
 
-_BY_NAME: dict[str, type[FnserveError]] = {
-    cls.__name__: cls
-    for cls in (
-        FnserveError,
-        BadRequest,
-        ModelNotFound,
-        PayloadTooLarge,
-        InvalidInput,
-        ModelNotReady,
-        ModelLoadError,
-        InferenceError,
-        ConfigError,
-    )
-}
+def _known() -> dict[str, type[FnserveError]]:
+    """fnserve's own error classes by name, subclasses defined in other modules included."""
+    found: dict[str, type[FnserveError]] = {}
+    pending: list[type[FnserveError]] = [FnserveError]
+    while pending:
+        cls = pending.pop()
+        found[cls.__name__] = cls
+        pending += cls.__subclasses__()
+    return found

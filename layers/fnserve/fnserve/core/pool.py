@@ -1,0 +1,282 @@
+"""Worker processes that run Lambda handlers like warm containers: one invocation at a time each.
+
+Each worker is a spawned process (never forked) that imports the function's module once, so
+its warm globals are built once, as in a Lambda container. One dispatcher thread waits on
+every worker's pipe and process sentinel: it hands queued invocations to idle workers,
+resolves their futures, and notices a dead worker at once, failing its invocation with a
+503-class error and starting a replacement. A worker that outlives the function's timeout
+is killed and replaced (a 504). Only plain data crosses the process boundary: events and
+responses as JSON-like values, errors as ``{type, message, status_code}``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import importlib
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from fnserve.core.errors import FnserveError
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerDied(FnserveError):
+    """The worker running an invocation exited before answering."""
+
+    status_code = 503
+
+
+class InvocationTimeout(FnserveError):
+    """The invocation ran past the function's timeout; its worker was replaced."""
+
+    status_code = 504
+
+
+class HandlerError(FnserveError):
+    """The handler raised (Lambda reports this as a function error)."""
+
+    status_code = 502
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """What a worker needs to become a warm container of one function (crosses processes as JSON)."""
+
+    name: str
+    code_dir: str
+    handler: str = "app.handler"
+    env: dict[str, str] = field(default_factory=dict)
+    timeout: float = 3.0
+    memory_mb: int = 128
+
+
+@dataclass
+class _Worker:
+    process: Any
+    conn: Connection
+    ready: bool = False
+    job: tuple[str, Any, Future[Any]] | None = None
+    started: bool = False  # the worker acknowledged the job: it may have run
+    deadline: float = float("inf")
+    timed_out: bool = False
+
+
+class WorkerPool:
+    """``workers`` warm containers of one function; :meth:`invoke` returns a future of the response."""
+
+    def __init__(self, spec: FunctionSpec, workers: int = 1) -> None:
+        if workers < 1:
+            raise ValueError("a pool needs at least one worker")
+        self.spec = spec
+        self._context = multiprocessing.get_context("spawn")
+        self._workers: list[_Worker] = []
+        self._queue: collections.deque[tuple[str, Any, Future[Any]]] = collections.deque()
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = self._context.Pipe(duplex=False)
+        self._closing = False
+        self._dispatcher = threading.Thread(target=self._dispatch, name=f"pool-{spec.name}", daemon=True)
+        self.respawns = 0
+        self._size = workers
+
+    # -- public -----------------------------------------------------------------------------------
+
+    def start(self, wait_ready: float = 120.0) -> WorkerPool:
+        """Start the workers and wait until each has built its warm globals."""
+        self._workers = [self._spawn() for _ in range(self._size)]
+        self._dispatcher.start()
+        deadline = time.monotonic() + wait_ready
+        while not all(w.ready for w in self._workers):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"function {self.spec.name}: workers not ready after {wait_ready}s")
+            time.sleep(0.01)
+        return self
+
+    def invoke(self, event: Any) -> Future[Any]:
+        """Queue one invocation; the future gets the handler's response or a :class:`FnserveError`."""
+        future: Future[Any] = Future()
+        if self._closing:
+            future.set_exception(WorkerDied(f"function {self.spec.name} is shutting down"))
+            return future
+        with self._lock:
+            self._queue.append((uuid.uuid4().hex, event, future))
+        self._wake_w.send(None)
+        return future
+
+    def close(self, grace: float = 5.0) -> None:
+        """Stop every worker (letting running invocations finish for ``grace`` seconds); no orphans."""
+        self._closing = True
+        self._wake_w.send(None)
+        self._dispatcher.join(timeout=grace + 5)
+        for worker in self._workers:
+            with contextlib.suppress(OSError):
+                worker.conn.send(None)
+        deadline = time.monotonic() + grace
+        for worker in self._workers:
+            worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join(timeout=5)
+        with self._lock:
+            while self._queue:
+                self._queue.popleft()[2].set_exception(WorkerDied(f"function {self.spec.name} shut down"))
+
+    def worker_pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers]
+
+    # -- dispatcher -------------------------------------------------------------------------------
+
+    def _spawn(self) -> _Worker:
+        parent, child = self._context.Pipe()
+        process = self._context.Process(
+            target=_worker_main, args=(child, json.dumps(asdict(self.spec))), name=f"fnserve-{self.spec.name}"
+        )
+        process.start()
+        child.close()
+        return _Worker(process, parent)
+
+    def _dispatch(self) -> None:
+        while not self._closing:
+            waitables: list[Any] = [self._wake_r]
+            for worker in self._workers:
+                waitables += [worker.conn, worker.process.sentinel]
+            nearest = min((w.deadline for w in self._workers), default=float("inf"))
+            timeout = None if nearest == float("inf") else max(0.0, nearest - time.monotonic())
+            for ready in wait(waitables, timeout=timeout):
+                if ready is self._wake_r:
+                    self._wake_r.recv()
+                    continue
+                for worker in list(self._workers):
+                    if ready is worker.conn:
+                        self._receive(worker)
+                    elif ready == worker.process.sentinel:
+                        self._replace(worker)
+            self._expire()
+            self._assign()
+
+    def _receive(self, worker: _Worker) -> None:
+        try:
+            kind, rid, payload = worker.conn.recv()
+        except (EOFError, OSError):
+            return  # the sentinel will report the death
+        if kind == "ready":
+            worker.ready = True
+        elif kind == "failed":  # the module would not import: every invocation would fail alike
+            logger.error("function %s: %s", self.spec.name, payload["message"])
+        elif kind == "started" and worker.job is not None and worker.job[0] == rid:
+            worker.started = True
+        elif worker.job is not None and worker.job[0] == rid:
+            future = worker.job[2]
+            worker.job, worker.started, worker.deadline = None, False, float("inf")
+            if kind == "ok":
+                future.set_result(payload)
+            else:
+                future.set_exception(FnserveError.from_dict(payload))
+
+    def _replace(self, worker: _Worker) -> None:
+        worker.process.join(timeout=1)
+        if worker.job is not None and not worker.started and not worker.timed_out:
+            # It died before taking the job (killed while idle): the job never ran, so run it elsewhere.
+            with self._lock:
+                self._queue.appendleft(worker.job)
+        elif worker.job is not None:
+            _, _, future = worker.job
+            if worker.timed_out:
+                error: FnserveError = InvocationTimeout(
+                    f"function {self.spec.name} timed out after {self.spec.timeout:g}s; its worker was replaced"
+                )
+            else:
+                error = WorkerDied(
+                    f"function {self.spec.name}: its worker died (exit {worker.process.exitcode}) during the invocation"
+                )
+            future.set_exception(error)
+        index = self._workers.index(worker)
+        worker.conn.close()
+        if self._closing:
+            return
+        logger.warning("function %s: worker %s exited; starting a new one", self.spec.name, worker.process.pid)
+        self._workers[index] = self._spawn()
+        self.respawns += 1
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for worker in self._workers:
+            if worker.job is not None and now >= worker.deadline and not worker.timed_out:
+                worker.timed_out = True
+                worker.process.kill()  # the sentinel fires next, and _replace answers the invocation
+
+    def _assign(self) -> None:
+        for worker in self._workers:
+            if not worker.ready or worker.job is not None or worker.timed_out:
+                continue
+            with self._lock:
+                if not self._queue:
+                    return
+                rid, event, future = self._queue.popleft()
+            if not future.running() and not future.set_running_or_notify_cancel():
+                continue
+            worker.job = (rid, event, future)
+            worker.deadline = time.monotonic() + self.spec.timeout
+            try:
+                worker.conn.send((rid, event, self.spec.timeout))
+            except OSError:
+                pass  # it died: the sentinel answers the invocation
+
+
+class _Context:
+    """The Lambda context object handlers read."""
+
+    def __init__(self, request_id: str, spec: dict[str, Any], timeout: float) -> None:
+        self.aws_request_id = request_id
+        self.function_name = spec["name"]
+        self.function_version = "$LATEST"
+        self.memory_limit_in_mb = spec["memory_mb"]
+        self.invoked_function_arn = f"arn:aws:lambda:us-east-1:000000000000:function:{spec['name']}"
+        self.log_group_name = f"/aws/lambda/{spec['name']}"
+        self.log_stream_name = "local"
+        self._deadline = time.monotonic() + timeout
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self._deadline - time.monotonic()) * 1000))
+
+
+def _worker_main(conn: Connection, spec_json: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
+    spec = json.loads(spec_json)
+    os.environ.update(spec["env"])
+    sys.path.insert(0, spec["code_dir"])
+    module_name, _, attribute = spec["handler"].rpartition(".")
+    try:
+        handler = getattr(importlib.import_module(module_name), attribute)  # warm globals: built once
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which keeps running
+        conn.send(("failed", None, {"message": f"cannot import {spec['handler']}: {exc!r}"}))
+        return
+    conn.send(("ready", None, None))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        rid, event, timeout = message
+        conn.send(("started", rid, None))
+        try:
+            response = handler(event, _Context(rid, spec, timeout))
+            conn.send(("ok", rid, response))
+        except FnserveError as exc:
+            conn.send(("error", rid, exc.to_dict()))
+        except Exception as exc:  # noqa: BLE001 - a function error, as Lambda reports it
+            conn.send(("error", rid, HandlerError(f"{type(exc).__name__}: {exc}").to_dict()))

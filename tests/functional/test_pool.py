@@ -1,0 +1,117 @@
+"""The worker pool with real spawned processes: warm globals, errors, deaths, timeouts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fnserve.core.pool import FunctionSpec, HandlerError, InvocationTimeout, WorkerDied, WorkerPool
+from tests.functional.conftest import wait_for
+
+APP = """
+import os, time
+from fnserve.core.errors import InvalidInput
+
+LOADED_AT = time.time()  # a warm global: built once per worker
+CALLS = 0
+
+
+def handler(event, context):
+    global CALLS
+    CALLS += 1
+    action = event.get("action")
+    if action == "sleep":
+        if "marker" in event:
+            open(event["marker"], "w").close()  # tells the test the handler is running
+        time.sleep(event["seconds"])
+    if action == "raise":
+        raise RuntimeError("boom")
+    if action == "invalid":
+        raise InvalidInput("bad tensor")
+    if action == "exit":
+        os._exit(3)
+    return {"pid": os.getpid(), "loaded_at": LOADED_AT, "calls": CALLS, "request_id": context.aws_request_id,
+            "remaining_ms": context.get_remaining_time_in_millis(), "env": os.environ.get("GREETING")}
+"""
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[WorkerPool]:
+    (tmp_path / "app.py").write_text(APP)
+    spec = FunctionSpec(name="echo", code_dir=str(tmp_path), env={"GREETING": "hi"}, timeout=2.0)
+    pool = WorkerPool(spec, workers=2).start()
+    yield pool
+    pool.close()
+
+
+def test_workers_keep_their_warm_globals_and_see_their_environment(pool: WorkerPool) -> None:
+    first = [pool.invoke({}).result(timeout=10) for _ in range(6)]
+    assert {r["env"] for r in first} == {"hi"}
+    assert {r["pid"] for r in first} <= set(pool.worker_pids())
+    for pid in {r["pid"] for r in first}:
+        loaded = {r["loaded_at"] for r in first if r["pid"] == pid}
+        assert len(loaded) == 1  # imported once per worker, not per invocation
+    assert all(0 < r["remaining_ms"] <= 2000 for r in first)
+    assert len({r["request_id"] for r in first}) == 6
+
+
+def test_handler_errors_come_back_as_data(pool: WorkerPool) -> None:
+    with pytest.raises(HandlerError, match="RuntimeError: boom") as info:
+        pool.invoke({"action": "raise"}).result(timeout=10)
+    assert info.value.status_code == 502
+    with pytest.raises(Exception, match="bad tensor") as invalid:
+        pool.invoke({"action": "invalid"}).result(timeout=10)
+    assert type(invalid.value).__name__ == "InvalidInput" and invalid.value.status_code == 422  # type: ignore[attr-defined]
+    assert pool.invoke({}).result(timeout=10)["env"] == "hi"
+
+
+def test_a_dying_worker_fails_only_its_invocation_and_is_replaced(pool: WorkerPool) -> None:
+    with pytest.raises(WorkerDied, match="exit 3"):
+        pool.invoke({"action": "exit"}).result(timeout=10)
+    wait_for(lambda: pool.respawns == 1, 30, "the worker to be replaced")
+    results = [pool.invoke({}).result(timeout=30) for _ in range(4)]
+    assert all(r["env"] == "hi" for r in results)
+
+
+def test_a_worker_killed_from_outside_mid_invocation(pool: WorkerPool, tmp_path: Path) -> None:
+    marker = tmp_path / "running"
+    busy = pool.invoke({"action": "sleep", "seconds": 1.5, "marker": str(marker)})
+    wait_for(marker.exists, 10, "the handler to be running")
+    for pid in pool.worker_pids():
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(WorkerDied):
+        busy.result(timeout=10)
+    assert pool.invoke({}).result(timeout=60)["env"] == "hi"
+
+
+def test_an_invocation_past_the_timeout_is_answered_and_its_worker_replaced(pool: WorkerPool) -> None:
+    started = time.monotonic()
+    with pytest.raises(InvocationTimeout, match="timed out after 2s") as info:
+        pool.invoke({"action": "sleep", "seconds": 30}).result(timeout=20)
+    assert info.value.status_code == 504
+    assert time.monotonic() - started < 10
+    assert pool.invoke({}).result(timeout=60)["env"] == "hi"
+
+
+def test_more_invocations_than_workers_queue_and_all_complete(pool: WorkerPool) -> None:
+    futures = [pool.invoke({"action": "sleep", "seconds": 0.05}) for _ in range(10)]
+    results = [f.result(timeout=30) for f in futures]
+    assert len({r["request_id"] for r in results}) == 10
+    assert len({r["pid"] for r in results}) == 2  # both containers took work
+
+
+def test_close_leaves_no_process_behind(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(APP)
+    pool = WorkerPool(FunctionSpec(name="echo", code_dir=str(tmp_path)), workers=2).start()
+    pids = pool.worker_pids()
+    pool.close()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    with pytest.raises(WorkerDied, match="shutting down"):
+        pool.invoke({}).result(timeout=1)
