@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 MANIFEST := layers/models/models/manifest.toml
 HOLDOUT  := layers/models/models/digits-holdout.npz
-PORT     ?= 8080
+PORT     ?= 3000
 
 SAM_VENV := .venv-sam
 # sam build needs the Lambda runtime's interpreter: the first python3.12 that really runs.
@@ -13,7 +13,7 @@ PY312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12
 	$$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$c; break; }; done)
 SAM := SAM_CLI_TELEMETRY=0 PATH="$(dir $(PY312)):$$PATH" $(SAM_VENV)/bin/sam
 
-.PHONY: setup run test lint sam-check bench models clean
+.PHONY: setup run serve test lint sam-check bench models clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fnserve needs Python >= 3.11"'
@@ -24,8 +24,12 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
+# The main job: template.yaml's functions on this machine, an embedded AWS emulator, the demo models.
 run: setup
-	$(BIN)/fnserve predict digits-accurate $(HOLDOUT) -m $(MANIFEST) -n 5
+	$(BIN)/fnserve local --template template.yaml --port $(PORT)
+
+# The same app as a long-running container server, without the AWS parts.
+serve: setup
 	$(BIN)/fnserve serve -m $(MANIFEST) --port $(PORT)
 
 lint: setup

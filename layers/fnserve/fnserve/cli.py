@@ -326,3 +326,64 @@ def cascade_tune(
     if plot is not None:
         tuning.plot(result, settings, plot, target_accuracy)
         typer.echo(f"wrote {plot}")
+
+
+@app.command()
+def local(
+    template: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="The SAM template.")] = Path(
+        "template.yaml"
+    ),
+    host: Annotated[str, typer.Option(help="Address of the HTTP gateway.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port of the HTTP gateway.")] = 3000,
+    workers: Annotated[int, typer.Option(min=1, help="Warm workers (containers) per function.")] = 1,
+    visibility_timeout: Annotated[
+        int | None, typer.Option(min=0, help="Override every queue's visibility timeout (seconds), for quick retries.")
+    ] = None,
+    parameter: Annotated[
+        list[str] | None, typer.Option("--parameter", "-p", help="Template parameter override, KEY=VALUE (repeatable).")
+    ] = None,
+) -> None:
+    """Run the template's functions locally: HTTP gateway, SQS event sources, and an embedded AWS emulator."""
+    import signal
+    import threading
+
+    from fnserve.adapters.local import Emulator
+
+    overrides = {}
+    for item in parameter or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise _fail(f"--parameter takes KEY=VALUE, not {item!r}")
+        overrides[key] = value
+    emulator = Emulator(
+        template, host=host, port=port, workers=workers, visibility_timeout=visibility_timeout, parameters=overrides
+    )
+    local_ = emulator.start()
+    url = f"http://{host}:{port}"
+    typer.echo(f"fnserve local: {len(local_.functions)} functions, {workers} worker(s) each; AWS at {local_.endpoint}")
+    for route in emulator.routes:
+        typer.echo(f"  {route.method:<5} {url}{route.path} -> {route.function}")
+    for source in emulator.sources:
+        typer.echo(
+            f"  SQS   {source.queue_url} -> {source.function} (batch {source.batch_size}, window {source.window:g}s)"
+        )
+    typer.echo(
+        f'  try   curl -s {url}/v2/models/digits/infer -d \'{{"inputs":[{{"name":"input","shape":[1,64],'
+        '"datatype":"FP32","data":[' + ",".join(["8"] * 64) + "]}]}'"
+    )
+    jobs = next((s.queue_url for s in emulator.sources if s.function == "BatchFunction"), None)
+    table = next(iter(local_.tables.values()), None)
+    if jobs and table:
+        typer.echo(
+            f"  jobs  AWS_ENDPOINT_URL={local_.endpoint} .venv/bin/fnserve submit "
+            f"layers/models/models/digits-holdout.npz --model digits-accurate --queue {jobs} --ids ids.txt"
+        )
+        typer.echo(
+            f"        AWS_ENDPOINT_URL={local_.endpoint} .venv/bin/fnserve results ids.txt --table {table} -o out.jsonl"
+        )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    typer.echo("Ctrl-C stops it.")
+    stop.wait()
+    emulator.stop()

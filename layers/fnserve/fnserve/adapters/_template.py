@@ -1,0 +1,179 @@
+"""Reading a SAM/CloudFormation template for the local emulator: tags, parameters, conditions, references."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PSEUDO = {
+    "AWS::Region": "us-east-1",
+    "AWS::AccountId": "123456789012",
+    "AWS::StackName": "fnserve-local",
+    "AWS::Partition": "aws",
+    "AWS::URLSuffix": "amazonaws.com",
+}
+NO_VALUE = object()  # AWS::NoValue: the property disappears
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML with CloudFormation's short-form tags (!Ref, !GetAtt, !Sub, ...)."""
+
+
+def _tag(name: str) -> None:
+    function = "Ref" if name == "Ref" else f"Fn::{name}"
+
+    def construct(loader: _Loader, node: yaml.Node) -> dict[str, Any]:
+        if isinstance(node, yaml.ScalarNode):
+            value: Any = loader.construct_scalar(node)
+            if name == "GetAtt":
+                value = value.split(".", 1)
+        elif isinstance(node, yaml.SequenceNode):
+            value = loader.construct_sequence(node, deep=True)
+        elif isinstance(node, yaml.MappingNode):
+            value = loader.construct_mapping(node, deep=True)
+        else:
+            raise yaml.constructor.ConstructorError(None, None, f"!{name} cannot take this node", node.start_mark)
+        return {function: value}
+
+    _Loader.add_constructor(f"!{name}", construct)
+
+
+for _name in (
+    "Ref",
+    "GetAtt",
+    "Sub",
+    "If",
+    "Equals",
+    "Not",
+    "And",
+    "Or",
+    "Join",
+    "Select",
+    "Split",
+    "FindInMap",
+    "ImportValue",
+    "Base64",
+    "Condition",
+    "GetAZs",
+):
+    _tag(_name)
+
+
+@dataclass
+class Template:
+    path: Path
+    parameters: dict[str, Any]
+    conditions: dict[str, Any]
+    resources: dict[str, dict[str, Any]]
+    globals: dict[str, Any] = field(default_factory=dict)
+
+    def of_type(self, kind: str) -> dict[str, dict[str, Any]]:
+        return {name: r for name, r in self.resources.items() if r.get("Type") == kind}
+
+
+def load_template(path: Path) -> Template:
+    doc = yaml.load(path.read_text(), Loader=_Loader)  # noqa: S506 - SafeLoader with CloudFormation tags
+    return Template(
+        path=path,
+        parameters=doc.get("Parameters") or {},
+        conditions=doc.get("Conditions") or {},
+        resources=doc.get("Resources") or {},
+        globals=doc.get("Globals") or {},
+    )
+
+
+class Resolver:
+    """Evaluates intrinsic functions against parameter defaults (or overrides) and local resources."""
+
+    def __init__(
+        self,
+        template: Template,
+        physical: Mapping[str, str],
+        attributes: Mapping[tuple[str, str], str],
+        overrides: Mapping[str, str] | None = None,
+    ) -> None:
+        self.template = template
+        self.physical = physical
+        self.attributes = attributes
+        self.values = {name: spec.get("Default", "") for name, spec in template.parameters.items()}
+        self.values.update(overrides or {})
+        self._secret = secrets.token_hex(24)
+
+    def condition(self, name: str) -> bool:
+        return bool(self.resolve(self.template.conditions[name]))
+
+    def resolve(self, node: Any) -> Any:
+        if isinstance(node, list):
+            return [v for v in (self.resolve(item) for item in node) if v is not NO_VALUE]
+        if isinstance(node, str):
+            # Dynamic references ({{resolve:secretsmanager:...}}) are deploy-time secrets: one per local run.
+            return re.sub(r"\{\{resolve:[^}]*\}\}", self._secret, node)
+        if not isinstance(node, dict):
+            return node
+        if len(node) == 1:
+            ((key, value),) = node.items()
+            handler = getattr(self, "_" + key.replace("Fn::", "").lower(), None)
+            if key == "Ref" or key.startswith("Fn::") or key == "Condition":
+                if handler is None:
+                    raise ValueError(f"{self.template.path}: {key} is not supported by the local emulator")
+                return handler(value)
+        out = {}
+        for key, value in node.items():
+            resolved = self.resolve(value)
+            if resolved is not NO_VALUE:
+                out[key] = resolved
+        return out
+
+    def _ref(self, name: str) -> Any:
+        if name == "AWS::NoValue":
+            return NO_VALUE
+        if name in PSEUDO:
+            return PSEUDO[name]
+        if name in self.values:
+            return self.values[name]
+        return self.physical.get(name.split(".")[0], name)
+
+    def _getatt(self, value: list[str]) -> str:
+        resource, attribute = self.resolve(value[0]), self.resolve(value[1])
+        return self.attributes.get((resource, attribute), f"{resource}.{attribute}")
+
+    def _sub(self, value: Any) -> str:
+        text, variables = (value, {}) if isinstance(value, str) else (value[0], self.resolve(value[1]))
+
+        def replace(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name in variables:
+                return str(variables[name])
+            if "." in name and name.split(".")[0] in self.template.resources:
+                return str(self._getatt(name.split(".", 1)))
+            return str(self._ref(name))
+
+        return self.resolve(re.sub(r"\$\{([^}!]+)\}", replace, text))  # type: ignore[no-any-return]
+
+    def _if(self, value: list[Any]) -> Any:
+        return self.resolve(value[1] if self.condition(value[0]) else value[2])
+
+    def _equals(self, value: list[Any]) -> bool:
+        a, b = (self.resolve(v) for v in value)
+        return str(a) == str(b)
+
+    def _not(self, value: list[Any]) -> bool:
+        return not self.resolve(value[0])
+
+    def _and(self, value: list[Any]) -> bool:
+        return all(self.resolve(v) for v in value)
+
+    def _or(self, value: list[Any]) -> bool:
+        return any(self.resolve(v) for v in value)
+
+    def _condition(self, name: str) -> bool:
+        return self.condition(name)
+
+    def _join(self, value: list[Any]) -> str:
+        return str(value[0]).join(str(v) for v in self.resolve(value[1]))

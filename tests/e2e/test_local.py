@@ -1,0 +1,163 @@
+"""The local emulator end to end: a real `fnserve local` process, real HTTP, real SQS event flow."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from fnserve import jobsclient
+from fnserve.aws import clients
+from fnserve.core.jobs import job_message
+from tests.functional.conftest import free_port, wait_for
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
+
+HOLDOUT = np.load(DEMO_HOLDOUT)
+DIGITS = HOLDOUT["input"]
+
+
+def labels(model: str, x: np.ndarray) -> list[int]:
+    session = ort.InferenceSession(str(DEMO_MANIFEST.parent / model / "1" / "model.onnx"))
+    return session.run(["label"], {"input": x})[0].tolist()  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A running `fnserve local` on the repository's template: 2 workers a function, no batching
+    window, 2 s function timeouts and a 3 s visibility timeout: retries and the DLQ come within seconds."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("local") / "local.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("AWS_ENDPOINT_URL", "LOCALSTACK_HOST")}
+    cmd = [sys.executable, "-m", "fnserve", "local", "--template", str(REPO / "template.yaml"), "--port", str(port)]
+    cmd += ["--workers", "2", "--visibility-timeout", "3", "--parameter", "MaximumBatchingWindowInSeconds=0"]
+    cmd += ["--parameter", "FollowupBatchingWindowInSeconds=0", "--parameter", "JobsTimeout=2"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    info: dict[str, Any] = {}
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"fnserve local exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            info.update(httpx.get(f"{url}/_fnserve/local", timeout=1).json())
+            return True
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_for(ready, 120, "fnserve local to start")
+        saved = os.environ.get("AWS_ENDPOINT_URL")
+        os.environ["AWS_ENDPOINT_URL"] = info["endpoint"]
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            os.environ.setdefault(key, "local")
+        os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+        clients.reset()
+        yield {"url": url, **info}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        if saved is None:
+            os.environ.pop("AWS_ENDPOINT_URL", None)
+        else:
+            os.environ["AWS_ENDPOINT_URL"] = saved
+        clients.reset()
+
+
+def infer(url: str, model: str, rows: slice) -> httpx.Response:
+    x = DIGITS[rows]
+    body = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+    return httpx.post(f"{url}/v2/models/{model}/infer", json=body, timeout=30)
+
+
+def test_http_inference_through_the_gateway(local: dict[str, Any]) -> None:
+    response = infer(local["url"], "digits-accurate", slice(0, 8))
+    assert response.status_code == 200, response.text
+    assert response.json()["outputs"][0]["data"] == labels("digits-accurate", DIGITS[:8])
+    assert "infer;dur=" in response.headers["server-timing"]
+    assert httpx.get(f"{local['url']}/v2/models/nope", timeout=10).status_code == 404
+    assert httpx.get(f"{local['url']}/elsewhere", timeout=10).json() == {"message": "Not Found"}
+
+
+def test_a_cascade_follow_up_flows_through_the_local_queue(local: dict[str, Any]) -> None:
+    from tests.functional.test_cascade import CORRECTED
+
+    row = int(CORRECTED[0])
+    doc = infer(local["url"], "digits", slice(row, row + 1)).json()
+    assert doc["parameters"]["followup_status"] == "pending"
+    result = httpx.get(f"{local['url']}{doc['parameters']['followup_url']}?wait=20", timeout=30).json()
+    assert result["status"] == "done"
+    assert result["outputs"][0]["data"] == [int(HOLDOUT["labels"][row])]
+
+
+def test_good_jobs_are_stored_once_and_poison_ends_in_the_dead_letter_queue(local: dict[str, Any]) -> None:
+    queue, dlq = local["queues"]["JobsQueue"], local["queues"]["JobsDeadLetterQueue"]
+    table = local["tables"]["ResultsTable"]
+    good = [job_message(f"e2e-{i}", "digits-accurate", {"input": DIGITS[i : i + 1]}) for i in range(30)]
+    report = jobsclient.submit(queue, iter(good))
+    assert len(report.ids) == 30
+    sqs = clients.client("sqs")
+    poison = ["{not json", json.dumps({"id": "e2e-bad", "model": "nope", "inputs": []})]
+    for body in poison:
+        sqs.send_message(QueueUrl=queue, MessageBody=body)
+    ids = [f"e2e-{i}" for i in range(30)]
+    wait_for(lambda: not jobsclient.fetch_results(table, ids).pending, 60, "every good job's result")
+    found = jobsclient.fetch_results(table, ids)
+    got = [found.done[f"e2e-{i}"]["label"][0] for i in range(30)]
+    assert got == labels("digits-accurate", DIGITS[:30])
+
+    def in_dlq() -> int:
+        attributes = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["ApproximateNumberOfMessages"])
+        return int(attributes["Attributes"]["ApproximateNumberOfMessages"])
+
+    # 5 receives, 3 s visibility each: the poison messages move to the DLQ, as on AWS.
+    wait_for(lambda: in_dlq() == len(poison), 60, "the poison messages in the DLQ")
+    remaining = sqs.get_queue_attributes(
+        QueueUrl=queue, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    )
+    assert all(v == "0" for v in remaining["Attributes"].values())
+    assert sorted(jobsclient.fetch_results(table, ids).done) == sorted(ids)
+
+
+def test_a_worker_killed_mid_load_fails_no_request_silently_and_comes_back(local: dict[str, Any]) -> None:
+    statuses: list[int] = []
+
+    def load() -> None:
+        for _ in range(15):
+            try:
+                statuses.append(infer(local["url"], "digits-fast", slice(0, 2)).status_code)
+            except httpx.TimeoutException:
+                statuses.append(-1)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: len(statuses) >= 5, 60, "the load to be under way")
+    victim = local["functions"]["ApiFunction"][0]
+    os.kill(victim, signal.SIGKILL)
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(statuses) == 60 and -1 not in statuses  # every request answered, none hung
+    assert set(statuses) <= {200, 503}
+
+    def replaced() -> bool:
+        pids = httpx.get(f"{local['url']}/_fnserve/local", timeout=10).json()["functions"]["ApiFunction"]
+        return victim not in pids and len(pids) == 2
+
+    wait_for(replaced, 60, "the worker to be replaced")
+    for _ in range(6):
+        assert infer(local["url"], "digits-fast", slice(0, 2)).status_code == 200

@@ -1,0 +1,119 @@
+"""The emulator on a hand-written SAM template: SAM HttpApi (v2) and Api (v1) events, and the resolver."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fnserve.adapters._template import Resolver, load_template
+from fnserve.adapters.local import Emulator
+from fnserve.aws import clients
+from tests.functional.conftest import free_port
+
+TEMPLATE = """
+Transform: AWS::Serverless-2016-10-31
+Parameters:
+  Greeting:
+    Type: String
+    Default: hello
+Conditions:
+  Loud: !Equals [!Ref Greeting, HELLO]
+Globals:
+  Function:
+    Runtime: python3.12
+    Handler: app.handler
+    Timeout: 5
+    Environment:
+      Variables:
+        GREETING: !If [Loud, shouting, !Sub "${Greeting} from ${AWS::Region}"]
+Resources:
+  Echo:
+    Type: AWS::Serverless::Function
+    Properties:
+      CodeUri: echo
+      Events:
+        V2:
+          Type: HttpApi
+          Properties:
+            Path: /items/{id}
+            Method: GET
+        V1:
+          Type: Api
+          Properties:
+            Path: /legacy/{proxy+}
+            Method: POST
+"""
+
+APP = """
+import base64, json, os
+
+
+def handler(event, context):
+    body = event.get("body")
+    if body is not None and event.get("isBase64Encoded"):
+        body = base64.b64decode(body).hex()
+    answer = {
+        "version": event.get("version", "1.0"),
+        "params": event.get("pathParameters"),
+        "method": event.get("httpMethod") or event["requestContext"]["http"]["method"],
+        "body": body,
+        "greeting": os.environ["GREETING"],
+        "request_id": context.aws_request_id,
+    }
+    headers = {"content-type": "application/json", "x-echo": "1"}
+    return {"statusCode": 201, "headers": headers, "body": json.dumps(answer)}
+"""
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("sam")
+    (root / "template.yaml").write_text(TEMPLATE)
+    (root / "echo").mkdir()
+    (root / "echo" / "app.py").write_text(APP)
+    port = free_port()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("AWS_ENDPOINT_URL", raising=False)
+        mp.delenv("LOCALSTACK_HOST", raising=False)
+        emulator = Emulator(root / "template.yaml", port=port)
+        emulator.start()
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            emulator.stop()
+            clients.reset()
+
+
+def test_http_api_events_are_version_2(emulator: str) -> None:
+    response = httpx.get(f"{emulator}/items/42", timeout=30)
+    assert response.status_code == 201 and response.headers["x-echo"] == "1"
+    doc = response.json()
+    assert doc["version"] == "2.0" and doc["params"] == {"id": "42"} and doc["method"] == "GET"
+    assert doc["greeting"] == "hello from us-east-1"
+    assert httpx.post(f"{emulator}/items/42", timeout=30).status_code == 404  # GET only
+
+
+def test_rest_api_events_are_version_1_with_binary_bodies(emulator: str) -> None:
+    response = httpx.post(
+        f"{emulator}/legacy/a/b", content=b"\x00\xff", headers={"content-type": "application/octet-stream"}, timeout=30
+    )
+    doc = response.json()
+    assert doc["version"] == "1.0" and doc["params"] == {"proxy": "a/b"} and doc["method"] == "POST"
+    assert doc["body"] == "00ff"
+
+
+def test_the_resolver_follows_parameters_conditions_and_dynamic_references(tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text(TEMPLATE)
+    template = load_template(tmp_path / "t.yaml")
+    variables = template.globals["Function"]["Environment"]["Variables"]
+    assert Resolver(template, {}, {}).resolve(variables) == {"GREETING": "hello from us-east-1"}
+    assert Resolver(template, {}, {}, {"Greeting": "HELLO"}).resolve(variables) == {"GREETING": "shouting"}
+    resolver = Resolver(template, {"Q": "http://q"}, {("Q", "Arn"): "arn:q"})
+    resolved = resolver.resolve(
+        {"a": {"Ref": "AWS::NoValue"}, "b": {"Fn::GetAtt": ["Q", "Arn"]}, "c": {"Ref": "Q"}, "d": "{{resolve:ssm:x}}"}
+    )
+    assert resolved["b"] == "arn:q" and resolved["c"] == "http://q" and "a" not in resolved
+    assert len(resolved["d"]) == 48 and resolved["d"] == resolver.resolve("{{resolve:secretsmanager:y}}")
