@@ -30,7 +30,7 @@ run: setup
 
 # The same app as a long-running container server, without the AWS parts.
 serve: setup
-	$(BIN)/fnserve serve -m $(MANIFEST) --port $(PORT)
+	$(BIN)/fnserve serve -m $(MANIFEST)
 
 lint: setup
 	$(BIN)/ruff check layers/fnserve functions tests infra
