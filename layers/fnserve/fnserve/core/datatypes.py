@@ -43,14 +43,6 @@ ORT_TO_V2: dict[str, str] = {
 }
 
 
-def numpy_dtype(datatype: str) -> np.dtype[np.generic]:
-    """The numpy dtype of a V2 datatype name, or a 422 naming the bad name."""
-    try:
-        return V2_TO_NUMPY[datatype]
-    except KeyError:
-        raise InvalidInput(f"unknown datatype {datatype!r}; expected one of {', '.join(V2_TO_NUMPY)}") from None
-
-
 def v2_datatype(dtype: np.dtype[np.generic]) -> str:
     """The V2 datatype name of a numpy dtype (strings and bytes map to BYTES)."""
     name = NUMPY_TO_V2.get(dtype)

@@ -113,16 +113,12 @@ class InferenceService:
         loaded = self.registry.get(model, version)
         feed, batch = _validate(loaded, inputs)
         names = loaded.output_names if outputs is None else _check_outputs(loaded, outputs)
-        ttl = loaded.settings.cache_ttl_seconds
-        if ttl is None or self.cache is None:
-            return Prediction(_run_batched(loaded, names, feed, batch), loaded.name, loaded.version, "off")
-        key = cache_key(loaded.name, loaded.version, feed, names)
-        hit = self.cache.get_many([key]).get(key)
-        if hit is not None:
-            return Prediction(hit, loaded.name, loaded.version, "hit")
+        keys, hits = self._cached({0: feed}, loaded, names)
+        if hits:
+            return Prediction(hits[0], loaded.name, loaded.version, "hit")
         result = _run_batched(loaded, names, feed, batch)
-        self.cache.put_many({key: result}, ttl)
-        return Prediction(result, loaded.name, loaded.version, "miss")
+        self._remember(loaded, {keys[0]: result} if keys else {})
+        return Prediction(result, loaded.name, loaded.version, "miss" if keys else "off")
 
     def infer_many(
         self,
@@ -153,20 +149,16 @@ class InferenceService:
         for i, hit in hits.items():
             results[i] = Prediction(hit, loaded.name, loaded.version, "hit")
             del feeds[i]
-        ttl = loaded.settings.cache_ttl_seconds
-        caching = bool(keys)
         fresh: dict[str, Arrays] = {}
         for group in _stackable_groups(loaded, feeds):
             for i, outcome in _run_group(loaded, names, group, feeds).items():
                 if isinstance(outcome, FnserveError):
                     results[i] = outcome
                 else:
-                    results[i] = Prediction(outcome, loaded.name, loaded.version, "miss" if caching else "off")
-                    if caching:
+                    results[i] = Prediction(outcome, loaded.name, loaded.version, "miss" if keys else "off")
+                    if keys:
                         fresh[keys[i]] = outcome
-        if fresh:
-            assert self.cache is not None and ttl is not None
-            self.cache.put_many(fresh, ttl)
+        self._remember(loaded, fresh)
         return [r if r is not None else InferenceError("job was not run") for r in results]
 
     def infer_stacked(
@@ -203,9 +195,7 @@ class InferenceService:
                 feed = {k: v[take] for k, v in feed.items()}
             run = _run_batched(loaded, names, feed, int(sum(rows[j] for j in misses)))
             split = dict(zip(misses, _split(loaded, run, [rows[j] for j in misses]), strict=True))
-            if keys:
-                assert self.cache is not None and loaded.settings.cache_ttl_seconds is not None
-                self.cache.put_many({keys[j]: split[j] for j in misses}, loaded.settings.cache_ttl_seconds)
+            self._remember(loaded, {keys[j]: split[j] for j in misses} if keys else {})
         state = "miss" if keys else "off"
         return [
             Prediction(hits[j], loaded.name, loaded.version, "hit")
@@ -213,6 +203,11 @@ class InferenceService:
             else Prediction(split[j], loaded.name, loaded.version, state)
             for j in range(len(rows))
         ]
+
+    def _remember(self, loaded: LoadedModel, fresh: Mapping[str, Arrays]) -> None:
+        """Cache fresh results by key, when the model opts in."""
+        if fresh and self.cache is not None and loaded.settings.cache_ttl_seconds is not None:
+            self.cache.put_many(fresh, loaded.settings.cache_ttl_seconds)
 
     def _cached(
         self, feeds: Mapping[int, Arrays], loaded: LoadedModel, names: Sequence[str]
