@@ -351,3 +351,12 @@ def test_a_manifest_in_s3_loads_its_models_from_the_same_bucket(aws: Aws, tmp_pa
     fast = ort.InferenceSession(str(model))
     np.testing.assert_array_equal(out["label"], fast.run(["label"], {"input": DIGITS[:4]})[0])
     assert service.registry.get("digits-fast").path == tmp_path / "digits-fast" / "1" / "model.onnx"
+
+
+def test_the_same_job_twice_in_one_batch_is_stored_once_and_fails_nothing(aws: Aws, manifest: Path) -> None:
+    handler = create_handler(settings=settings(aws, manifest))
+    bodies = [job("twice", slice(0, 1)), job("other", slice(1, 2)), job("twice", slice(0, 1))]
+    assert handler(sqs_event(bodies), LambdaContext()) == {"batchItemFailures": []}
+    found = jobsclient.fetch_results(aws.table, ["twice", "other"])
+    np.testing.assert_array_equal(found.done["twice"]["label"], labels(DIGITS[0:1]))
+    assert sorted(found.done) == ["other", "twice"]

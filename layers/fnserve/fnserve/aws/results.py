@@ -109,10 +109,14 @@ class DynamoResultStore:
         return found
 
     def put(self, items: Sequence[Item]) -> set[str]:
-        """Write items (last write wins); returns the keys that could not be stored. Never raises."""
+        """Write items (last write wins); returns the keys that could not be stored. Never raises.
+
+        One item per key: BatchWriteItem refuses a call that names a key twice (a job sent
+        twice can land in one batch), and would take the other items of the call down with it.
+        """
         failed: set[str] = set()
         requests = []
-        for item in items:
+        for item in {item[KEY]: item for item in items}.values():
             prepared = self._offload(item)
             if prepared is None:
                 failed.add(item[KEY])
