@@ -23,10 +23,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from fnserve import __version__
 from fnserve.adapters import openapi
 from fnserve.adapters.logs import logger
+from fnserve.core.batching import AdaptiveBatcher
 from fnserve.core.cascade import CascadeRunner
-from fnserve.core.errors import BadRequest, FnserveError, ModelNotFound, PayloadTooLarge
+from fnserve.core.errors import BadRequest, FnserveError, InvalidInput, ModelNotFound, PayloadTooLarge
 from fnserve.core.jobs import job_key
-from fnserve.core.service import InferenceService
+from fnserve.core.service import InferenceService, Prediction
 from fnserve.core.settings import Settings
 from fnserve.core.tensors import JSON_HEADER, decode_request, encode_response, json_tensor, unpack_arrays
 
@@ -125,6 +126,7 @@ def create_app(
     *,
     cascades: CascadeRunner | None = None,
     results: ResultReader | None = None,
+    batchers: Mapping[str, AdaptiveBatcher] | None = None,
 ) -> FastAPI:
     """The FastAPI application serving ``service``, its cascades, and stored results."""
     settings = settings or Settings()
@@ -166,6 +168,18 @@ def create_app(
                 if answer.followup_id is not None:
                     params |= {"followup_id": answer.followup_id, "followup_url": f"/v2/results/{answer.followup_id}"}
                 served = name
+            elif batchers and version is None and name in batchers:
+                # Validated alone first: a bad request must not fail the batch it would have joined.
+                feed = service.validate(name, decoded.inputs)
+                everything, queued = await batchers[name].predict(feed)
+                chosen = decoded.outputs or list(everything)
+                unknown = [o for o in chosen if o not in everything]
+                if unknown:
+                    raise InvalidInput(f"model {name!r} has no outputs {unknown}; it has {list(everything)}")
+                loaded = service.registry.get(name)
+                prediction = Prediction({o: everything[o] for o in chosen}, loaded.name, loaded.version, "off")
+                timings["queue"] = round(queued * 1e3, 3)
+                served = prediction.model
             else:
                 prediction = service.infer(name, decoded.inputs, version=version, outputs=decoded.outputs)
                 served = prediction.model
@@ -181,9 +195,11 @@ def create_app(
                 logger.info("inference refused", extra={"model": name, "status": status, "error": exc.message})
             telemetry.record(name, status, timings, "off")
             raise
+        queued = timings.pop("queue", 0.0)
         timings = {
             "decode": round((t1 - t0) * 1e3, 3),
-            "infer": round((t2 - t1) * 1e3, 3),
+            **({"queue": queued} if queued else {}),
+            "infer": round((t2 - t1) * 1e3 - queued, 3),
             "encode": round((t3 - t2) * 1e3, 3),
         }
         headers = {"server-timing": ", ".join(f"{k};dur={v}" for k, v in timings.items())}

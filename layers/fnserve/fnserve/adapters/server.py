@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+from typing import Any
 
 from fastapi import FastAPI
 
 from fnserve.adapters.http import create_app
 from fnserve.aws.service import build_service, cascade_runner, result_store
+from fnserve.core.batching import AdaptiveBatcher
+from fnserve.core.service import InferenceService
 from fnserve.core.settings import Settings
 
 
@@ -16,7 +20,33 @@ def app_factory() -> FastAPI:
     settings = Settings()
     store = result_store(settings)
     service = build_service(settings, store)
-    return create_app(service, settings, cascades=cascade_runner(settings, service), results=store)
+    app = create_app(
+        service, settings, cascades=cascade_runner(settings, service), results=store, batchers=batchers(service)
+    )
+    return app
+
+
+def batchers(service: InferenceService) -> dict[str, AdaptiveBatcher]:
+    """An adaptive batcher for each model that asks for one (its default version)."""
+    found = {}
+    for name in service.registry.names():
+        settings = service.registry.resolve(name)
+        if settings.max_batch_time_ms is None:
+            continue
+
+        async def run(feed: dict[str, Any], model: str = name) -> dict[str, Any]:
+            # In a thread: the event loop keeps accepting (and batching) requests meanwhile.
+            return await asyncio.to_thread(service.run, model, feed)
+
+        found[name] = AdaptiveBatcher(
+            run,
+            max_batch_size=settings.max_batch_size,
+            max_batch_time=settings.max_batch_time_ms / 1000,
+            buckets=settings.length_buckets,
+            pad_inputs=settings.pad_inputs,
+            pad_value=settings.pad_value,
+        )
+    return found
 
 
 def serve(manifest: str, host: str = "127.0.0.1", port: int = 8080, workers: int = 1, access_log: bool = False) -> None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
+from fnserve.core._rows import split_rows
 from fnserve.core.cache import CacheBackend, ResultCache, cache_key
 from fnserve.core.datatypes import can_cast
 from fnserve.core.errors import FnserveError, InferenceError, InvalidInput, ModelNotReady
@@ -120,6 +121,16 @@ class InferenceService:
         self._remember(loaded, {keys[0]: result} if keys else {})
         return Prediction(result, loaded.name, loaded.version, "miss" if keys else "off")
 
+    def validate(self, model: str, inputs: Mapping[str, Any], *, version: str | None = None) -> Arrays:
+        """The inputs as the model takes them (cast where safe), or the error :meth:`predict` would raise."""
+        return _validate(self.registry.get(model, version), inputs)[0]
+
+    def run(self, model: str, feed: Mapping[str, Any], *, version: str | None = None) -> Arrays:
+        """Every output for already validated inputs (the batcher's call: no cache, no second validation)."""
+        loaded = self.registry.get(model, version)
+        batch = next(iter(feed.values())).shape[0] if feed else 0
+        return _run_batched(loaded, loaded.output_names, dict(feed), batch)
+
     def infer_many(
         self,
         model: str,
@@ -194,7 +205,7 @@ class InferenceService:
                 take = np.concatenate([np.arange(bounds[j], bounds[j + 1]) for j in misses])
                 feed = {k: v[take] for k, v in feed.items()}
             run = _run_batched(loaded, names, feed, int(sum(rows[j] for j in misses)))
-            split = dict(zip(misses, _split(loaded, run, [rows[j] for j in misses]), strict=True))
+            split = dict(zip(misses, split_rows(run, [rows[j] for j in misses], f"model {loaded.name!r}"), strict=True))
             self._remember(loaded, {keys[j]: split[j] for j in misses} if keys else {})
         state = "miss" if keys else "off"
         return [
@@ -364,7 +375,7 @@ def _run_group(
         stacked = {spec.name: np.concatenate([feeds[i][0][spec.name] for i in group]) for spec in model.inputs}
         try:
             outputs = _run_batched(model, names, stacked, sum(sizes))
-            return dict(zip(group, _split(model, outputs, sizes), strict=True))
+            return dict(zip(group, split_rows(outputs, sizes, f"model {model.name!r}"), strict=True))
         except FnserveError:
             logger.warning("a stacked batch of model %r failed; running its %d jobs one by one", model.name, len(group))
     results: dict[int, Arrays | FnserveError] = {}
@@ -374,19 +385,6 @@ def _run_group(
         except FnserveError as exc:
             results[i] = exc
     return results
-
-
-def _split(model: LoadedModel, outputs: Arrays, sizes: list[int]) -> list[Arrays]:
-    total = sum(sizes)
-    for name, array in outputs.items():
-        if array.ndim == 0 or array.shape[0] != total:
-            raise InferenceError(
-                f"model {model.name!r}: output {name!r} has shape {list(array.shape)}, which does not split "
-                f"back into the {len(sizes)} stacked requests ({total} rows)"
-            )
-    # Plain slices: np.split costs several times more per piece, and there is a piece per request.
-    bounds = np.cumsum([0, *sizes]).tolist()
-    return [{name: array[bounds[j] : bounds[j + 1]] for name, array in outputs.items()} for j in range(len(sizes))]
 
 
 def _run(model: LoadedModel, names: Sequence[str], feed: Arrays) -> list[np.ndarray[Any, Any]]:

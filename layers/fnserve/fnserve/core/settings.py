@@ -65,6 +65,18 @@ class ModelSettings(BaseModel):
     graph_optimization: Literal["disable", "basic", "extended", "all"] = Field(
         default="all", description="ONNX Runtime graph optimisation level."
     )
+    max_batch_time_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="Adaptive batching in long-running servers: gather concurrent requests for at most this long "
+        "after the first one (and at most max_batch_size rows); off when unset.",
+    )
+    length_buckets: list[int] = Field(
+        default_factory=list,
+        description="Sequence lengths that batched variable-length inputs are padded up to (sorted, positive).",
+    )
+    pad_inputs: list[str] = Field(default_factory=list, description="Inputs padded along axis 1 to their bucket.")
+    pad_value: float = Field(default=0.0, description="Value the padding is filled with.")
     cache_ttl_seconds: int | None = Field(
         default=None,
         ge=1,
@@ -104,6 +116,16 @@ class ModelSettings(BaseModel):
         elif not value:
             raise ValueError("path must not be empty")
         return value
+
+    @model_validator(mode="after")
+    def _batching(self) -> ModelSettings:
+        if any(b < 1 for b in self.length_buckets) or self.length_buckets != sorted(set(self.length_buckets)):
+            raise ValueError(f"length_buckets must be positive and ascending, got {self.length_buckets}")
+        if self.pad_inputs and not self.length_buckets:
+            raise ValueError("pad_inputs needs length_buckets to pad up to")
+        if (self.length_buckets or self.pad_inputs) and self.max_batch_time_ms is None:
+            raise ValueError("length_buckets and pad_inputs only apply with max_batch_time_ms (adaptive batching)")
+        return self
 
     @model_validator(mode="after")
     def _overrides(self) -> ModelSettings:

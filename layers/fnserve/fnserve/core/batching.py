@@ -1,0 +1,140 @@
+"""Adaptive batching: concurrent requests to one model, run as one call (long-lived processes only).
+
+Requests queue per model and length bucket. A batch closes when it holds ``max_batch_size``
+rows or when ``max_batch_time`` has passed since its *first* request (not since the last
+one: a steady trickle cannot hold a batch open). Inputs are concatenated along axis 0,
+variable-length inputs padded up to their bucket's length so that padding stays small;
+outputs are split back by each request's rows, with a check that they split exactly. An
+error fails every request of its batch, and nothing else. asyncio objects are made inside
+the running loop, on first use, never at import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fnserve.core._rows import split_rows
+from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
+
+Arrays = dict[str, np.ndarray[Any, Any]]
+Runner = Callable[[Arrays], Awaitable[Arrays]]
+
+
+@dataclass
+class _Pending:
+    inputs: Arrays
+    rows: int
+    future: asyncio.Future[tuple[Arrays, float]]
+    arrived: float = field(default_factory=time.monotonic)
+
+
+class AdaptiveBatcher:
+    """Batches one model's requests; ``run`` does the inference of a whole batch."""
+
+    def __init__(
+        self,
+        run: Runner,
+        *,
+        max_batch_size: int,
+        max_batch_time: float,
+        buckets: Sequence[int] = (),
+        pad_inputs: Sequence[str] = (),
+        pad_value: float = 0.0,
+        max_queue: int = 10_000,
+    ) -> None:
+        if max_batch_size < 1 or max_batch_time < 0:
+            raise ValueError("max_batch_size must be >= 1 and max_batch_time >= 0")
+        self._run = run
+        self.max_batch_size = max_batch_size
+        self.max_batch_time = max_batch_time
+        self.buckets = sorted(buckets)
+        self.pad_inputs = tuple(pad_inputs)
+        self.pad_value = pad_value
+        self.max_queue = max_queue
+        self._queues: dict[int, asyncio.Queue[_Pending]] = {}
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self.batches = 0  # how many runs, for tests and metrics
+
+    async def predict(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> tuple[Arrays, float]:
+        """This request's outputs, and the seconds it waited in the queue."""
+        arrays = {name: np.asarray(value) for name, value in inputs.items()}
+        rows = {a.shape[0] for a in arrays.values() if a.ndim}
+        if len(rows) != 1:
+            raise InvalidInput("batched inputs must agree on their first dimension")
+        bucket = self._bucket(arrays)
+        queue = self._queues.get(bucket)
+        if queue is None:  # created here, inside the running loop
+            queue = self._queues[bucket] = asyncio.Queue(self.max_queue)
+            self._tasks[bucket] = asyncio.get_running_loop().create_task(self._loop(queue, bucket))
+        future: asyncio.Future[tuple[Arrays, float]] = asyncio.get_running_loop().create_future()
+        await queue.put(_Pending(arrays, rows.pop(), future))
+        return await future
+
+    async def close(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    def _bucket(self, inputs: Arrays) -> int:
+        """The padded length of this request's variable-length inputs (0 when nothing is padded)."""
+        lengths = [inputs[name].shape[1] for name in self.pad_inputs if name in inputs and inputs[name].ndim > 1]
+        if not lengths:
+            return 0
+        length = max(lengths)
+        i = bisect.bisect_left(self.buckets, length)
+        return self.buckets[i] if i < len(self.buckets) else length  # longer than every bucket: alone
+
+    async def _loop(self, queue: asyncio.Queue[_Pending], bucket: int) -> None:
+        while True:
+            first = await queue.get()
+            batch, rows = [first], first.rows
+            deadline = first.arrived + self.max_batch_time
+            while rows < self.max_batch_size:
+                left = deadline - time.monotonic()
+                if left <= 0 and queue.empty():
+                    break
+                try:
+                    item = queue.get_nowait() if left <= 0 else await asyncio.wait_for(queue.get(), left)
+                except (TimeoutError, asyncio.QueueEmpty):
+                    break
+                if rows + item.rows > self.max_batch_size:
+                    await self._execute(batch, bucket)  # it would overflow: run what we have, start anew
+                    batch, rows, deadline = [item], item.rows, item.arrived + self.max_batch_time
+                    continue
+                batch.append(item)
+                rows += item.rows
+            await self._execute(batch, bucket)
+
+    async def _execute(self, batch: list[_Pending], bucket: int) -> None:
+        started = time.monotonic()
+        self.batches += 1
+        try:
+            names = list(batch[0].inputs)
+            stacked = {
+                name: np.concatenate([self._padded(p.inputs[name], name, bucket) for p in batch]) for name in names
+            }
+            outputs = await self._run(stacked)
+            parts = split_rows(outputs, [p.rows for p in batch], "batched inference")
+        except Exception as exc:  # one failure answers every request of the batch, and only them
+            error = exc if isinstance(exc, FnserveError) else InferenceError(f"batched inference failed: {exc}")
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(error)
+            return
+        for pending, part in zip(batch, parts, strict=True):
+            if not pending.future.done():
+                pending.future.set_result((part, started - pending.arrived))
+
+    def _padded(self, array: np.ndarray[Any, Any], name: str, bucket: int) -> np.ndarray[Any, Any]:
+        if not bucket or name not in self.pad_inputs or array.ndim < 2 or array.shape[1] == bucket:
+            return array
+        width = [(0, 0)] * array.ndim
+        width[1] = (0, bucket - array.shape[1])
+        return np.pad(array, width, constant_values=self.pad_value)

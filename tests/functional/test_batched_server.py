@@ -1,0 +1,74 @@
+"""Adaptive batching in the server's app: concurrent requests, one runtime call, each its own answer."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+from pydantic import ValidationError
+
+from fnserve.adapters.http import create_app
+from fnserve.adapters.server import batchers
+from fnserve.core.service import InferenceService
+from fnserve.core.settings import ModelSettings, Settings
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, write_test_manifest
+
+DIGITS = np.load(DEMO_HOLDOUT)["input"]
+
+
+def test_concurrent_requests_are_batched_and_answered_alone(tmp_path: Path) -> None:
+    manifest = write_test_manifest(tmp_path)
+    manifest.write_text(
+        manifest.read_text().replace('name = "digits-accurate"\n', 'name = "digits-accurate"\nmax_batch_time_ms = 30\n')
+    )
+    service = InferenceService.from_manifest(manifest, eager=True)
+    found = batchers(service)
+    assert list(found) == ["digits-accurate"]
+    app = create_app(service, Settings(manifest=manifest, access_log=False), batchers=found)
+
+    async def main() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://fnserve") as client:
+            requests = []
+            for i in range(24):
+                x = DIGITS[i : i + 1 + i % 2]
+                body = {
+                    "inputs": [
+                        {"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}
+                    ]
+                }
+                if i == 5:
+                    body["inputs"][0]["shape"] = [x.shape[0], 32]  # a bad request among them
+                    body["inputs"][0]["data"] = [0.0] * (x.shape[0] * 32)
+                requests.append(client.post("/v2/models/digits-accurate/infer", json=body))
+            return await asyncio.gather(*requests)
+
+    responses = asyncio.run(main())
+    session = ort.InferenceSession(str(DEMO_MANIFEST.parent / "digits-accurate" / "1" / "model.onnx"))
+    for i, response in enumerate(responses):
+        if i == 5:
+            assert response.status_code == 422  # refused alone, before it could join a batch
+            continue
+        assert response.status_code == 200, response.text
+        expected = session.run(["label"], {"input": DIGITS[i : i + 1 + i % 2]})[0].tolist()
+        assert response.json()["outputs"][0]["data"] == expected
+        assert "queue;dur=" in response.headers["server-timing"]
+    assert found["digits-accurate"].batches < 23  # fewer runtime calls than requests
+
+
+def test_batching_settings_are_checked_when_they_load() -> None:
+    base = {"name": "m", "path": "m.onnx", "sha256": "a" * 64}
+    with pytest.raises(ValidationError, match="only apply with max_batch_time_ms"):
+        ModelSettings.model_validate({**base, "length_buckets": [8]})
+    with pytest.raises(ValidationError, match="pad_inputs needs length_buckets"):
+        ModelSettings.model_validate({**base, "max_batch_time_ms": 5, "pad_inputs": ["ids"]})
+    with pytest.raises(ValidationError, match="positive and ascending"):
+        ModelSettings.model_validate({**base, "max_batch_time_ms": 5, "length_buckets": [16, 8]})
+    ok = ModelSettings.model_validate(
+        {**base, "max_batch_time_ms": 5, "length_buckets": [8, 16], "pad_inputs": ["ids"]}
+    )
+    assert ok.length_buckets == [8, 16]

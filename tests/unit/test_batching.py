@@ -1,0 +1,140 @@
+"""The adaptive batcher with fake runs: splits, sizes, deadlines, errors, length buckets."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+
+from fnserve.core.batching import AdaptiveBatcher
+from fnserve.core.errors import InferenceError, InvalidInput
+
+Arrays = dict[str, np.ndarray]
+
+
+class Recorder:
+    """A fake model: doubles ``x``; records every batch it is given."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.batches: list[Arrays] = []
+        self.delay = delay
+
+    async def __call__(self, feed: Arrays) -> Arrays:
+        self.batches.append(feed)
+        await asyncio.sleep(self.delay)  # the model's run time, not a wait for a race
+        if np.any(feed["x"] < 0):
+            raise InvalidInput("negative input")
+        return {"y": feed["x"] * 2, "rows": np.arange(feed["x"].shape[0])}
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_concurrent_requests_share_batches_and_get_exactly_their_rows() -> None:
+    model = Recorder(delay=0.01)
+
+    async def main() -> list[tuple[Arrays, float]]:
+        batcher = AdaptiveBatcher(model, max_batch_size=64, max_batch_time=0.05)
+        requests = [{"x": np.full((1 + i % 3, 2), i, np.float32)} for i in range(30)]
+        results = await asyncio.gather(*(batcher.predict(r) for r in requests))
+        await batcher.close()
+        return results
+
+    results = run(main())
+    for i, (out, waited) in enumerate(results):
+        np.testing.assert_array_equal(out["y"], np.full((1 + i % 3, 2), 2 * i))
+        assert waited >= 0
+    assert len(model.batches) < 30
+    assert sum(b["x"].shape[0] for b in model.batches) == sum(1 + i % 3 for i in range(30))
+
+
+def test_batches_never_exceed_max_batch_size() -> None:
+    model = Recorder()
+
+    async def main() -> None:
+        batcher = AdaptiveBatcher(model, max_batch_size=5, max_batch_time=0.05)
+        await asyncio.gather(*(batcher.predict({"x": np.ones((2, 1))}) for _ in range(12)))
+        await batcher.close()
+
+    run(main())
+    assert all(b["x"].shape[0] <= 5 for b in model.batches)
+    assert sum(b["x"].shape[0] for b in model.batches) == 24
+
+
+def test_the_deadline_counts_from_the_first_request_of_a_batch() -> None:
+    model = Recorder()
+    window = 0.05
+
+    async def main() -> None:
+        batcher = AdaptiveBatcher(model, max_batch_size=10_000, max_batch_time=window)
+        started = time.monotonic()
+        tasks = []
+        while time.monotonic() - started < 0.4:  # a steady trickle, a request every ~10 ms
+            stamp = np.array([[time.monotonic()]])
+            tasks.append(asyncio.create_task(batcher.predict({"x": stamp})))
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*tasks)
+        await batcher.close()
+
+    run(main())
+    assert len(model.batches) >= 4  # a trickle cannot hold one batch open
+    for batch in model.batches:
+        span = float(batch["x"].max() - batch["x"].min())
+        assert span <= window + 0.03, span  # every request joined within the window of the first
+
+
+def test_an_error_fails_its_batch_and_nothing_else() -> None:
+    model = Recorder(delay=0.02)
+
+    async def main() -> list[Any]:
+        batcher = AdaptiveBatcher(model, max_batch_size=4, max_batch_time=0.05)
+        first = [batcher.predict({"x": np.full((1, 1), -1.0 if i == 1 else 1.0)}) for i in range(4)]
+        results = await asyncio.gather(*first, return_exceptions=True)
+        later = await batcher.predict({"x": np.ones((1, 1))})
+        await batcher.close()
+        return [*results, later]
+
+    *batch, later = run(main())
+    assert all(isinstance(r, InvalidInput) for r in batch)  # the four shared one batch and its failure
+    np.testing.assert_array_equal(later[0]["y"], [[2.0]])
+
+
+def test_outputs_that_do_not_split_back_are_refused() -> None:
+    async def bad_model(feed: Arrays) -> Arrays:
+        return {"y": feed["x"][:1]}
+
+    async def main() -> list[Any]:
+        batcher = AdaptiveBatcher(bad_model, max_batch_size=8, max_batch_time=0.05)
+        results = await asyncio.gather(
+            *(batcher.predict({"x": np.ones((1, 1))}) for _ in range(3)), return_exceptions=True
+        )
+        await batcher.close()
+        return results
+
+    results = run(main())
+    assert all(isinstance(r, InferenceError) and "does not split back" in r.message for r in results)
+
+
+def test_length_buckets_group_and_pad() -> None:
+    seen: list[np.ndarray] = []
+
+    async def model(feed: Arrays) -> Arrays:
+        seen.append(feed["x"])
+        return {"y": feed["x"].sum(axis=1)}
+
+    async def main() -> list[tuple[Arrays, float]]:
+        batcher = AdaptiveBatcher(
+            model, max_batch_size=100, max_batch_time=0.05, buckets=[4, 8], pad_inputs=["x"], pad_value=0.0
+        )
+        lengths = [3, 4, 5, 7, 8, 2, 12]
+        results = await asyncio.gather(*(batcher.predict({"x": np.ones((1, n))}) for n in lengths))
+        await batcher.close()
+        return results
+
+    results = run(main())
+    assert sorted(x.shape[1] for x in seen) == [4, 8, 12]  # buckets 4 and 8; 12 is longer than any: alone
+    assert sorted(x.shape[0] for x in seen) == [1, 3, 3]
+    assert [float(r[0]["y"][0]) for r in results] == [3, 4, 5, 7, 8, 2, 12]  # padding added zeros only
