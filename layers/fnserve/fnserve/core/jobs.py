@@ -25,7 +25,7 @@ import orjson
 
 from fnserve.core.datatypes import V2_TO_NUMPY
 from fnserve.core.errors import BadRequest, FnserveError, InvalidInput
-from fnserve.core.tensors import array_from_json, decode_document, decode_request
+from fnserve.core.tensors import array_from_json, decode_document, decode_request, json_object
 
 # Room for cascade follow-up ids, which carry the cascade name and a signature.
 JOB_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
@@ -53,12 +53,7 @@ def job_key(job_id: str) -> str:
 
 def parse_job(body: str | bytes, load_payload: PayloadLoader | None = None) -> Job:
     """Parse one message body; every problem is a :class:`FnserveError` saying what is wrong."""
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"job is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise BadRequest("job must be a JSON object")
+    doc = json_object(body, "job")
     job_id = doc.get("id")
     if not isinstance(job_id, str) or not JOB_ID.match(job_id):
         raise InvalidInput("job needs an 'id' of 1-200 letters, digits, '.', '_', ':' or '-'")

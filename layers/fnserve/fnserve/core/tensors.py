@@ -51,13 +51,18 @@ def decode_request(body: bytes, json_length: int | None = None) -> InferenceRequ
         if json_length < 0 or json_length > len(body):
             raise BadRequest(f"Inference-Header-Content-Length is {json_length} but the body has {len(body)} bytes")
         head, binary = body[:json_length], body[json_length:]
+    return decode_document(json_object(head, "request body"), binary)
+
+
+def json_object(data: bytes | str, what: str) -> dict[str, Any]:
+    """``data`` parsed as a JSON object, or a 400 saying what is wrong with ``what``."""
     try:
-        doc = orjson.loads(head)
+        doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        raise BadRequest(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
-        raise BadRequest("request body must be a JSON object")
-    return decode_document(doc, binary)
+        raise BadRequest(f"{what} must be a JSON object")
+    return doc
 
 
 def decode_document(doc: dict[str, Any], binary: bytes = b"") -> InferenceRequest:
