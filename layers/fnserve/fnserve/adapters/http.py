@@ -25,7 +25,7 @@ from fnserve.adapters import openapi
 from fnserve.adapters.logs import logger
 from fnserve.core.batching import AdaptiveBatcher
 from fnserve.core.cascade import CascadeRunner
-from fnserve.core.errors import BadRequest, FnserveError, InvalidInput, ModelNotFound, PayloadTooLarge
+from fnserve.core.errors import BadRequest, FnserveError, ModelNotFound, PayloadTooLarge
 from fnserve.core.jobs import job_key
 from fnserve.core.service import InferenceService, Prediction
 from fnserve.core.settings import Settings
@@ -151,6 +151,7 @@ def create_app(
         name: str = request.path_params["name"]
         version: str | None = request.path_params.get("version")
         timings: dict[str, float] = {}
+        queued = 0.0  # ms spent waiting for a batch
         status = 200
         try:
             t0 = time.perf_counter()
@@ -169,16 +170,13 @@ def create_app(
                     params |= {"followup_id": answer.followup_id, "followup_url": f"/v2/results/{answer.followup_id}"}
                 served = name
             elif batchers and version is None and name in batchers:
-                # Validated alone first: a bad request must not fail the batch it would have joined.
+                # Checked alone first: a bad request must not fail the batch it would have joined.
                 feed = service.validate(name, decoded.inputs)
-                everything, queued = await batchers[name].predict(feed)
-                chosen = decoded.outputs or list(everything)
-                unknown = [o for o in chosen if o not in everything]
-                if unknown:
-                    raise InvalidInput(f"model {name!r} has no outputs {unknown}; it has {list(everything)}")
+                names = service.output_names(name, decoded.outputs)
+                everything, waited = await batchers[name].predict(feed)
                 loaded = service.registry.get(name)
-                prediction = Prediction({o: everything[o] for o in chosen}, loaded.name, loaded.version, "off")
-                timings["queue"] = round(queued * 1e3, 3)
+                prediction = Prediction({o: everything[o] for o in names}, loaded.name, loaded.version, "off")
+                queued = round(waited * 1e3, 3)
                 served = prediction.model
             else:
                 prediction = service.infer(name, decoded.inputs, version=version, outputs=decoded.outputs)
@@ -195,7 +193,6 @@ def create_app(
                 logger.info("inference refused", extra={"model": name, "status": status, "error": exc.message})
             telemetry.record(name, status, timings, "off")
             raise
-        queued = timings.pop("queue", 0.0)
         timings = {
             "decode": round((t1 - t0) * 1e3, 3),
             **({"queue": queued} if queued else {}),

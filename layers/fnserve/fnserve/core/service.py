@@ -113,7 +113,7 @@ class InferenceService:
         """:meth:`predict`, through the result cache when the model opts in; says which version and cache."""
         loaded = self.registry.get(model, version)
         feed, batch = _validate(loaded, inputs)
-        names = loaded.output_names if outputs is None else _check_outputs(loaded, outputs)
+        names = _output_names(loaded, outputs)
         keys, hits = self._cached({0: feed}, loaded, names)
         if hits:
             return Prediction(hits[0], loaded.name, loaded.version, "hit")
@@ -124,6 +124,11 @@ class InferenceService:
     def validate(self, model: str, inputs: Mapping[str, Any], *, version: str | None = None) -> Arrays:
         """The inputs as the model takes them (cast where safe), or the error :meth:`predict` would raise."""
         return _validate(self.registry.get(model, version), inputs)[0]
+
+    def output_names(self, model: str, outputs: Sequence[str] | None, *, version: str | None = None) -> tuple[str, ...]:
+        """The outputs a request gets (all when it names none), or the 422 for names the model lacks."""
+        loaded = self.registry.get(model, version)
+        return _output_names(loaded, outputs)
 
     def run(self, model: str, feed: Mapping[str, Any], *, version: str | None = None) -> Arrays:
         """Every output for already validated inputs (the batcher's call: no cache, no second validation)."""
@@ -148,7 +153,7 @@ class InferenceService:
         cannot fail the others. Unknown models and versions raise, as for :meth:`infer`.
         """
         loaded = self.registry.get(model, version)
-        names = loaded.output_names if outputs is None else _check_outputs(loaded, outputs)
+        names = _output_names(loaded, outputs)
         results: list[Prediction | FnserveError | None] = [None] * len(jobs)
         feeds: dict[int, tuple[Arrays, int]] = {}
         for i, job in enumerate(jobs):
@@ -188,7 +193,7 @@ class InferenceService:
         to retry its jobs one by one (:meth:`infer_many`).
         """
         loaded = self.registry.get(model, version)
-        names = loaded.output_names if outputs is None else _check_outputs(loaded, outputs)
+        names = _output_names(loaded, outputs)
         feed, batch = _validate(loaded, inputs)
         if sum(rows) != batch:
             raise InvalidInput(f"stacked inputs have {batch} rows, the jobs claim {sum(rows)}")
@@ -328,6 +333,10 @@ def _strings(model: LoadedModel, spec: TensorSpec, array: np.ndarray[Any, Any]) 
     except UnicodeDecodeError:
         raise InvalidInput(f"input {spec.name!r} of model {model.name!r}: BYTES elements must be UTF-8") from None
     return out
+
+
+def _output_names(model: LoadedModel, outputs: Sequence[str] | None) -> tuple[str, ...]:
+    return model.output_names if outputs is None else _check_outputs(model, outputs)
 
 
 def _check_outputs(model: LoadedModel, outputs: Sequence[str]) -> tuple[str, ...]:
