@@ -15,7 +15,8 @@ from pathlib import Path
 import httpx
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -24,7 +25,7 @@ def _free_port() -> int:
 @contextmanager
 def moto_server(log: Path) -> Iterator[str]:
     """Start ``moto_server`` on a free 127.0.0.1 port; yields its URL; stops it after."""
-    port = _free_port()
+    port = free_port()
     exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or "moto_server"
     with log.open("wb") as out:
         proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,16 +16,10 @@ import pytest
 
 from fnserve.aws import clients as aws_clients
 from tests.helpers import write_test_manifest
-from tests.moto import aws_env, moto_server
+from tests.moto import aws_env, free_port, moto_server
 from tests.moto import reset as reset_moto
 
 MAX_REQUEST_BYTES = 1 << 20
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:

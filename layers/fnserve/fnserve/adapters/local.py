@@ -120,7 +120,7 @@ class Emulator:
         resolver = Resolver(self.template, physical, attributes, self.parameters)
         self.local = Local(endpoint=endpoint)
         self._collect(resolver, physical)
-        self._check_visibility(resolver)
+        self._check_visibility()
         for name, spec in self.local.functions.items():
             self.pools[name] = WorkerPool(spec, self.workers).start()
         for source in self.sources:
@@ -145,7 +145,7 @@ class Emulator:
         thread.start()
         self._threads.append(thread)
 
-    def _check_visibility(self, resolver: Resolver) -> None:
+    def _check_visibility(self) -> None:
         """Warn where messages would reappear while their batch is still being gathered or run."""
         sqs = clients.client("sqs")
         assert self.local is not None

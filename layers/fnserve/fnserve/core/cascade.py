@@ -162,15 +162,11 @@ class CascadeRunner:
 
     def infer(self, name: str, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None) -> CascadeAnswer:
         cascade = self.cascades[name]
+        requested = self.service.output_names(cascade.fast, outputs, version=cascade.fast_version)
         fast = self.service.infer(cascade.fast, inputs, version=cascade.fast_version)
         if cascade.output not in fast.outputs:
             raise InvalidInput(f"cascade {name!r}: model {cascade.fast!r} has no output {cascade.output!r}")
-        answer = fast
-        if outputs is not None:
-            unknown = [o for o in outputs if o not in fast.outputs]
-            if unknown:
-                raise InvalidInput(f"cascade {name!r} has no outputs {unknown}; it has {list(fast.outputs)}")
-            answer = dataclasses.replace(fast, outputs={o: fast.outputs[o] for o in outputs})
+        answer = fast if outputs is None else dataclasses.replace(fast, outputs={o: fast.outputs[o] for o in requested})
         if confident(fast.outputs[cascade.output], cascade):
             return CascadeAnswer(answer, "skipped", self.ids.mint("skipped", name))
         queue = cascade.queue_url or self.default_queue
