@@ -2,13 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.helpers import ManifestWriter
+
+
+@pytest.fixture(autouse=True, scope="module")
+def close_left_event_loop() -> Iterator[None]:
+    """Close the event loop a module left set for the main thread (Mangum makes one, as Lambda keeps one).
+
+    Left alone, it is collected at a random later point, and its unclosed sockets fail whichever
+    test is running then (warnings are errors here).
+    """
+    yield
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            loop = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:  # none is set: nothing to close
+        return
+    loop.close()
+    asyncio.set_event_loop(None)
 
 
 @pytest.fixture

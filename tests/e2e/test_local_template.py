@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from fnserve.adapters._template import Resolver, load_template
 from fnserve.adapters.local import Emulator
 from fnserve.aws import clients
+from fnserve.core.pool import HandlerError
 from tests.functional.conftest import free_port
 
 TEMPLATE = """
@@ -117,3 +119,19 @@ def test_the_resolver_follows_parameters_conditions_and_dynamic_references(tmp_p
     )
     assert resolved["b"] == "arn:q" and resolved["c"] == "http://q" and "a" not in resolved
     assert len(resolved["d"]) == 48 and resolved["d"] == resolver.resolve("{{resolve:secretsmanager:y}}")
+
+
+def test_a_function_whose_init_fails_stops_the_emulator_with_its_error(tmp_path: Path) -> None:
+    (tmp_path / "template.yaml").write_text(TEMPLATE)
+    (tmp_path / "echo").mkdir()
+    (tmp_path / "echo" / "app.py").write_text("raise ImportError('no module named torch')\n")
+    port = free_port()
+    before = set(multiprocessing.active_children())  # the module's emulator, still running
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("AWS_ENDPOINT_URL", raising=False)
+        mp.delenv("LOCALSTACK_HOST", raising=False)
+        emulator = Emulator(tmp_path / "template.yaml", port=port)
+        with pytest.raises(HandlerError, match="Echo cannot start: app.handler failed to initialise: .*no module"):
+            emulator.start()
+        clients.reset()
+    assert set(multiprocessing.active_children()) <= before  # every worker it started has stopped

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import time
@@ -115,3 +116,43 @@ def test_close_leaves_no_process_behind(tmp_path: Path) -> None:
             os.kill(pid, 0)
     with pytest.raises(WorkerDied, match="shutting down"):
         pool.invoke({}).result(timeout=1)
+
+
+FRAGILE = """
+import os
+
+if os.path.exists(os.environ["BROKEN_IF"]):
+    raise RuntimeError("the model store is unreachable")
+
+
+def handler(event, context):
+    if event.get("action") == "exit":
+        os._exit(3)
+    return os.getpid()
+"""
+
+
+def test_a_function_that_cannot_start_fails_start_with_its_init_error(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(FRAGILE)
+    (tmp_path / "broken").touch()
+    spec = FunctionSpec(name="fragile", code_dir=str(tmp_path), env={"BROKEN_IF": str(tmp_path / "broken")})
+    with pytest.raises(HandlerError, match="fragile cannot start: .*the model store is unreachable"):
+        WorkerPool(spec, workers=2).start(wait_ready=60)
+    assert not [p for p in multiprocessing.active_children() if p.name == "fnserve-fragile"]
+
+
+def test_an_init_error_is_the_answer_until_a_later_invocation_starts_cleanly(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(FRAGILE)
+    broken = tmp_path / "broken"
+    spec = FunctionSpec(name="fragile", code_dir=str(tmp_path), env={"BROKEN_IF": str(broken)}, timeout=10)
+    pool = WorkerPool(spec, workers=1).start()
+    try:
+        broken.touch()  # from now on a new worker cannot start
+        with pytest.raises(WorkerDied):
+            pool.invoke({"action": "exit"}).result(timeout=10)
+        with pytest.raises(HandlerError, match="cannot start: .*the model store is unreachable"):
+            pool.invoke({}).result(timeout=60)
+        broken.unlink()  # fixed: the next invocation starts a worker again, and it serves
+        assert isinstance(pool.invoke({}).result(timeout=60), int)
+    finally:
+        pool.close()

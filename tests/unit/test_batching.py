@@ -138,3 +138,62 @@ def test_length_buckets_group_and_pad() -> None:
     assert sorted(x.shape[1] for x in seen) == [4, 8, 12]  # buckets 4 and 8; 12 is longer than any: alone
     assert sorted(x.shape[0] for x in seen) == [1, 3, 3]
     assert [float(r[0]["y"][0]) for r in results] == [3, 4, 5, 7, 8, 2, 12]  # padding added zeros only
+
+
+class Gate:
+    """A fake model that holds every batch until the test opens the gate; counts batches running at once."""
+
+    def __init__(self) -> None:
+        self.open = asyncio.Event()
+        self.running = 0
+        self.most = 0
+        self.sizes: list[int] = []
+
+    async def __call__(self, feed: Arrays) -> Arrays:
+        self.sizes.append(feed["x"].shape[0])
+        self.running += 1
+        self.most = max(self.most, self.running)
+        await self.open.wait()
+        self.running -= 1
+        return {"y": feed["x"]}
+
+
+async def until(condition: Any) -> None:
+    while not condition():
+        await asyncio.sleep(0)  # yield to the batcher's tasks until the state is reached
+
+
+def test_up_to_max_concurrent_batches_run_at_once() -> None:
+    model = Gate()
+
+    async def main() -> None:
+        batcher = AdaptiveBatcher(model, max_batch_size=1, max_batch_time=0, max_concurrent=2)
+        tasks = [asyncio.create_task(batcher.predict({"x": np.ones((1, 1))})) for _ in range(5)]
+        await until(lambda: model.running == 2)
+        for _ in range(20):  # give a third batch every chance to start
+            await asyncio.sleep(0)
+        assert model.running == 2
+        model.open.set()
+        await asyncio.gather(*tasks)
+        await batcher.close()
+
+    run(main())
+    assert model.most == 2
+    assert model.sizes == [1] * 5
+
+
+def test_while_every_slot_is_busy_the_backlog_forms_the_next_batch() -> None:
+    model = Gate()
+
+    async def main() -> None:
+        batcher = AdaptiveBatcher(model, max_batch_size=8, max_batch_time=0, max_concurrent=1)
+        first = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
+        await until(lambda: model.running == 1)
+        backlog = [asyncio.create_task(batcher.predict({"x": np.ones((1, 1))})) for _ in range(3)]
+        await until(lambda: batcher._queues[0].qsize() == 3)  # all three wait behind the running batch
+        model.open.set()
+        await asyncio.gather(first, *backlog)
+        await batcher.close()
+
+    run(main())
+    assert model.sizes == [1, 3]  # the three that queued meanwhile ran as one batch

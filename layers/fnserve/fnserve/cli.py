@@ -161,38 +161,62 @@ def serve(
     manifest: ManifestOpt,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
-    workers: Annotated[int, typer.Option(min=1, help="Worker processes, each with its own models.")] = 1,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Inference worker processes, each with every model (default FNSERVE_PARALLEL_WORKERS, else 1); "
+            "0 runs inference in the server process, best for tiny models.",
+        ),
+    ] = None,
     access_log: Annotated[
         bool, typer.Option("--access-log", help="One structured log line per request (costly at high rates).")
     ] = False,
 ) -> None:
     """Serve the manifest's models over the V2 HTTP API (uvicorn), as in a container."""
+    import os
+
+    from pydantic import ValidationError
+
     from fnserve.adapters.server import serve as run_server
     from fnserve.core.service import InferenceService
+    from fnserve.core.settings import Settings
 
+    overrides: dict[str, Any] = {"manifest": str(manifest.resolve())}
+    if workers is not None:
+        overrides["parallel_workers"] = workers
+    if access_log or "FNSERVE_ACCESS_LOG" not in os.environ:
+        overrides["access_log"] = access_log
     try:
-        service = InferenceService.from_manifest(manifest)
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        raise _fail(str(exc)) from None
+    url = f"http://{host}:{port}"
+
+    def banner(service: InferenceService) -> None:
         name = service.registry.names()[0]
         meta = service.model_metadata(name)
+        where = f"{settings.parallel_workers} inference worker(s)" if settings.parallel_workers else "in-process"
+        typer.echo(f"fnserve: {len(service.registry.names())} models on {url}, {where}; Ctrl-C stops.")
+        typer.echo(f"  metadata  curl -s {url}/v2/models/{name}")
+        typer.echo(f"  infer     curl -s {url}/v2/models/{name}/infer -d '{_example_request(meta)}'")
+        inputs = "; ".join(
+            f"i{n} = t.InferInput('{spec['name']}', {_one_row(spec['shape'])}, '{spec['datatype']}'); "
+            f"i{n}.set_data_from_numpy(np.zeros({_one_row(spec['shape'])}, '{_numpy_name(spec['datatype'])}'), "
+            "binary_data=True)"
+            for n, spec in enumerate(meta["inputs"])
+        )
+        typer.echo(
+            "  python    import numpy as np, tritonclient.http as t; "
+            f"c = t.InferenceServerClient('{host}:{port}'); "
+            f"{inputs}; r = c.infer('{name}', [{', '.join(f'i{n}' for n in range(len(meta['inputs'])))}]); "
+            f"print(r.get_response())"
+        )
+
+    try:
+        run_server(settings, host, port, on_ready=banner)
     except FnserveError as exc:
         raise _fail(exc.message) from None
-    url = f"http://{host}:{port}"
-    typer.echo(f"fnserve: {len(service.registry.names())} models on {url}, {workers} worker(s); Ctrl-C stops.")
-    typer.echo(f"  metadata  curl -s {url}/v2/models/{name}")
-    typer.echo(f"  infer     curl -s {url}/v2/models/{name}/infer -d '{_example_request(meta)}'")
-    inputs = "; ".join(
-        f"i{n} = t.InferInput('{spec['name']}', {_one_row(spec['shape'])}, '{spec['datatype']}'); "
-        f"i{n}.set_data_from_numpy(np.zeros({_one_row(spec['shape'])}, '{_numpy_name(spec['datatype'])}'), "
-        "binary_data=True)"
-        for n, spec in enumerate(meta["inputs"])
-    )
-    typer.echo(
-        "  python    import numpy as np, tritonclient.http as t; "
-        f"c = t.InferenceServerClient('{host}:{port}'); "
-        f"{inputs}; r = c.infer('{name}', [{', '.join(f'i{n}' for n in range(len(meta['inputs'])))}]); "
-        f"print(r.get_response())"
-    )
-    run_server(str(manifest.resolve()), host, port, workers, access_log)
 
 
 def _one_row(shape: list[int]) -> list[int]:
@@ -358,7 +382,10 @@ def local(
     emulator = Emulator(
         template, host=host, port=port, workers=workers, visibility_timeout=visibility_timeout, parameters=overrides
     )
-    local_ = emulator.start()
+    try:
+        local_ = emulator.start()
+    except FnserveError as exc:
+        raise _fail(exc.message) from None
     url = f"http://{host}:{port}"
     typer.echo(f"fnserve local: {len(local_.functions)} functions, {workers} worker(s) each; AWS at {local_.endpoint}")
     for route in emulator.routes:

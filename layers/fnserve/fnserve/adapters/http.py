@@ -6,10 +6,11 @@ Routes translate HTTP to :class:`InferenceService` calls and back; they hold no 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Annotated, Any, Protocol
 
 import orjson
@@ -127,19 +128,36 @@ def create_app(
     cascades: CascadeRunner | None = None,
     results: ResultReader | None = None,
     batchers: Mapping[str, AdaptiveBatcher] | None = None,
+    offload: bool = False,
+    on_shutdown: Callable[[], None] | None = None,
 ) -> FastAPI:
-    """The FastAPI application serving ``service``, its cascades, and stored results."""
+    """The FastAPI application serving ``service``, its cascades, and stored results.
+
+    ``offload``: inference waits in a thread, not on the event loop (a server whose models are
+    in worker processes); otherwise it runs inline, which is fastest for in-process models.
+    ``on_shutdown`` runs when the server stops (ASGI lifespan), after the batchers have stopped.
+    """
     settings = settings or Settings()
     logger.setLevel(settings.log_level)
     telemetry = telemetry or NoTelemetry()
     limit = settings.max_request_bytes
     access_log = settings.access_log
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        for batcher in (batchers or {}).values():
+            await batcher.close()
+        if on_shutdown is not None:
+            on_shutdown()
+
     app = FastAPI(
         title="fnserve",
         version=__version__,
         description="Open Inference Protocol V2 (REST) with Triton's binary tensor extension.",
         docs_url=None,
         redoc_url=None,
+        lifespan=lifespan,
     )
     app.add_middleware(RequestContext)
 
@@ -163,7 +181,10 @@ def create_app(
             if cascades is not None and name in cascades.cascades:
                 if version is not None:
                     raise ModelNotFound(f"cascade {name!r} has no versions")
-                answer = cascades.infer(name, decoded.inputs, decoded.outputs)
+                if offload:
+                    answer = await run_in_threadpool(cascades.infer, name, decoded.inputs, decoded.outputs)
+                else:
+                    answer = cascades.infer(name, decoded.inputs, decoded.outputs)
                 prediction = answer.prediction
                 params |= {"answered_by": prediction.model, "followup_status": answer.status}
                 if answer.followup_id is not None:
@@ -179,7 +200,12 @@ def create_app(
                 queued = round(waited * 1e3, 3)
                 served = prediction.model
             else:
-                prediction = service.infer(name, decoded.inputs, version=version, outputs=decoded.outputs)
+                if offload:
+                    prediction = await run_in_threadpool(
+                        service.infer, name, decoded.inputs, version=version, outputs=decoded.outputs
+                    )
+                else:
+                    prediction = service.infer(name, decoded.inputs, version=version, outputs=decoded.outputs)
                 served = prediction.model
             t2 = time.perf_counter()
             cache = prediction.cache

@@ -115,18 +115,23 @@ class Emulator:
     # -- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> Local:
-        endpoint = self._aws()
-        physical, attributes = self._create_resources()
-        resolver = Resolver(self.template, physical, attributes, self.parameters)
-        self.local = Local(endpoint=endpoint)
-        self._collect(resolver, physical)
-        self._check_visibility()
-        for name, spec in self.local.functions.items():
-            self.pools[name] = WorkerPool(spec, self.workers).start()
-        for source in self.sources:
-            for n in range(self.workers):  # one poller per worker: batches run concurrently, as on AWS
-                self._thread(self._poll, source, name=f"sqs-{source.function}-{n}")
-        self._serve()
+        """Start everything; if any part cannot start (a function whose init fails, say), stop the rest."""
+        try:
+            endpoint = self._aws()
+            physical, attributes = self._create_resources()
+            resolver = Resolver(self.template, physical, attributes, self.parameters)
+            self.local = Local(endpoint=endpoint)
+            self._collect(resolver, physical)
+            self._check_visibility()
+            for name, spec in self.local.functions.items():
+                self.pools[name] = WorkerPool(spec, self.workers).start()
+            for source in self.sources:
+                for n in range(self.workers):  # one poller per worker: batches run concurrently, as on AWS
+                    self._thread(self._poll, source, name=f"sqs-{source.function}-{n}")
+            self._serve()
+        except BaseException:
+            self.stop()
+            raise
         return self.local
 
     def stop(self) -> None:

@@ -1,33 +1,109 @@
-"""The long-running server: the same app under uvicorn (uvloop + httptools), N worker processes."""
+"""The long-running server: one front process under uvicorn, and a pool of inference workers.
+
+The front process parses HTTP, validates, caches, batches and runs cascades; with
+``parallel_workers >= 1`` the models live in that many worker processes (spawned, warm, see
+:mod:`fnserve.core.pooled`), so inference runs in parallel beside the event loop. With
+``parallel_workers = 0`` inference runs in the front process itself: no inter-process hop,
+which is the better choice for models so small that the hop costs more than the model
+(``make bench`` shows where that line is).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
 
 from fnserve.adapters.http import create_app
-from fnserve.aws.service import build_service, cascade_runner, result_store
+from fnserve.aws.service import build_service, cache_backend, cascade_runner, result_store, with_local_manifest
 from fnserve.core.batching import AdaptiveBatcher
+from fnserve.core.cache import ResultCache
+from fnserve.core.manifest import load_manifest
+from fnserve.core.pool import FunctionSpec, WorkerPool
+from fnserve.core.pooled import PooledRegistry
 from fnserve.core.service import InferenceService
 from fnserve.core.settings import Settings
 
 
-def app_factory() -> FastAPI:
-    """Called once in every uvicorn worker process: that worker's warm service and app."""
-    settings = Settings()
-    store = result_store(settings)
-    service = build_service(settings, store)
-    app = create_app(
-        service, settings, cascades=cascade_runner(settings, service), results=store, batchers=batchers(service)
+def serve(
+    settings: Settings,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    on_ready: Callable[[InferenceService], None] | None = None,
+) -> None:
+    """Load every model (in the workers, or here with no workers), then serve until SIGINT or SIGTERM.
+
+    On a signal, requests in flight finish, then the workers stop (the app's lifespan). The
+    workers ignore signals themselves, and exit on their own if this process is killed
+    outright (their pipe to it closes).
+    """
+    import uvicorn
+
+    settings = with_local_manifest(settings.model_copy(update={"eager_load": True}))
+    pool = inference_pool(settings) if settings.parallel_workers else None
+    try:
+        app = build_app(settings, pool)
+        if on_ready is not None:
+            on_ready(app.state.service)
+        config = uvicorn.Config(
+            app, host=host, port=port, loop="uvloop", http="httptools", access_log=False, log_level="warning"
+        )
+        uvicorn.Server(config).run()
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def inference_pool(settings: Settings) -> WorkerPool:
+    """``parallel_workers`` warm inference workers; the settings they need cross as environment variables."""
+    env = {
+        "FNSERVE_MANIFEST": settings.manifest,
+        "FNSERVE_PARALLEL_WORKERS": str(settings.parallel_workers),
+        "FNSERVE_EAGER_LOAD": "true",
+        "FNSERVE_MODEL_CACHE_DIR": str(settings.model_cache_dir),
+        "FNSERVE_LOG_LEVEL": settings.log_level,
+    }
+    if settings.intra_op_threads is not None:
+        env["FNSERVE_INTRA_OP_THREADS"] = str(settings.intra_op_threads)
+    spec = FunctionSpec(
+        name="inference",
+        code_dir=os.getcwd(),
+        handler="fnserve.adapters.inference_worker.handler",
+        env=env,
+        timeout=settings.inference_timeout_seconds,
     )
+    return WorkerPool(spec, settings.parallel_workers).start()
+
+
+def build_app(settings: Settings, pool: WorkerPool | None = None) -> FastAPI:
+    """The server's app: models in ``pool``'s workers, or in this process when there is no pool."""
+    store = result_store(settings)
+    if pool is None:
+        service = build_service(settings, store)
+    else:
+        registry = PooledRegistry(load_manifest(settings.manifest), pool)
+        service = InferenceService(registry, ResultCache(settings.cache_max_bytes, cache_backend(store)))
+    app = create_app(
+        service,
+        settings,
+        cascades=cascade_runner(settings, service),
+        results=store,
+        batchers=batchers(service, max_concurrent=max(1, settings.parallel_workers)),
+        offload=pool is not None,
+        on_shutdown=pool.close if pool is not None else None,
+    )
+    app.state.service = service
     return app
 
 
-def batchers(service: InferenceService) -> dict[str, AdaptiveBatcher]:
-    """An adaptive batcher for each model that asks for one (its default version)."""
+def batchers(service: InferenceService, max_concurrent: int = 1) -> dict[str, AdaptiveBatcher]:
+    """An adaptive batcher for each model that asks for one (its default version).
+
+    ``max_concurrent`` batches of a model run at once: one per worker process.
+    """
     found = {}
     for name in service.registry.names():
         settings = service.registry.resolve(name)
@@ -45,33 +121,6 @@ def batchers(service: InferenceService) -> dict[str, AdaptiveBatcher]:
             buckets=settings.length_buckets,
             pad_inputs=settings.pad_inputs,
             pad_value=settings.pad_value,
+            max_concurrent=max_concurrent,
         )
     return found
-
-
-def serve(manifest: str, host: str = "127.0.0.1", port: int = 8080, workers: int = 1, access_log: bool = False) -> None:
-    """Run the server until interrupted. Settings reach the workers through FNSERVE_* variables.
-
-    The per-request access log is off unless asked for: at thousands of requests a second a
-    structured log line costs as much as the model (timings are in Server-Timing regardless).
-    """
-    import uvicorn
-
-    os.environ["FNSERVE_MANIFEST"] = manifest
-    # Each worker sizes its ONNX Runtime threads as CPUs / workers (see Settings).
-    os.environ["FNSERVE_PARALLEL_WORKERS"] = str(workers)
-    # A long-running worker loads (and warms) every model before it takes traffic.
-    os.environ.setdefault("FNSERVE_EAGER_LOAD", "true")
-    os.environ.setdefault("FNSERVE_ACCESS_LOG", "true" if access_log else "false")
-    Settings()  # refuse bad settings here, once, rather than in every worker
-    uvicorn.run(
-        "fnserve.adapters.server:app_factory",
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
-        log_level="warning",
-    )

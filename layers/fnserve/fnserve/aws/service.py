@@ -29,10 +29,21 @@ def build_service(settings: Settings, store: DynamoResultStore | None = None) ->
     beside it in the same bucket.
     """
     store = store or result_store(settings)
-    backend = DynamoCacheBackend(store) if store is not None else None
-    if settings.manifest.startswith("s3://"):
-        settings = settings.model_copy(update={"manifest": str(_fetch_manifest(settings))})
-    return InferenceService.from_settings(settings, fetchers={"s3": fetch_model}, cache_backend=backend)
+    return InferenceService.from_settings(
+        with_local_manifest(settings), fetchers={"s3": fetch_model}, cache_backend=cache_backend(store)
+    )
+
+
+def cache_backend(store: DynamoResultStore | None) -> DynamoCacheBackend | None:
+    """The shared (DynamoDB) tier of the result cache, when there is a results table."""
+    return DynamoCacheBackend(store) if store is not None else None
+
+
+def with_local_manifest(settings: Settings) -> Settings:
+    """The settings with an s3:// manifest fetched to a local file (its relative model paths made s3:// URIs)."""
+    if not settings.manifest.startswith("s3://"):
+        return settings
+    return settings.model_copy(update={"manifest": str(_fetch_manifest(settings))})
 
 
 def _fetch_manifest(settings: Settings) -> Path:

@@ -5,8 +5,10 @@ rows or when ``max_batch_time`` has passed since its *first* request (not since 
 one: a steady trickle cannot hold a batch open). Inputs are concatenated along axis 0,
 variable-length inputs padded up to their bucket's length so that padding stays small;
 outputs are split back by each request's rows, with a check that they split exactly. An
-error fails every request of its batch, and nothing else. asyncio objects are made inside
-the running loop, on first use, never at import.
+error fails every request of its batch, and nothing else. Up to ``max_concurrent`` batches
+run at once (one per worker process); while all are busy, requests queue, and the next batch
+takes whatever has queued, up to ``max_batch_size``, without waiting further. asyncio objects
+are made inside the running loop, on first use, never at import.
 """
 
 from __future__ import annotations
@@ -48,9 +50,10 @@ class AdaptiveBatcher:
         pad_inputs: Sequence[str] = (),
         pad_value: float = 0.0,
         max_queue: int = 10_000,
+        max_concurrent: int = 1,
     ) -> None:
-        if max_batch_size < 1 or max_batch_time < 0:
-            raise ValueError("max_batch_size must be >= 1 and max_batch_time >= 0")
+        if max_batch_size < 1 or max_batch_time < 0 or max_concurrent < 1:
+            raise ValueError("max_batch_size and max_concurrent must be >= 1, max_batch_time >= 0")
         self._run = run
         self.max_batch_size = max_batch_size
         self.max_batch_time = max_batch_time
@@ -58,8 +61,10 @@ class AdaptiveBatcher:
         self.pad_inputs = tuple(pad_inputs)
         self.pad_value = pad_value
         self.max_queue = max_queue
+        self.max_concurrent = max_concurrent
         self._queues: dict[int, asyncio.Queue[_Pending]] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._running: set[asyncio.Task[None]] = set()
         self.batches = 0  # how many runs, for tests and metrics
 
     async def predict(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> tuple[Arrays, float]:
@@ -78,9 +83,10 @@ class AdaptiveBatcher:
         return await future
 
     async def close(self) -> None:
-        for task in self._tasks.values():
+        tasks = [*self._tasks.values(), *self._running]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _bucket(self, inputs: Arrays) -> int:
         """The padded length of this request's variable-length inputs (0 when nothing is padded)."""
@@ -92,8 +98,17 @@ class AdaptiveBatcher:
         return self.buckets[i] if i < len(self.buckets) else length  # longer than every bucket: alone
 
     async def _loop(self, queue: asyncio.Queue[_Pending], bucket: int) -> None:
+        slots = asyncio.Semaphore(self.max_concurrent)
+        carried: _Pending | None = None  # the request that would have overflowed the last batch
+
+        def finished(task: asyncio.Task[None]) -> None:
+            self._running.discard(task)
+            slots.release()
+
         while True:
-            first = await queue.get()
+            await slots.acquire()  # a batch is formed only when it can run at once
+            first = carried or await queue.get()
+            carried = None
             batch, rows = [first], first.rows
             deadline = first.arrived + self.max_batch_time
             while rows < self.max_batch_size:
@@ -105,12 +120,13 @@ class AdaptiveBatcher:
                 except (TimeoutError, asyncio.QueueEmpty):
                     break
                 if rows + item.rows > self.max_batch_size:
-                    await self._execute(batch, bucket)  # it would overflow: run what we have, start anew
-                    batch, rows, deadline = [item], item.rows, item.arrived + self.max_batch_time
-                    continue
+                    carried = item  # it would overflow: run what we have; it starts the next batch
+                    break
                 batch.append(item)
                 rows += item.rows
-            await self._execute(batch, bucket)
+            task = asyncio.get_running_loop().create_task(self._execute(batch, bucket))
+            self._running.add(task)
+            task.add_done_callback(finished)
 
     async def _execute(self, batch: list[_Pending], bucket: int) -> None:
         started = time.monotonic()

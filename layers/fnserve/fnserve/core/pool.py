@@ -5,8 +5,11 @@ its warm globals are built once, as in a Lambda container. One dispatcher thread
 every worker's pipe and process sentinel: it hands queued invocations to idle workers,
 resolves their futures, and notices a dead worker at once, failing its invocation with a
 503-class error and starting a replacement. A worker that outlives the function's timeout
-is killed and replaced (a 504). Only plain data crosses the process boundary: events and
-responses as JSON-like values, errors as ``{type, message, status_code}``.
+is killed and replaced (a 504). A worker that cannot start (its module fails to import) is
+started again on the next invocation, as Lambda retries a failed init, and the invocations
+waiting for it get the init error. Only plain data crosses the process boundary: events and
+responses as plain values (dicts, lists, strings, numbers, bytes, numpy arrays), errors as
+``{type, message, status_code}``.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class _Worker:
     started: bool = False  # the worker acknowledged the job: it may have run
     deadline: float = float("inf")
     timed_out: bool = False
+    broken: bool = False  # it exited before it was ready: started again on the next invocation
 
 
 class WorkerPool:
@@ -89,17 +93,26 @@ class WorkerPool:
         self._closing = False
         self._dispatcher = threading.Thread(target=self._dispatch, name=f"pool-{spec.name}", daemon=True)
         self.respawns = 0
+        self.failure: str | None = None  # the latest init error, if a worker could not start
         self._size = workers
 
     # -- public -----------------------------------------------------------------------------------
 
     def start(self, wait_ready: float = 120.0) -> WorkerPool:
-        """Start the workers and wait until each has built its warm globals."""
+        """Start the workers and wait until each has built its warm globals.
+
+        Raises :class:`HandlerError` with the init error if a worker cannot start (the pool is
+        closed then), and :class:`TimeoutError` if they are not ready in ``wait_ready`` seconds.
+        """
         self._workers = [self._spawn() for _ in range(self._size)]
         self._dispatcher.start()
         deadline = time.monotonic() + wait_ready
         while not all(w.ready for w in self._workers):
+            if any(w.broken for w in self._workers):
+                self.close()
+                raise HandlerError(f"function {self.spec.name} cannot start: {self.failure}")
             if time.monotonic() > deadline:
+                self.close()
                 raise TimeoutError(f"function {self.spec.name}: workers not ready after {wait_ready}s")
             time.sleep(0.01)
         return self
@@ -117,6 +130,8 @@ class WorkerPool:
 
     def close(self, grace: float = 5.0) -> None:
         """Stop every worker (letting running invocations finish for ``grace`` seconds); no orphans."""
+        if self._closing:
+            return
         self._closing = True
         self._wake_w.send(None)
         self._dispatcher.join(timeout=grace + 5)
@@ -134,7 +149,7 @@ class WorkerPool:
                 self._queue.popleft()[2].set_exception(WorkerDied(f"function {self.spec.name} shut down"))
 
     def worker_pids(self) -> list[int]:
-        return [w.process.pid for w in self._workers]
+        return [w.process.pid for w in self._workers if not w.broken]
 
     # -- dispatcher -------------------------------------------------------------------------------
 
@@ -151,7 +166,8 @@ class WorkerPool:
         while not self._closing:
             waitables: list[Any] = [self._wake_r]
             for worker in self._workers:
-                waitables += [worker.conn, worker.process.sentinel]
+                if not worker.broken:
+                    waitables += [worker.conn, worker.process.sentinel]
             nearest = min((w.deadline for w in self._workers), default=float("inf"))
             timeout = None if nearest == float("inf") else max(0.0, nearest - time.monotonic())
             for ready in wait(waitables, timeout=timeout):
@@ -159,6 +175,8 @@ class WorkerPool:
                     self._wake_r.recv()
                     continue
                 for worker in list(self._workers):
+                    if worker.broken:
+                        continue
                     if ready is worker.conn:
                         self._receive(worker)
                     elif ready == worker.process.sentinel:
@@ -173,8 +191,9 @@ class WorkerPool:
             return  # the sentinel will report the death
         if kind == "ready":
             worker.ready = True
-        elif kind == "failed":  # the module would not import: every invocation would fail alike
-            logger.error("function %s: %s", self.spec.name, payload["message"])
+        elif kind == "failed":  # the module would not import; the worker exits next
+            self.failure = payload["message"]
+            logger.error("function %s: %s", self.spec.name, self.failure)
         elif kind == "started" and worker.job is not None and worker.job[0] == rid:
             worker.started = True
         elif worker.job is not None and worker.job[0] == rid:
@@ -187,6 +206,9 @@ class WorkerPool:
 
     def _replace(self, worker: _Worker) -> None:
         worker.process.join(timeout=1)
+        if not worker.ready:
+            self._broken(worker)
+            return
         if worker.job is not None and not worker.started and not worker.timed_out:
             # It died before taking the job (killed while idle): the job never ran, so run it elsewhere.
             with self._lock:
@@ -210,6 +232,24 @@ class WorkerPool:
         self._workers[index] = self._spawn()
         self.respawns += 1
 
+    def _broken(self, worker: _Worker) -> None:
+        """A worker exited while starting: like a failed Lambda init, retried on the next invocation."""
+        with contextlib.suppress(EOFError, OSError):
+            while worker.conn.poll():  # its init error, if the sentinel was seen first
+                kind, _, payload = worker.conn.recv()
+                if kind == "failed":
+                    self.failure = payload["message"]
+        worker.conn.close()
+        worker.broken = True
+        if self.failure is None:
+            self.failure = f"its worker exited with code {worker.process.exitcode} while starting"
+        if any(not w.broken for w in self._workers):
+            return  # another worker is up or starting: the queue waits for it
+        error = HandlerError(f"function {self.spec.name} cannot start: {self.failure}")
+        with self._lock:
+            while self._queue:
+                self._queue.popleft()[2].set_exception(error)
+
     def _expire(self) -> None:
         now = time.monotonic()
         for worker in self._workers:
@@ -218,6 +258,11 @@ class WorkerPool:
                 worker.process.kill()  # the sentinel fires next, and _replace answers the invocation
 
     def _assign(self) -> None:
+        if self._queue and not self._closing:
+            for index, worker in enumerate(self._workers):
+                if worker.broken:  # an invocation is waiting: try to start it again
+                    self._workers[index] = self._spawn()
+                    self.respawns += 1
         for worker in self._workers:
             if not worker.ready or worker.job is not None or worker.timed_out:
                 continue
@@ -253,7 +298,10 @@ class _Context:
 
 
 def _worker_main(conn: Connection, spec_json: str) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
+    # The parent decides when workers stop (Ctrl-C or a SIGTERM to the whole process group must
+    # not kill them under it); if the parent dies outright, the pipe closes and they exit.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     spec = json.loads(spec_json)
     os.environ.update(spec["env"])
     sys.path.insert(0, spec["code_dir"])
@@ -261,22 +309,20 @@ def _worker_main(conn: Connection, spec_json: str) -> None:
     try:
         handler = getattr(importlib.import_module(module_name), attribute)  # warm globals: built once
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which keeps running
-        conn.send(("failed", None, {"message": f"cannot import {spec['handler']}: {exc!r}"}))
+        reason = exc.message if isinstance(exc, FnserveError) else f"{type(exc).__name__}: {exc}"
+        with contextlib.suppress(OSError):
+            conn.send(("failed", None, {"message": f"{spec['handler']} failed to initialise: {reason}"}))
         return
-    conn.send(("ready", None, None))
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            return
-        if message is None:
-            return
-        rid, event, timeout = message
-        conn.send(("started", rid, None))
-        try:
-            response = handler(event, _Context(rid, spec, timeout))
-            conn.send(("ok", rid, response))
-        except FnserveError as exc:
-            conn.send(("error", rid, exc.to_dict()))
-        except Exception as exc:  # noqa: BLE001 - a function error, as Lambda reports it
-            conn.send(("error", rid, HandlerError(f"{type(exc).__name__}: {exc}").to_dict()))
+    with contextlib.suppress(EOFError, OSError):  # the pipe closes when the parent goes away: exit quietly
+        conn.send(("ready", None, None))
+        while (message := conn.recv()) is not None:
+            rid, event, timeout = message
+            conn.send(("started", rid, None))
+            try:
+                response = handler(event, _Context(rid, spec, timeout))
+            except FnserveError as exc:
+                conn.send(("error", rid, exc.to_dict()))
+            except Exception as exc:  # noqa: BLE001 - a function error, as Lambda reports it
+                conn.send(("error", rid, HandlerError(f"{type(exc).__name__}: {exc}").to_dict()))
+            else:
+                conn.send(("ok", rid, response))

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import onnxruntime as ort
@@ -44,12 +45,20 @@ class TensorSpec:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
 
+class Session(Protocol):
+    """What inference needs of a session: an ONNX Runtime one, or one in a worker process (core.pooled)."""
+
+    def run(self, output_names: Sequence[str], input_feed: Mapping[str, Any]) -> list[Any]: ...
+
+    def get_providers(self) -> list[str]: ...
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class LoadedModel:
     """A model version with its warm session and its tensor specs."""
 
     settings: ModelSettings
-    session: ort.InferenceSession
+    session: Session
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     output_names: tuple[str, ...]

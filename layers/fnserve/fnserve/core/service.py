@@ -130,11 +130,21 @@ class InferenceService:
         loaded = self.registry.get(model, version)
         return _output_names(loaded, outputs)
 
-    def run(self, model: str, feed: Mapping[str, Any], *, version: str | None = None) -> Arrays:
-        """Every output for already validated inputs (the batcher's call: no cache, no second validation)."""
+    def run(
+        self,
+        model: str,
+        feed: Mapping[str, Any],
+        *,
+        version: str | None = None,
+        outputs: Sequence[str] | None = None,
+    ) -> Arrays:
+        """The outputs (all by default) for already validated inputs: no cache, no second validation.
+
+        The call of the batcher, and of a pool worker for its front process.
+        """
         loaded = self.registry.get(model, version)
         batch = next(iter(feed.values())).shape[0] if feed else 0
-        return _run_batched(loaded, loaded.output_names, dict(feed), batch)
+        return _run_batched(loaded, _output_names(loaded, outputs), dict(feed), batch)
 
     def infer_many(
         self,
@@ -398,7 +408,7 @@ def _run_group(
 
 def _run(model: LoadedModel, names: Sequence[str], feed: Arrays) -> list[np.ndarray[Any, Any]]:
     try:
-        return model.session.run(names, feed)  # type: ignore[no-any-return]
+        return model.session.run(names, feed)
     except InvalidArgument as exc:
         # Shapes ONNX Runtime itself refuses (a dimension the graph constrains internally).
         raise InvalidInput(f"model {model.name!r} rejected the input: {exc}") from exc

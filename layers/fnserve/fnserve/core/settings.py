@@ -180,7 +180,14 @@ class Settings(BaseSettings):
     parallel_workers: int = Field(
         default=1,
         ge=0,
-        description="Worker processes in long-running servers; 0 runs inference in the main process.",
+        description="Inference worker processes of a long-running server, each with every model; 0 runs "
+        "inference in the server's own process (best for models so small that IPC would cost more).",
+    )
+    inference_timeout_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="Longest inference call in a server's worker process: past it the worker is replaced "
+        "and the request answered with 504.",
     )
     intra_op_threads: int | None = Field(
         default=None,

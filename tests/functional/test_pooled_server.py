@@ -1,0 +1,150 @@
+"""``fnserve serve`` as a front process and a pool of inference workers (and with no pool at all)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from fnserve.adapters.server import build_app, inference_pool
+from fnserve.core.pool import HandlerError, WorkerPool
+from fnserve.core.pooled import PoolSession
+from fnserve.core.settings import Settings
+from tests.functional.conftest import wait_for
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, write_test_manifest
+from tests.moto import free_port
+
+DIGITS = np.load(DEMO_HOLDOUT)["input"]
+ACCURATE = DEMO_MANIFEST.parent / "digits-accurate" / "1" / "model.onnx"
+
+
+def body(x: np.ndarray) -> dict[str, object]:
+    return {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+
+
+def post_all(app: object, requests: list[dict[str, object]], model: str) -> list[httpx.Response]:
+    async def main() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://fnserve", timeout=60) as client:
+            return await asyncio.gather(*(client.post(f"/v2/models/{model}/infer", json=r) for r in requests))
+
+    return asyncio.run(main())
+
+
+@pytest.fixture(scope="module")
+def batched_manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    manifest = write_test_manifest(tmp_path_factory.mktemp("pooled"))
+    manifest.write_text(
+        manifest.read_text().replace('name = "digits-accurate"\n', 'name = "digits-accurate"\nmax_batch_time_ms = 20\n')
+    )
+    return manifest
+
+
+@pytest.fixture(scope="module")
+def pool(batched_manifest: Path) -> Iterator[WorkerPool]:
+    pool = inference_pool(Settings(manifest=str(batched_manifest), parallel_workers=2, access_log=False))
+    yield pool
+    pool.close()
+
+
+def test_the_front_process_loads_no_model_and_answers_as_onnxruntime_does(
+    pool: WorkerPool, batched_manifest: Path
+) -> None:
+    settings = Settings(manifest=str(batched_manifest), parallel_workers=2, access_log=False)
+    app = build_app(settings, pool)
+    service = app.state.service
+    assert all(isinstance(service.registry.get(name).session, PoolSession) for name in service.registry.names())
+
+    requests = [body(DIGITS[i : i + 1 + i % 3]) for i in range(40)]
+    requests[7] = body(np.zeros((1, 32), np.float32))  # refused in the front, alone
+    responses = post_all(app, requests, "digits-accurate")
+    session = ort.InferenceSession(str(ACCURATE))
+    for i, response in enumerate(responses):
+        if i == 7:
+            assert response.status_code == 422 and "must have 64 at axis 1" in response.json()["error"]
+            continue
+        assert response.status_code == 200, response.text
+        expected = session.run(None, {"input": DIGITS[i : i + 1 + i % 3]})
+        outputs = {o["name"]: o["data"] for o in response.json()["outputs"]}
+        assert outputs["label"] == expected[0].tolist()
+        np.testing.assert_allclose(outputs["probabilities"], expected[1].ravel(), rtol=1e-5, atol=1e-7)
+
+    # A model without batching goes to the workers too, one request per call.
+    fast = post_all(app, [body(DIGITS[:2])], "digits-fast")[0]
+    assert fast.status_code == 200 and fast.json()["model_name"] == "digits-fast"
+    metadata = asyncio.run(_get(app, "/v2/models/digits-accurate"))
+    assert metadata["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 64]}]
+
+
+async def _get(app: object, path: str) -> dict[str, object]:
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://fnserve") as client:
+        response = await client.get(path)
+        assert response.status_code == 200, response.text
+        return response.json()  # type: ignore[no-any-return]
+
+
+def test_without_workers_inference_runs_in_the_server_process(batched_manifest: Path) -> None:
+    app = build_app(Settings(manifest=str(batched_manifest), parallel_workers=0, access_log=False, eager_load=True))
+    service = app.state.service
+    assert isinstance(service.registry.get("digits-accurate").session, ort.InferenceSession)
+    responses = post_all(app, [body(DIGITS[i : i + 1]) for i in range(8)], "digits-accurate")
+    session = ort.InferenceSession(str(ACCURATE))
+    for i, response in enumerate(responses):
+        assert response.json()["outputs"][0]["data"] == session.run(["label"], {"input": DIGITS[i : i + 1]})[0].tolist()
+
+
+def test_a_model_that_cannot_load_keeps_the_server_from_starting(tmp_path: Path) -> None:
+    manifest = write_test_manifest(tmp_path)
+    zeros = 'sha256 = "' + "0" * 64 + '"'
+    manifest.write_text(re.sub(r'sha256 = "[0-9a-f]{64}"', zeros, manifest.read_text(), count=1))
+    with pytest.raises(HandlerError, match="cannot start: .*has sha256 .*but the manifest says 0{64}"):
+        inference_pool(Settings(manifest=str(manifest), parallel_workers=1))
+
+
+def test_serve_stops_cleanly_on_sigterm_to_its_process_group(tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "serve.log"
+    cmd = [sys.executable, "-m", "fnserve", "serve", "-m", str(DEMO_MANIFEST), "--port", str(port), "--workers", "2"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"serve exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            return httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_for(ready, 60, "the server to become ready")
+        response = httpx.post(f"{url}/v2/models/digits-accurate/infer", json=body(DIGITS[:3]), timeout=30)
+        assert response.status_code == 200, response.text
+        assert "2 inference worker(s)" in log.read_text()
+        os.killpg(proc.pid, signal.SIGTERM)  # as a container runtime or systemd stops a service
+        assert proc.wait(timeout=30) == -signal.SIGTERM  # uvicorn re-raises the signal once it has shut down
+
+        def group_gone() -> bool:
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        wait_for(group_gone, 30, "every worker to exit")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "Traceback" not in log.read_text()
