@@ -41,7 +41,10 @@ def test_models_lists_inputs_and_outputs() -> None:
     assert "probabilities" in result.output and "[-1, 10]" in result.output
 
 
-def test_quantize_dynamic_reports_size_latency_and_accuracy(tmp_path: Path) -> None:
+def test_quantize_dynamic_reports_size_latency_and_accuracy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)  # nothing may be left in the working directory
     out = tmp_path / "q.onnx"
     args = [
         "quantize",
@@ -61,6 +64,7 @@ def test_quantize_dynamic_reports_size_latency_and_accuracy(tmp_path: Path) -> N
     assert "accuracy          0.9750 ->" in result.output
     assert "top-1 agreement" in result.output
     assert out.stat().st_size < ACCURATE.stat().st_size / 2
+    assert not list(workdir.iterdir())
 
 
 def test_quantize_static_needs_calibration(tmp_path: Path) -> None:

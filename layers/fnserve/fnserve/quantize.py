@@ -6,6 +6,7 @@ inputs, interleaved so that machine noise hits both alike, and compared as media
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import tempfile
@@ -105,10 +106,14 @@ def quantize(
     )
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    src, dst = src.resolve(), dst.resolve()
     with tempfile.TemporaryDirectory() as tmp:
         prepared = Path(tmp) / "prepared.onnx"
         try:
-            quant_pre_process(str(src), str(prepared), skip_symbolic_shape=False)
+            # In the temporary directory: ORT's symbolic shape inference drops a copy of the model
+            # into the working directory when it gives up.
+            with contextlib.chdir(tmp):
+                quant_pre_process(str(src), str(prepared), skip_symbolic_shape=False)
         except Exception:  # pre-processing is an optimisation; some graphs refuse it
             prepared = src
         if mode == "dynamic":
