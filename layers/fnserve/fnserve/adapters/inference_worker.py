@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from fnserve.adapters.server import freeze_heap
 from fnserve.aws.s3 import fetch_model
 from fnserve.core.pooled import handle
 from fnserve.core.service import InferenceService
 from fnserve.core.settings import Settings
 
 SERVICE = InferenceService.from_settings(Settings(), fetchers={"s3": fetch_model})
+freeze_heap()
 
 
 def handler(event: dict[str, Any], context: Any) -> Any:

