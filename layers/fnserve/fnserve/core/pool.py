@@ -21,6 +21,7 @@ import json
 import logging
 import multiprocessing
 import os
+import selectors
 import signal
 import sys
 import threading
@@ -28,7 +29,7 @@ import time
 import uuid
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any
 
 from fnserve.core.errors import FnserveError
@@ -89,7 +90,12 @@ class WorkerPool:
         self._workers: list[_Worker] = []
         self._queue: collections.deque[tuple[str, Any, Future[Any]]] = collections.deque()
         self._lock = threading.Lock()
-        self._wake_r, self._wake_w = self._context.Pipe(duplex=False)
+        # The dispatcher sleeps in one selector over every worker's pipe and sentinel, kept across
+        # rounds; invoke() wakes it with a byte on a plain pipe.
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._closing = False
         self._dispatcher = threading.Thread(target=self._dispatch, name=f"pool-{spec.name}", daemon=True)
         self.respawns = 0
@@ -125,7 +131,7 @@ class WorkerPool:
             return future
         with self._lock:
             self._queue.append((uuid.uuid4().hex, event, future))
-        self._wake_w.send(None)
+        self._wake()
         return future
 
     def close(self, grace: float = 5.0) -> None:
@@ -133,7 +139,7 @@ class WorkerPool:
         if self._closing:
             return
         self._closing = True
-        self._wake_w.send(None)
+        self._wake()
         self._dispatcher.join(timeout=grace + 5)
         for worker in self._workers:
             with contextlib.suppress(OSError):
@@ -147,11 +153,19 @@ class WorkerPool:
         with self._lock:
             while self._queue:
                 self._queue.popleft()[2].set_exception(WorkerDied(f"function {self.spec.name} shut down"))
+        if not self._dispatcher.is_alive():
+            self._selector.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
 
     def worker_pids(self) -> list[int]:
         return [w.process.pid for w in self._workers if not w.broken]
 
     # -- dispatcher -------------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # closed: the pool has shut down
+            os.write(self._wake_w, b"\0")
 
     def _spawn(self) -> _Worker:
         parent, child = self._context.Pipe()
@@ -160,35 +174,52 @@ class WorkerPool:
         )
         process.start()
         child.close()
-        return _Worker(process, parent)
+        worker = _Worker(process, parent)
+        self._selector.register(parent.fileno(), selectors.EVENT_READ, (worker, "conn"))
+        self._selector.register(process.sentinel, selectors.EVENT_READ, (worker, "sentinel"))
+        return worker
+
+    def _forget(self, worker: _Worker) -> None:
+        """Stop watching a dead worker, and read what it said before it died."""
+        self._drain(worker)
+        for fd in (worker.conn.fileno(), worker.process.sentinel):
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(fd)
+        worker.conn.close()
 
     def _dispatch(self) -> None:
         while not self._closing:
-            waitables: list[Any] = [self._wake_r]
-            for worker in self._workers:
-                if not worker.broken:
-                    waitables += [worker.conn, worker.process.sentinel]
             nearest = min((w.deadline for w in self._workers), default=float("inf"))
             timeout = None if nearest == float("inf") else max(0.0, nearest - time.monotonic())
-            for ready in wait(waitables, timeout=timeout):
-                if ready is self._wake_r:
-                    self._wake_r.recv()
+            for key, _ in self._selector.select(timeout):
+                if key.data is None:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
                     continue
-                for worker in list(self._workers):
-                    if worker.broken:
-                        continue
-                    if ready is worker.conn:
-                        self._receive(worker)
-                    elif ready == worker.process.sentinel:
-                        self._replace(worker)
+                worker, what = key.data
+                if worker.broken or not any(w is worker for w in self._workers):
+                    continue  # replaced earlier in this round
+                if what == "conn":
+                    self._receive(worker)
+                else:
+                    self._replace(worker)
             self._expire()
             self._assign()
 
     def _receive(self, worker: _Worker) -> None:
         try:
-            kind, rid, payload = worker.conn.recv()
+            message = worker.conn.recv()
         except (EOFError, OSError):
             return  # the sentinel will report the death
+        self._handle(worker, message)
+
+    def _drain(self, worker: _Worker) -> None:
+        with contextlib.suppress(EOFError, OSError):
+            while worker.conn.poll():
+                self._handle(worker, worker.conn.recv())
+
+    def _handle(self, worker: _Worker, message: tuple[str, str | None, Any]) -> None:
+        kind, rid, payload = message
         if kind == "ready":
             worker.ready = True
         elif kind == "failed":  # the module would not import; the worker exits next
@@ -206,6 +237,7 @@ class WorkerPool:
 
     def _replace(self, worker: _Worker) -> None:
         worker.process.join(timeout=1)
+        self._forget(worker)  # a result it sent just before dying still counts
         if not worker.ready:
             self._broken(worker)
             return
@@ -225,7 +257,6 @@ class WorkerPool:
                 )
             future.set_exception(error)
         index = self._workers.index(worker)
-        worker.conn.close()
         if self._closing:
             return
         logger.warning("function %s: worker %s exited; starting a new one", self.spec.name, worker.process.pid)
@@ -234,12 +265,6 @@ class WorkerPool:
 
     def _broken(self, worker: _Worker) -> None:
         """A worker exited while starting: like a failed Lambda init, retried on the next invocation."""
-        with contextlib.suppress(EOFError, OSError):
-            while worker.conn.poll():  # its init error, if the sentinel was seen first
-                kind, _, payload = worker.conn.recv()
-                if kind == "failed":
-                    self.failure = payload["message"]
-        worker.conn.close()
         worker.broken = True
         if self.failure is None:
             self.failure = f"its worker exited with code {worker.process.exitcode} while starting"
