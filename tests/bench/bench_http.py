@@ -4,9 +4,10 @@
 
 (a) The API function's handler fed API Gateway HTTP API (v2) events, beside raw
     ``session.run`` on the same input, interleaved: p50 overhead on digits-accurate.
-(b) ``fnserve serve --workers 2`` under wrk at concurrency 16, beside the plain
-    FastAPI + uvicorn server in tests/bench/plain_server.py (same model, same JSON,
-    same worker and thread counts), alternating rounds, medians of each.
+(b) ``fnserve serve --processes 2 --workers 0`` (two server processes, inference in each,
+    the best setting for a model this small: see bench_serve) under wrk at concurrency 16,
+    beside the plain FastAPI + uvicorn server in tests/bench/plain_server.py (same model,
+    same JSON, same process and thread counts), alternating rounds, medians of each.
 """
 
 from __future__ import annotations
@@ -139,13 +140,14 @@ def load_test() -> None:
         f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\nwrk.body = {json.dumps(BODY)}\n'
     )
     fn_port, plain_port = 18081, 18082
-    fn = [sys.executable, "-m", "fnserve", "serve", "-m", str(DEMO_MANIFEST), "--port", str(fn_port), "--workers", "2"]
+    fn = [sys.executable, "-m", "fnserve", "serve", "-m", str(DEMO_MANIFEST), "--port", str(fn_port)]
+    fn += ["--processes", "2", "--workers", "0"]
     plain = [sys.executable, "-m", "uvicorn", "tests.bench.plain_server:app", "--port", str(plain_port)]
     plain += ["--workers", "2", "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"]
     plain_env = {"PLAIN_MODEL_PATH": str(MODEL_PATH), "PLAIN_THREADS": "1"}
     servers = {
-        "fnserve serve --workers 2": (fn, fn_port, {}),
-        "fnserve serve --workers 2 --access-log": ([*fn, "--access-log"], fn_port, {}),
+        "fnserve serve --processes 2 --workers 0": (fn, fn_port, {}),
+        "fnserve serve --processes 2 --workers 0 --access-log": ([*fn, "--access-log"], fn_port, {}),
         "plain FastAPI + uvicorn, 2 workers": (plain, plain_port, plain_env),
     }
     results: dict[str, list[tuple[float, float, float]]] = {k: [] for k in servers}
@@ -160,7 +162,7 @@ def load_test() -> None:
         rps = statistics.median(r[0] for r in runs)
         p50 = statistics.median(r[1] for r in runs)
         p99 = statistics.median(r[2] for r in runs)
-        print(f"    {label:<44}{rps:9.0f} req/s  {rps / base:5.2f}x  p50 {p50:6.2f} ms  p99 {p99:6.2f} ms")
+        print(f"    {label:<56}{rps:9.0f} req/s  {rps / base:5.2f}x  p50 {p50:6.2f} ms  p99 {p99:6.2f} ms")
 
 
 if __name__ == "__main__":

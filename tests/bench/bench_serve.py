@@ -9,8 +9,9 @@ For each model (digits-accurate; all-MiniLM-L6-v2 int8, 64 tokens, when it has b
   the two is the floor any server of batch-1 requests is measured against. Raw batch-16
   throughput (rows/s) is shown too: what batching could reach at best.
 - ``fnserve serve`` under wrk, 16 connections, batch-1 JSON requests: 0 workers (inference
-  in the server process), 1 and 2 inference workers; adaptive batching off and on
-  (``max_batch_time_ms = 2``, ``max_batch_size = 16``). Each run follows a discarded warm-up.
+  in the server process), two such server processes, 1 and 2 inference workers; adaptive
+  batching off and on (``max_batch_time_ms = 2``, ``max_batch_size = 16``). Each run
+  follows a discarded warm-up.
 
 Figures are ratios to the raw capacity; p99/p50 shows how even the latencies are. wrk
 itself runs on the same cores (a few percent of one at these rates).
@@ -44,6 +45,12 @@ from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
 LOAD_SECONDS = int(os.environ.get("BENCH_LOAD_SECONDS", "6"))
 RAW_SECONDS = float(os.environ.get("BENCH_RAW_SECONDS", "4"))
 MINILM_DIR = REPO / ".bench" / "minilm"
+CONFIGS = [  # fnserve serve options
+    ["--workers", "0"],
+    ["--processes", "2", "--workers", "0"],
+    ["--workers", "1"],
+    ["--workers", "2"],
+]
 
 
 @dataclass(frozen=True)
@@ -136,9 +143,8 @@ def manifest(directory: Path, model: Model, batching: bool) -> Path:
 
 
 @contextlib.contextmanager
-def serving(manifest_path: Path, workers: int, port: int, model: Model) -> Iterator[None]:
-    cmd = [sys.executable, "-m", "fnserve", "serve", "-m", str(manifest_path), "--port", str(port)]
-    cmd += ["--workers", str(workers)]
+def serving(manifest_path: Path, options: list[str], port: int, model: Model) -> Iterator[None]:
+    cmd = [sys.executable, "-m", "fnserve", "serve", "-m", str(manifest_path), "--port", str(port), *options]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
@@ -182,13 +188,13 @@ def main() -> None:
         )
         for batching in (False, True):
             path = manifest(tmp, model, batching)
-            for workers in (0, 1, 2):
-                with serving(path, workers, port, model):
+            for options in CONFIGS:
+                with serving(path, options, port, model):
                     wrk(port, script, model.name, seconds=2)  # warm-up, discarded
                     rps, p50, p99 = wrk(port, script, model.name, seconds=LOAD_SECONDS)
-                label = f"--workers {workers}, batching {'on ' if batching else 'off'}"
+                label = f"{' '.join(options)}, batching {'on ' if batching else 'off'}"
                 print(
-                    f"    {label:<28}{rps:8.0f} req/s  {rps / capacity:5.2f}x raw   "
+                    f"    {label:<42}{rps:8.0f} req/s  {rps / capacity:5.2f}x raw   "
                     f"p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  p99/p50 {p99 / p50:4.1f}"
                 )
                 port += 1  # a fresh port each time: no TIME_WAIT surprises

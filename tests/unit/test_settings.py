@@ -73,8 +73,12 @@ def test_oversubscribing_threads_is_refused_naming_both_fields(monkeypatch: pyte
     monkeypatch.setattr(_cpus, "available_cpus", lambda: 4)
     monkeypatch.setattr("fnserve.core.settings.available_cpus", lambda: 4)
     assert Settings(intra_op_threads=2, parallel_workers=2).intra_op_threads == 2
-    with pytest.raises(ValidationError, match="FNSERVE_INTRA_OP_THREADS=3 x FNSERVE_PARALLEL_WORKERS=2"):
+    with pytest.raises(ValidationError, match="FNSERVE_INTRA_OP_THREADS=3 x 2 processes .*PARALLEL_WORKERS=2"):
         Settings(intra_op_threads=3, parallel_workers=2)
+    # Front processes multiply the workers: 2 servers x 2 workers x 2 threads is 8 threads on 4 CPUs.
+    with pytest.raises(ValidationError, match="x 4 processes .*SERVER_PROCESSES=2, FNSERVE_PARALLEL_WORKERS=2"):
+        Settings(intra_op_threads=2, parallel_workers=2, server_processes=2)
+    assert Settings(intra_op_threads=2, parallel_workers=0, server_processes=2).inference_processes == 2
 
 
 def test_negative_workers_are_refused() -> None:

@@ -169,6 +169,14 @@ def serve(
             "0 runs inference in the server process, best for tiny models.",
         ),
     ] = None,
+    processes: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Front processes sharing the port, each with its own workers (default FNSERVE_SERVER_PROCESSES, "
+            "else 1); more than one pays for tiny models, whose cost is HTTP and JSON.",
+        ),
+    ] = None,
     access_log: Annotated[
         bool, typer.Option("--access-log", help="One structured log line per request (costly at high rates).")
     ] = False,
@@ -185,6 +193,8 @@ def serve(
     overrides: dict[str, Any] = {"manifest": str(manifest.resolve())}
     if workers is not None:
         overrides["parallel_workers"] = workers
+    if processes is not None:
+        overrides["server_processes"] = processes
     if access_log or "FNSERVE_ACCESS_LOG" not in os.environ:
         overrides["access_log"] = access_log
     try:
@@ -197,6 +207,8 @@ def serve(
         name = service.registry.names()[0]
         meta = service.model_metadata(name)
         where = f"{settings.parallel_workers} inference worker(s)" if settings.parallel_workers else "in-process"
+        if settings.server_processes > 1:
+            where = f"{settings.server_processes} server processes, each {where}"
         typer.echo(f"fnserve: {len(service.registry.names())} models on {url}, {where}; Ctrl-C stops.")
         typer.echo(f"  metadata  curl -s {url}/v2/models/{name}")
         typer.echo(f"  infer     curl -s {url}/v2/models/{name}/infer -d '{_example_request(meta)}'")

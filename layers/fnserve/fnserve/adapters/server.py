@@ -39,24 +39,66 @@ def serve(
 
     On a signal, requests in flight finish, then the workers stop (the app's lifespan). The
     workers ignore signals themselves, and exit on their own if this process is killed
-    outright (their pipe to it closes).
+    outright (their pipe to it closes). With ``server_processes > 1``, uvicorn runs that many
+    front processes on the port, each building its own app (:func:`app_factory`).
     """
     import uvicorn
 
     settings = with_local_manifest(settings.model_copy(update={"eager_load": True}))
+    options: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "loop": "uvloop",
+        "http": "httptools",
+        "access_log": False,
+        "log_level": "warning",
+    }
+    if settings.server_processes > 1:
+        if on_ready is not None:  # a lazy service: only what the banner asks for is loaded here
+            on_ready(build_service(settings.model_copy(update={"eager_load": False})))
+        os.environ.update(settings_env(settings))  # how the settings reach the front processes
+        uvicorn.run(f"{__name__}:app_factory", factory=True, workers=settings.server_processes, **options)
+        return
     pool = inference_pool(settings) if settings.parallel_workers else None
     try:
         app = build_app(settings, pool)
         freeze_heap()
         if on_ready is not None:
             on_ready(app.state.service)
-        config = uvicorn.Config(
-            app, host=host, port=port, loop="uvloop", http="httptools", access_log=False, log_level="warning"
-        )
-        uvicorn.Server(config).run()
+        uvicorn.Server(uvicorn.Config(app, **options)).run()
     finally:
         if pool is not None:
             pool.close()
+
+
+def app_factory() -> FastAPI:
+    """One front process of a multi-process server (uvicorn calls it in each): its workers and app."""
+    settings = Settings()
+    pool = inference_pool(settings) if settings.parallel_workers else None
+    try:
+        app = build_app(settings, pool)
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        raise
+    freeze_heap()
+    return app
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """What a child process (a front process, an inference worker) needs of the settings, as FNSERVE_*."""
+    env = {
+        "FNSERVE_MANIFEST": settings.manifest,
+        "FNSERVE_PARALLEL_WORKERS": str(settings.parallel_workers),
+        "FNSERVE_SERVER_PROCESSES": str(settings.server_processes),
+        "FNSERVE_EAGER_LOAD": "true",
+        "FNSERVE_ACCESS_LOG": "true" if settings.access_log else "false",
+        "FNSERVE_MODEL_CACHE_DIR": str(settings.model_cache_dir),
+        "FNSERVE_LOG_LEVEL": settings.log_level,
+    }
+    if settings.intra_op_threads is not None:
+        env["FNSERVE_INTRA_OP_THREADS"] = str(settings.intra_op_threads)
+    return env
 
 
 def freeze_heap() -> None:
@@ -72,20 +114,11 @@ def freeze_heap() -> None:
 
 def inference_pool(settings: Settings) -> WorkerPool:
     """``parallel_workers`` warm inference workers; the settings they need cross as environment variables."""
-    env = {
-        "FNSERVE_MANIFEST": settings.manifest,
-        "FNSERVE_PARALLEL_WORKERS": str(settings.parallel_workers),
-        "FNSERVE_EAGER_LOAD": "true",
-        "FNSERVE_MODEL_CACHE_DIR": str(settings.model_cache_dir),
-        "FNSERVE_LOG_LEVEL": settings.log_level,
-    }
-    if settings.intra_op_threads is not None:
-        env["FNSERVE_INTRA_OP_THREADS"] = str(settings.intra_op_threads)
     spec = FunctionSpec(
         name="inference",
         code_dir=os.getcwd(),
         handler="fnserve.adapters.inference_worker.handler",
-        env=env,
+        env=settings_env(settings),
         timeout=settings.inference_timeout_seconds,
     )
     return WorkerPool(spec, settings.parallel_workers).start()

@@ -78,7 +78,7 @@ class InferenceService:
         """Build the service a process serves with, as the server settings describe it."""
         return cls.from_manifest(
             settings.manifest,
-            workers=settings.parallel_workers,
+            workers=settings.inference_processes,
             intra_op_threads=settings.intra_op_threads,
             eager=settings.eager_load,
             cache_dir=settings.model_cache_dir,

@@ -183,6 +183,12 @@ class Settings(BaseSettings):
         description="Inference worker processes of a long-running server, each with every model; 0 runs "
         "inference in the server's own process (best for models so small that IPC would cost more).",
     )
+    server_processes: int = Field(
+        default=1,
+        ge=1,
+        description="Front processes of a long-running server (sharing its port), each with its own "
+        "parallel_workers; more than one pays when HTTP and JSON, not the model, use the CPU (tiny models).",
+    )
     inference_timeout_seconds: float = Field(
         default=60.0,
         gt=0,
@@ -250,14 +256,20 @@ class Settings(BaseSettings):
     def _manifest(cls, value: object) -> object:
         return os.fspath(value) if isinstance(value, os.PathLike) else value
 
+    @property
+    def inference_processes(self) -> int:
+        """Processes that run inference at once, which share the CPUs: front processes x their workers."""
+        return self.server_processes * max(1, self.parallel_workers)
+
     @model_validator(mode="after")
     def _threads(self) -> Settings:
-        workers = max(1, self.parallel_workers)
+        workers = self.inference_processes
         cpus = available_cpus()
         if self.intra_op_threads is not None and self.intra_op_threads * workers > cpus:
             raise ValueError(
-                f"FNSERVE_INTRA_OP_THREADS={self.intra_op_threads} x FNSERVE_PARALLEL_WORKERS="
-                f"{self.parallel_workers} needs {self.intra_op_threads * workers} threads but only "
+                f"FNSERVE_INTRA_OP_THREADS={self.intra_op_threads} x {workers} processes running inference "
+                f"(FNSERVE_SERVER_PROCESSES={self.server_processes}, FNSERVE_PARALLEL_WORKERS="
+                f"{self.parallel_workers}) needs {self.intra_op_threads * workers} threads but only "
                 f"{cpus} CPUs are available; lower one of them"
             )
         return self
