@@ -77,15 +77,20 @@ def handler_overhead() -> None:
 
 
 @contextlib.contextmanager
-def running(cmd: list[str], port: int, env: dict[str, str]) -> Iterator[None]:
-    proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def running(
+    cmd: list[str], port: int, env: dict[str, str] | None = None, model: str = MODEL, body: str | None = None
+) -> Iterator[None]:
+    """A server process, once it answers an inference request (a 2xx one)."""
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, **quiet)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"{cmd} exited with {proc.returncode}")
             try:
-                httpx.post(f"http://127.0.0.1:{port}/v2/models/{MODEL}/infer", content=BODY, timeout=1)
+                url = f"http://127.0.0.1:{port}/v2/models/{model}/infer"
+                httpx.post(url, content=body or BODY, timeout=30).raise_for_status()
                 break
             except httpx.TransportError:
                 if time.monotonic() > deadline:
@@ -94,7 +99,7 @@ def running(cmd: list[str], port: int, env: dict[str, str]) -> Iterator[None]:
         yield
     finally:
         proc.terminate()
-        proc.wait(timeout=15)
+        proc.wait(timeout=30)
 
 
 def wrk(port: int, script: Path, model: str = MODEL, seconds: int = LOAD_SECONDS) -> tuple[float, float, float]:

@@ -19,27 +19,23 @@ itself runs on the same cores (a few percent of one at these rates).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import multiprocessing
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import onnxruntime as ort
 
 from fnserve.core._cpus import available_cpus
-from tests.bench.bench_http import wrk
+from tests.bench.bench_http import running, wrk
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
 
 LOAD_SECONDS = int(os.environ.get("BENCH_LOAD_SECONDS", "6"))
@@ -142,29 +138,6 @@ def manifest(directory: Path, model: Model, batching: bool) -> Path:
     return path
 
 
-@contextlib.contextmanager
-def serving(manifest_path: Path, options: list[str], port: int, model: Model) -> Iterator[None]:
-    cmd = [sys.executable, "-m", "fnserve", "serve", "-m", str(manifest_path), "--port", str(port), *options]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{cmd} exited with {proc.returncode}")
-            try:
-                response = httpx.post(f"http://127.0.0.1:{port}/v2/models/{model.name}/infer", content=model.body())
-                response.raise_for_status()
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-        yield
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
 def main() -> None:
     if shutil.which("wrk") is None:
         print("bench_serve skipped: wrk is not installed (make bench installs it with apt-get)")
@@ -189,7 +162,8 @@ def main() -> None:
         for batching in (False, True):
             path = manifest(tmp, model, batching)
             for options in CONFIGS:
-                with serving(path, options, port, model):
+                cmd = [sys.executable, "-m", "fnserve", "serve", "-m", str(path), "--port", str(port), *options]
+                with running(cmd, port, model=model.name, body=model.body()):
                     wrk(port, script, model.name, seconds=2)  # warm-up, discarded
                     rps, p50, p99 = wrk(port, script, model.name, seconds=LOAD_SECONDS)
                 label = f"{' '.join(options)}, batching {'on ' if batching else 'off'}"

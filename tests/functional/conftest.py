@@ -39,12 +39,24 @@ def test_manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def server(test_manifest: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Base URL of a running server with the demo models and the all-datatypes identity model."""
-    port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
     env = {**os.environ, "FNSERVE_MAX_REQUEST_BYTES": str(MAX_REQUEST_BYTES)}
-    cmd = [sys.executable, "-m", "fnserve", "serve", "-m", str(test_manifest), "--port", str(port)]
+    proc, url = start_server(["-m", str(test_manifest)], log, env=env)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def start_server(
+    options: list[str], log: Path, env: dict[str, str] | None = None, new_session: bool = False
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A ``fnserve serve`` process on a free port, once it answers ready; output goes to ``log``."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "fnserve", "serve", "--port", str(port), *options]
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=new_session)
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:
@@ -57,10 +69,11 @@ def server(test_manifest: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
     try:
         wait_for(ready, 60, "the server to become ready")
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc, url
 
 
 @pytest.fixture

@@ -6,8 +6,6 @@ import asyncio
 import os
 import re
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,9 +18,8 @@ from fnserve.adapters.server import build_app, inference_pool
 from fnserve.core.pool import HandlerError, WorkerPool
 from fnserve.core.pooled import PoolSession
 from fnserve.core.settings import Settings
-from tests.functional.conftest import wait_for
+from tests.functional.conftest import start_server, wait_for
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, write_test_manifest
-from tests.moto import free_port
 
 DIGITS = np.load(DEMO_HOLDOUT)["input"]
 ACCURATE = DEMO_MANIFEST.parent / "digits-accurate" / "1" / "model.onnx"
@@ -150,23 +147,9 @@ def test_a_model_that_cannot_load_keeps_the_server_from_starting(tmp_path: Path)
     ],
 )
 def test_serve_stops_cleanly_on_sigterm_to_its_process_group(tmp_path: Path, options: list[str], banner: str) -> None:
-    port = free_port()
     log = tmp_path / "serve.log"
-    cmd = [sys.executable, "-m", "fnserve", "serve", "-m", str(DEMO_MANIFEST), "--port", str(port), *options]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(f"serve exited with {proc.returncode}:\n{log.read_text()}")
-        try:
-            return httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
+    proc, url = start_server(["-m", str(DEMO_MANIFEST), *options], log, new_session=True)
     try:
-        wait_for(ready, 60, "the server to become ready")
         response = httpx.post(f"{url}/v2/models/digits-accurate/infer", json=body(DIGITS[:3]), timeout=30)
         assert response.status_code == 200, response.text
         assert banner in log.read_text()
