@@ -54,26 +54,32 @@ def serve(
         "log_level": "warning",
     }
     if settings.server_processes > 1:
-        if on_ready is not None:  # a lazy service: only what the banner asks for is loaded here
-            on_ready(build_service(settings.model_copy(update={"eager_load": False})))
+        # Every model is loaded here once, and dropped: one that cannot load stops the start with
+        # its reason, instead of uvicorn's supervisor restarting front processes that cannot start.
+        checked = build_service(settings)
+        if on_ready is not None:
+            on_ready(checked)
+        del checked
         os.environ.update(settings_env(settings))  # how the settings reach the front processes
         uvicorn.run(f"{__name__}:app_factory", factory=True, workers=settings.server_processes, **options)
         return
-    pool = inference_pool(settings) if settings.parallel_workers else None
+    app = front(settings)
     try:
-        app = build_app(settings, pool)
-        freeze_heap()
         if on_ready is not None:
             on_ready(app.state.service)
         uvicorn.Server(uvicorn.Config(app, **options)).run()
     finally:
-        if pool is not None:
-            pool.close()
+        if app.state.pool is not None:  # the lifespan closed it already, unless uvicorn never started
+            app.state.pool.close()
 
 
 def app_factory() -> FastAPI:
-    """One front process of a multi-process server (uvicorn calls it in each): its workers and app."""
-    settings = Settings()
+    """One front process of a multi-process server (uvicorn calls it in each), from FNSERVE_* settings."""
+    return front(Settings())
+
+
+def front(settings: Settings) -> FastAPI:
+    """A front process's app, with its inference workers started (none with ``parallel_workers = 0``)."""
     pool = inference_pool(settings) if settings.parallel_workers else None
     try:
         app = build_app(settings, pool)
@@ -142,6 +148,7 @@ def build_app(settings: Settings, pool: WorkerPool | None = None) -> FastAPI:
         on_shutdown=pool.close if pool is not None else None,
     )
     app.state.service = service
+    app.state.pool = pool
     return app
 
 
