@@ -6,8 +6,8 @@ one: a steady trickle cannot hold a batch open). Inputs are concatenated along a
 variable-length inputs padded up to their bucket's length so that padding stays small;
 outputs are split back by each request's rows, with a check that they split exactly. An
 error fails every request of its batch, and nothing else. Up to ``max_concurrent`` batches
-run at once (one per worker process); while all are busy, requests queue, and the next batch
-takes whatever has queued, up to ``max_batch_size``, without waiting further. asyncio objects
+of a length bucket run at once (one per worker process); while all are busy, requests queue,
+and the next batch takes whatever has queued, up to ``max_batch_size``, without waiting further. asyncio objects
 are made inside the running loop, on first use, never at import.
 """
 
