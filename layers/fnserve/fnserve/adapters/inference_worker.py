@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fnserve.adapters.server import freeze_heap
 from fnserve.aws.s3 import fetch_model
+from fnserve.core._heap import freeze_heap
 from fnserve.core.pooled import handle
 from fnserve.core.service import InferenceService
 from fnserve.core.settings import Settings
