@@ -11,7 +11,7 @@ import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Protocol, TypeVar
 
 import orjson
 from fastapi import FastAPI, Query, Request
@@ -32,6 +32,7 @@ from fnserve.core.service import InferenceService, Prediction
 from fnserve.core.settings import Settings
 from fnserve.core.tensors import JSON_HEADER, decode_request, encode_response, json_tensor, unpack_arrays
 
+T = TypeVar("T")
 EXTENSIONS = ["binary_tensor_data"]
 JSON = "application/json"
 BINARY = "application/octet-stream"
@@ -161,6 +162,10 @@ def create_app(
     )
     app.add_middleware(RequestContext)
 
+    async def run_inference(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn`` in a thread when the models are in worker processes, else inline on the loop."""
+        return await run_in_threadpool(fn, *args, **kwargs) if offload else fn(*args, **kwargs)
+
     # The hot route first: Starlette tries routes in order.
     @app.post("/v2/models/{name}/infer", tags=["inference"], **openapi.infer(versioned=False))
     @app.post("/v2/models/{name}/versions/{version}/infer", tags=["inference"], **openapi.infer(versioned=True))
@@ -181,10 +186,7 @@ def create_app(
             if cascades is not None and name in cascades.cascades:
                 if version is not None:
                     raise ModelNotFound(f"cascade {name!r} has no versions")
-                if offload:
-                    answer = await run_in_threadpool(cascades.infer, name, decoded.inputs, decoded.outputs)
-                else:
-                    answer = cascades.infer(name, decoded.inputs, decoded.outputs)
+                answer = await run_inference(cascades.infer, name, decoded.inputs, decoded.outputs)
                 prediction = answer.prediction
                 params |= {"answered_by": prediction.model, "followup_status": answer.status}
                 if answer.followup_id is not None:
@@ -200,12 +202,9 @@ def create_app(
                 queued = round(waited * 1e3, 3)
                 served = prediction.model
             else:
-                if offload:
-                    prediction = await run_in_threadpool(
-                        service.infer, name, decoded.inputs, version=version, outputs=decoded.outputs
-                    )
-                else:
-                    prediction = service.infer(name, decoded.inputs, version=version, outputs=decoded.outputs)
+                prediction = await run_inference(
+                    service.infer, name, decoded.inputs, version=version, outputs=decoded.outputs
+                )
                 served = prediction.model
             t2 = time.perf_counter()
             cache = prediction.cache

@@ -67,7 +67,7 @@ class FunctionSpec:
     memory_mb: int = 128
 
 
-@dataclass
+@dataclass(eq=False)  # one per process: compared by identity
 class _Worker:
     process: Any
     conn: Connection
@@ -197,7 +197,7 @@ class WorkerPool:
                         os.read(self._wake_r, 4096)
                     continue
                 worker, what = key.data
-                if worker.broken or not any(w is worker for w in self._workers):
+                if worker.broken or worker not in self._workers:
                     continue  # replaced earlier in this round
                 if what == "conn":
                     self._receive(worker)
