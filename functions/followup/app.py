@@ -3,7 +3,7 @@
 A follow-up is an ordinary job for the slow model, so this is the batch function's handler.
 """
 
-from fnserve.adapters.lambda_sqs import create_handler
+from fnserve.adapters.lambda_.sqs import create_handler
 
 # Built once per container at import: settings, warm model registry, result store.
 handler = create_handler()

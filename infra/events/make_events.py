@@ -6,17 +6,15 @@ carrying demo-model requests on held-out digits.
 
 from __future__ import annotations
 
-import base64
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fnserve.adapters.local.events import ACCOUNT_ID, REGION, http_api_event, rest_api_event, sqs_event
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-from tests.helpers import sqs_event  # noqa: E402  (one SQS event shape for tests and samples)
 
 EVENTS = REPO / "events"
 HOLDOUT = np.load(REPO / "layers" / "models" / "models" / "digits-holdout.npz")
@@ -68,97 +66,83 @@ def headers(body: bytes, content_type: str, extra: dict[str, str] | None = None)
     }
 
 
+# The caller's identity as API Gateway's IAM authorizer reports it (one sample user of the fake account).
+CALLER = {
+    "accessKey": "AKIAIOSFODNN7EXAMPLE",
+    "accountId": ACCOUNT_ID,
+    "caller": "AIDACKCEVSQ6C2EXAMPLE",
+    "userArn": f"arn:aws:iam::{ACCOUNT_ID}:user/ml-engineer",
+    "userAgent": "python-requests/2.32",
+}
+DOMAIN = f"abcdef1234.execute-api.{REGION}.amazonaws.com"
+
+
 def http_api(method: str, path: str, body: bytes | None, hdrs: dict[str, str], binary: bool = False) -> dict[str, Any]:
     """API Gateway HTTP API, payload format 2.0."""
-    route = "POST /v2/models/{name}/infer" if method == "POST" else "GET /v2/models/{name}"
-    event: dict[str, Any] = {
-        "version": "2.0",
-        "routeKey": route,
-        "rawPath": path,
-        "rawQueryString": "",
-        "headers": hdrs,
-        "requestContext": {
-            "accountId": "123456789012",
-            "apiId": "abcdef1234",
-            "authorizer": {
-                "iam": {
-                    "accessKey": "AKIAIOSFODNN7EXAMPLE",
-                    "accountId": "123456789012",
-                    "callerId": "AIDACKCEVSQ6C2EXAMPLE",
-                    "principalOrgId": None,
-                    "userArn": "arn:aws:iam::123456789012:user/ml-engineer",
-                    "userId": "AIDACKCEVSQ6C2EXAMPLE",
-                }
-            },
-            "domainName": "abcdef1234.execute-api.us-east-1.amazonaws.com",
-            "domainPrefix": "abcdef1234",
-            "http": {
-                "method": method,
-                "path": path,
-                "protocol": "HTTP/1.1",
-                "sourceIp": "192.0.2.10",
-                "userAgent": "python-requests/2.32",
-            },
-            "requestId": "c6af9ac6-7b61-11e6-9a41-93e8deadbeef",
-            "routeKey": route,
-            "stage": "$default",
-            "time": TIME,
-            "timeEpoch": EPOCH,
+    return http_api_event(
+        method,
+        path,
+        route_key="POST /v2/models/{name}/infer" if method == "POST" else "GET /v2/models/{name}",
+        headers=hdrs,
+        body=body,
+        binary=binary,
+        path_parameters={"name": MODEL},
+        source_ip="192.0.2.10",
+        api_id="abcdef1234",
+        domain=DOMAIN,
+        request_id="c6af9ac6-7b61-11e6-9a41-93e8deadbeef",
+        epoch_ms=EPOCH,
+        authorizer={
+            "iam": {
+                "accessKey": CALLER["accessKey"],
+                "accountId": ACCOUNT_ID,
+                "callerId": CALLER["caller"],
+                "principalOrgId": None,
+                "userArn": CALLER["userArn"],
+                "userId": CALLER["caller"],
+            }
         },
-        "pathParameters": {"name": MODEL},
-        "isBase64Encoded": binary,
-        "stageVariables": None,
-    }
-    if body is not None:
-        event["body"] = base64.b64encode(body).decode() if binary else body.decode()
-    return event
+    )
 
 
 def rest_api(body: bytes, hdrs: dict[str, str], binary: bool = False) -> dict[str, Any]:
     """API Gateway REST API, Lambda proxy integration (payload format 1.0)."""
-    return {
-        "resource": "/v2/models/{name}/infer",
-        "path": PATH,
-        "httpMethod": "POST",
-        "headers": hdrs,
-        "multiValueHeaders": {k: [v] for k, v in hdrs.items()},
-        "queryStringParameters": None,
-        "multiValueQueryStringParameters": None,
-        "pathParameters": {"name": MODEL},
-        "stageVariables": None,
-        "requestContext": {
+    return rest_api_event(
+        "POST",
+        PATH,
+        resource="/v2/models/{name}/infer",
+        headers={k: [v] for k, v in hdrs.items()},
+        body=body,
+        binary=binary,
+        path_parameters={"name": MODEL},
+        stage="prod",
+        source_ip="192.0.2.10",
+        api_id="abcdef1234",
+        request_id="e0dd3f2a-8e9c-4b1d-9f32-6c2b1a0e7d11",
+        context={
             "resourceId": "2gxmpl",
-            "resourcePath": "/v2/models/{name}/infer",
-            "httpMethod": "POST",
             "extendedRequestId": "JJbxmHEHPHcFYXg=",
             "requestTime": TIME,
-            "path": f"/prod{PATH}",
-            "accountId": "123456789012",
             "protocol": "HTTP/1.1",
-            "stage": "prod",
             "domainPrefix": "abcdef1234",
             "requestTimeEpoch": EPOCH,
-            "requestId": "e0dd3f2a-8e9c-4b1d-9f32-6c2b1a0e7d11",
             "identity": {
                 "cognitoIdentityPoolId": None,
-                "accountId": "123456789012",
+                "accountId": ACCOUNT_ID,
                 "cognitoIdentityId": None,
-                "caller": "AIDACKCEVSQ6C2EXAMPLE",
+                "caller": CALLER["caller"],
                 "sourceIp": "192.0.2.10",
                 "principalOrgId": None,
-                "accessKey": "AKIAIOSFODNN7EXAMPLE",
+                "accessKey": CALLER["accessKey"],
                 "cognitoAuthenticationType": None,
                 "cognitoAuthenticationProvider": None,
-                "userArn": "arn:aws:iam::123456789012:user/ml-engineer",
-                "userAgent": "python-requests/2.32",
-                "user": "AIDACKCEVSQ6C2EXAMPLE",
+                "userArn": CALLER["userArn"],
+                "userAgent": CALLER["userAgent"],
+                "user": CALLER["caller"],
             },
-            "domainName": "abcdef1234.execute-api.us-east-1.amazonaws.com",
-            "apiId": "abcdef1234",
+            "domainName": DOMAIN,
         },
-        "body": base64.b64encode(body).decode() if binary else body.decode(),
-        "isBase64Encoded": binary,
-    }
+    )
 
 
 def alb(body: bytes, hdrs: dict[str, str]) -> dict[str, Any]:
@@ -166,14 +150,14 @@ def alb(body: bytes, hdrs: dict[str, str]) -> dict[str, Any]:
     return {
         "requestContext": {
             "elb": {
-                "targetGroupArn": "arn:aws:elasticloadbalancing:us-east-1:123456789012:"
+                "targetGroupArn": f"arn:aws:elasticloadbalancing:{REGION}:{ACCOUNT_ID}:"
                 "targetgroup/fnserve/6d0ecf831eec9f09"
             }
         },
         "httpMethod": "POST",
         "path": PATH,
         "queryStringParameters": {},
-        "headers": {**hdrs, "host": "fnserve-alb-1234567890.us-east-1.elb.amazonaws.com"},
+        "headers": {**hdrs, "host": f"fnserve-alb-1234567890.{REGION}.elb.amazonaws.com"},
         "body": body.decode(),
         "isBase64Encoded": False,
     }

@@ -24,13 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from fnserve.adapters.lambda_http import create_handler
-from fnserve.adapters.lambda_sqs import create_handler as create_sqs_handler
+from fnserve.adapters.lambda_.http import create_handler
+from fnserve.adapters.lambda_.sqs import create_handler as create_sqs_handler
+from fnserve.adapters.local.events import LambdaContext, sqs_event
 from fnserve.adapters.logs import logger
 from fnserve.aws import clients
-from fnserve.core.settings import Settings
+from fnserve.settings import Settings
 from tests.bench._timing import interleaved
-from tests.helpers import DEMO_HOLDOUT, REPO, LambdaContext, sqs_event, write_test_manifest
+from tests.helpers import DEMO_HOLDOUT, REPO, write_test_manifest
 from tests.moto import aws_env, moto_server
 
 ROUNDS = int(os.environ.get("BENCH_CASCADE_ROUNDS", "300"))

@@ -31,8 +31,9 @@ import httpx
 import numpy as np
 import onnxruntime as ort
 
+from fnserve.adapters.local.events import LambdaContext
 from tests.bench._timing import interleaved, percentile
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO, LambdaContext
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
 
 MODEL = "digits-accurate"
 MODEL_PATH = DEMO_MANIFEST.parent / MODEL / "1" / "model.onnx"
@@ -44,7 +45,7 @@ LOAD_ROUNDS = int(os.environ.get("BENCH_LOAD_ROUNDS", "3"))
 def handler_overhead() -> None:
     os.environ["FNSERVE_MANIFEST"] = str(DEMO_MANIFEST)
     os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "fnserve")
-    from fnserve.adapters.lambda_http import create_handler
+    from fnserve.adapters.lambda_.http import create_handler
     from fnserve.adapters.logs import logger
 
     handler = create_handler()

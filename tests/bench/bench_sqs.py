@@ -26,13 +26,14 @@ from typing import Any
 import numpy as np
 import orjson
 
-from fnserve.adapters.lambda_sqs import create_handler, records_of
+from fnserve.adapters.lambda_.sqs import create_handler, records_of
+from fnserve.adapters.local.events import LambdaContext, sqs_event
 from fnserve.aws import clients
-from fnserve.core.jobs import job_key, job_message, parse_job
+from fnserve.core.jobs import job_message, parse_job
+from fnserve.core.results import ResultRecord, job_key
 from fnserve.core.service import InferenceService
-from fnserve.core.settings import Settings
-from fnserve.core.tensors import pack_arrays
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, LambdaContext, sqs_event, write_test_manifest
+from fnserve.settings import Settings
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, write_test_manifest
 from tests.moto import aws_env, moto_server
 
 RECORDS = int(os.environ.get("BENCH_SQS_RECORDS", "10000"))
@@ -42,14 +43,14 @@ DIGITS = np.load(DEMO_HOLDOUT)["input"]
 
 class MemoryStore:
     def __init__(self) -> None:
-        self.items: dict[str, dict[str, Any]] = {}
+        self.records: dict[str, ResultRecord] = {}
 
-    def get(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
-        return {k: self.items[k] for k in keys if k in self.items}
+    def get(self, keys: Iterable[str]) -> dict[str, ResultRecord]:
+        return {k: self.records[k] for k in keys if k in self.records}
 
-    def put(self, items: Sequence[dict[str, Any]]) -> set[str]:
-        for item in items:
-            self.items[item["pk"]] = item
+    def put(self, records: Sequence[ResultRecord]) -> set[str]:
+        for record in records:
+            self.records[record.key] = record
         return set()
 
 
@@ -61,10 +62,10 @@ def bodies(n: int, prefix: str, unique: bool = False) -> list[str]:
 
 def per_record_loop(service: InferenceService, event: dict[str, Any], store: MemoryStore) -> None:
     """What a straightforward handler does: one record, one parse, one batch-1 call, one result."""
-    for message_id, body, _ in records_of(event):
+    for _, body, _count in records_of(event):
         job = parse_job(body)
         outputs = service.predict(job.model, job.inputs, version=job.version)
-        store.put([{"pk": job_key(job.id), "status": "done", "payload": pack_arrays(outputs), "message": message_id}])
+        store.put([ResultRecord.done(job_key(job.id), job.model, "1", outputs, now=int(time.time()), ttl=3600)])
 
 
 def vectorised_vs_loop() -> None:

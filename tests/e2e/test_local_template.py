@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fnserve.adapters._template import Resolver, load_template
-from fnserve.adapters.local import Emulator
+from fnserve.adapters.local.emulator import Emulator
+from fnserve.adapters.local.template import Resolver, load_template
 from fnserve.aws import clients
-from fnserve.core.pool import HandlerError
+from fnserve.core.errors import HandlerError
 from tests.functional.conftest import free_port
 
 TEMPLATE = """

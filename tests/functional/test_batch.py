@@ -14,16 +14,19 @@ import pytest
 from typer.testing import CliRunner
 
 from fnserve import jobsclient
-from fnserve.adapters.lambda_sqs import JobProcessor, create_handler, records_of
+from fnserve.adapters.lambda_.sqs import create_handler, records_of
+from fnserve.adapters.local.events import LambdaContext, sqs_event
 from fnserve.aws import clients
 from fnserve.aws.results import DynamoResultStore
-from fnserve.aws.service import build_service
+from fnserve.bootstrap import build_dataplane, build_service
 from fnserve.cli import app
-from fnserve.core.jobs import job_key, job_message
+from fnserve.core.jobs import job_message
+from fnserve.core.processor import JobProcessor
+from fnserve.core.results import ResultRecord, job_key
 from fnserve.core.service import InferenceService
-from fnserve.core.settings import Settings
+from fnserve.settings import Settings
 from tests.functional.conftest import Aws
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, LambdaContext, sample_arrays, sqs_event, write_test_manifest
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, sample_arrays, write_test_manifest
 
 HOLDOUT = np.load(DEMO_HOLDOUT)
 DIGITS = HOLDOUT["input"]
@@ -117,7 +120,7 @@ def test_every_record_failing_reports_every_record(aws: Aws, manifest: Path) -> 
 
 
 def test_one_vectorised_call_per_model_and_results_written_once(aws: Aws, manifest: Path) -> None:
-    service = CountingService.from_settings(settings(aws, manifest))
+    service = CountingService.from_manifest(manifest)
     handler = create_handler(service=service, settings=settings(aws, manifest))
     bodies = [job(f"j-{i}", slice(i, i + 1)) for i in range(60)]
     bodies += [json.dumps(job_message(f"f-{i}", "digits-fast", {"input": DIGITS[i : i + 1]})) for i in range(5)]
@@ -226,8 +229,8 @@ def test_submit_handler_results_round_trip(aws: Aws, manifest: Path, tmp_path: P
 
 def test_expired_items_are_ignored_on_read(aws: Aws) -> None:
     store = DynamoResultStore(aws.table)
-    assert store.put([{"pk": "job#old", "status": "done", "payload": b"x", "expires_at": 1}]) == set()
-    assert store.put([{"pk": "job#new", "status": "done", "payload": b"y", "expires_at": 4_000_000_000}]) == set()
+    assert store.put([ResultRecord("job#old", "done", "m", "1", 0, 1, payload=b"x")]) == set()
+    assert store.put([ResultRecord("job#new", "done", "m", "1", 0, 4_000_000_000, payload=b"y")]) == set()
     assert list(store.get(["job#old", "job#new"])) == ["job#new"]
 
 
@@ -247,21 +250,21 @@ class AsgiClient:
 
 
 def test_cache_hits_on_the_http_path_and_across_processes(aws: Aws, tmp_path: Path) -> None:
-    from fnserve.adapters.http import create_app
+    from fnserve.adapters.http.app import create_app
 
     cached = settings(aws, write_test_manifest(tmp_path, cache_ttl=3600))
     body = {"inputs": [{"name": "input", "shape": [2, 64], "datatype": "FP32", "data": DIGITS[:2].ravel().tolist()}]}
-    first = AsgiClient(create_app(build_service(cached), cached))
+    first = AsgiClient(create_app(build_dataplane(cached), cached))
     responses = [first.post("/v2/models/digits-accurate/infer", json=body) for _ in range(2)]
     assert [r.headers["x-fnserve-cache"] for r in responses] == ["miss", "hit"]
     assert responses[1].json()["parameters"] == {"cache": "hit"}
     assert responses[0].json()["outputs"] == responses[1].json()["outputs"]
     # A new process (empty in-process tier) finds the result in DynamoDB.
-    second = AsgiClient(create_app(build_service(cached), cached))
+    second = AsgiClient(create_app(build_dataplane(cached), cached))
     assert second.post("/v2/models/digits-accurate/infer", json=body).headers["x-fnserve-cache"] == "hit"
     other = {**body, "outputs": [{"name": "label"}]}  # other outputs: another key
     assert second.post("/v2/models/digits-accurate/infer", json=other).headers["x-fnserve-cache"] == "miss"
-    uncached = AsgiClient(create_app(build_service(settings(aws, tmp_path / "manifest.toml")), cached))
+    uncached = AsgiClient(create_app(build_dataplane(settings(aws, tmp_path / "manifest.toml")), cached))
     assert "x-fnserve-cache" in uncached.post("/v2/models/digits-accurate/infer", json=body).headers
 
 
@@ -327,7 +330,7 @@ def test_a_bad_value_inside_a_uniform_group_fails_only_its_job(aws: Aws, manifes
 
 
 def test_a_partly_stored_redelivered_group_runs_only_the_rest(aws: Aws, manifest: Path) -> None:
-    service = CountingService.from_settings(settings(aws, manifest))
+    service = CountingService.from_manifest(manifest)
     handler = create_handler(service=service, settings=settings(aws, manifest))
     first = [job(f"r-{i}", slice(i, i + 1)) for i in range(10)]
     assert handler(sqs_event(first), LambdaContext()) == {"batchItemFailures": []}

@@ -11,10 +11,11 @@ import onnxruntime as ort
 import pytest
 from pydantic import ValidationError
 
-from fnserve.adapters.http import create_app
-from fnserve.adapters.server import batchers
+from fnserve.adapters.http.app import create_app
+from fnserve.core.dataplane import DataPlane
+from fnserve.core.manifest import ModelSettings
 from fnserve.core.service import InferenceService
-from fnserve.core.settings import ModelSettings, Settings
+from fnserve.settings import Settings
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, write_test_manifest
 
 DIGITS = np.load(DEMO_HOLDOUT)["input"]
@@ -26,9 +27,9 @@ def test_concurrent_requests_are_batched_and_answered_alone(tmp_path: Path) -> N
         manifest.read_text().replace('name = "digits-accurate"\n', 'name = "digits-accurate"\nmax_batch_time_ms = 30\n')
     )
     service = InferenceService.from_manifest(manifest, eager=True)
-    found = batchers(service)
-    assert list(found) == ["digits-accurate"]
-    app = create_app(service, Settings(manifest=manifest, access_log=False), batchers=found)
+    plane = DataPlane(service, batching=True)
+    assert list(plane.batchers) == ["digits-accurate"]
+    app = create_app(plane, Settings(manifest=manifest, access_log=False))
 
     async def main() -> list[httpx.Response]:
         transport = httpx.ASGITransport(app=app)
@@ -57,7 +58,7 @@ def test_concurrent_requests_are_batched_and_answered_alone(tmp_path: Path) -> N
         expected = session.run(["label"], {"input": DIGITS[i : i + 1 + i % 2]})[0].tolist()
         assert response.json()["outputs"][0]["data"] == expected
         assert "queue;dur=" in response.headers["server-timing"]
-    assert found["digits-accurate"].batches < 23  # fewer runtime calls than requests
+    assert plane.batchers["digits-accurate"].batches < 23  # fewer runtime calls than requests
 
 
 def test_batching_settings_are_checked_when_they_load() -> None:

@@ -13,15 +13,16 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from fnserve.adapters.http import create_app
-from fnserve.adapters.lambda_sqs import create_handler as create_sqs_handler
+from fnserve.adapters.http.app import create_app
+from fnserve.adapters.lambda_.sqs import create_handler as create_sqs_handler
+from fnserve.adapters.local.events import LambdaContext, sqs_event
 from fnserve.aws import clients
 from fnserve.aws.results import DynamoResultStore
-from fnserve.aws.service import build_service, cascade_runner
-from fnserve.core.settings import Settings
+from fnserve.bootstrap import build_dataplane
+from fnserve.settings import Settings
 from tests.functional.conftest import Aws, wait_for
 from tests.functional.test_batch import AsgiClient, received_event
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, LambdaContext, sqs_event, write_test_manifest
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, write_test_manifest
 
 HOLDOUT = np.load(DEMO_HOLDOUT)
 DIGITS, LABELS = HOLDOUT["input"], HOLDOUT["labels"]
@@ -62,8 +63,7 @@ def settings(aws: Aws, tmp_path: Path) -> Settings:
 
 def app_client(settings: Settings) -> AsgiClient:
     store = DynamoResultStore(settings.results_table or "")
-    service = build_service(settings, store)
-    return AsgiClient(create_app(service, settings, cascades=cascade_runner(settings, service), results=store))
+    return AsgiClient(create_app(build_dataplane(settings, store=store), settings))
 
 
 class Get:
@@ -202,5 +202,5 @@ def test_follow_up_failures_are_stored_as_failed_on_the_last_delivery(settings: 
     store = DynamoResultStore(settings.results_table or "")
     assert store.get(["job#f-1"]) == {}  # not yet: SQS will retry
     assert handler(sqs_event([body], [settings.max_receive_count]), LambdaContext())["batchItemFailures"]
-    item = store.get(["job#f-1"])["job#f-1"]
-    assert item["status"] == "failed" and "sha256" in item["error"]
+    record = store.get(["job#f-1"])["job#f-1"]
+    assert record.status == "failed" and "sha256" in (record.error or "")

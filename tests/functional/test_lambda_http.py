@@ -18,7 +18,8 @@ import onnxruntime as ort
 import orjson
 import pytest
 
-from tests.helpers import DEMO_MANIFEST, REPO, LambdaContext
+from fnserve.adapters.local.events import LambdaContext
+from tests.helpers import DEMO_MANIFEST, REPO
 
 EVENTS = sorted((REPO / "events").glob("api-*.json"))
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]

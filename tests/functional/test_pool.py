@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fnserve.core.pool import FunctionSpec, HandlerError, InvocationTimeout, WorkerDied, WorkerPool
+from fnserve.core.errors import HandlerError, InvocationTimeout, WorkerDied
+from fnserve.workers.pool import FunctionSpec, WorkerPool
 from tests.functional.conftest import wait_for
 
 APP = """

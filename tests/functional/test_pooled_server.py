@@ -15,9 +15,10 @@ import onnxruntime as ort
 import pytest
 
 from fnserve.adapters.server import build_app, inference_pool
-from fnserve.core.pool import HandlerError, WorkerPool
-from fnserve.core.pooled import PoolSession
-from fnserve.core.settings import Settings
+from fnserve.core.errors import HandlerError
+from fnserve.settings import Settings
+from fnserve.workers.pool import WorkerPool
+from fnserve.workers.remote import PoolSession
 from tests.functional.conftest import start_server, wait_for
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, write_test_manifest
 
@@ -59,7 +60,7 @@ def test_the_front_process_loads_no_model_and_answers_as_onnxruntime_does(
 ) -> None:
     settings = Settings(manifest=str(batched_manifest), parallel_workers=2, access_log=False)
     app = build_app(settings, pool)
-    service = app.state.service
+    service = app.state.plane.service
     assert all(isinstance(service.registry.get(name).session, PoolSession) for name in service.registry.names())
 
     requests = [body(DIGITS[i : i + 1 + i % 3]) for i in range(40)]
@@ -123,7 +124,7 @@ def test_a_worker_killed_under_load_fails_only_its_request_and_comes_back(batche
 
 def test_without_workers_inference_runs_in_the_server_process(batched_manifest: Path) -> None:
     app = build_app(Settings(manifest=str(batched_manifest), parallel_workers=0, access_log=False, eager_load=True))
-    service = app.state.service
+    service = app.state.plane.service
     assert isinstance(service.registry.get("digits-accurate").session, ort.InferenceSession)
     responses = post_all(app, [body(DIGITS[i : i + 1]) for i in range(8)], "digits-accurate")
     session = ort.InferenceSession(str(ACCURATE))

@@ -36,8 +36,7 @@ def test_readme_python_example_runs(
 def test_readme_manifest_examples_are_valid() -> None:
     import tomllib
 
-    from fnserve.core.cascade import CascadeSettings
-    from fnserve.core.settings import Manifest
+    from fnserve.core.manifest import CascadeSettings, Manifest
 
     blocks = [tomllib.loads(b) for b in re.findall(r"```toml\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)]
     models = next(b for b in blocks if "models" in b)

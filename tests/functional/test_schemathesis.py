@@ -15,9 +15,10 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import positive_data_acceptance, response_schema_conformance
 
-from fnserve.adapters.http import create_app
+from fnserve.adapters.http.app import create_app
+from fnserve.core.dataplane import DataPlane
 from fnserve.core.service import InferenceService
-from fnserve.core.settings import Settings
+from fnserve.settings import Settings
 from tests.helpers import write_test_manifest
 
 SPEC = Path(__file__).parent / "specs" / "open_inference_rest.yaml"
@@ -27,7 +28,7 @@ MODELS = ["digits-fast", "digits-accurate", "identity"]
 def _app(tmp: Path) -> Any:
     manifest = write_test_manifest(tmp)
     service = InferenceService.from_manifest(manifest, eager=True)
-    return create_app(service, Settings(manifest=manifest, access_log=False))
+    return create_app(DataPlane(service), Settings(manifest=manifest, access_log=False))
 
 
 def _oip_schema() -> dict[str, Any]:

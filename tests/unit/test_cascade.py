@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from fnserve.core.cascade import CascadeSettings, FollowupIds, confidence, confident
+from fnserve.core.cascade import confidence, confident
 from fnserve.core.errors import InvalidInput
-from fnserve.core.settings import Manifest
+from fnserve.core.followups import FollowupIds
+from fnserve.core.manifest import CascadeSettings, Manifest
 
 
 def cascade(**fields: object) -> CascadeSettings:

@@ -47,7 +47,7 @@ def test_writes_go_25_per_call_and_unprocessed_items_are_retried_with_backoff(dy
         stub.add_response("batch_write_item", {"UnprocessedItems": {}}, {"RequestItems": {TABLE: first[3:5]}})
         rest = [put(f"job#{i}") for i in range(25, 30)]
         stub.add_response("batch_write_item", {}, {"RequestItems": {TABLE: rest}})
-        assert store(dynamodb, sleeps).put(ITEMS) == set()
+        assert store(dynamodb, sleeps).write_items(ITEMS) == set()
         stub.assert_no_pending_responses()
     assert len(sleeps) == 1 and 0 <= sleeps[0] <= 0.05
 
@@ -59,7 +59,7 @@ def test_items_left_unprocessed_after_every_attempt_are_reported(dynamodb: Any) 
         stub.add_response("batch_write_item", {"UnprocessedItems": {TABLE: batch[1:]}})
         for _ in range(2):
             stub.add_response("batch_write_item", {"UnprocessedItems": {TABLE: batch[1:]}})
-        assert store(dynamodb, sleeps, attempts=3).put(ITEMS[:3]) == {"job#1", "job#2"}
+        assert store(dynamodb, sleeps, attempts=3).write_items(ITEMS[:3]) == {"job#1", "job#2"}
     assert len(sleeps) == 3
     assert sleeps[1] <= 0.1 and sleeps[2] <= 0.2  # exponential caps, full jitter below them
 
@@ -67,7 +67,7 @@ def test_items_left_unprocessed_after_every_attempt_are_reported(dynamodb: Any) 
 def test_a_failing_write_call_reports_its_items_and_never_raises(dynamodb: Any) -> None:
     with Stubber(dynamodb) as stub:
         stub.add_client_error("batch_write_item", "ProvisionedThroughputExceededException")
-        assert store(dynamodb, []).put(ITEMS[:2]) == {"job#0", "job#1"}
+        assert store(dynamodb, []).write_items(ITEMS[:2]) == {"job#0", "job#1"}
 
 
 def test_reads_go_100_keys_per_call_and_unprocessed_keys_are_retried(dynamodb: Any) -> None:

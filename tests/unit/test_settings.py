@@ -4,7 +4,8 @@ import pytest
 from pydantic import ValidationError
 
 from fnserve.core import _cpus
-from fnserve.core.settings import Manifest, ModelSettings, Settings
+from fnserve.core.manifest import Manifest, ModelSettings
+from fnserve.settings import Settings
 
 SHA = "a" * 64
 
@@ -71,7 +72,7 @@ def test_settings_read_fnserve_environment(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_oversubscribing_threads_is_refused_naming_both_fields(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_cpus, "available_cpus", lambda: 4)
-    monkeypatch.setattr("fnserve.core.settings.available_cpus", lambda: 4)
+    monkeypatch.setattr("fnserve.settings.available_cpus", lambda: 4)
     assert Settings(intra_op_threads=2, parallel_workers=2).intra_op_threads == 2
     with pytest.raises(ValidationError, match="FNSERVE_INTRA_OP_THREADS=3 x 2 processes .*PARALLEL_WORKERS=2"):
         Settings(intra_op_threads=3, parallel_workers=2)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from cfnlint.decode.cfn_yaml import load
 
-from fnserve.core.settings import Settings
+from fnserve.settings import Settings
 from tests.helpers import REPO
 
 TEMPLATE: dict[str, Any] = load(str(REPO / "template.yaml"))

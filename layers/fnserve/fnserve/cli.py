@@ -6,12 +6,21 @@ import functools
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import numpy as np
 import typer
 
 from fnserve.core.errors import FnserveError
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
+
+    from fnserve.adapters.local.emulator import Emulator, Local
+    from fnserve.core.service import InferenceService
+    from fnserve.datafiles import DataFile
+    from fnserve.quantize import Mode, QuantizeReport
+    from fnserve.settings import Settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 cascade_app = typer.Typer(no_args_is_help=True, help="Fast-then-accurate model cascades.")
@@ -108,8 +117,6 @@ def quantize(
     force: Annotated[bool, typer.Option("--force", help="Write the model even if it came out slower.")] = False,
 ) -> None:
     """Quantize a model to int8 and report size, latency and accuracy before and after."""
-    from rich.progress import Progress
-
     from fnserve import quantize as q
     from fnserve.datafiles import read_data
 
@@ -125,10 +132,44 @@ def quantize(
     except FnserveError as exc:
         raise _fail(exc.message) from None
     sample = valid or calib or q.synthetic_inputs(before)
-    with tempfile.TemporaryDirectory() as tmp, Progress(transient=True) as progress:
+    with tempfile.TemporaryDirectory() as tmp:
         candidate = Path(tmp) / "quantized.onnx"
+        report = _quantize_and_compare(
+            model, candidate, cast(q.Mode, mode), per_channel, calib, valid, sample, rounds, threads, before
+        )
+        for line in report.lines():
+            typer.echo(line)
+        slower = report.slower_at()
+        if slower and not force:
+            raise _fail(
+                f"the quantized model is slower at batch {', '.join(map(str, slower))}; "
+                f"not writing {output} (use --force to write it anyway)"
+            )
+        output.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(candidate, output)
+    typer.echo(f"wrote {output}")
+
+
+def _quantize_and_compare(
+    model: Path,
+    candidate: Path,
+    mode: Mode,
+    per_channel: bool,
+    calib: DataFile | None,
+    valid: DataFile | None,
+    sample: DataFile,
+    rounds: int,
+    threads: int | None,
+    before: ort.InferenceSession,
+) -> QuantizeReport:
+    """Quantize ``model`` to ``candidate``, then time both (batch 1 and 64) and compare their outputs."""
+    from rich.progress import Progress
+
+    from fnserve import quantize as q
+
+    with Progress(transient=True) as progress:
         step = progress.add_task(f"{mode} quantization", total=None)
-        q.quantize(model, candidate, mode=cast(q.Mode, mode), per_channel=per_channel, calibration=calib)
+        q.quantize(model, candidate, mode=mode, per_channel=per_channel, calibration=calib)
         progress.update(step, total=1, completed=1)
         after = q.session(candidate, threads)
         report = q.QuantizeReport(
@@ -143,17 +184,7 @@ def quantize(
             )
         if valid is not None:
             q.compare_outputs(before, after, valid, report)
-        for line in report.lines():
-            typer.echo(line)
-        slower = report.slower_at()
-        if slower and not force:
-            raise _fail(
-                f"the quantized model is slower at batch {', '.join(map(str, slower))}; "
-                f"not writing {output} (use --force to write it anyway)"
-            )
-        output.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(candidate, output)
-    typer.echo(f"wrote {output}")
+    return report
 
 
 @app.command()
@@ -187,8 +218,7 @@ def serve(
     from pydantic import ValidationError
 
     from fnserve.adapters.server import serve as run_server
-    from fnserve.core.service import InferenceService
-    from fnserve.core.settings import Settings
+    from fnserve.settings import Settings
 
     overrides: dict[str, Any] = {"manifest": str(manifest.resolve())}
     if workers is not None:
@@ -201,34 +231,36 @@ def serve(
         settings = Settings(**overrides)
     except ValidationError as exc:
         raise _fail(str(exc)) from None
-    url = f"http://{host}:{port}"
-
-    def banner(service: InferenceService) -> None:
-        name = service.registry.names()[0]
-        meta = service.model_metadata(name)
-        where = f"{settings.parallel_workers} inference worker(s)" if settings.parallel_workers else "in-process"
-        if settings.server_processes > 1:
-            where = f"{settings.server_processes} server processes, each {where}"
-        typer.echo(f"fnserve: {len(service.registry.names())} models on {url}, {where}; Ctrl-C stops.")
-        typer.echo(f"  metadata  curl -s {url}/v2/models/{name}")
-        typer.echo(f"  infer     curl -s {url}/v2/models/{name}/infer -d '{_example_request(meta)}'")
-        inputs = "; ".join(
-            f"i{n} = t.InferInput('{spec['name']}', {_one_row(spec['shape'])}, '{spec['datatype']}'); "
-            f"i{n}.set_data_from_numpy(np.zeros({_one_row(spec['shape'])}, '{_numpy_name(spec['datatype'])}'), "
-            "binary_data=True)"
-            for n, spec in enumerate(meta["inputs"])
-        )
-        typer.echo(
-            "  python    import numpy as np, tritonclient.http as t; "
-            f"c = t.InferenceServerClient('{host}:{port}'); "
-            f"{inputs}; r = c.infer('{name}', [{', '.join(f'i{n}' for n in range(len(meta['inputs'])))}]); "
-            f"print(r.get_response())"
-        )
 
     try:
-        run_server(settings, host, port, on_ready=banner)
+        run_server(settings, host, port, on_ready=functools.partial(_serve_banner, settings, host, port))
     except FnserveError as exc:
         raise _fail(exc.message) from None
+
+
+def _serve_banner(settings: Settings, host: str, port: int, service: InferenceService) -> None:
+    """What ``fnserve serve`` prints once it listens: where, how, and lines to try."""
+    url = f"http://{host}:{port}"
+    name = service.registry.names()[0]
+    meta = service.model_metadata(name)
+    where = f"{settings.parallel_workers} inference worker(s)" if settings.parallel_workers else "in-process"
+    if settings.server_processes > 1:
+        where = f"{settings.server_processes} server processes, each {where}"
+    typer.echo(f"fnserve: {len(service.registry.names())} models on {url}, {where}; Ctrl-C stops.")
+    typer.echo(f"  metadata  curl -s {url}/v2/models/{name}")
+    typer.echo(f"  infer     curl -s {url}/v2/models/{name}/infer -d '{_example_request(meta)}'")
+    inputs = "; ".join(
+        f"i{n} = t.InferInput('{spec['name']}', {_one_row(spec['shape'])}, '{spec['datatype']}'); "
+        f"i{n}.set_data_from_numpy(np.zeros({_one_row(spec['shape'])}, '{_numpy_name(spec['datatype'])}'), "
+        "binary_data=True)"
+        for n, spec in enumerate(meta["inputs"])
+    )
+    typer.echo(
+        "  python    import numpy as np, tritonclient.http as t; "
+        f"c = t.InferenceServerClient('{host}:{port}'); "
+        f"{inputs}; r = c.infer('{name}', [{', '.join(f'i{n}' for n in range(len(meta['inputs'])))}]); "
+        f"print(r.get_response())"
+    )
 
 
 def _one_row(shape: list[int]) -> list[int]:
@@ -383,7 +415,7 @@ def local(
     import signal
     import threading
 
-    from fnserve.adapters.local import Emulator
+    from fnserve.adapters.local.emulator import Emulator
 
     overrides = {}
     for item in parameter or []:
@@ -398,7 +430,17 @@ def local(
         local_ = emulator.start()
     except FnserveError as exc:
         raise _fail(exc.message) from None
-    url = f"http://{host}:{port}"
+    _local_banner(emulator, local_, f"http://{host}:{port}", workers)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    typer.echo("Ctrl-C stops it.")
+    stop.wait()
+    emulator.stop()
+
+
+def _local_banner(emulator: Emulator, local_: Local, url: str, workers: int) -> None:
+    """What ``fnserve local`` prints once it runs: routes, event sources, and lines to try."""
     typer.echo(f"fnserve local: {len(local_.functions)} functions, {workers} worker(s) each; AWS at {local_.endpoint}")
     for route in emulator.routes:
         typer.echo(f"  {route.method:<5} {url}{route.path} -> {route.function}")
@@ -420,9 +462,3 @@ def local(
         typer.echo(
             f"        AWS_ENDPOINT_URL={local_.endpoint} .venv/bin/fnserve results ids.txt --table {table} -o out.jsonl"
         )
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    typer.echo("Ctrl-C stops it.")
-    stop.wait()
-    emulator.stop()

@@ -15,8 +15,8 @@ from fnserve.aws.clients import client
 from fnserve.aws.queue import job_body
 from fnserve.aws.results import DynamoResultStore
 from fnserve.core.errors import InvalidInput
-from fnserve.core.jobs import job_key, job_message
-from fnserve.core.tensors import unpack_arrays
+from fnserve.core.jobs import job_message
+from fnserve.core.results import job_key
 from fnserve.datafiles import LABEL_KEYS
 
 SEND_BATCH = 10
@@ -116,16 +116,16 @@ class Results:
 def fetch_results(table: str, ids: Sequence[str], *, store: DynamoResultStore | None = None) -> Results:
     """Every job's state: done (with outputs), failed (with the reason), or pending."""
     store = store or DynamoResultStore(table)
-    items = store.get(job_key(i) for i in ids)
+    records = store.get(job_key(i) for i in ids)
     results = Results()
     for job_id in ids:
-        item = items.get(job_key(job_id))
-        if item is None:
+        record = records.get(job_key(job_id))
+        if record is None:
             results.pending.append(job_id)
-        elif item.get("status") == "done":
-            results.done[job_id] = unpack_arrays(item["payload"])
+        elif record.status == "done":
+            results.done[job_id] = record.outputs()
         else:
-            results.failed[job_id] = str(item.get("error", "failed"))
+            results.failed[job_id] = record.error or "failed"
     return results
 
 

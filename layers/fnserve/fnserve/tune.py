@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fnserve.core.cascade import CascadeSettings, confidence
+from fnserve.core.cascade import confidence
 from fnserve.core.errors import InvalidInput
+from fnserve.core.manifest import CascadeSettings
 from fnserve.core.service import InferenceService
 from fnserve.datafiles import DataFile
 

@@ -2,7 +2,7 @@
 
 The front process parses HTTP, validates, caches, batches and runs cascades; with
 ``parallel_workers >= 1`` the models live in that many worker processes (spawned, warm, see
-:mod:`fnserve.core.pooled`), so inference runs in parallel beside the event loop. With
+:mod:`fnserve.workers.remote`), so inference runs in parallel beside the event loop. With
 ``parallel_workers = 0`` inference runs in the front process itself: no inter-process hop,
 which is the better choice for models so small that the hop costs more than the model
 (``make bench`` shows where that line is).
@@ -10,23 +10,18 @@ which is the better choice for models so small that the hop costs more than the 
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
 
-from fnserve.adapters.http import create_app
-from fnserve.aws.service import build_service, cache_backend, cascade_runner, result_store, with_local_manifest
+from fnserve import bootstrap
+from fnserve.adapters.http.app import create_app
 from fnserve.core._heap import freeze_heap
-from fnserve.core.batching import AdaptiveBatcher
-from fnserve.core.cache import ResultCache
-from fnserve.core.manifest import load_manifest
-from fnserve.core.pool import FunctionSpec, WorkerPool
-from fnserve.core.pooled import PooledRegistry
 from fnserve.core.service import InferenceService
-from fnserve.core.settings import Settings
+from fnserve.settings import Settings
+from fnserve.workers.pool import FunctionSpec, WorkerPool
 
 
 def serve(
@@ -44,7 +39,7 @@ def serve(
     """
     import uvicorn
 
-    settings = with_local_manifest(settings.model_copy(update={"eager_load": True}))
+    settings = bootstrap.with_local_manifest(settings.model_copy(update={"eager_load": True}))
     options: dict[str, Any] = {
         "host": host,
         "port": port,
@@ -56,7 +51,7 @@ def serve(
     if settings.server_processes > 1:
         # Every model is loaded here once, and dropped: one that cannot load stops the start with
         # its reason, instead of uvicorn's supervisor restarting front processes that cannot start.
-        checked = build_service(settings)
+        checked = bootstrap.build_service(settings)
         if on_ready is not None:
             on_ready(checked)
         del checked
@@ -66,7 +61,7 @@ def serve(
     app = front(settings)
     try:
         if on_ready is not None:
-            on_ready(app.state.service)
+            on_ready(app.state.plane.service)
         uvicorn.Server(uvicorn.Config(app, **options)).run()
     finally:
         if app.state.pool is not None:  # the lifespan closed it already, unless uvicorn never started
@@ -112,7 +107,7 @@ def inference_pool(settings: Settings) -> WorkerPool:
     spec = FunctionSpec(
         name="inference",
         code_dir=os.getcwd(),
-        handler="fnserve.adapters.inference_worker.handler",
+        handler="fnserve.workers.inference.handler",
         env=settings_env(settings),
         timeout=settings.inference_timeout_seconds,
     )
@@ -121,48 +116,10 @@ def inference_pool(settings: Settings) -> WorkerPool:
 
 def build_app(settings: Settings, pool: WorkerPool | None = None) -> FastAPI:
     """The server's app: models in ``pool``'s workers, or in this process when there is no pool."""
-    store = result_store(settings)
-    if pool is None:
-        service = build_service(settings, store)
-    else:
-        registry = PooledRegistry(load_manifest(settings.manifest), pool)
-        service = InferenceService(registry, ResultCache(settings.cache_max_bytes, cache_backend(store)))
-    app = create_app(
-        service,
-        settings,
-        cascades=cascade_runner(settings, service),
-        results=store,
-        batchers=batchers(service, max_concurrent=max(1, settings.parallel_workers)),
-        offload=pool is not None,
-        on_shutdown=pool.close if pool is not None else None,
-    )
-    app.state.service = service
+    store = bootstrap.result_store(settings)
+    service = bootstrap.build_service(settings, store, pool)
+    plane = bootstrap.build_dataplane(settings, service=service, store=store, batching=True, offload=pool is not None)
+    app = create_app(plane, settings, on_shutdown=pool.close if pool is not None else None)
+    app.state.plane = plane
     app.state.pool = pool
     return app
-
-
-def batchers(service: InferenceService, max_concurrent: int = 1) -> dict[str, AdaptiveBatcher]:
-    """An adaptive batcher for each model that asks for one (its default version).
-
-    ``max_concurrent`` batches of a model run at once: one per worker process.
-    """
-    found = {}
-    for name in service.registry.names():
-        settings = service.registry.resolve(name)
-        if settings.max_batch_time_ms is None:
-            continue
-
-        async def run(feed: dict[str, Any], model: str = name) -> dict[str, Any]:
-            # In a thread: the event loop keeps accepting (and batching) requests meanwhile.
-            return await asyncio.to_thread(service.run, model, feed)
-
-        found[name] = AdaptiveBatcher(
-            run,
-            max_batch_size=settings.max_batch_size,
-            max_batch_time=settings.max_batch_time_ms / 1000,
-            buckets=settings.length_buckets,
-            pad_inputs=settings.pad_inputs,
-            pad_value=settings.pad_value,
-            max_concurrent=max_concurrent,
-        )
-    return found

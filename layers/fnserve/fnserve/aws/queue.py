@@ -11,7 +11,7 @@ import orjson
 
 from fnserve.aws import s3
 from fnserve.aws.clients import client
-from fnserve.core.errors import InvalidInput
+from fnserve.core.errors import ConfigError
 from fnserve.core.jobs import MAX_MESSAGE_BYTES
 
 
@@ -21,7 +21,11 @@ def job_body(job: dict[str, Any], bucket: str | None) -> tuple[str, bool]:
     if len(body) <= MAX_MESSAGE_BYTES - 1024:
         return body.decode(), False
     if bucket is None:
-        raise InvalidInput(f"job {job['id']} is {len(body)} bytes, over SQS's limit, and no bucket is set for it")
+        # The deployment's fault, not the job's: it has no bucket for inputs sent by reference.
+        raise ConfigError(
+            f"job {job['id']} is {len(body)} bytes, over SQS's limit, and no bucket is set for it "
+            "(FNSERVE_RESULTS_BUCKET, or --bucket)"
+        )
     request = {k: v for k, v in job.items() if k not in ("id", "model", "version")}
     uri = s3.put_bytes(bucket, f"fnserve/jobs/{job['id']}.json", orjson.dumps(request))
     ref = {k: job[k] for k in ("id", "model", "version") if k in job} | {"payload": {"uri": uri}}

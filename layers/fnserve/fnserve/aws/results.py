@@ -1,9 +1,11 @@
 """The DynamoDB result store: job results, follow-up results and the shared cache tier, one table.
 
+The only translator between :class:`~fnserve.core.results.ResultRecord` and DynamoDB items.
 Every read is a BatchGetItem (100 keys a call) and every write a BatchWriteItem (25 items a
 call); unprocessed keys and items are retried with exponential backoff and full jitter.
 Items carry a TTL attribute (``expires_at``); DynamoDB deletes late, so reads ignore
-expired items. A payload too big for an item (400 KB) goes to S3, the item holding its URI.
+expired items. A payload too big for an item (400 KB) goes to S3, the item holding its URI
+(``payload_s3``), and comes back from S3 when the record is read.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from fnserve.aws import s3
 from fnserve.aws.clients import client
+from fnserve.core.results import ResultRecord, cache_entry_key
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +56,34 @@ def _from_dynamo(item: Mapping[str, Any]) -> Item:
     return out
 
 
+def _item(record: ResultRecord) -> Item:
+    return {
+        KEY: record.key,
+        "status": record.status,
+        "model_name": record.model,
+        "model_version": record.version,
+        "payload": record.payload,
+        "error": record.error,
+        "created_at": record.created,
+        TTL_ATTRIBUTE: record.expires,
+    }
+
+
+def _record(item: Item) -> ResultRecord:
+    return ResultRecord(
+        key=item[KEY],
+        status="done" if item.get("status") == "done" else "failed",
+        model=str(item.get("model_name", "")),
+        version=item.get("model_version"),
+        created=int(item.get("created_at", 0)),
+        expires=int(item[TTL_ATTRIBUTE]),
+        payload=item.get("payload"),
+        error=item.get("error"),
+    )
+
+
 class DynamoResultStore:
-    """Batched, retried reads and writes of result items keyed by ``pk``."""
+    """Batched, retried reads and writes of result records, as items keyed by ``pk``."""
 
     def __init__(
         self,
@@ -84,8 +113,16 @@ class DynamoResultStore:
     def _backoff(self, attempt: int) -> None:
         self._sleep(random.uniform(0, min(self.max_delay, self.base_delay * 2**attempt)))
 
-    def get(self, keys: Iterable[str]) -> dict[str, Item]:
-        """Unexpired items among ``keys`` (payloads fetched back from S3); missing keys are absent."""
+    def get(self, keys: Iterable[str]) -> dict[str, ResultRecord]:
+        """Unexpired records among ``keys`` (payloads fetched back from S3); missing keys are absent."""
+        return {key: _record(item) for key, item in self.read_items(keys).items()}
+
+    def put(self, records: Sequence[ResultRecord]) -> set[str]:
+        """Write records (last write wins); returns the keys that could not be stored. Never raises."""
+        return self.write_items([_item(record) for record in records])
+
+    def read_items(self, keys: Iterable[str]) -> dict[str, Item]:
+        """The raw items among ``keys`` (for :class:`DynamoCacheBackend`, whose entries are not records)."""
         wanted = list(dict.fromkeys(keys))
         found: dict[str, Item] = {}
         now = time.time()
@@ -108,8 +145,8 @@ class DynamoResultStore:
                 item["payload"] = s3.get_bytes(item.pop("payload_s3"))
         return found
 
-    def put(self, items: Sequence[Item]) -> set[str]:
-        """Write items (last write wins); returns the keys that could not be stored. Never raises.
+    def write_items(self, items: Sequence[Item]) -> set[str]:
+        """Write raw items; returns the keys that could not be stored.
 
         One item per key: BatchWriteItem refuses a call that names a key twice (a job sent
         twice can land in one batch), and would take the other items of the call down with it.
@@ -161,17 +198,19 @@ class DynamoResultStore:
 
 
 class DynamoCacheBackend:
-    """The result cache's shared tier, as ``cache#<key>`` items in the result store."""
+    """The result cache's shared tier, as ``cache#<key>`` items in the result store's table."""
 
     def __init__(self, store: DynamoResultStore) -> None:
         self.store = store
 
     def get_many(self, keys: Sequence[str]) -> dict[str, tuple[bytes, float]]:
-        items = self.store.get(f"cache#{k}" for k in keys)
-        return {pk.removeprefix("cache#"): (item["payload"], item[TTL_ATTRIBUTE]) for pk, item in items.items()}
+        by_item = {cache_entry_key(k): k for k in keys}
+        items = self.store.read_items(by_item)
+        return {by_item[pk]: (item["payload"], item[TTL_ATTRIBUTE]) for pk, item in items.items()}
 
     def put_many(self, entries: Mapping[str, bytes], ttl_seconds: int) -> None:
         expires = int(time.time()) + ttl_seconds
-        failed = self.store.put([{KEY: f"cache#{k}", "payload": v, TTL_ATTRIBUTE: expires} for k, v in entries.items()])
+        items = [{KEY: cache_entry_key(k), "payload": v, TTL_ATTRIBUTE: expires} for k, v in entries.items()]
+        failed = self.store.write_items(items)
         if failed:
             raise RuntimeError(f"{len(failed)} cache entries were not stored")

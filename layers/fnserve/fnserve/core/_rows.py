@@ -1,22 +1,39 @@
-"""Splitting stacked outputs back into the requests they came from."""
+"""Requests stacked along the batch axis: each one's rows, and splitting outputs back."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from fnserve.core.datatypes import Arrays
 from fnserve.core.errors import InferenceError
 
-Arrays = dict[str, np.ndarray[Any, Any]]
+
+def row_bounds(rows: Sequence[int]) -> list[int]:
+    """Where each request's rows start, and where the last ends: ``[0, r0, r0 + r1, ...]``."""
+    return np.cumsum([0, *rows]).tolist()  # type: ignore[no-any-return]
 
 
-def split_rows(outputs: Mapping[str, np.ndarray[Any, Any]], rows: list[int], what: str) -> list[Arrays]:
-    """Each request's rows of every output, in order; refuses outputs that do not split exactly.
+def slice_rows(arrays: Mapping[str, np.ndarray[Any, Any]], rows: Sequence[int]) -> list[Arrays]:
+    """Each request's rows of every array, in order (views, not copies).
 
     Plain slices, not np.split: it costs several times more per piece, and there is a piece per request.
     """
+    bounds = row_bounds(rows)
+    return [{name: array[bounds[j] : bounds[j + 1]] for name, array in arrays.items()} for j in range(len(rows))]
+
+
+def take_rows(arrays: Mapping[str, np.ndarray[Any, Any]], rows: Sequence[int], keep: Sequence[int]) -> Arrays:
+    """The rows of only the requests at positions ``keep``, stacked again (a copy)."""
+    bounds = row_bounds(rows)
+    take = np.concatenate([np.arange(bounds[j], bounds[j + 1]) for j in keep])
+    return {name: array[take] for name, array in arrays.items()}
+
+
+def split_rows(outputs: Mapping[str, np.ndarray[Any, Any]], rows: Sequence[int], what: str) -> list[Arrays]:
+    """:func:`slice_rows` of a stacked run's outputs, refusing outputs that do not split exactly."""
     total = sum(rows)
     for name, array in outputs.items():
         if array.ndim == 0 or array.shape[0] != total:
@@ -24,5 +41,4 @@ def split_rows(outputs: Mapping[str, np.ndarray[Any, Any]], rows: list[int], wha
                 f"{what}: output {name!r} has shape {list(array.shape)}, which does not split back into "
                 f"the {len(rows)} stacked requests ({total} rows)"
             )
-    bounds = np.cumsum([0, *rows]).tolist()
-    return [{name: array[bounds[j] : bounds[j + 1]] for name, array in outputs.items()} for j in range(len(rows))]
+    return slice_rows(outputs, rows)

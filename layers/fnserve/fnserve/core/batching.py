@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from fnserve.core._rows import split_rows
+from fnserve.core.datatypes import Arrays
 from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
 
-Arrays = dict[str, np.ndarray[Any, Any]]
 Runner = Callable[[Arrays], Awaitable[Arrays]]
 
 

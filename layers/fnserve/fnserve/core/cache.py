@@ -18,11 +18,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from fnserve.core.datatypes import Arrays
 from fnserve.core.tensors import pack_arrays, unpack_arrays
 
 logger = logging.getLogger(__name__)
-
-Arrays = dict[str, np.ndarray[Any, Any]]
 
 
 def cache_key(

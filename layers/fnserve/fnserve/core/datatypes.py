@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from fnserve.core.errors import InvalidInput
+
+# Named tensors: what models take and give, and what every layer passes around.
+Arrays = dict[str, np.ndarray[Any, Any]]
 
 # V2 datatype -> numpy dtype. BYTES tensors are numpy object arrays of ``bytes``.
 V2_TO_NUMPY: dict[str, np.dtype[np.generic]] = {

@@ -68,13 +68,37 @@ class InferenceError(FnserveError):
 
 
 class ConfigError(FnserveError):
-    """Settings or a manifest are invalid; raised when they load, never per request."""
+    """Settings or a manifest are invalid, or a deployment lacks what a request needs (a bucket, a table)."""
 
     status_code = 500
 
 
+class ResultNotFound(FnserveError):
+    """No stored result has this id: never minted here, or expired."""
+
+    status_code = 404
+
+
+class HandlerError(FnserveError):
+    """A function's handler raised (Lambda reports this as a function error), or its init failed."""
+
+    status_code = 502
+
+
+class WorkerDied(FnserveError):
+    """The worker process running an invocation exited before answering."""
+
+    status_code = 503
+
+
+class InvocationTimeout(FnserveError):
+    """The invocation ran past its timeout; its worker was replaced."""
+
+    status_code = 504
+
+
 def _known() -> dict[str, type[FnserveError]]:
-    """fnserve's own error classes by name, subclasses defined in other modules included."""
+    """fnserve's own error classes by name."""
     found: dict[str, type[FnserveError]] = {}
     pending: list[type[FnserveError]] = [FnserveError]
     while pending:

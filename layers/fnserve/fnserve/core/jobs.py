@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from fnserve.core.datatypes import V2_TO_NUMPY
+from fnserve.core._rows import slice_rows, take_rows
+from fnserve.core.datatypes import V2_TO_NUMPY, v2_datatype
 from fnserve.core.errors import BadRequest, FnserveError, InvalidInput
 from fnserve.core.tensors import array_from_json, decode_document, decode_request, json_object
 
@@ -44,11 +45,6 @@ class Job:
     version: str | None
     inputs: dict[str, np.ndarray[Any, Any]]
     outputs: tuple[str, ...] | None
-
-
-def job_key(job_id: str) -> str:
-    """The result store key of a job's result."""
-    return f"job#{job_id}"
 
 
 def parse_job(body: str | bytes, load_payload: PayloadLoader | None = None) -> Job:
@@ -92,30 +88,21 @@ class JobGroup:
 
     def select(self, keep: Sequence[int]) -> JobGroup:
         """The group of only the jobs at positions ``keep``."""
-        bounds = np.cumsum([0, *self.rows])
-        take = np.concatenate([np.arange(bounds[n], bounds[n + 1]) for n in keep])
         return JobGroup(
             self.model,
             self.version,
             self.outputs,
             [self.indexes[n] for n in keep],
             [self.ids[n] for n in keep],
-            {k: v[take] for k, v in self.inputs.items()},
+            take_rows(self.inputs, self.rows, keep),
             [self.rows[n] for n in keep],
         )
 
     def split(self) -> list[Job]:
         """The group's jobs, each with its own rows (views, not copies)."""
-        bounds = np.cumsum([0, *self.rows])
         return [
-            Job(
-                job_id,
-                self.model,
-                self.version,
-                {k: v[bounds[n] : bounds[n + 1]] for k, v in self.inputs.items()},
-                self.outputs,
-            )
-            for n, job_id in enumerate(self.ids)
+            Job(job_id, self.model, self.version, inputs, self.outputs)
+            for job_id, inputs in zip(self.ids, slice_rows(self.inputs, self.rows), strict=True)
         ]
 
 
@@ -233,8 +220,6 @@ def job_message(
     outputs: list[str] | None = None,
 ) -> dict[str, Any]:
     """The message body of a job with its inputs inline, as V2 JSON tensors."""
-    from fnserve.core.datatypes import v2_datatype
-
     tensors = []
     for name, array in inputs.items():
         datatype = v2_datatype(array.dtype)

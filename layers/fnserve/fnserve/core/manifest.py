@@ -1,15 +1,209 @@
-"""Reading the model manifest (TOML) into validated :class:`~fnserve.core.settings.Manifest`."""
+"""The manifest format: every model version a deployment serves, its tensor overrides and its cascades.
+
+A leaf: it knows pydantic and nothing of the features that read it. TOML is what people
+write; JSON (a TOML-shaped document) is what fnserve writes itself (an s3:// manifest fetched).
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from pathlib import Path
+from typing import Annotated, Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fnserve.core.errors import ConfigError
-from fnserve.core.settings import Manifest
+from fnserve.core.names import check_name
+
+ModelName = Annotated[str, Field(min_length=1, max_length=128)]
+
+
+class TensorOverride(BaseModel):
+    """What the manifest may say about one input or output beyond what the ONNX graph says."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    shape: list[int] | None = Field(
+        default=None,
+        description="Shape to advertise and enforce (-1 for a variable dimension); must have the "
+        "graph's rank and agree with its fixed dimensions.",
+    )
+
+
+class ModelSettings(BaseModel):
+    """One model version in the manifest."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: ModelName = Field(description="Model name used in URLs and job records.")
+    version: str = Field(default="1", description="Version label; the highest is the default.")
+    path: str = Field(description="ONNX file: a path relative to the manifest, an absolute path, or s3://bucket/key.")
+    sha256: str = Field(description="Hex SHA-256 of the ONNX file; a mismatch refuses the load.")
+    description: str = Field(default="", description="Free text shown in model metadata.")
+    inputs: dict[str, TensorOverride] = Field(
+        default_factory=dict, description="Per-input overrides, keyed by the graph's input name."
+    )
+    outputs: dict[str, TensorOverride] = Field(
+        default_factory=dict, description="Per-output overrides, keyed by the graph's output name."
+    )
+    max_batch_size: int = Field(
+        default=1024,
+        ge=1,
+        description="Largest batch sent to the runtime in one call; bigger requests are chunked.",
+    )
+    intra_op_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="ONNX Runtime intra-op threads; default: available CPUs / worker processes.",
+    )
+    inter_op_threads: int = Field(default=1, ge=1, description="ONNX Runtime inter-op threads.")
+    execution_providers: list[str] = Field(
+        default_factory=lambda: ["CPUExecutionProvider"],
+        min_length=1,
+        description="ONNX Runtime execution providers in order of preference.",
+    )
+    graph_optimization: Literal["disable", "basic", "extended", "all"] = Field(
+        default="all", description="ONNX Runtime graph optimisation level."
+    )
+    max_batch_time_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="Adaptive batching in long-running servers: gather concurrent requests for at most this long "
+        "after the first one (and at most max_batch_size rows); off when unset.",
+    )
+    length_buckets: list[int] = Field(
+        default_factory=list,
+        description="Sequence lengths that batched variable-length inputs are padded up to (sorted, positive).",
+    )
+    pad_inputs: list[str] = Field(default_factory=list, description="Inputs padded along axis 1 to their bucket.")
+    pad_value: float = Field(default=0.0, description="Value the padding is filled with.")
+    cache_ttl_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="Cache this model's results for this long (in-process and DynamoDB); off when unset.",
+    )
+    warmup: bool = Field(
+        default=True,
+        description="Run one zero-filled batch at load, so the first request does not pay the "
+        "runtime's first-run allocations.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_name(value, "model name")
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        return check_name(value, "model version")
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha256(cls, value: str) -> str:
+        value = value.lower()
+        if not re.fullmatch(r"[0-9a-f]{64}", value):
+            raise ValueError("sha256 must be 64 hex digits")
+        return value
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if value.startswith("s3://"):
+            bucket, _, key = value[5:].partition("/")
+            if not bucket or not key:
+                raise ValueError(f"s3 path {value!r} must be s3://bucket/key")
+        elif not value:
+            raise ValueError("path must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _batching(self) -> ModelSettings:
+        if any(b < 1 for b in self.length_buckets) or self.length_buckets != sorted(set(self.length_buckets)):
+            raise ValueError(f"length_buckets must be positive and ascending, got {self.length_buckets}")
+        if self.pad_inputs and not self.length_buckets:
+            raise ValueError("pad_inputs needs length_buckets to pad up to")
+        if (self.length_buckets or self.pad_inputs) and self.max_batch_time_ms is None:
+            raise ValueError("length_buckets and pad_inputs only apply with max_batch_time_ms (adaptive batching)")
+        return self
+
+    @model_validator(mode="after")
+    def _overrides(self) -> ModelSettings:
+        for kind, overrides in (("input", self.inputs), ("output", self.outputs)):
+            for tensor, override in overrides.items():
+                if override.shape is not None and any(d < -1 or d == 0 for d in override.shape):
+                    raise ValueError(
+                        f"{kind} {tensor!r}: shape dimensions must be positive or -1, got {override.shape}"
+                    )
+        return self
+
+
+class CascadeSettings(BaseModel):
+    """A cascade in the manifest: served as a model of its own name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Name clients call, like a model's: POST /v2/models/{name}/infer.")
+    fast: str = Field(description="The fast model, which answers at once.")
+    fast_version: str | None = Field(default=None, description="Its version (default: latest).")
+    slow: str = Field(description="The slow, accurate model, run as a follow-up.")
+    slow_version: str | None = Field(default=None, description="Its version (default: latest).")
+    output: str = Field(description="The fast model's output the confidence rule reads ([rows, classes]).")
+    scores: Literal["probabilities", "logits"] = Field(
+        default="probabilities", description="What the output holds; logits go through a softmax."
+    )
+    rule: Literal["top1", "margin"] = Field(
+        default="top1", description="top1: top-class probability >= threshold; margin: top1 - top2 >= threshold."
+    )
+    threshold: float = Field(
+        ge=0.0, le=1.0, description="Confident at or above this; tune with `fnserve cascade tune`."
+    )
+    queue_url: str | None = Field(
+        default=None, description="Follow-up queue; default: FNSERVE_FOLLOWUP_QUEUE_URL of the server settings."
+    )
+    result_ttl_seconds: int = Field(default=86_400, ge=60, description="How long follow-up results are kept.")
+
+    @field_validator("name", "fast", "slow")
+    @classmethod
+    def _names(cls, value: str) -> str:
+        return check_name(value, "name")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> CascadeSettings:
+        if self.fast == self.slow and self.fast_version == self.slow_version:
+            raise ValueError(f"cascade {self.name!r}: fast and slow are the same model")
+        return self
+
+
+class Manifest(BaseModel):
+    """The model manifest: every model version this deployment serves, and its cascades."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    models: list[ModelSettings] = Field(min_length=1, description="Served model versions.")
+    cascades: list[CascadeSettings] = Field(default_factory=list, description="Fast-then-accurate model pairs.")
+    base_dir: Path = Field(default=Path("."), description="Directory relative model paths are resolved against.")
+
+    @model_validator(mode="after")
+    def _unique(self) -> Manifest:
+        seen: set[tuple[str, str]] = set()
+        for model in self.models:
+            key = (model.name, model.version)
+            if key in seen:
+                raise ValueError(f"model {model.name!r} version {model.version!r} is listed twice")
+            seen.add(key)
+        models = {m.name for m in self.models}
+        taken = set(models)
+        for cascade in self.cascades:
+            if cascade.name in taken:
+                raise ValueError(f"cascade {cascade.name!r}: the name is already a model's or a cascade's")
+            for role, member in (("fast", cascade.fast), ("slow", cascade.slow)):
+                if member not in models:
+                    raise ValueError(f"cascade {cascade.name!r}: its {role} model {member!r} is not in the manifest")
+            taken.add(cascade.name)
+        return self
 
 
 def load_manifest(path: str | Path) -> Manifest:

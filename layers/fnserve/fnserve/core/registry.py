@@ -16,7 +16,7 @@ import onnxruntime as ort
 from fnserve.core._cpus import default_intra_op_threads
 from fnserve.core.datatypes import ORT_TO_V2, V2_TO_NUMPY
 from fnserve.core.errors import ModelLoadError, ModelNotFound
-from fnserve.core.settings import Manifest, ModelSettings, TensorOverride
+from fnserve.core.manifest import Manifest, ModelSettings, TensorOverride
 
 logger = logging.getLogger(__name__)
 

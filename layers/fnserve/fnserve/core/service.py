@@ -6,24 +6,19 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
-from fnserve.core._rows import split_rows
-from fnserve.core.cache import CacheBackend, ResultCache, cache_key
-from fnserve.core.datatypes import can_cast
+from fnserve.core._rows import slice_rows, split_rows, take_rows
+from fnserve.core.cache import ResultCache, cache_key
+from fnserve.core.datatypes import Arrays, can_cast
 from fnserve.core.errors import FnserveError, InferenceError, InvalidInput, ModelNotReady
 from fnserve.core.manifest import load_manifest
 from fnserve.core.registry import Fetcher, LoadedModel, ModelRegistry, TensorSpec
 
-if TYPE_CHECKING:
-    from fnserve.core.settings import Settings
-
 logger = logging.getLogger(__name__)
-
-Arrays = dict[str, np.ndarray[Any, Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +29,22 @@ class Prediction:
     model: str
     version: str
     cache: str
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A validated request, looked up in the cache: :meth:`InferenceService.finish` it with its outputs."""
+
+    model: LoadedModel
+    feed: Arrays
+    batch: int
+    names: tuple[str, ...]
+    key: str | None  # None: the model does not cache
+    hit: Arrays | None
+
+    def cached(self) -> Prediction | None:
+        """The cached answer, if there was one."""
+        return None if self.hit is None else Prediction(self.hit, self.model.name, self.model.version, "hit")
 
 
 class InferenceService:
@@ -67,25 +78,6 @@ class InferenceService:
             registry.load_all()
         return cls(registry, cache)
 
-    @classmethod
-    def from_settings(
-        cls,
-        settings: Settings,
-        *,
-        fetchers: Mapping[str, Fetcher] | None = None,
-        cache_backend: CacheBackend | None = None,
-    ) -> InferenceService:
-        """Build the service a process serves with, as the server settings describe it."""
-        return cls.from_manifest(
-            settings.manifest,
-            workers=settings.inference_processes,
-            intra_op_threads=settings.intra_op_threads,
-            eager=settings.eager_load,
-            cache_dir=settings.model_cache_dir,
-            fetchers=fetchers,
-            cache=ResultCache(settings.cache_max_bytes, cache_backend),
-        )
-
     # -- inference ----------------------------------------------------------------------------
 
     def predict(
@@ -111,19 +103,41 @@ class InferenceService:
         outputs: Sequence[str] | None = None,
     ) -> Prediction:
         """:meth:`predict`, through the result cache when the model opts in; says which version and cache."""
+        prepared = self.prepare(model, inputs, version=version, outputs=outputs)
+        cached = prepared.cached()
+        if cached is not None:
+            return cached
+        return self._answer(prepared, _run_batched(prepared.model, prepared.names, prepared.feed, prepared.batch))
+
+    def prepare(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        *,
+        version: str | None = None,
+        outputs: Sequence[str] | None = None,
+    ) -> Prepared:
+        """Validate a request and look it up in the cache; the first half of :meth:`infer`.
+
+        For callers that run the model their own way (the adaptive batcher): a miss is run,
+        then handed to :meth:`finish`, so every path caches alike.
+        """
         loaded = self.registry.get(model, version)
         feed, batch = _validate(loaded, inputs)
         names = _output_names(loaded, outputs)
         keys, hits = self._cached({0: feed}, loaded, names)
-        if hits:
-            return Prediction(hits[0], loaded.name, loaded.version, "hit")
-        result = _run_batched(loaded, names, feed, batch)
-        self._remember(loaded, {keys[0]: result} if keys else {})
-        return Prediction(result, loaded.name, loaded.version, "miss" if keys else "off")
+        return Prepared(loaded, feed, batch, names, keys.get(0), hits.get(0))
 
-    def validate(self, model: str, inputs: Mapping[str, Any], *, version: str | None = None) -> Arrays:
-        """The inputs as the model takes them (cast where safe), or the error :meth:`predict` would raise."""
-        return _validate(self.registry.get(model, version), inputs)[0]
+    def finish(self, prepared: Prepared, outputs: Mapping[str, np.ndarray[Any, Any]]) -> Prediction:
+        """The answer of a prepared request from its model's outputs (the requested ones kept), cached."""
+        return self._answer(prepared, {name: outputs[name] for name in prepared.names})
+
+    def _answer(self, prepared: Prepared, result: Arrays) -> Prediction:
+        loaded = prepared.model
+        if prepared.key is None:
+            return Prediction(result, loaded.name, loaded.version, "off")
+        self._remember(loaded, {prepared.key: result})
+        return Prediction(result, loaded.name, loaded.version, "miss")
 
     def output_names(self, model: str, outputs: Sequence[str] | None, *, version: str | None = None) -> tuple[str, ...]:
         """The outputs a request gets (all when it names none), or the 422 for names the model lacks."""
@@ -207,18 +221,15 @@ class InferenceService:
         feed, batch = _validate(loaded, inputs)
         if sum(rows) != batch:
             raise InvalidInput(f"stacked inputs have {batch} rows, the jobs claim {sum(rows)}")
-        bounds = np.cumsum([0, *rows])
         hits: dict[int, Arrays] = {}
         keys: dict[int, str] = {}
         if loaded.settings.cache_ttl_seconds is not None and self.cache is not None:
-            slices = {j: {k: v[bounds[j] : bounds[j + 1]] for k, v in feed.items()} for j in range(len(rows))}
-            keys, hits = self._cached(slices, loaded, names)
+            keys, hits = self._cached(dict(enumerate(slice_rows(feed, rows))), loaded, names)
         misses = [j for j in range(len(rows)) if j not in hits]
         split: dict[int, Arrays] = {}
         if misses:
             if hits:  # run only the rows of the misses
-                take = np.concatenate([np.arange(bounds[j], bounds[j + 1]) for j in misses])
-                feed = {k: v[take] for k, v in feed.items()}
+                feed = take_rows(feed, rows, misses)
             run = _run_batched(loaded, names, feed, int(sum(rows[j] for j in misses)))
             split = dict(zip(misses, split_rows(run, [rows[j] for j in misses], f"model {loaded.name!r}"), strict=True))
             self._remember(loaded, {keys[j]: split[j] for j in misses} if keys else {})

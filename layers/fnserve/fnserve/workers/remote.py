@@ -1,12 +1,12 @@
-"""Models whose sessions live in worker processes: the registry of a server's front process.
+"""Models whose sessions live in pool workers: the registry of a server's front process.
 
 With ``parallel_workers >= 1``, ``fnserve serve`` is one front process (HTTP, validation,
-the result cache, batching, cascades) and a :class:`~fnserve.core.pool.WorkerPool` of
+the result cache, batching, cascades) and a :class:`~fnserve.workers.pool.WorkerPool` of
 inference workers, each holding every model's ONNX Runtime session. The front process
 loads no model: its :class:`PooledRegistry` knows each model's tensors from the workers'
-description, and its sessions send ``run`` to whichever worker is free. Everything above
-the session (:class:`~fnserve.core.service.InferenceService`, the batcher) is the same code
-in both modes. :func:`handle` is what a worker answers.
+description, and its sessions send :class:`RunModel` to whichever worker is free.
+Everything above the session (:class:`~fnserve.core.service.InferenceService`, the
+batcher, the data plane) is the same code in both modes. :func:`handle` is what a worker answers.
 """
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from fnserve.core.datatypes import V2_TO_NUMPY
+from fnserve.core.datatypes import V2_TO_NUMPY, Arrays
 from fnserve.core.errors import BadRequest, ModelNotReady
-from fnserve.core.pool import WorkerPool
+from fnserve.core.manifest import Manifest, ModelSettings
 from fnserve.core.registry import LoadedModel, ModelRegistry, TensorSpec
 from fnserve.core.service import InferenceService
-from fnserve.core.settings import Manifest, ModelSettings
-
-Arrays = dict[str, np.ndarray[Any, Any]]
+from fnserve.workers.messages import Describe, Described, RunModel
+from fnserve.workers.pool import WorkerPool
 
 
 class PoolSession:
@@ -37,7 +36,7 @@ class PoolSession:
         self._providers = list(providers)
 
     def run(self, names: Sequence[str], feed: Mapping[str, np.ndarray[Any, Any]]) -> list[np.ndarray[Any, Any]]:
-        request = {"op": "run", "model": self._model, "version": self._version, "outputs": list(names), "inputs": feed}
+        request = RunModel(self._model, self._version, list(names), dict(feed))
         outputs: Arrays = self._pool.invoke(request).result()
         return [outputs[name] for name in names]
 
@@ -51,8 +50,8 @@ class PooledRegistry(ModelRegistry):
     def __init__(self, manifest: Manifest, pool: WorkerPool) -> None:
         super().__init__(manifest)
         self.pool = pool
-        described: dict[str, Any] = pool.invoke({"op": "describe"}).result()
-        self._described = {(m["name"], m["version"]): m for m in described["models"]}
+        described: Described = pool.invoke(Describe()).result()
+        self._described = {(m["name"], m["version"]): m for m in described.models}
 
     def _load(self, settings: ModelSettings) -> LoadedModel:
         described = self._described.get((settings.name, settings.version))
@@ -71,12 +70,11 @@ class PooledRegistry(ModelRegistry):
         )
 
 
-def handle(service: InferenceService, event: Mapping[str, Any]) -> Any:
-    """A worker's answer to the front process: ``describe`` its models, or ``run`` one."""
-    op = event.get("op")
-    if op == "run":
-        return service.run(event["model"], event["inputs"], version=event["version"], outputs=event["outputs"])
-    if op == "describe":
+def handle(service: InferenceService, event: RunModel | Describe) -> Arrays | Described:
+    """A worker's answer to the front process: run one model, or describe them all."""
+    if isinstance(event, RunModel):
+        return service.run(event.model, event.inputs, version=event.version, outputs=event.outputs)
+    if isinstance(event, Describe):
         registry = service.registry
         models = []
         for name in registry.names():
@@ -91,8 +89,8 @@ def handle(service: InferenceService, event: Mapping[str, Any]) -> Any:
                         "outputs": [spec.to_metadata() for spec in loaded.outputs],
                     }
                 )
-        return {"models": models}
-    raise BadRequest(f"unknown worker operation {op!r}")
+        return Described(models)
+    raise BadRequest(f"unknown worker request {type(event).__name__}")
 
 
 def _spec(metadata: Mapping[str, Any]) -> TensorSpec:

@@ -13,12 +13,12 @@ from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from mangum import Mangum
 
-from fnserve.adapters import snapstart
-from fnserve.adapters.http import create_app
+from fnserve import bootstrap
+from fnserve.adapters.http.app import create_app
+from fnserve.adapters.lambda_ import snapstart
 from fnserve.adapters.logs import logger
-from fnserve.aws.service import build_service, cascade_runner, result_store
 from fnserve.core.service import InferenceService
-from fnserve.core.settings import Settings
+from fnserve.settings import Settings
 
 # Only JSON is text; everything else (the binary tensor extension's application/octet-stream)
 # is base64-encoded for API Gateway, which decodes it back to bytes for the client.
@@ -57,16 +57,12 @@ def create_handler(
 ) -> LambdaHandler:
     """The Lambda handler for the HTTP API; build it once, at import."""
     settings = settings or Settings()
-    store = result_store(settings)
-    service = service or build_service(settings, store)
-    metrics = metrics or Metrics(namespace="fnserve", service="fnserve")
-    app = create_app(
-        service,
-        settings,
-        telemetry=EmfTelemetry(metrics),
-        cascades=cascade_runner(settings, service),
-        results=store,
+    store = bootstrap.result_store(settings)
+    plane = bootstrap.build_dataplane(
+        settings, service=service or bootstrap.build_service(settings, store), store=store
     )
+    metrics = metrics or Metrics(namespace="fnserve", service="fnserve")
+    app = create_app(plane, settings, telemetry=EmfTelemetry(metrics))
     asgi = Mangum(app, lifespan="off", text_mime_types=TEXT_MIME_TYPES)
 
     snapstart.register()

@@ -9,21 +9,18 @@ is killed and replaced (a 504). A worker that cannot start (its module fails to 
 started again on the next invocation, as Lambda retries a failed init, and the invocations
 waiting for it get the init error. Only plain data crosses the process boundary: events and
 responses as plain values (dicts, lists, strings, numbers, bytes, numpy arrays), errors as
-``{type, message, status_code}``.
+``{type, message, status_code}``, in the typed messages of :mod:`fnserve.workers.messages`.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import importlib
 import json
 import logging
 import multiprocessing
 import os
 import selectors
-import signal
-import sys
 import threading
 import time
 import uuid
@@ -32,27 +29,11 @@ from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from fnserve.core.errors import FnserveError
+from fnserve.core.errors import FnserveError, HandlerError, InvocationTimeout, WorkerDied
+from fnserve.workers.messages import FromWorker, InitFailed, Invoke, Ready, Returned, Started
+from fnserve.workers.worker import worker_main
 
 logger = logging.getLogger(__name__)
-
-
-class WorkerDied(FnserveError):
-    """The worker running an invocation exited before answering."""
-
-    status_code = 503
-
-
-class InvocationTimeout(FnserveError):
-    """The invocation ran past the function's timeout; its worker was replaced."""
-
-    status_code = 504
-
-
-class HandlerError(FnserveError):
-    """The handler raised (Lambda reports this as a function error)."""
-
-    status_code = 502
 
 
 @dataclass(frozen=True)
@@ -67,12 +48,19 @@ class FunctionSpec:
     memory_mb: int = 128
 
 
+@dataclass(eq=False, slots=True)
+class _Job:
+    id: str
+    event: Any
+    future: Future[Any]
+
+
 @dataclass(eq=False)  # one per process: compared by identity
 class _Worker:
     process: Any
     conn: Connection
     ready: bool = False
-    job: tuple[str, Any, Future[Any]] | None = None
+    job: _Job | None = None
     started: bool = False  # the worker acknowledged the job: it may have run
     deadline: float = float("inf")
     timed_out: bool = False
@@ -88,7 +76,7 @@ class WorkerPool:
         self.spec = spec
         self._context = multiprocessing.get_context("spawn")
         self._workers: list[_Worker] = []
-        self._queue: collections.deque[tuple[str, Any, Future[Any]]] = collections.deque()
+        self._queue: collections.deque[_Job] = collections.deque()
         self._lock = threading.Lock()
         # The dispatcher sleeps in one selector over every worker's pipe and sentinel, kept across
         # rounds; invoke() wakes it with a byte on a plain pipe.
@@ -130,7 +118,7 @@ class WorkerPool:
             future.set_exception(WorkerDied(f"function {self.spec.name} is shutting down"))
             return future
         with self._lock:
-            self._queue.append((uuid.uuid4().hex, event, future))
+            self._queue.append(_Job(uuid.uuid4().hex, event, future))
         self._wake()
         return future
 
@@ -152,7 +140,7 @@ class WorkerPool:
                 worker.process.join(timeout=5)
         with self._lock:
             while self._queue:
-                self._queue.popleft()[2].set_exception(WorkerDied(f"function {self.spec.name} shut down"))
+                self._queue.popleft().future.set_exception(WorkerDied(f"function {self.spec.name} shut down"))
         if not self._dispatcher.is_alive():
             self._selector.close()
             os.close(self._wake_r)
@@ -170,7 +158,7 @@ class WorkerPool:
     def _spawn(self) -> _Worker:
         parent, child = self._context.Pipe()
         process = self._context.Process(
-            target=_worker_main, args=(child, json.dumps(asdict(self.spec))), name=f"fnserve-{self.spec.name}"
+            target=worker_main, args=(child, json.dumps(asdict(self.spec))), name=f"fnserve-{self.spec.name}"
         )
         process.start()
         child.close()
@@ -218,22 +206,23 @@ class WorkerPool:
             while worker.conn.poll():
                 self._handle(worker, worker.conn.recv())
 
-    def _handle(self, worker: _Worker, message: tuple[str, str | None, Any]) -> None:
-        kind, rid, payload = message
-        if kind == "ready":
+    def _handle(self, worker: _Worker, message: FromWorker) -> None:
+        if isinstance(message, Ready):
             worker.ready = True
-        elif kind == "failed":  # the module would not import; the worker exits next
-            self.failure = payload["message"]
+        elif isinstance(message, InitFailed):  # the worker exits next
+            self.failure = message.message
             logger.error("function %s: %s", self.spec.name, self.failure)
-        elif kind == "started" and worker.job is not None and worker.job[0] == rid:
+        elif worker.job is None or worker.job.id != message.id:
+            return  # an answer to an invocation already answered (timed out): dropped
+        elif isinstance(message, Started):
             worker.started = True
-        elif worker.job is not None and worker.job[0] == rid:
-            future = worker.job[2]
+        else:
+            future = worker.job.future
             worker.job, worker.started, worker.deadline = None, False, float("inf")
-            if kind == "ok":
-                future.set_result(payload)
+            if isinstance(message, Returned):
+                future.set_result(message.response)
             else:
-                future.set_exception(FnserveError.from_dict(payload))
+                future.set_exception(FnserveError.from_dict(message.error))
 
     def _replace(self, worker: _Worker) -> None:
         worker.process.join(timeout=1)
@@ -246,7 +235,7 @@ class WorkerPool:
             with self._lock:
                 self._queue.appendleft(worker.job)
         elif worker.job is not None:
-            _, _, future = worker.job
+            future = worker.job.future
             if worker.timed_out:
                 error: FnserveError = InvocationTimeout(
                     f"function {self.spec.name} timed out after {self.spec.timeout:g}s; its worker was replaced"
@@ -273,7 +262,7 @@ class WorkerPool:
         error = HandlerError(f"function {self.spec.name} cannot start: {self.failure}")
         with self._lock:
             while self._queue:
-                self._queue.popleft()[2].set_exception(error)
+                self._queue.popleft().future.set_exception(error)
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -294,60 +283,12 @@ class WorkerPool:
             with self._lock:
                 if not self._queue:
                     return
-                rid, event, future = self._queue.popleft()
-            if not future.running() and not future.set_running_or_notify_cancel():
+                job = self._queue.popleft()
+            if not job.future.running() and not job.future.set_running_or_notify_cancel():
                 continue
-            worker.job = (rid, event, future)
+            worker.job = job
             worker.deadline = time.monotonic() + self.spec.timeout
             try:
-                worker.conn.send((rid, event, self.spec.timeout))
+                worker.conn.send(Invoke(job.id, job.event, self.spec.timeout))
             except OSError:
                 pass  # it died: the sentinel answers the invocation
-
-
-class _Context:
-    """The Lambda context object handlers read."""
-
-    def __init__(self, request_id: str, spec: dict[str, Any], timeout: float) -> None:
-        self.aws_request_id = request_id
-        self.function_name = spec["name"]
-        self.function_version = "$LATEST"
-        self.memory_limit_in_mb = spec["memory_mb"]
-        self.invoked_function_arn = f"arn:aws:lambda:us-east-1:000000000000:function:{spec['name']}"
-        self.log_group_name = f"/aws/lambda/{spec['name']}"
-        self.log_stream_name = "local"
-        self._deadline = time.monotonic() + timeout
-
-    def get_remaining_time_in_millis(self) -> int:
-        return max(0, int((self._deadline - time.monotonic()) * 1000))
-
-
-def _worker_main(conn: Connection, spec_json: str) -> None:
-    # The parent decides when workers stop (Ctrl-C or a SIGTERM to the whole process group must
-    # not kill them under it); if the parent dies outright, the pipe closes and they exit.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    spec = json.loads(spec_json)
-    os.environ.update(spec["env"])
-    sys.path.insert(0, spec["code_dir"])
-    module_name, _, attribute = spec["handler"].rpartition(".")
-    try:
-        handler = getattr(importlib.import_module(module_name), attribute)  # warm globals: built once
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which keeps running
-        reason = exc.message if isinstance(exc, FnserveError) else f"{type(exc).__name__}: {exc}"
-        with contextlib.suppress(OSError):
-            conn.send(("failed", None, {"message": f"{spec['handler']} failed to initialise: {reason}"}))
-        return
-    with contextlib.suppress(EOFError, OSError):  # the pipe closes when the parent goes away: exit quietly
-        conn.send(("ready", None, None))
-        while (message := conn.recv()) is not None:
-            rid, event, timeout = message
-            conn.send(("started", rid, None))
-            try:
-                response = handler(event, _Context(rid, spec, timeout))
-            except FnserveError as exc:
-                conn.send(("error", rid, exc.to_dict()))
-            except Exception as exc:  # noqa: BLE001 - a function error, as Lambda reports it
-                conn.send(("error", rid, HandlerError(f"{type(exc).__name__}: {exc}").to_dict()))
-            else:
-                conn.send(("ok", rid, response))

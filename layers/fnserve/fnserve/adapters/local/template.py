@@ -11,9 +11,11 @@ from typing import Any
 
 import yaml
 
+from fnserve.adapters.local.events import ACCOUNT_ID, REGION
+
 PSEUDO = {
-    "AWS::Region": "us-east-1",
-    "AWS::AccountId": "123456789012",
+    "AWS::Region": REGION,
+    "AWS::AccountId": ACCOUNT_ID,
     "AWS::StackName": "fnserve-local",
     "AWS::Partition": "aws",
     "AWS::URLSuffix": "amazonaws.com",

@@ -1,45 +1,34 @@
-"""SQS jobs (batch jobs and cascade follow-ups): every record of a batch parsed, one vectorised
-inference per model, results stored.
+"""The batch job processor: every job of a delivery parsed, one vectorised inference per model, results stored.
 
-Records that cannot be run (not JSON, unknown model, tensors that do not fit, a missing S3
-object) are reported in ``batchItemFailures`` with their reason logged, and never fail
-the others. Jobs whose result could not be stored are reported too, so SQS redelivers
-them: nothing is lost. When every record fails, every record is reported (the handler
-does not raise): SQS retries them all either way, and each reason is already logged.
+Transport-neutral: the SQS handler (``fnserve.adapters.lambda_.sqs``) hands it (message id,
+body, receive count) per record and reports the message ids it returns as failures.
 
-Idempotency: SQS delivers at least once. A redelivered record (receive count above 1)
-whose job already has a stored result is neither recomputed nor written again; the check
-is one BatchGetItem per 100 redelivered records. (Powertools' idempotency utility was
-weighed and not used: it makes a conditional PutItem per record, where this path batches
-every read and write.)
+Jobs that cannot be run (not JSON, unknown model, tensors that do not fit, a missing S3
+object) are failures with their reason logged (and stored as ``failed``), and never fail the
+others. Jobs whose result could not be stored are failures too, so the queue redelivers
+them: nothing is lost. Same-shaped jobs are stacked into one runtime call; if a stacked run
+fails, its jobs are run one by one to find the one at fault.
+
+Idempotency: queues deliver at least once. A redelivered job (receive count above 1) whose
+result is already stored is neither recomputed nor written again; the check is one batched
+read per 100 redelivered jobs. (Powertools' idempotency utility was weighed and not used: it
+makes a conditional write per record, where this path batches every read and write.)
 """
 
 from __future__ import annotations
 
 import gc
+import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
 
-from aws_lambda_powertools import Metrics
-from aws_lambda_powertools.metrics import MetricUnit
-
-from fnserve.adapters import snapstart
-from fnserve.adapters.logs import logger
-from fnserve.core.errors import ConfigError, FnserveError
-from fnserve.core.jobs import Job, JobGroup, PayloadLoader, job_key, parse_jobs
+from fnserve.core.errors import FnserveError
+from fnserve.core.jobs import Job, JobGroup, PayloadLoader, parse_jobs
+from fnserve.core.results import ResultRecord, ResultStore, job_key
 from fnserve.core.service import InferenceService, Prediction
-from fnserve.core.settings import Settings
-from fnserve.core.tensors import pack_arrays
 
-Item = dict[str, Any]
-
-
-class ResultStore(Protocol):
-    def get(self, keys: Iterable[str]) -> dict[str, Item]: ...
-
-    def put(self, items: Sequence[Item]) -> set[str]: ...
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -66,7 +55,7 @@ class _Work:
 
 
 class JobProcessor:
-    """Runs the jobs of one SQS batch against a service and stores their results."""
+    """Runs the jobs of one batch (an SQS or Pub/Sub delivery) against a service and stores their results."""
 
     def __init__(
         self,
@@ -84,7 +73,7 @@ class JobProcessor:
         self.max_receive_count = max_receive_count
 
     def process(self, records: Sequence[tuple[str, str, int]]) -> Outcome:
-        """``records``: (message id, body, receive count) of each SQS record."""
+        """``records``: (message id, body, delivery count) of each message of the batch."""
         # A batch allocates tens of thousands of short-lived, acyclic objects: without this,
         # the cyclic collector runs over them again and again (it tripled the parse time).
         paused = gc.isenabled()
@@ -119,9 +108,10 @@ class JobProcessor:
         work += alone.values()
         redelivered = {records[i][0] for i in range(len(records)) if records[i][2] > 1}
         work = self._without_stored(work, redelivered, outcome)
-        items: list[Item] = []
+        records_out: list[ResultRecord] = []
         owners: dict[str, str] = {}
         now = int(time.time())
+        ttl = self.ttl_seconds
         for unit in work:
             for message_id, job_id, result in zip(unit.message_ids, unit.job_ids, self._run(unit), strict=True):
                 key = job_key(job_id)
@@ -133,12 +123,14 @@ class JobProcessor:
                     # Say why where results are read: at once when the job itself is wrong, and on the
                     # last delivery for everything else (after it, SQS moves the message to the DLQ).
                     if result.status_code < 500 or self._final(receive_counts[message_id]):
-                        items.append(self._item(key, "failed", unit.model, None, now, error=result.message))
+                        records_out.append(ResultRecord.failed(key, unit.model, result.message, now=now, ttl=ttl))
                     continue
                 outcome.cache_hits += result.cache == "hit"
-                items.append(self._item(key, "done", result.model, result.version, now, pack_arrays(result.outputs)))
+                records_out.append(
+                    ResultRecord.done(key, result.model, result.version, result.outputs, now=now, ttl=ttl)
+                )
                 owners[key] = message_id
-        not_stored = self.store.put(items)
+        not_stored = self.store.put(records_out)
         for key in [k for k in owners if k in not_stored]:
             outcome.failures.append(owners.pop(key))
         position = {record[0]: i for i, record in enumerate(records)}
@@ -178,7 +170,7 @@ class JobProcessor:
         except Exception:  # cannot tell: run them again; the results are the same
             logger.exception("could not check redelivered jobs for stored results")
             return work
-        done = {key for key, item in stored.items() if item.get("status") == "done"}
+        done = {key for key, record in stored.items() if record.status == "done"}
         kept = []
         for unit in work:
             keep = [n for n, j in enumerate(unit.job_ids) if job_key(j) not in done]
@@ -198,91 +190,3 @@ class JobProcessor:
                     )
                 )
         return kept
-
-    def _item(
-        self,
-        key: str,
-        status: str,
-        model: str,
-        version: str | None,
-        now: int,
-        payload: bytes | None = None,
-        error: str | None = None,
-    ) -> Item:
-        return {
-            "pk": key,
-            "status": status,
-            "model_name": model,
-            "model_version": version,
-            "payload": payload,
-            "error": error,
-            "created_at": now,
-            "expires_at": now + self.ttl_seconds,
-        }
-
-
-SqsHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
-
-
-def records_of(event: dict[str, Any]) -> list[tuple[str, str, int]]:
-    """(message id, body, receive count) of each record of an SQS event.
-
-    Plain dict access: at 10,000 records a batch, a wrapper object per record shows in profiles.
-    """
-    return [
-        (r["messageId"], r["body"], int(r.get("attributes", {}).get("ApproximateReceiveCount", 1)))
-        for r in event.get("Records") or ()
-    ]
-
-
-def create_handler(
-    service: InferenceService | None = None,
-    settings: Settings | None = None,
-    store: ResultStore | None = None,
-    metrics: Metrics | None = None,
-) -> SqsHandler:
-    """The batch function's handler; build it once, at import."""
-    from fnserve.aws import s3
-    from fnserve.aws.service import build_service, result_store
-
-    settings = settings or Settings()
-    if store is None:
-        dynamo = result_store(settings)
-        if dynamo is None:
-            raise ConfigError("the batch function needs FNSERVE_RESULTS_TABLE: the table results are written to")
-        store = dynamo
-        service = service or build_service(settings, dynamo)
-    service = service or build_service(settings)
-    processor = JobProcessor(
-        service,
-        store,
-        ttl_seconds=settings.result_ttl_seconds,
-        load_payload=s3.get_bytes,
-        max_receive_count=settings.max_receive_count,
-    )
-    metrics = metrics or Metrics(namespace="fnserve", service="fnserve-batch")
-
-    snapstart.register()
-
-    @logger.inject_lambda_context(clear_state=True)
-    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-        records = records_of(event)
-        outcome = processor.process(records)
-        metrics.add_metric(name="JobsReceived", unit=MetricUnit.Count, value=len(records))
-        metrics.add_metric(name="JobsDone", unit=MetricUnit.Count, value=outcome.done)
-        metrics.add_metric(name="JobsFailed", unit=MetricUnit.Count, value=len(outcome.failures))
-        metrics.add_metric(name="JobsSkipped", unit=MetricUnit.Count, value=outcome.skipped)
-        metrics.add_metric(name="CacheHits", unit=MetricUnit.Count, value=outcome.cache_hits)
-        metrics.flush_metrics()
-        logger.info(
-            "batch",
-            extra={
-                "records": len(records),
-                "done": outcome.done,
-                "failed": len(outcome.failures),
-                "skipped": outcome.skipped,
-            },
-        )
-        return {"batchItemFailures": [{"itemIdentifier": m} for m in outcome.failures]}
-
-    return handler

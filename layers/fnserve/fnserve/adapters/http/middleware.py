@@ -1,0 +1,106 @@
+"""Per-request plumbing of the HTTP app: request ids, JSON responses, and errors rendered as ``{"error": ...}``."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from fnserve.adapters.logs import logger
+from fnserve.core.errors import FnserveError
+
+JSON = "application/json"
+
+# Request ids made here: unique per process (random prefix) and cheap (a counter, no uuid4 per request).
+_ID_PREFIX = uuid.uuid4().hex[:12]
+_ID_COUNTER = itertools.count(1)
+
+
+def json_response(content: Any, status_code: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(
+        orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY),
+        status_code=status_code,
+        media_type=JSON,
+        headers=headers,
+    )
+
+
+def error_response(message: str, status_code: int, headers: Mapping[str, str] | None = None) -> Response:
+    return json_response({"error": message}, status_code, headers)
+
+
+def request_id(scope: Scope) -> str:
+    """The caller's X-Request-Id, else the Lambda request id, else a new one."""
+    for key, value in scope.get("headers", ()):
+        if key == b"x-request-id" and value:
+            return bytes(value[:128]).decode("latin-1")
+    rid = getattr(scope.get("aws.context"), "aws_request_id", None)
+    return str(rid) if rid else f"{_ID_PREFIX}-{next(_ID_COUNTER):x}"
+
+
+def new_id_prefix() -> None:
+    """A new prefix for the request ids made here (after a SnapStart restore)."""
+    global _ID_PREFIX
+    _ID_PREFIX = uuid.uuid4().hex[:12]
+
+
+class RequestContext:
+    """Pure ASGI middleware: request id in every log line and in the response; no 500 leaks details.
+
+    (Starlette's BaseHTTPMiddleware would cost a task and a stream per request.)
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = request_id(scope)
+        logger.thread_safe_append_keys(request_id=rid)
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                message["headers"] = [*message.get("headers", ()), (b"x-request-id", rid.encode("latin-1"))]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            logger.exception("unhandled error", extra={"path": scope.get("path")})
+            if started:
+                raise
+            await error_response("internal server error", 500)(scope, receive, send_with_id)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """fnserve's errors, FastAPI's validation errors and Starlette's HTTP errors, all as ``{"error": ...}``."""
+
+    async def fnserve_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, FnserveError)
+        return error_response(exc.message, exc.status_code)
+
+    async def validation_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        return error_response(problems, 400)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return error_response(str(exc.detail), exc.status_code, exc.headers)
+
+    app.add_exception_handler(FnserveError, fnserve_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(HTTPException, http_error)

@@ -1,0 +1,1 @@
+"""AWS Lambda: ``http`` (API Gateway and ALB through Mangum), ``sqs`` (batch jobs), ``snapstart``."""

@@ -1,0 +1,159 @@
+"""`fnserve local`: run a SAM template's functions on a laptop, no Docker, with Lambda's concurrency model.
+
+- AWS: an embedded moto server on 127.0.0.1 (or ``AWS_ENDPOINT_URL`` / LocalStack when set),
+  holding the template's queues (with their redrive policies), tables and buckets.
+- Functions: each in its own :class:`~fnserve.workers.pool.WorkerPool` of warm workers, with
+  the template's environment, timeout and memory.
+- HTTP: a gateway turns each request into the API Gateway event its route declares (v2 for
+  HTTP APIs, v1 for REST APIs) and the response back into HTTP.
+- SQS: pollers feed each event source's batches to its function, as the event source mapping does.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fnserve.adapters.local.functions import Application, collect
+from fnserve.adapters.local.gateway import HttpRoute, gateway_app
+from fnserve.adapters.local.resources import create_resources, start_aws
+from fnserve.adapters.local.sqs import Poller, SqsSource
+from fnserve.adapters.local.template import Resolver, Template, load_template
+from fnserve.adapters.logs import logger
+from fnserve.aws import clients
+from fnserve.workers.pool import FunctionSpec, WorkerPool
+
+
+@dataclass
+class Local:
+    """What the emulator runs, for the banner and for tests (GET /_fnserve/local)."""
+
+    endpoint: str
+    functions: dict[str, FunctionSpec] = field(default_factory=dict)
+    queues: dict[str, str] = field(default_factory=dict)
+    tables: dict[str, str] = field(default_factory=dict)
+    buckets: dict[str, str] = field(default_factory=dict)
+
+
+class Emulator:
+    def __init__(
+        self,
+        template: Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 3000,
+        workers: int = 1,
+        visibility_timeout: int | None = None,
+        parameters: dict[str, str] | None = None,
+    ) -> None:
+        self.template: Template = load_template(template)
+        self.root = template.resolve().parent
+        self.host, self.port, self.workers = host, port, workers
+        self.visibility_timeout = visibility_timeout
+        self.parameters = parameters or {}
+        self.pools: dict[str, WorkerPool] = {}
+        self.app = Application()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._moto: Any = None
+        self._server: Any = None
+        self.local: Local | None = None
+
+    @property
+    def routes(self) -> list[HttpRoute]:
+        return self.app.routes
+
+    @property
+    def sources(self) -> list[SqsSource]:
+        return self.app.sources
+
+    def start(self) -> Local:
+        """Start everything; if any part cannot start (a function whose init fails, say), stop the rest."""
+        try:
+            endpoint, self._moto = start_aws()
+            physical, attributes = create_resources(self.template, self.parameters, self.visibility_timeout)
+            self.app = collect(
+                self.template, Resolver(self.template, physical, attributes, self.parameters), self.root, self.workers
+            )
+            self.local = Local(endpoint, self.app.functions, *self._resources(physical))
+            self._check_visibility()
+            for name, spec in self.app.functions.items():
+                self.pools[name] = WorkerPool(spec, self.workers).start()
+            for source in self.app.sources:
+                for n in range(self.workers):  # one poller per worker: batches run concurrently, as on AWS
+                    poller = Poller(source, self.pools[source.function], self._stop)
+                    self._thread(poller.run, name=f"sqs-{source.function}-{n}")
+            self._serve()
+        except BaseException:
+            self.stop()
+            raise
+        return self.local
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._server is not None:
+            self._server.should_exit = True
+        for thread in self._threads:
+            thread.join(timeout=30)
+        for pool in self.pools.values():
+            pool.close()
+        if self._moto is not None:
+            self._moto.stop()
+
+    def _resources(self, physical: dict[str, str]) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+        """Queue URLs, table names and bucket names by logical id."""
+        kinds = ("AWS::SQS::Queue", "AWS::DynamoDB::Table", "AWS::S3::Bucket")
+        queues, tables, buckets = ({name: physical[name] for name in self.template.of_type(k)} for k in kinds)
+        return queues, tables, buckets
+
+    def _thread(self, target: Callable[[], None], *, name: str) -> threading.Thread:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return thread
+
+    def _check_visibility(self) -> None:
+        """Warn where messages would reappear while their batch is still being gathered or run."""
+        sqs = clients.client("sqs")
+        for source in self.app.sources:
+            attributes = sqs.get_queue_attributes(QueueUrl=source.queue_url, AttributeNames=["VisibilityTimeout"])
+            visible_after = int(attributes["Attributes"]["VisibilityTimeout"])
+            needed = source.window + self.app.functions[source.function].timeout
+            if visible_after < needed:
+                logger.warning(
+                    "queue of %s: visibility timeout %ss is under the batching window plus the function timeout "
+                    "(%gs): messages will reappear while their batch runs (AWS advises 6x the timeout + the window)",
+                    source.function,
+                    visible_after,
+                    needed,
+                )
+
+    def _serve(self) -> None:
+        import uvicorn
+
+        app = gateway_app(self.app.routes, self.pools, self._info)
+        config = uvicorn.Config(
+            app, host=self.host, port=self.port, log_level="warning", access_log=False, lifespan="off"
+        )
+        self._server = uvicorn.Server(config)
+        thread = self._thread(self._server.run, name="gateway")
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError(f"the gateway could not listen on {self.host}:{self.port}")
+            time.sleep(0.02)
+
+    async def _info(self) -> dict[str, Any]:
+        assert self.local is not None
+        return {
+            "endpoint": self.local.endpoint,
+            "queues": self.local.queues,
+            "tables": self.local.tables,
+            "buckets": self.local.buckets,
+            "functions": {name: pool.worker_pids() for name, pool in self.pools.items()},
+            "routes": [f"{r.method} {r.path} -> {r.function} ({r.version})" for r in self.app.routes],
+        }

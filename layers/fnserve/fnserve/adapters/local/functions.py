@@ -1,0 +1,112 @@
+"""The template's functions as the emulator runs them: worker specs, HTTP routes and SQS event sources.
+
+Each function's environment is the template's (Globals, then its own), with references
+resolved to the local resources and ``/opt/...`` paths mapped to its layers' folders (in
+Lambda a layer's content lands under /opt; here it stays where it is), plus the caller's
+``AWS_*`` variables so its clients reach the same endpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fnserve.adapters.local.gateway import HttpRoute
+from fnserve.adapters.local.sqs import SqsSource
+from fnserve.adapters.local.template import Resolver, Template
+from fnserve.workers.pool import FunctionSpec
+
+
+@dataclass
+class Application:
+    """What the template declares to run."""
+
+    functions: dict[str, FunctionSpec] = field(default_factory=dict)
+    routes: list[HttpRoute] = field(default_factory=list)
+    sources: list[SqsSource] = field(default_factory=list)
+
+
+def collect(template: Template, resolver: Resolver, root: Path, workers: int) -> Application:
+    """Every function of the template with its routes (SAM events and raw HTTP API routes) and event sources."""
+    app = Application()
+    defaults = resolver.resolve(template.globals.get("Function", {}))
+    layers = template.of_type("AWS::Serverless::LayerVersion")
+    layer_roots = {name: root / layer["Properties"]["ContentUri"] for name, layer in layers.items()}
+    for name, resource in template.of_type("AWS::Serverless::Function").items():
+        props = {**defaults, **resolver.resolve(resource.get("Properties", {}))}
+        env = {**defaults.get("Environment", {}).get("Variables", {})}
+        env |= props.get("Environment", {}).get("Variables", {})
+        roots = [layer_roots[layer] for layer in props.get("Layers", []) if layer in layer_roots]
+        env = {k: _opt(str(v), roots) for k, v in env.items()}
+        env |= {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+        env["FNSERVE_PARALLEL_WORKERS"] = str(workers)
+        app.functions[name] = FunctionSpec(
+            name=name,
+            code_dir=str(root / props.get("CodeUri", ".")),
+            handler=props.get("Handler", "app.handler"),
+            env=env,
+            timeout=float(props.get("Timeout", 3)),
+            memory_mb=int(props.get("MemorySize", 128)),
+        )
+        for event in (props.get("Events") or {}).values():
+            _event(app, name, event, resolver)
+    app.routes += _raw_http_routes(template, resolver)
+    return app
+
+
+def _opt(value: str, layers: list[Path]) -> str:
+    if value.startswith("/opt/"):
+        for root in layers:
+            candidate = root / value.removeprefix("/opt/")
+            if candidate.exists():
+                return str(candidate)
+    return value
+
+
+def _event(app: Application, function: str, event: dict[str, Any], resolver: Resolver) -> None:
+    props = event.get("Properties", {})
+    kind = event.get("Type")
+    if kind in ("HttpApi", "Api"):
+        method = str(props.get("Method", "ANY")).upper()
+        version = "2.0" if kind == "HttpApi" else "1.0"
+        app.routes.append(HttpRoute(method, props.get("Path", "/{proxy+}"), version, function))
+    elif kind == "SQS":
+        queue_arn = props["Queue"]
+        by_arn = {a: resolver.physical[n] for (n, attribute), a in resolver.attributes.items() if attribute == "Arn"}
+        url = by_arn.get(queue_arn)
+        if url is None:
+            raise ValueError(f"function {function}: queue {queue_arn} is not declared in the template")
+        app.sources.append(
+            SqsSource(
+                function,
+                url,
+                queue_arn,
+                int(props.get("BatchSize", 10)),
+                float(props.get("MaximumBatchingWindowInSeconds", 0)),
+                "ReportBatchItemFailures" in props.get("FunctionResponseTypes", []),
+            )
+        )
+
+
+def _raw_http_routes(template: Template, resolver: Resolver) -> list[HttpRoute]:
+    """AWS::ApiGatewayV2 routes with AWS_PROXY integrations (HTTP APIs declared without SAM events)."""
+    integrations = {}
+    for name, resource in template.of_type("AWS::ApiGatewayV2::Integration").items():
+        uri = resource["Properties"].get("IntegrationUri", {})
+        target = uri.get("Ref", "") if isinstance(uri, dict) else str(uri)
+        function = target.split(".")[0]
+        if function in template.resources:
+            version = str(resource["Properties"].get("PayloadFormatVersion", "2.0"))
+            integrations[name] = (function, version)
+    routes = []
+    for resource in template.of_type("AWS::ApiGatewayV2::Route").values():
+        props = resolver.resolve(resource["Properties"])
+        target = str(props.get("Target", "")).removeprefix("integrations/")
+        if target not in integrations:
+            continue
+        method, _, path = str(props["RouteKey"]).partition(" ")
+        function, version = integrations[target]
+        routes.append(HttpRoute(method.upper(), path, version, function))
+    return routes

@@ -1,0 +1,133 @@
+"""The emulator's HTTP gateway: match a route, turn the request into its API Gateway event, and back.
+
+Like API Gateway, it answers on its own when the integration fails: 502 for a function error
+or a malformed response, 503/504 when the function's worker died or timed out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route as StarletteRoute
+
+from fnserve.adapters.local import events
+from fnserve.core.errors import FnserveError
+from fnserve.workers.pool import WorkerPool
+
+TEXT_TYPES = ("application/json", "text/", "application/xml", "application/x-www-form-urlencoded")
+METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+@dataclass
+class HttpRoute:
+    """A route of the template's API: ``version`` "2.0" (HTTP API) or "1.0" (REST API)."""
+
+    method: str
+    path: str
+    version: str
+    function: str
+
+    def __post_init__(self) -> None:
+        regex = re.sub(r"\{(\w+)\+\}", r"(?P<\1>.+)", self.path)
+        regex = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", regex)
+        self.pattern = re.compile(f"^{regex}$")
+
+    def match(self, method: str, path: str) -> dict[str, str] | None:
+        """The path parameters if this route takes the request, else None."""
+        found = self.pattern.match(path)
+        if found is None or self.method not in ("ANY", method):
+            return None
+        return found.groupdict()
+
+
+def gateway_app(
+    routes: list[HttpRoute], pools: Mapping[str, WorkerPool], info: Callable[[], Awaitable[dict[str, Any]]]
+) -> Starlette:
+    """The gateway as an ASGI app; ``GET /_fnserve/local`` answers ``info()``."""
+
+    async def local_info(request: Request) -> Response:
+        return JSONResponse(await info())
+
+    async def gateway(request: Request) -> Response:
+        for route in routes:
+            params = route.match(request.method, request.url.path)
+            if params is not None:
+                break
+        else:
+            return JSONResponse({"message": "Not Found"}, status_code=404)
+        event = to_event(request, route, params, await request.body())
+        try:
+            response = await asyncio.wrap_future(pools[route.function].invoke(event))
+        except FnserveError as exc:
+            # API Gateway's own answers when the integration fails: 502, or 503/504.
+            status = exc.status_code if exc.status_code in (503, 504) else 502
+            return JSONResponse({"message": exc.message}, status_code=status)
+        return to_response(response)
+
+    return Starlette(
+        routes=[
+            StarletteRoute("/_fnserve/local", local_info, methods=["GET"]),
+            StarletteRoute("/{path:path}", gateway, methods=METHODS),
+        ]
+    )
+
+
+def to_event(request: Request, route: HttpRoute, params: dict[str, str], body: bytes) -> dict[str, Any]:
+    """The event ``route``'s function gets for ``request``."""
+    binary = bool(body) and not _is_text(request.headers.get("content-type", ""), body)
+    source_ip = request.client.host if request.client else "127.0.0.1"
+    if route.version == "2.0":
+        return events.http_api_event(
+            request.method,
+            request.url.path,
+            route_key=f"{route.method} {route.path}",
+            headers=dict(request.headers.items()),
+            body=body or None,
+            binary=binary,
+            query=request.url.query,
+            path_parameters=params,
+            source_ip=source_ip,
+            domain=request.url.hostname or "localhost",
+        )
+    return events.rest_api_event(
+        request.method,
+        request.url.path,
+        resource=route.path,
+        headers={name: request.headers.getlist(name) for name in request.headers},
+        body=body or None,
+        binary=binary,
+        query=request.url.query,
+        path_parameters=params,
+        source_ip=source_ip,
+    )
+
+
+def _is_text(content_type: str, body: bytes) -> bool:
+    if content_type and not content_type.startswith(TEXT_TYPES):
+        return False
+    try:
+        body.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def to_response(response: Any) -> Response:
+    """The HTTP response for a function's proxy-integration answer (502 if it is not one)."""
+    if not isinstance(response, dict) or "statusCode" not in response:
+        return JSONResponse({"message": "Internal Server Error"}, status_code=502)
+    body = response.get("body") or ""
+    content = base64.b64decode(body) if response.get("isBase64Encoded") else str(body).encode()
+    headers = {k: str(v) for k, v in (response.get("headers") or {}).items()}
+    for key, values in (response.get("multiValueHeaders") or {}).items():
+        headers[key] = ", ".join(str(v) for v in values)
+    headers.pop("content-length", None)
+    return Response(content, status_code=int(response["statusCode"]), headers=headers)

@@ -1,0 +1,147 @@
+"""The composition root: settings -> stores -> service -> data plane, for every way fnserve runs.
+
+Lambda functions, the server's front processes and its inference workers all build their
+objects here, once per process (warm globals). This is the one module that knows both the
+core and the AWS stores; the core takes explicit arguments and reads no environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fnserve.aws.queue import SqsFollowups
+from fnserve.aws.results import DynamoCacheBackend, DynamoResultStore
+from fnserve.aws.s3 import fetch_model, get_bytes, split_uri
+from fnserve.core.cache import ResultCache
+from fnserve.core.cascade import CascadeRunner
+from fnserve.core.dataplane import DataPlane
+from fnserve.core.followups import FollowupIds, ResultLookup
+from fnserve.core.manifest import load_manifest
+from fnserve.core.processor import JobProcessor
+from fnserve.core.registry import ModelRegistry
+from fnserve.core.results import ResultStore
+from fnserve.core.service import InferenceService
+from fnserve.settings import AwsSettings, InferenceSettings, Settings
+
+if TYPE_CHECKING:
+    from fnserve.workers.pool import WorkerPool
+
+
+def result_store(settings: AwsSettings) -> DynamoResultStore | None:
+    """The results table's store, when one is configured."""
+    if settings.results_table is None:
+        return None
+    return DynamoResultStore(settings.results_table, bucket=settings.results_bucket)
+
+
+def build_service(
+    settings: Settings, store: DynamoResultStore | None = None, pool: WorkerPool | None = None
+) -> InferenceService:
+    """The service a process serves with: models from the manifest (s3:// ones fetched from S3), in
+    this process, or in ``pool``'s workers; a result cache whose shared tier is ``store``'s table.
+
+    A manifest at an s3:// URI is fetched first; its relative model paths then name objects
+    beside it in the same bucket.
+    """
+    settings = with_local_manifest(settings)
+    if pool is None:
+        registry = ModelRegistry(
+            load_manifest(settings.manifest),
+            workers=settings.inference_processes,
+            intra_op_threads=settings.intra_op_threads,
+            cache_dir=settings.model_cache_dir,
+            fetchers={"s3": fetch_model},
+        )
+        if settings.eager_load:
+            registry.load_all()
+    else:
+        from fnserve.workers.remote import PooledRegistry
+
+        registry = PooledRegistry(load_manifest(settings.manifest), pool)
+    backend = DynamoCacheBackend(store) if store is not None else None
+    return InferenceService(registry, ResultCache(settings.cache_max_bytes, backend))
+
+
+def build_dataplane(
+    settings: Settings,
+    *,
+    service: InferenceService | None = None,
+    store: DynamoResultStore | None = None,
+    batching: bool = False,
+    offload: bool = False,
+) -> DataPlane:
+    """The data plane of a process: the service, its cascades (follow-ups through SQS) and stored results.
+
+    Without ``service`` and ``store``, both are built from the settings.
+    """
+    if store is None and service is None:
+        store = result_store(settings)
+    service = service or build_service(settings, store)
+    return DataPlane(
+        service,
+        cascades=cascade_runner(settings, service),
+        results=result_lookup(settings, service, store),
+        batching=batching,
+        max_concurrent_batches=max(1, settings.parallel_workers),
+        offload=offload,
+    )
+
+
+def with_local_manifest(settings: Settings) -> Settings:
+    """The settings with an s3:// manifest fetched to a local file (its relative model paths made s3:// URIs)."""
+    if not settings.manifest.startswith("s3://"):
+        return settings
+    return settings.model_copy(update={"manifest": str(_fetch_manifest(settings))})
+
+
+def _fetch_manifest(settings: InferenceSettings) -> Path:
+    bucket, key = split_uri(settings.manifest)
+    prefix = key.rpartition("/")[0]
+    manifest = tomllib.loads(get_bytes(settings.manifest).decode())
+    for model in manifest.get("models", []):
+        path = str(model.get("path", ""))
+        if "://" not in path and not path.startswith("/"):
+            model["path"] = f"s3://{bucket}/{prefix + '/' if prefix else ''}{path}"
+    target = settings.model_cache_dir / "manifest.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(manifest))
+    return target
+
+
+def followup_ids(settings: AwsSettings) -> FollowupIds:
+    """The signer of follow-up ids: FNSERVE_RESULT_ID_KEY, else a key derived from the table name."""
+    if settings.result_id_key is not None:
+        return FollowupIds(settings.result_id_key.get_secret_value().encode())
+    return FollowupIds(hashlib.sha256(f"fnserve-result-ids:{settings.results_table}".encode()).digest())
+
+
+def cascade_runner(settings: AwsSettings, service: InferenceService) -> CascadeRunner | None:
+    """The manifest's cascades with an SQS follow-up sender, or None when it declares none."""
+    if not service.registry.manifest.cascades:
+        return None
+    return CascadeRunner(
+        service, followup_ids(settings), SqsFollowups(settings.results_bucket), settings.followup_queue_url
+    )
+
+
+def result_lookup(settings: AwsSettings, service: InferenceService, store: ResultStore | None) -> ResultLookup | None:
+    """Result ids -> states, reading ``store``; None where no results are stored."""
+    if store is None:
+        return None
+    cascades = {c.name: c for c in service.registry.manifest.cascades}
+    return ResultLookup(store, followup_ids(settings), cascades)
+
+
+def job_processor(settings: AwsSettings, store: ResultStore, service: InferenceService) -> JobProcessor:
+    """The batch job processor of the SQS functions: inputs by reference come from S3."""
+    return JobProcessor(
+        service,
+        store,
+        ttl_seconds=settings.result_ttl_seconds,
+        load_payload=get_bytes,
+        max_receive_count=settings.max_receive_count,
+    )

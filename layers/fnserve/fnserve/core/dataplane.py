@@ -1,0 +1,209 @@
+"""The data plane: the one entry every transport calls (HTTP, Lambda through HTTP, and later gRPC).
+
+A served name is a plain model, a batched model (adaptive batching wraps its runner) or a
+cascade; :meth:`DataPlane.resolve` turns it into one callable with one signature, and every
+callable gives one answer type. Transports translate their wire format to these calls and
+the :class:`Answer` back; they decide nothing about inference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fnserve.core.batching import AdaptiveBatcher
+from fnserve.core.cascade import CascadeRunner
+from fnserve.core.datatypes import Arrays
+from fnserve.core.errors import ModelNotFound, ResultNotFound
+from fnserve.core.followups import ResultLookup, ResultState
+from fnserve.core.manifest import CascadeSettings
+from fnserve.core.service import InferenceService, Prediction
+
+T = TypeVar("T")
+Infer = Callable[[Mapping[str, Any], Sequence[str] | None], Awaitable["Answer"]]
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An inference answer, whatever served it.
+
+    ``name`` is the served name (a model's, or a cascade's); ``model`` and ``version`` say which
+    model computed the outputs. ``parameters`` go back to the client (``cache``, and a cascade's
+    ``answered_by`` and ``followup_*``); ``timings`` are milliseconds per stage (``queue`` while
+    waiting for a batch, ``infer`` for the rest).
+    """
+
+    name: str
+    model: str
+    version: str
+    outputs: Arrays
+    cache: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class DataPlane:
+    """Inference, metadata, readiness and results over one :class:`InferenceService`.
+
+    ``batching``: models whose manifest entry sets ``max_batch_time_ms`` get an adaptive
+    batcher (long-lived processes only; a Lambda container serves one request at a time),
+    with up to ``max_concurrent_batches`` batches of a model running at once (one per worker
+    process). ``offload``: blocking inference waits in a thread, not on the event loop (the
+    models are in worker processes); otherwise it runs inline, fastest for in-process models.
+    """
+
+    def __init__(
+        self,
+        service: InferenceService,
+        *,
+        cascades: CascadeRunner | None = None,
+        results: ResultLookup | None = None,
+        batching: bool = False,
+        max_concurrent_batches: int = 1,
+        offload: bool = False,
+    ) -> None:
+        self.service = service
+        self.cascades = cascades
+        self.results = results
+        self.offload = offload
+        self.batchers = _batchers(service, max_concurrent_batches) if batching else {}
+
+    # -- inference ------------------------------------------------------------------------------
+
+    async def infer(
+        self,
+        name: str,
+        inputs: Mapping[str, Any],
+        *,
+        version: str | None = None,
+        outputs: Sequence[str] | None = None,
+    ) -> Answer:
+        """The answer of whatever ``name`` serves, with its ``infer`` time."""
+        started = time.perf_counter()
+        answer = await self.resolve(name, version)(inputs, outputs)
+        queued = answer.timings.get("queue", 0.0)
+        answer.timings["infer"] = round((time.perf_counter() - started) * 1e3 - queued, 3)
+        return answer
+
+    def resolve(self, name: str, version: str | None = None) -> Infer:
+        """The callable serving ``name`` (and ``version``); unknown names fail when it is called."""
+        if self.cascades is not None and name in self.cascades.cascades:
+            if version is not None:
+                raise ModelNotFound(f"cascade {name!r} has no versions")
+            return lambda inputs, outputs: self._cascade(name, inputs, outputs)
+        batcher = self.batchers.get(name) if version is None else None
+        if batcher is not None:
+            return lambda inputs, outputs: self._batched(batcher, name, inputs, outputs)
+        return lambda inputs, outputs: self._model(name, version, inputs, outputs)
+
+    async def _model(
+        self, name: str, version: str | None, inputs: Mapping[str, Any], outputs: Sequence[str] | None
+    ) -> Answer:
+        prediction = await self._call(self.service.infer, name, inputs, version=version, outputs=outputs)
+        return _answer(name, prediction)
+
+    async def _batched(
+        self, batcher: AdaptiveBatcher, name: str, inputs: Mapping[str, Any], outputs: Sequence[str] | None
+    ) -> Answer:
+        # Validated alone first: a bad request must not fail the batch it would have joined.
+        prepared = self.service.prepare(name, inputs, outputs=outputs)
+        cached = prepared.cached()
+        if cached is not None:
+            return _answer(name, cached)
+        everything, waited = await batcher.predict(prepared.feed)
+        answer = _answer(name, self.service.finish(prepared, everything))
+        answer.timings["queue"] = round(waited * 1e3, 3)
+        return answer
+
+    async def _cascade(self, name: str, inputs: Mapping[str, Any], outputs: Sequence[str] | None) -> Answer:
+        assert self.cascades is not None
+        result = await self._call(self.cascades.infer, name, inputs, outputs)
+        answer = _answer(name, result.prediction)
+        answer.parameters.update(answered_by=result.prediction.model, followup_status=result.status)
+        if result.followup_id is not None:
+            answer.parameters.update(followup_id=result.followup_id, followup_url=f"/v2/results/{result.followup_id}")
+        return answer
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await asyncio.to_thread(fn, *args, **kwargs) if self.offload else fn(*args, **kwargs)
+
+    # -- metadata and readiness -----------------------------------------------------------------
+
+    def metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
+        """V2 model metadata of a served name; a cascade shows its fast model's tensors."""
+        cascade = self._cascade_settings(name, version)
+        if cascade is None:
+            return self.service.model_metadata(name, version)
+        meta = self.service.model_metadata(cascade.fast, cascade.fast_version)
+        return {**meta, "name": name, "versions": [], "platform": "fnserve_cascade"}
+
+    def model_ready(self, name: str, version: str | None = None) -> bool:
+        """Whether a served name can answer (a cascade: both of its models)."""
+        cascade = self._cascade_settings(name, version)
+        if cascade is None:
+            return self.service.model_ready(name, version)
+        return self.service.model_ready(cascade.fast, cascade.fast_version) and self.service.model_ready(
+            cascade.slow, cascade.slow_version
+        )
+
+    def ready(self) -> bool:
+        """Whether every model can serve."""
+        return self.service.ready()
+
+    def _cascade_settings(self, name: str, version: str | None) -> CascadeSettings | None:
+        if self.cascades is None or version is not None:
+            return None
+        return self.cascades.cascades.get(name)
+
+    # -- results --------------------------------------------------------------------------------
+
+    async def result(self, result_id: str, wait: float = 0.0) -> ResultState:
+        """A stored result (cascade follow-up or batch job); ``wait`` seconds of long poll while pending.
+
+        Unknown and expired ids are a :class:`ResultNotFound`.
+        """
+        if self.results is None:
+            raise ResultNotFound("results are not stored here (no results table is configured)")
+        state = await self.results.wait(result_id, wait)
+        if state.state == "unknown":
+            raise ResultNotFound(f"result {result_id!r} not found")
+        if state.state == "expired":
+            raise ResultNotFound(f"result {result_id!r} not found: it expired")
+        return state
+
+    async def close(self) -> None:
+        """Stop the batchers (requests waiting in them are cancelled)."""
+        for batcher in self.batchers.values():
+            await batcher.close()
+
+
+def _answer(name: str, prediction: Prediction) -> Answer:
+    parameters = {} if prediction.cache == "off" else {"cache": prediction.cache}
+    return Answer(name, prediction.model, prediction.version, prediction.outputs, prediction.cache, parameters)
+
+
+def _batchers(service: InferenceService, max_concurrent: int) -> dict[str, AdaptiveBatcher]:
+    """An adaptive batcher for each model that asks for one (its default version)."""
+    found = {}
+    for name in service.registry.names():
+        settings = service.registry.resolve(name)
+        if settings.max_batch_time_ms is None:
+            continue
+
+        async def run(feed: Arrays, model: str = name) -> Arrays:
+            # In a thread: the event loop keeps accepting (and batching) requests meanwhile.
+            return await asyncio.to_thread(service.run, model, feed)
+
+        found[name] = AdaptiveBatcher(
+            run,
+            max_batch_size=settings.max_batch_size,
+            max_batch_time=settings.max_batch_time_ms / 1000,
+            buckets=settings.length_buckets,
+            pad_inputs=settings.pad_inputs,
+            pad_value=settings.pad_value,
+            max_concurrent=max_concurrent,
+        )
+    return found

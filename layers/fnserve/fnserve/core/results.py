@@ -1,0 +1,66 @@
+"""Stored results: the typed record, its key rules, and the store protocol every backend implements.
+
+One table (or keyspace) holds two kinds of entries: job results under ``job#<job id>``
+(batch jobs and cascade follow-ups, read back by id) and the result cache's shared tier under
+``cache#<content hash>``. A backend (``fnserve.aws.results`` for DynamoDB) is the only
+translator between a :class:`ResultRecord` and its service's items.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from fnserve.core.datatypes import Arrays
+from fnserve.core.tensors import pack_arrays, unpack_arrays
+
+Status = Literal["done", "failed"]
+
+
+def job_key(job_id: str) -> str:
+    """The key of a job's result."""
+    return f"job#{job_id}"
+
+
+def cache_entry_key(key: str) -> str:
+    """The key of a cached result in the shared tier (``key`` is its content hash)."""
+    return f"cache#{key}"
+
+
+@dataclass(frozen=True, slots=True)
+class ResultRecord:
+    """A job's stored outcome: its outputs (packed) when done, the reason when failed."""
+
+    key: str
+    status: Status
+    model: str
+    version: str | None
+    created: int
+    expires: int
+    payload: bytes | None = None  # the outputs, packed by fnserve.core.tensors.pack_arrays
+    error: str | None = None
+
+    @classmethod
+    def done(cls, key: str, model: str, version: str, outputs: Arrays, *, now: int, ttl: int) -> ResultRecord:
+        return cls(key, "done", model, version, now, now + ttl, payload=pack_arrays(outputs))
+
+    @classmethod
+    def failed(cls, key: str, model: str, error: str, *, now: int, ttl: int) -> ResultRecord:
+        return cls(key, "failed", model, None, now, now + ttl, error=error)
+
+    def outputs(self) -> Arrays:
+        """The stored outputs (empty unless done)."""
+        return unpack_arrays(self.payload) if self.payload is not None else {}
+
+
+class ResultStore(Protocol):
+    """Where job results live (DynamoDB in AWS)."""
+
+    def get(self, keys: Iterable[str]) -> dict[str, ResultRecord]:
+        """The unexpired records among ``keys``; missing keys are absent."""
+        ...
+
+    def put(self, records: Sequence[ResultRecord]) -> set[str]:
+        """Store records (last write wins); returns the keys that could not be stored. Never raises."""
+        ...

@@ -1,0 +1,157 @@
+"""Environment settings (``FNSERVE_*`` variables), one class per concern.
+
+Each part of fnserve takes the narrowest class it needs (the HTTP app :class:`HttpSettings`,
+the result store :class:`AwsSettings`, ...); the composition root reads :class:`Settings`,
+which is all of them, once per process. What one model does is the manifest's business
+(:mod:`fnserve.core.manifest`), not the environment's.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from fnserve.core._cpus import available_cpus
+
+_ENV = SettingsConfigDict(env_prefix="FNSERVE_", extra="ignore", frozen=True)
+
+
+class InferenceSettings(BaseSettings):
+    """Where the models are and how a process loads them."""
+
+    model_config = _ENV
+
+    manifest: str = Field(
+        default="/opt/models/manifest.toml",
+        description="Model manifest (TOML): a path, or s3://bucket/key (then relative model paths are in that "
+        "bucket too). The default is where the models layer lands in Lambda.",
+    )
+    intra_op_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="Intra-op threads for every model without its own; default: CPUs / workers.",
+    )
+    eager_load: bool = Field(default=False, description="Load every model at start instead of on first use.")
+    model_cache_dir: Path = Field(
+        default=Path(tempfile.gettempdir()) / "fnserve-models",
+        description="Where models fetched from remote stores (s3://) are kept for this process.",
+    )
+    cache_max_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=0, description="Size bound of the in-process result cache tier."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="Log level of fnserve's loggers."
+    )
+
+    @field_validator("manifest", mode="before")
+    @classmethod
+    def _manifest(cls, value: object) -> object:
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+class HttpSettings(BaseSettings):
+    """The HTTP API, in Lambda and in the server alike."""
+
+    model_config = _ENV
+
+    access_log: bool = Field(
+        default=True, description="One structured log line per inference request, with stage timings."
+    )
+    max_request_bytes: int = Field(
+        default=6 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body accepted (413 beyond, before parsing); default: "
+        "Lambda's 6 MB synchronous payload limit.",
+    )
+    max_wait_seconds: float = Field(
+        default=20.0,
+        gt=0,
+        le=25.0,
+        description="Longest long-poll on GET /v2/results/{id} (API Gateway stops at 29 s); a longer wait "
+        "asked for is cut to this.",
+    )
+
+
+class ServerSettings(BaseSettings):
+    """The long-running server's processes (``fnserve serve``)."""
+
+    model_config = _ENV
+
+    parallel_workers: int = Field(
+        default=1,
+        ge=0,
+        description="Inference worker processes of a long-running server, each with every model; 0 runs "
+        "inference in the server's own process (best for models so small that IPC would cost more).",
+    )
+    server_processes: int = Field(
+        default=1,
+        ge=1,
+        description="Front processes of a long-running server (sharing its port), each with its own "
+        "parallel_workers; more than one pays when HTTP and JSON, not the model, use the CPU (tiny models).",
+    )
+    inference_timeout_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="Longest inference call in a server's worker process: past it the worker is replaced "
+        "and the request answered with 504.",
+    )
+
+    @property
+    def inference_processes(self) -> int:
+        """Processes that run inference at once, which share the CPUs: front processes x their workers."""
+        return self.server_processes * max(1, self.parallel_workers)
+
+
+class AwsSettings(BaseSettings):
+    """Results, the shared cache tier, payloads and follow-ups on AWS (DynamoDB, S3, SQS)."""
+
+    model_config = _ENV
+
+    results_table: str | None = Field(
+        default=None,
+        description="DynamoDB table for job results and the shared result cache tier; unset: in-process only.",
+    )
+    results_bucket: str | None = Field(
+        default=None,
+        description="S3 bucket for results and job inputs too big for a DynamoDB item or an SQS message.",
+    )
+    followup_queue_url: str | None = Field(
+        default=None, description="SQS queue for cascade follow-ups (a cascade may name its own)."
+    )
+    result_id_key: SecretStr | None = Field(
+        default=None,
+        description="Key signing follow-up ids; set it (the same in every container) so ids cannot be forged. "
+        "Unset: derived from the results table name, which keeps ids consistent but not secret.",
+    )
+    max_receive_count: int = Field(
+        default=5,
+        ge=1,
+        description="The queues' maxReceiveCount: on that delivery, a job that still fails is stored as failed.",
+    )
+    result_ttl_seconds: int = Field(
+        default=7 * 24 * 3600, ge=60, description="How long stored job results live (DynamoDB TTL)."
+    )
+
+
+class Settings(ServerSettings, HttpSettings, AwsSettings, InferenceSettings):
+    """Every setting of a process, as the composition root (:mod:`fnserve.bootstrap`) reads them."""
+
+    model_config = _ENV
+
+    @model_validator(mode="after")
+    def _threads(self) -> Settings:
+        workers = self.inference_processes
+        cpus = available_cpus()
+        if self.intra_op_threads is not None and self.intra_op_threads * workers > cpus:
+            raise ValueError(
+                f"FNSERVE_INTRA_OP_THREADS={self.intra_op_threads} x {workers} processes running inference "
+                f"(FNSERVE_SERVER_PROCESSES={self.server_processes}, FNSERVE_PARALLEL_WORKERS="
+                f"{self.parallel_workers}) needs {self.intra_op_threads * workers} threads but only "
+                f"{cpus} CPUs are available; lower one of them"
+            )
+        return self
