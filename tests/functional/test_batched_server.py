@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from fnserve.adapters.http.app import create_app
+from fnserve.core.cache import ResultCache
 from fnserve.core.dataplane import DataPlane
 from fnserve.core.manifest import ModelSettings
 from fnserve.core.service import InferenceService
@@ -73,3 +74,35 @@ def test_batching_settings_are_checked_when_they_load() -> None:
         {**base, "max_batch_time_ms": 5, "length_buckets": [8, 16], "pad_inputs": ["ids"]}
     )
     assert ok.length_buckets == [8, 16]
+
+
+def test_a_batched_model_with_a_cache_ttl_serves_a_repeat_request_from_the_cache(tmp_path: Path) -> None:
+    manifest = write_test_manifest(tmp_path, cache_ttl=600)
+    manifest.write_text(
+        manifest.read_text().replace('name = "digits-accurate"\n', 'name = "digits-accurate"\nmax_batch_time_ms = 5\n')
+    )
+    plane = DataPlane(InferenceService.from_manifest(manifest, eager=True, cache=ResultCache()), batching=True)
+    app = create_app(plane, Settings(manifest=manifest, access_log=False))
+    batcher = plane.batchers["digits-accurate"]
+    x = DIGITS[3:5]
+    body = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+    labelled = {**body, "outputs": [{"name": "label"}]}
+
+    async def main() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://fnserve") as client:
+            path = "/v2/models/digits-accurate/infer"
+            return [await client.post(path, json=doc) for doc in (body, body, labelled, labelled)]
+
+    first, repeat, other, other_repeat = asyncio.run(main())
+    assert [r.headers["x-fnserve-cache"] for r in (first, repeat, other, other_repeat)] == [
+        "miss",
+        "hit",
+        "miss",
+        "hit",
+    ]
+    assert repeat.json()["parameters"] == {"cache": "hit"}
+    assert repeat.json()["outputs"] == first.json()["outputs"]
+    assert [o["name"] for o in other_repeat.json()["outputs"]] == ["label"]
+    assert batcher.batches == 2  # the hits never reached the batcher
+    assert "queue;dur=" in first.headers["server-timing"] and "queue" not in repeat.headers["server-timing"]
