@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import onnx
 from onnx import TensorProto, helper
+
+from fnserve.core.results import ResultRecord
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_MANIFEST = REPO / "layers" / "models" / "models" / "manifest.toml"
@@ -137,3 +139,19 @@ def write_test_manifest(directory: Path, cache_ttl: int | None = None, cascade: 
     manifest = directory / "manifest.toml"
     manifest.write_text("\n".join(lines) + "\n")
     return manifest
+
+
+class MemoryStore:
+    """An in-memory result store that counts its reads."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, ResultRecord] = {}
+        self.reads = 0
+
+    def get(self, keys: Iterable[str]) -> dict[str, ResultRecord]:
+        self.reads += 1
+        return {k: self.records[k] for k in keys if k in self.records}
+
+    def put(self, records: Sequence[ResultRecord]) -> set[str]:
+        self.records.update((r.key, r) for r in records)
+        return set()

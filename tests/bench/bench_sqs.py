@@ -19,7 +19,6 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,25 +32,12 @@ from fnserve.core.jobs import job_message, parse_job
 from fnserve.core.results import ResultRecord, job_key
 from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, write_test_manifest
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, MemoryStore, write_test_manifest
 from tests.moto import aws_env, moto_server
 
 RECORDS = int(os.environ.get("BENCH_SQS_RECORDS", "10000"))
 REPEATS = int(os.environ.get("BENCH_SQS_REPEATS", "5"))
 DIGITS = np.load(DEMO_HOLDOUT)["input"]
-
-
-class MemoryStore:
-    def __init__(self) -> None:
-        self.records: dict[str, ResultRecord] = {}
-
-    def get(self, keys: Iterable[str]) -> dict[str, ResultRecord]:
-        return {k: self.records[k] for k in keys if k in self.records}
-
-    def put(self, records: Sequence[ResultRecord]) -> set[str]:
-        for record in records:
-            self.records[record.key] = record
-        return set()
 
 
 def bodies(n: int, prefix: str, unique: bool = False) -> list[str]:

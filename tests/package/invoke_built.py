@@ -6,21 +6,6 @@ import a built function's app.py, pass it one event, print the response as JSON.
 
 import json
 import sys
-import time
-import uuid
-
-
-class Context:
-    def __init__(self) -> None:
-        self.aws_request_id = str(uuid.uuid4())
-        self.function_name = "built"
-        self.function_version = "1"
-        self.memory_limit_in_mb = 2048
-        self.invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:built"
-        self._deadline = time.monotonic() + 30
-
-    def get_remaining_time_in_millis(self) -> int:
-        return int((self._deadline - time.monotonic()) * 1000)
 
 
 def main() -> None:
@@ -28,7 +13,9 @@ def main() -> None:
     sys.path.insert(0, function_dir)
     import app  # the built function, as Lambda imports it
 
-    response = app.handler(json.load(open(event_file)), Context())
+    from fnserve.adapters.local.events import LambdaContext  # from the built layer, like app's imports
+
+    response = app.handler(json.load(open(event_file)), LambdaContext(function_name="built"))
     where = sorted({m.__file__.split("/python/")[0] for m in map(sys.modules.get, ("fnserve", "onnxruntime")) if m})
     print(json.dumps({"response": response, "python": sys.version.split()[0], "loaded_from": where}))
 

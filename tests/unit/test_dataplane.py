@@ -13,8 +13,7 @@ from fnserve.core.dataplane import DataPlane
 from fnserve.core.errors import ConfigError, ModelNotFound, ResultNotFound
 from fnserve.core.followups import FollowupIds, ResultLookup
 from fnserve.core.service import InferenceService
-from tests.helpers import ManifestWriter, model_bytes
-from tests.unit.test_followups import MemoryStore
+from tests.helpers import ManifestWriter, MemoryStore, model_bytes
 
 
 def feed() -> dict[str, np.ndarray]:

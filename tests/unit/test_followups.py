@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pytest
@@ -12,25 +11,10 @@ import pytest
 from fnserve.core.followups import FollowupIds, ResultLookup
 from fnserve.core.manifest import CascadeSettings
 from fnserve.core.results import ResultRecord, job_key
+from tests.helpers import MemoryStore
 
 CASCADE = CascadeSettings(name="digits", fast="f", slow="s", output="p", threshold=0.5, result_ttl_seconds=600)
 NOW = 1_800_000_000
-
-
-class MemoryStore:
-    """An in-memory result store that counts its reads."""
-
-    def __init__(self) -> None:
-        self.records: dict[str, ResultRecord] = {}
-        self.reads = 0
-
-    def get(self, keys: Iterable[str]) -> dict[str, ResultRecord]:
-        self.reads += 1
-        return {k: self.records[k] for k in keys if k in self.records}
-
-    def put(self, records: Sequence[ResultRecord]) -> set[str]:
-        self.records.update((r.key, r) for r in records)
-        return set()
 
 
 @pytest.fixture

@@ -1,1 +1,1 @@
-"""The inference core: settings, registry, tensors and the service. No AWS or web imports here."""
+"""The inference core: manifest, registry, codec, service, data plane, jobs. No AWS or web imports here."""

@@ -26,7 +26,7 @@ T = TypeVar("T")
 Infer = Callable[[Mapping[str, Any], Sequence[str] | None], Awaitable["Answer"]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per request (a frozen init costs 4x), and timings are added as it goes
 class Answer:
     """An inference answer, whatever served it.
 
