@@ -155,3 +155,17 @@ class MemoryStore:
     def put(self, records: Sequence[ResultRecord]) -> set[str]:
         self.records.update((r.key, r) for r in records)
         return set()
+
+
+def digits_body(datatype: str, data: str) -> str:
+    """A V2 request for the digits models whose 64 values are ``data`` (raw JSON text) of ``datatype``."""
+    return f'{{"inputs": [{{"name": "input", "shape": [1, 64], "datatype": "{datatype}", "data": {data}}}]}}'
+
+
+# Client input that numpy once turned into a 500 (OverflowError) or silently into infinities.
+BAD_NUMBERS = [
+    (digits_body("UINT64", "[" + ", ".join(["true"] * 64) + "]"), "UINT64 data must be numbers, got true/false"),
+    (digits_body("INT64", "[" + ", ".join(["1180591620717411303424"] * 64) + "]"), "values out of range for INT64"),
+    (digits_body("FP32", "[" + ", ".join(["1e39"] * 64) + "]"), "values out of range for FP32"),
+    (digits_body("FP16", "[" + ", ".join(["70000"] * 64) + "]"), "values out of range for FP16"),
+]

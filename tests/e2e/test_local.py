@@ -111,8 +111,9 @@ def test_good_jobs_are_stored_once_and_poison_ends_in_the_dead_letter_queue(loca
     report = jobsclient.submit(queue, iter(good))
     assert len(report.ids) == 30
     sqs = clients.client("sqs")
-    poison = ["{not json", json.dumps({"id": "e2e-bad", "model": "nope", "inputs": []})]
-    for body in poison:
+    poison = ["{not json", json.dumps({"model": "digits-accurate", "inputs": []})]  # no id: no result to store
+    refused = json.dumps({"id": "e2e-bad", "model": "nope", "inputs": []})  # its own fault: stored as failed
+    for body in [*poison, refused]:
         sqs.send_message(QueueUrl=queue, MessageBody=body)
     ids = [f"e2e-{i}" for i in range(30)]
     wait_for(lambda: not jobsclient.fetch_results(table, ids).pending, 60, "every good job's result")
@@ -131,6 +132,7 @@ def test_good_jobs_are_stored_once_and_poison_ends_in_the_dead_letter_queue(loca
     )
     assert all(v == "0" for v in remaining["Attributes"].values())
     assert sorted(jobsclient.fetch_results(table, ids).done) == sorted(ids)
+    assert "'inputs' must be a non-empty list" in jobsclient.fetch_results(table, ["e2e-bad"]).failed["e2e-bad"]
 
 
 def test_a_worker_killed_mid_load_fails_no_request_silently_and_comes_back(local: dict[str, Any]) -> None:

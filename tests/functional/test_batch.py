@@ -75,42 +75,81 @@ def count_calls(operation: str) -> list[int]:
     return calls
 
 
+def digits_input(**changes: Any) -> dict[str, Any]:
+    return {"name": "input", "shape": [1, 64], "datatype": "FP32", "data": DIGITS[0].tolist(), **changes}
+
+
+def raw_job(job_id: str, **fields: Any) -> str:
+    return json.dumps({"id": job_id, "model": "digits-accurate", **fields})
+
+
+# A job's own fault, with an id: stored as failed with its reason, not redelivered.
 POISON = {
+    "unknown-model": (json.dumps(job_message("p-model", "nope", {"input": DIGITS[:1]})), "model 'nope' not found"),
+    "unknown-version": (job("p-version", slice(0, 1), version="9"), "no version '9'"),
+    "wrong-shape": (
+        json.dumps(job_message("p-shape", "digits-accurate", {"input": DIGITS[:1, :10]})),
+        "must have 64 at axis 1",
+    ),
+    "wrong-dtype": (
+        json.dumps(job_message("p-dtype", "digits-accurate", {"input": DIGITS[:1].astype(np.int64)})),
+        "cannot be cast to it safely",
+    ),
+    "unknown-output": (job("p-output", slice(0, 1), outputs=[{"name": "logits"}]), "has no outputs ['logits']"),
+    "missing-s3-object": (
+        raw_job("p-s3", payload={"uri": "s3://fnserve-payloads/nope.json"}),
+        "nope.json cannot be read: it does not exist",
+    ),
+    "name-is-a-list": (raw_job("p-name", inputs=[digits_input(name=["input"])]), "needs a 'name'"),
+    "invalid-bucket": (raw_job("p-bucket", payload={"uri": "s3://bad_bucket!/x.json"}), "Invalid bucket name"),
+    "nested-shape": (raw_job("p-nested", inputs=[digits_input(shape=[[1], 64])]), "'shape' must be a list"),
+    "uint64-bools": (
+        raw_job("p-bools", inputs=[digits_input(datatype="UINT64", data=[True] * 64)]),
+        "UINT64 data must be numbers, got true/false",
+    ),
+    "fp32-overflow": (raw_job("p-inf", inputs=[digits_input(data=[1e39] * 64)]), "values out of range for FP32"),
+}
+# No id to store a reason under: reported, so SQS keeps the message (and moves it to the DLQ).
+ANONYMOUS_POISON = {
     "not-json": "{oops",
     "not-object": "[1, 2]",
     "no-id": json.dumps({"model": "digits-accurate", "inputs": []}),
     "bad-id": json.dumps({"id": "has spaces", "model": "digits-accurate", "inputs": []}),
-    "unknown-model": json.dumps(job_message("p-model", "nope", {"input": DIGITS[:1]})),
-    "unknown-version": job("p-version", slice(0, 1), version="9"),
-    "wrong-shape": json.dumps(job_message("p-shape", "digits-accurate", {"input": DIGITS[:1, :10]})),
-    "wrong-dtype": json.dumps(job_message("p-dtype", "digits-accurate", {"input": DIGITS[:1].astype(np.int64)})),
-    "unknown-output": job("p-output", slice(0, 1), outputs=[{"name": "logits"}]),
-    "missing-s3-object": json.dumps(
-        {"id": "p-s3", "model": "digits-accurate", "payload": {"uri": "s3://fnserve-payloads/nope.json"}}
-    ),
 }
+
+
+def poison_id(body: str) -> str:
+    return str(json.loads(body)["id"])
 
 
 def test_poison_records_fail_alone_and_good_results_are_stored(aws: Aws, manifest: Path) -> None:
     handler = create_handler(settings=settings(aws, manifest))
     good = [job(f"good-{i}", slice(i * 3, i * 3 + 3)) for i in range(4)]
-    bodies = [good[0], *POISON.values(), *good[1:]]
-    event = sqs_event(bodies)
-    response = handler(event, LambdaContext())
+    poison = [body for body, _ in POISON.values()]
+    bodies = [good[0], *ANONYMOUS_POISON.values(), *poison, *good[1:]]
+    response = handler(sqs_event(bodies), LambdaContext())
     failed = {f["itemIdentifier"] for f in response["batchItemFailures"]}
-    assert failed == {f"msg-{i:05d}" for i in range(1, 1 + len(POISON))}
+    assert failed == {f"msg-{i:05d}" for i in range(1, 1 + len(ANONYMOUS_POISON))}
     found = jobsclient.fetch_results(aws.table, [f"good-{i}" for i in range(4)])
     assert not found.pending and not found.failed
     for i in range(4):
         np.testing.assert_array_equal(found.done[f"good-{i}"]["label"], labels(DIGITS[i * 3 : i * 3 + 3]))
         assert found.done[f"good-{i}"]["probabilities"].shape == (3, 10)
-    reasons = jobsclient.fetch_results(aws.table, ["p-model", "p-version", "p-shape", "p-dtype", "p-output", "p-s3"])
-    assert "model 'nope' not found" in reasons.failed["p-model"]
-    assert "no version '9'" in reasons.failed["p-version"]
-    assert "must have 64 at axis 1" in reasons.failed["p-shape"]
-    assert "cannot be cast to it safely" in reasons.failed["p-dtype"]
-    assert "has no outputs ['logits']" in reasons.failed["p-output"]
-    assert reasons.pending == ["p-s3"]  # parse-time failures have nothing to store
+    reasons = jobsclient.fetch_results(aws.table, [poison_id(body) for body in poison])
+    assert not reasons.done and not reasons.pending
+    for body, reason in POISON.values():
+        assert reason in reasons.failed[poison_id(body)]
+
+
+@pytest.mark.parametrize("kind", list(POISON))
+def test_one_poison_job_beside_a_good_one_fails_only_itself(aws: Aws, manifest: Path, kind: str) -> None:
+    handler = create_handler(settings=settings(aws, manifest))
+    body, reason = POISON[kind]
+    for bodies in ([job("neighbour", slice(5, 6)), body], [body, job("neighbour", slice(5, 6))]):
+        assert handler(sqs_event(bodies), LambdaContext()) == {"batchItemFailures": []}
+        found = jobsclient.fetch_results(aws.table, ["neighbour", poison_id(body)])
+        np.testing.assert_array_equal(found.done["neighbour"]["label"], labels(DIGITS[5:6]))
+        assert reason in found.failed[poison_id(body)]
 
 
 def test_every_record_failing_reports_every_record(aws: Aws, manifest: Path) -> None:
@@ -296,8 +335,10 @@ def test_the_job_functions_handle_their_sample_events(
     handler = load_function(REPO / "functions" / function / "app.py").handler
     event = json.loads((REPO / "events" / event_file).read_text())
     response = handler(event, LambdaContext())
-    assert response == {"batchItemFailures": [{"itemIdentifier": event["Records"][4]["messageId"]}]}
+    assert response == {"batchItemFailures": []}  # the poisoned fifth job is stored as failed instead
     ids = [json.loads(r["body"])["id"] for r in event["Records"][:4]]
+    poison = json.loads(event["Records"][4]["body"])["id"]
+    assert "'inputs' must be a non-empty list" in jobsclient.fetch_results(aws.table, [poison]).failed[poison]
     models = [json.loads(r["body"])["model"] for r in event["Records"][:4]]
     found = jobsclient.fetch_results(aws.table, ids)
     for i, (job_id, model) in enumerate(zip(ids, models, strict=True)):
@@ -322,11 +363,11 @@ def test_a_bad_value_inside_a_uniform_group_fails_only_its_job(aws: Aws, manifes
     short = json.loads(bodies[4])
     short["inputs"][0]["data"] = short["inputs"][0]["data"][:63]  # same declared shape, 63 values
     bodies[2], bodies[4] = json.dumps(bad_value), json.dumps(short)
-    response = handler(sqs_event(bodies), LambdaContext())
-    assert [f["itemIdentifier"] for f in response["batchItemFailures"]] == ["msg-00002", "msg-00004"]
+    assert handler(sqs_event(bodies), LambdaContext()) == {"batchItemFailures": []}
     found = jobsclient.fetch_results(aws.table, [f"u-{i}" for i in range(6)])
     assert sorted(found.done) == ["u-0", "u-1", "u-3", "u-5"]
-    assert found.pending == ["u-2", "u-4"]  # refused while parsing: reported to SQS, nothing stored
+    assert "FP32 data must be numbers, got strings" in found.failed["u-2"]
+    assert "needs 64 elements, data has 63" in found.failed["u-4"]
 
 
 def test_a_partly_stored_redelivered_group_runs_only_the_rest(aws: Aws, manifest: Path) -> None:
@@ -363,3 +404,30 @@ def test_the_same_job_twice_in_one_batch_is_stored_once_and_fails_nothing(aws: A
     found = jobsclient.fetch_results(aws.table, ["twice", "other"])
     np.testing.assert_array_equal(found.done["twice"]["label"], labels(DIGITS[0:1]))
     assert sorted(found.done) == ["other", "twice"]
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "own_fault"),
+    [("AccessDenied", 403, True), ("SlowDown", 503, False), ("InternalError", 500, False)],
+)
+def test_s3_errors_fail_only_the_job_that_references_the_object(
+    aws: Aws, manifest: Path, code: str, status: int, own_fault: bool
+) -> None:
+    """Deployed without s3:ListBucket, S3 answers a missing object with AccessDenied: the job's own fault.
+    Throttling and S3's own faults may heal: that job alone is redelivered, and stored as failed at last."""
+    from botocore.stub import Stubber
+
+    handler = create_handler(settings=settings(aws, manifest))
+    body = raw_job("by-ref", payload={"uri": f"s3://{aws.bucket}/jobs/by-ref.json"})
+    for receive_count in (1, 5):
+        with Stubber(clients.client("s3")) as s3:
+            s3.add_client_error("get_object", service_error_code=code, http_status_code=status)
+            response = handler(sqs_event([job("beside", slice(0, 1)), body], [receive_count] * 2), LambdaContext())
+        found = jobsclient.fetch_results(aws.table, ["beside", "by-ref"])
+        np.testing.assert_array_equal(found.done["beside"]["label"], labels(DIGITS[0:1]))
+        if own_fault or receive_count == 5:  # 5: the queues' maxReceiveCount, the last delivery
+            assert "by-ref.json cannot be read" in found.failed["by-ref"]
+        else:
+            assert found.pending == ["by-ref"]
+        redelivered = not own_fault
+        assert response == {"batchItemFailures": [{"itemIdentifier": "msg-00001"}] if redelivered else []}

@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from fnserve.adapters.local.events import LambdaContext
-from tests.helpers import DEMO_MANIFEST, REPO
+from tests.helpers import BAD_NUMBERS, DEMO_MANIFEST, REPO
 
 EVENTS = sorted((REPO / "events").glob("api-*.json"))
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
@@ -112,6 +112,15 @@ def test_errors_are_json_with_status(handler: Handler) -> None:
     assert "must have 64 at axis 1" in json.loads(response["body"])["error"]
     event["body"] = "{"
     assert handler(event, LambdaContext())["statusCode"] == 400
+
+
+@pytest.mark.parametrize(("body", "reason"), BAD_NUMBERS, ids=lambda v: str(v)[60:90])
+def test_numbers_a_tensor_cannot_hold_are_a_422(handler: Handler, body: str, reason: str) -> None:
+    event = json.loads((REPO / "events" / "api-http-infer.json").read_text())
+    event["body"] = body
+    response = handler(event, LambdaContext())
+    assert response["statusCode"] == 422, response["body"]
+    assert reason in json.loads(response["body"])["error"]
 
 
 def _log_lines(text: str) -> list[dict[str, Any]]:

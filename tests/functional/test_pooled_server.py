@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import onnxruntime as ort
+import orjson
 import pytest
 
 from fnserve.adapters.server import build_app, inference_pool
@@ -20,7 +21,7 @@ from fnserve.settings import Settings
 from fnserve.workers.pool import WorkerPool
 from fnserve.workers.remote import PoolSession
 from tests.functional.conftest import start_server, wait_for
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, write_test_manifest
+from tests.helpers import BAD_NUMBERS, DEMO_HOLDOUT, DEMO_MANIFEST, write_test_manifest
 
 DIGITS = np.load(DEMO_HOLDOUT)["input"]
 ACCURATE = DEMO_MANIFEST.parent / "digits-accurate" / "1" / "model.onnx"
@@ -64,12 +65,15 @@ def test_the_front_process_loads_no_model_and_answers_as_onnxruntime_does(
     assert all(isinstance(service.registry.get(name).session, PoolSession) for name in service.registry.names())
 
     requests = [body(DIGITS[i : i + 1 + i % 3]) for i in range(40)]
-    requests[7] = body(np.zeros((1, 32), np.float32))  # refused in the front, alone
+    refused = {7: (body(np.zeros((1, 32), np.float32)), "must have 64 at axis 1")}  # refused in the front, alone
+    refused |= {11 + 5 * n: (orjson.loads(text), reason) for n, (text, reason) in enumerate(BAD_NUMBERS)}
+    for i, (request, _) in refused.items():
+        requests[i] = request
     responses = post_all(app, requests, "digits-accurate")
     session = ort.InferenceSession(str(ACCURATE))
     for i, response in enumerate(responses):
-        if i == 7:
-            assert response.status_code == 422 and "must have 64 at axis 1" in response.json()["error"]
+        if i in refused:
+            assert response.status_code == 422 and refused[i][1] in response.json()["error"], response.text
             continue
         assert response.status_code == 200, response.text
         expected = session.run(None, {"input": DIGITS[i : i + 1 + i % 3]})

@@ -42,3 +42,60 @@ def test_clients_are_made_once_per_process() -> None:
     first = clients.client("sqs")
     clients.reset()
     assert clients.client("sqs") is not first
+
+
+def test_a_budget_bounds_every_call_of_its_client() -> None:
+    quick = clients.Budget(connect_timeout=0.1, read_timeout=0.2, max_attempts=2)
+    config = clients.client("dynamodb", quick).meta.config
+    assert (config.connect_timeout, config.read_timeout) == (0.1, 0.2)
+    assert config.retries == {"mode": "standard", "total_max_attempts": 2}
+    assert clients.client("dynamodb", quick) is not clients.client("dynamodb")  # one client per budget
+
+
+def test_a_local_emulator_needs_no_aws_configuration(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    for name in ("AWS_DEFAULT_REGION", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", f"{tmp_path}/none")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", f"{tmp_path}/none")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:5000")
+    sqs = clients.client("sqs")
+    assert sqs.meta.region_name == clients.LOCAL_REGION
+    assert sqs._request_signer._credentials is not None
+    clients.reset()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "https://sqs.example.com")  # not local: nothing is made up
+    with pytest.raises(Exception, match="region"):
+        clients.client("sqs")
+
+
+def _client_error(code: str, status: int) -> Exception:
+    from botocore.exceptions import ClientError
+
+    return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "Op")
+
+
+@pytest.mark.parametrize(
+    ("error", "kind", "says"),
+    [
+        (_client_error("NoSuchKey", 404), "InvalidInput", "does not exist"),
+        (_client_error("AccessDenied", 403), "InvalidInput", "access denied"),
+        (_client_error("ValidationException", 400), "InvalidInput", "ValidationException"),
+        (_client_error("ProvisionedThroughputExceededException", 400), "StoreUnavailable", "try again"),
+        (_client_error("SlowDown", 503), "StoreUnavailable", "try again"),
+        (_client_error("Whatever", 500), "StoreUnavailable", "try again"),
+        (ConnectionRefusedError("refused"), "StoreUnavailable", "refused"),
+    ],
+)
+def test_store_errors_say_whose_fault_they_are(error: Exception, kind: str, says: str) -> None:
+    mapped = clients.store_error(error, "reading s3://b/k")
+    assert type(mapped).__name__ == kind and says in mapped.message and "reading s3://b/k" in mapped.message
+    assert (mapped.status_code < 500) == (kind == "InvalidInput")
+
+
+def test_store_errors_keep_botocore_timeouts_and_invalid_parameters_apart() -> None:
+    from botocore.exceptions import ParamValidationError, ReadTimeoutError
+
+    invalid = clients.store_error(ParamValidationError(report="Invalid bucket name"), "reading s3://bad!/k")
+    assert invalid.status_code == 422 and "Invalid bucket name" in invalid.message
+    stalled = clients.store_error(ReadTimeoutError(endpoint_url="http://x"), "reading results")
+    assert stalled.status_code == 503 and stalled.retry_after == 1

@@ -9,8 +9,9 @@ import numpy as np
 import orjson
 import pytest
 
+from fnserve.core.datatypes import V2_TO_NUMPY
 from fnserve.core.errors import BadRequest, InvalidInput
-from fnserve.core.tensors import InferenceRequest, decode_request, encode_response
+from fnserve.core.tensors import InferenceRequest, array_from_json, decode_request, encode_response
 from tests.helpers import sample_arrays
 
 
@@ -158,8 +159,19 @@ BAD_REQUESTS: list[tuple[bytes, int | None, type[Exception], str]] = [
         b'{"inputs":[{"name":"x","datatype":"INT64","shape":[1],"data":[1180591620717411303424]}]}',
         None,
         InvalidInput,
-        "INT64 data must be integers, got floats",
+        "values out of range for INT64",
     ),
+    (
+        body(tensor("x", "UINT64", [2], [True, False])),
+        None,
+        InvalidInput,
+        "UINT64 data must be numbers, got true/false",
+    ),
+    (body(tensor("x", "INT32", [1], [True])), None, InvalidInput, "INT32 data must be numbers, got true/false"),
+    (body(tensor("x", "FP32", [1], [True])), None, InvalidInput, "FP32 data must be numbers, got true/false"),
+    (body(tensor("x", "FP32", [2], [1.0, 1e39])), None, InvalidInput, "values out of range for FP32"),
+    (body(tensor("x", "FP16", [1], [70000])), None, InvalidInput, "values out of range for FP16"),
+    (body(tensor("x", "INT64", [1], [1e20])), None, InvalidInput, "values out of range for INT64"),
     (body(tensor("x", "FP32", [1], ["a"])), None, InvalidInput, "FP32 data must be numbers"),
     (body(tensor("x", "BOOL", [1], [1])), None, InvalidInput, "BOOL data must be true/false"),
     (body(tensor("x", "BYTES", [1], [1])), None, InvalidInput, "BYTES data must be strings"),
@@ -190,6 +202,27 @@ def test_malformed_requests_are_refused_with_a_reason(
 ) -> None:
     with pytest.raises(error, match=message):
         decode_request(payload, head)
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data", "message"),
+    [
+        ("INT64", [1, 2**70], "values out of range for INT64"),
+        ("UINT64", [2**64], "values out of range for UINT64"),
+        ("INT64", [-1, 2**63], "values out of range for INT64"),
+        ("FP64", [2**1100], "values out of range for FP64"),
+        ("FP32", [1, "a"], "FP32 data must be numbers, got strings"),
+    ],
+)
+def test_python_integers_beyond_64_bits_are_refused(datatype: str, data: list[Any], message: str) -> None:
+    # Parsers other than orjson (the standard json module) give exact Python ints past 64 bits.
+    with pytest.raises(InvalidInput, match=message):
+        array_from_json("x", datatype, V2_TO_NUMPY[datatype], data)
+
+
+def test_exact_large_integers_are_kept() -> None:
+    assert array_from_json("x", "UINT64", V2_TO_NUMPY["UINT64"], [2**64 - 1]).tolist() == [2**64 - 1]
+    assert array_from_json("x", "FP32", V2_TO_NUMPY["FP32"], [2**70]).tolist() == [float(2**70)]
 
 
 def _binary_input(size: int, datatype: str = "FP32", shape: list[int] | None = None) -> dict[str, Any]:

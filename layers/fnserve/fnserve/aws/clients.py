@@ -1,8 +1,13 @@
-"""Every boto3 client fnserve uses comes from here: one per service per process, made lazily.
+"""Every boto3 client fnserve uses comes from here: one per service and budget per process, made lazily.
 
 The endpoint is decided once for all services, so a moto server or LocalStack takes all the
 traffic or none of it: ``AWS_ENDPOINT_URL`` if set, else LocalStack's (localstack-client's
-conventions) when ``LOCALSTACK_HOST`` is set, else AWS itself.
+conventions) when ``LOCALSTACK_HOST`` is set, else AWS itself. Against a local emulator, a
+machine with no AWS configuration still works: the region and credentials default to the
+emulator's (any value does), where nothing else provides them.
+
+A :class:`Budget` bounds what one call may cost (timeouts and attempts): the result cache's
+reads must stay within milliseconds even when DynamoDB stalls, a batch's writes may take longer.
 """
 
 from __future__ import annotations
@@ -10,9 +15,56 @@ from __future__ import annotations
 import functools
 import os
 import threading
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlparse
+
+from fnserve.core.errors import FnserveError, InvalidInput, StoreUnavailable
 
 _lock = threading.Lock()
+LOCAL_REGION = "us-east-1"
+
+# Error codes that say "not now" rather than "never": throttling, expired or clock-skewed
+# credentials, the service's own faults. Anything else from a 4xx is about the request itself.
+TRANSIENT_CODES = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "ProvisionedThroughputExceededException",
+        "RequestLimitExceeded",
+        "LimitExceededException",
+        "SlowDown",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "PriorRequestNotComplete",
+        "TransactionInProgressException",
+        "InternalError",
+        "InternalServerError",
+        "ServiceUnavailable",
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "RequestExpired",
+        "RequestTimeTooSkewed",
+    }
+)
+MISSING_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "404", "ResourceNotFoundException"})
+DENIED_CODES = frozenset({"AccessDenied", "AccessDeniedException", "403", "Forbidden"})
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one call may cost: connect and read timeouts (seconds) and attempts (standard retry mode)."""
+
+    connect_timeout: float = 2.0
+    read_timeout: float = 10.0
+    max_attempts: int = 4
+
+
+DEFAULT_BUDGET = Budget()
 
 
 def endpoint_url(service: str) -> str | None:
@@ -27,22 +79,62 @@ def endpoint_url(service: str) -> str | None:
     return None
 
 
+def is_local(url: str | None) -> bool:
+    """Whether ``url`` is an emulator on this machine (or LocalStack), where any region and keys do."""
+    if url is None:
+        return False
+    host = urlparse(url).hostname or ""
+    return host in ("localhost", "::1") or host.startswith("127.") or bool(os.environ.get("LOCALSTACK_HOST"))
+
+
 @functools.cache
-def client(service: str) -> Any:
-    """The process's client for ``service`` (created on first use; boto3 imported only then)."""
+def client(service: str, budget: Budget = DEFAULT_BUDGET) -> Any:
+    """The process's client for ``service`` within ``budget`` (created on first use; boto3 imported only then)."""
     with _lock:  # boto3's default session is not thread-safe while it creates clients
         import boto3
         from botocore.config import Config
 
         config = Config(
-            retries={"mode": "standard", "max_attempts": 4},
-            connect_timeout=2,
-            read_timeout=10,
+            retries={"mode": "standard", "total_max_attempts": budget.max_attempts},
+            connect_timeout=budget.connect_timeout,
+            read_timeout=budget.read_timeout,
             max_pool_connections=32,
         )
-        return boto3.session.Session().client(service, endpoint_url=endpoint_url(service), config=config)
+        endpoint = endpoint_url(service)
+        session = boto3.session.Session()
+        options: dict[str, Any] = {}
+        if is_local(endpoint):
+            if session.region_name is None:
+                options["region_name"] = LOCAL_REGION
+            if session.get_credentials() is None:
+                options |= {"aws_access_key_id": "local", "aws_secret_access_key": "local"}
+        return session.client(service, endpoint_url=endpoint, config=config, **options)
 
 
 def reset() -> None:
     """Forget every client (after the endpoint changes, or in a restored SnapStart snapshot)."""
     client.cache_clear()
+
+
+def store_error(exc: BaseException, what: str) -> FnserveError:
+    """An AWS call's failure as fnserve's error: the request's own fault (422), or a store that may heal (503)."""
+    from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
+
+    if isinstance(exc, FnserveError):
+        return exc
+    if isinstance(exc, ParamValidationError):
+        return InvalidInput(f"{what}: {exc}")
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 500)
+        if code in TRANSIENT_CODES or status >= 500:
+            return StoreUnavailable(f"{what}: {code or status}, try again later")
+        if code in MISSING_CODES:
+            return InvalidInput(f"{what}: it does not exist")
+        if code in DENIED_CODES:
+            return InvalidInput(f"{what}: it does not exist, or this function may not read it (access denied)")
+        return InvalidInput(f"{what}: {code}: {error.get('Message', '')}")
+    if isinstance(exc, BotoCoreError | OSError):
+        return StoreUnavailable(f"{what}: {exc}")
+    raise exc

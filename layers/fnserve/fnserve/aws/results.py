@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from fnserve.aws import s3
-from fnserve.aws.clients import client
+from fnserve.aws.clients import client, store_error
+from fnserve.core.errors import StoreUnavailable
 from fnserve.core.results import ResultRecord, cache_entry_key
 
 logger = logging.getLogger(__name__)
@@ -129,7 +130,10 @@ class DynamoResultStore:
         for start in range(0, len(wanted), GET_BATCH):
             request = {self.table: {"Keys": [{KEY: {"S": k}} for k in wanted[start : start + GET_BATCH]]}}
             for attempt in range(self.max_attempts):
-                response = self.dynamodb.batch_get_item(RequestItems=request)
+                try:
+                    response = self.dynamodb.batch_get_item(RequestItems=request)
+                except Exception as exc:
+                    raise store_error(exc, f"reading results from DynamoDB table {self.table}") from exc
                 for raw in response.get("Responses", {}).get(self.table, []):
                     item = _from_dynamo(raw)
                     if item.get(TTL_ATTRIBUTE, float("inf")) > now:
@@ -139,7 +143,7 @@ class DynamoResultStore:
                     break
                 self._backoff(attempt)
             else:
-                raise TimeoutError(f"DynamoDB left keys unprocessed after {self.max_attempts} attempts")
+                raise StoreUnavailable(f"DynamoDB left keys unprocessed after {self.max_attempts} attempts")
         for item in found.values():
             if "payload_s3" in item:
                 item["payload"] = s3.get_bytes(item.pop("payload_s3"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fnserve.aws.clients import client
+from fnserve.aws.clients import client, store_error
 from fnserve.core.errors import InvalidInput
 
 
@@ -28,15 +28,18 @@ def fetch_model(uri: str, target: Path) -> Path:
 
 
 def get_bytes(uri: str) -> bytes:
-    """An object's bytes; a missing object or bucket is a 422 naming it."""
+    """An object's bytes.
+
+    What is wrong with the reference itself (an invalid bucket name, a missing object or
+    bucket, an object this function may not read) is a 422 naming it; a timeout, throttling
+    or an unreachable S3 is a :class:`~fnserve.core.errors.StoreUnavailable` (503), which may heal.
+    (Without s3:ListBucket, S3 answers a missing object with AccessDenied, not NoSuchKey.)
+    """
     bucket, key = split_uri(uri)
-    s3 = client("s3")
     try:
-        return s3.get_object(Bucket=bucket, Key=key)["Body"].read()  # type: ignore[no-any-return]
-    except s3.exceptions.NoSuchKey:
-        raise InvalidInput(f"{uri} does not exist") from None
-    except s3.exceptions.NoSuchBucket:
-        raise InvalidInput(f"bucket of {uri} does not exist") from None
+        return client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()  # type: ignore[no-any-return]
+    except Exception as exc:
+        raise store_error(exc, f"{uri} cannot be read") from exc
 
 
 def put_bytes(bucket: str, key: str, data: bytes) -> str:

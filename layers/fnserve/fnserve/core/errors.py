@@ -9,6 +9,7 @@ class FnserveError(Exception):
     """Base of every error fnserve raises on purpose; rendered as ``{"error": message}``."""
 
     status_code: ClassVar[int] = 500
+    retry_after: ClassVar[int | None] = None  # seconds a client should wait before trying again, if known
 
     def __init__(self, message: str, status_code: int | None = None) -> None:
         super().__init__(message)
@@ -71,6 +72,13 @@ class ConfigError(FnserveError):
     """Settings or a manifest are invalid, or a deployment lacks what a request needs (a bucket, a table)."""
 
     status_code = 500
+
+
+class StoreUnavailable(FnserveError):
+    """A store fnserve depends on (DynamoDB, S3, SQS) timed out, throttled or is unreachable: it may heal."""
+
+    status_code = 503
+    retry_after = 1
 
 
 class ResultNotFound(FnserveError):

@@ -14,6 +14,7 @@ V2 request body (JSON, or JSON then binary tensors with ``json_length`` set)::
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -25,8 +26,10 @@ import orjson
 
 from fnserve.core._rows import slice_rows, take_rows
 from fnserve.core.datatypes import V2_TO_NUMPY, v2_datatype
-from fnserve.core.errors import BadRequest, FnserveError, InvalidInput
+from fnserve.core.errors import BadRequest, FnserveError, InferenceError, InvalidInput
 from fnserve.core.tensors import array_from_json, decode_document, decode_request, json_object
+
+logger = logging.getLogger(__name__)
 
 # Room for cascade follow-up ids, which carry the cascade name and a signature.
 JOB_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
@@ -69,6 +72,19 @@ def parse_job(body: str | bytes, load_payload: PayloadLoader | None = None) -> J
         raise type(exc)(f"job {job_id}: {exc.message}", exc.status_code) from None
     outputs = tuple(request.outputs) if request.outputs is not None else None
     return Job(job_id, model, version, request.inputs, outputs)
+
+
+def job_identity(body: str | bytes) -> tuple[str, str] | None:
+    """(id, model) of a job that could not be parsed, where its body names a valid id (the model may be '')."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    job_id = doc.get("id") if type(doc) is dict else None
+    if not isinstance(job_id, str) or not JOB_ID.match(job_id):
+        return None
+    model = doc.get("model")
+    return job_id, model if isinstance(model, str) else ""
 
 
 @dataclass(slots=True)
@@ -133,7 +149,7 @@ def parse_jobs(
     for signature, members in similar.items():
         try:
             groups.append(_stack(signature, members))
-        except FnserveError:
+        except Exception:  # parsed one by one instead, so each error names its own job
             for i, _ in members:
                 singles[i] = _parse_alone(bodies[i], load_payload)
     return groups, singles
@@ -144,6 +160,9 @@ def _parse_alone(body: str | bytes, load_payload: PayloadLoader | None) -> Job |
         return parse_job(body, load_payload)
     except FnserveError as exc:
         return exc
+    except Exception as exc:  # a bug of ours: this job's failure (retried, then stored as failed), not the batch's
+        logger.exception("job could not be parsed")
+        return InferenceError(f"job could not be parsed: {type(exc).__name__}: {exc}")
 
 
 def _signature(doc: Any) -> tuple[Any, ...] | None:
@@ -159,10 +178,12 @@ def _signature(doc: Any) -> tuple[Any, ...] | None:
     for t in inputs:
         if type(t) is not dict or "parameters" in t or type(t.get("data")) is not list:
             return None
-        shape = t.get("shape")
-        if type(shape) is not list:
+        name, datatype, shape = t.get("name"), t.get("datatype"), t.get("shape")
+        if type(name) is not str or type(datatype) is not str or type(shape) is not list:
+            return None  # parsed alone, for an exact error
+        if not all(type(d) is int for d in shape):
             return None
-        tensors.append((t.get("name"), t.get("datatype"), tuple(shape)))
+        tensors.append((name, datatype, tuple(shape)))
     outputs = doc.get("outputs")
     if outputs is not None:
         if type(outputs) is not list or any(type(o) is not dict or "parameters" in o for o in outputs):
@@ -178,8 +199,8 @@ def _stack(signature: tuple[Any, ...], members: list[tuple[int, dict[str, Any]]]
     model, version, outputs, tensors = signature
     inputs = {}
     for k, (name, datatype, shape) in enumerate(tensors):
-        dtype = V2_TO_NUMPY.get(datatype) if type(name) is str and type(datatype) is str else None
-        if dtype is None or datatype == "BYTES" or not all(type(d) is int and d > 0 for d in shape):
+        dtype = V2_TO_NUMPY.get(datatype)
+        if dtype is None or datatype == "BYTES" or not all(d > 0 for d in shape):
             raise InvalidInput("not stackable")  # parsed one by one instead, for exact errors
         data = [doc["inputs"][k]["data"] for _, doc in members]
         array = array_from_json(name, datatype, dtype, data)

@@ -3,11 +3,14 @@
 Transport-neutral: the SQS handler (``fnserve.adapters.lambda_.sqs``) hands it (message id,
 body, receive count) per record and reports the message ids it returns as failures.
 
-Jobs that cannot be run (not JSON, unknown model, tensors that do not fit, a missing S3
-object) are failures with their reason logged (and stored as ``failed``), and never fail the
-others. Jobs whose result could not be stored are failures too, so the queue redelivers
-them: nothing is lost. Same-shaped jobs are stacked into one runtime call; if a stacked run
-fails, its jobs are run one by one to find the one at fault.
+A job's own fault (not JSON, an unknown model, tensors that do not fit, a missing or
+unreadable S3 object) is its outcome: logged, stored as ``failed`` with the reason under its
+id, and not redelivered; it never fails the others. Only what may heal is redelivered: a
+fault of the infrastructure (an S3 outage, a crashed worker) or a result that could not be
+stored; such a job is stored as ``failed`` on its last delivery. A message without a job id
+has nowhere to store its reason, so it is reported until SQS moves it to the dead-letter
+queue. Same-shaped jobs are stacked into one runtime call; if a stacked run fails, its jobs
+are run one by one to find the one at fault.
 
 Idempotency: queues deliver at least once. A redelivered job (receive count above 1) whose
 result is already stored is neither recomputed nor written again; the check is one batched
@@ -24,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fnserve.core.errors import FnserveError
-from fnserve.core.jobs import Job, JobGroup, PayloadLoader, parse_jobs
+from fnserve.core.jobs import Job, JobGroup, PayloadLoader, job_identity, parse_jobs
 from fnserve.core.results import ResultRecord, ResultStore, job_key
 from fnserve.core.service import InferenceService, Prediction
 
@@ -37,6 +40,7 @@ class Outcome:
 
     failures: list[str]
     done: int = 0
+    refused: int = 0  # the job's own fault, stored as failed (not redelivered)
     skipped: int = 0
     cache_hits: int = 0
 
@@ -52,6 +56,53 @@ class _Work:
     job_ids: list[str]
     group: JobGroup | None = None
     jobs: list[Job] | None = None
+
+
+class _Results:
+    """The records a batch stores, and which message each belongs to (reported if its record is not stored)."""
+
+    def __init__(self, processor: JobProcessor, outcome: Outcome) -> None:
+        self.processor = processor
+        self.outcome = outcome
+        self.records: list[ResultRecord] = []
+        self.owners: dict[str, str] = {}
+        self.now = int(time.time())
+
+    def done(self, message_id: str, job_id: str, prediction: Prediction) -> None:
+        key = job_key(job_id)
+        ttl = self.processor.ttl_seconds
+        self.records.append(
+            ResultRecord.done(key, prediction.model, prediction.version, prediction.outputs, now=self.now, ttl=ttl)
+        )
+        self.owners[key] = message_id
+        self.outcome.cache_hits += prediction.cache == "hit"
+
+    def fail(self, message_id: str, receive_count: int, job_id: str | None, model: str, error: FnserveError) -> None:
+        """A job that failed: its own fault (4xx) is its outcome, stored as failed and not redelivered; a fault
+        that may heal (5xx: an S3 outage, a crashed worker) is redelivered, and stored as failed on its last
+        delivery (after it SQS moves the message to the DLQ). A job without an id goes to the DLQ."""
+        own = error.status_code < 500
+        logger.warning(
+            "job refused" if own else "job failed",
+            extra={"message_id": message_id, "job": job_id, "error": error.message},
+        )
+        if job_id is not None and (own or self.processor.final(receive_count)):
+            key = job_key(job_id)
+            ttl = self.processor.ttl_seconds
+            self.records.append(ResultRecord.failed(key, model, error.message, now=self.now, ttl=ttl))
+            if own:
+                self.owners[key] = message_id
+                return
+        self.outcome.failures.append(message_id)
+
+    def store(self) -> None:
+        """Write every record at once; the messages of those not stored are reported, so SQS redelivers them."""
+        not_stored = self.processor.store.put(self.records)
+        for key in [k for k in self.owners if k in not_stored]:
+            self.outcome.failures.append(self.owners.pop(key))
+        status = {record.key: record.status for record in self.records}  # the last record of a key is stored
+        self.outcome.done = sum(status[key] == "done" for key in self.owners)
+        self.outcome.refused = len(self.owners) - self.outcome.done
 
 
 class JobProcessor:
@@ -86,7 +137,7 @@ class JobProcessor:
 
     def _process(self, records: Sequence[tuple[str, str, int]]) -> Outcome:
         outcome = Outcome(failures=[])
-        receive_counts = {message_id: count for message_id, _, count in records}
+        out = _Results(self, outcome)
         groups, singles = parse_jobs([body for _, body, _ in records], self.load_payload)
         work: list[_Work] = []
         for group in groups:
@@ -94,10 +145,11 @@ class JobProcessor:
             work.append(_Work(group.model, group.version, group.outputs, ids, group.ids, group=group))
         alone: dict[tuple[str, str | None, tuple[str, ...] | None], _Work] = {}
         for i, parsed in sorted(singles.items()):
-            message_id = records[i][0]
+            message_id, body, receive_count = records[i]
             if isinstance(parsed, FnserveError):
-                logger.warning("job refused", extra={"message_id": message_id, "error": parsed.message})
-                outcome.failures.append(message_id)
+                identity = job_identity(body)
+                job_id, model = identity if identity is not None else (None, "")
+                out.fail(message_id, receive_count, job_id, model, parsed)
                 continue
             unit_key = (parsed.model, parsed.version, parsed.outputs)
             if unit_key not in alone:
@@ -108,34 +160,16 @@ class JobProcessor:
         work += alone.values()
         redelivered = {records[i][0] for i in range(len(records)) if records[i][2] > 1}
         work = self._without_stored(work, redelivered, outcome)
-        records_out: list[ResultRecord] = []
-        owners: dict[str, str] = {}
-        now = int(time.time())
-        ttl = self.ttl_seconds
+        receive_counts = {message_id: count for message_id, _, count in records}
         for unit in work:
             for message_id, job_id, result in zip(unit.message_ids, unit.job_ids, self._run(unit), strict=True):
-                key = job_key(job_id)
                 if isinstance(result, FnserveError):
-                    logger.warning(
-                        "job failed", extra={"message_id": message_id, "job": job_id, "error": result.message}
-                    )
-                    outcome.failures.append(message_id)
-                    # Say why where results are read: at once when the job itself is wrong, and on the
-                    # last delivery for everything else (after it, SQS moves the message to the DLQ).
-                    if result.status_code < 500 or self._final(receive_counts[message_id]):
-                        records_out.append(ResultRecord.failed(key, unit.model, result.message, now=now, ttl=ttl))
-                    continue
-                outcome.cache_hits += result.cache == "hit"
-                records_out.append(
-                    ResultRecord.done(key, result.model, result.version, result.outputs, now=now, ttl=ttl)
-                )
-                owners[key] = message_id
-        not_stored = self.store.put(records_out)
-        for key in [k for k in owners if k in not_stored]:
-            outcome.failures.append(owners.pop(key))
+                    out.fail(message_id, receive_counts[message_id], job_id, unit.model, result)
+                else:
+                    out.done(message_id, job_id, result)
+        out.store()
         position = {record[0]: i for i, record in enumerate(records)}
         outcome.failures.sort(key=position.__getitem__)  # in record order
-        outcome.done = len(owners)
         return outcome
 
     def _run(self, unit: _Work) -> Sequence[Prediction | FnserveError]:
@@ -155,7 +189,8 @@ class JobProcessor:
         except FnserveError as exc:  # unknown model or version, unknown outputs: every job of the unit
             return [exc] * len(unit.job_ids)
 
-    def _final(self, receive_count: int) -> bool:
+    def final(self, receive_count: int) -> bool:
+        """Whether this is a message's last delivery (the queue's maxReceiveCount)."""
         return self.max_receive_count is not None and receive_count >= self.max_receive_count
 
     def _without_stored(self, work: list[_Work], redelivered: set[str], outcome: Outcome) -> list[_Work]:

@@ -158,17 +158,36 @@ def array_from_json(name: str, datatype: str, dtype: np.dtype[Any], data: Any) -
         if kind != "b":
             raise InvalidInput(f"input {name!r}: BOOL data must be true/false")
         return raw
-    if kind not in "biuf":
-        raise InvalidInput(f"input {name!r}: {datatype} data must be numbers, got {raw.dtype.kind!r} values")
+    if kind == "O" and all(type(v) is int or type(v) is float for v in _flatten(data)):
+        # Integers beyond 64 bits: numpy keeps them as Python objects.
+        if dtype.kind in "iu":
+            raise InvalidInput(f"input {name!r}: values out of range for {datatype}")
+        try:
+            raw, kind = np.asarray(data, dtype=np.float64), "f"
+        except OverflowError:
+            raise InvalidInput(f"input {name!r}: values out of range for {datatype}") from None
+    if kind not in "iuf":
+        got = {"b": "true/false", "U": "strings"}.get(kind, "other values (strings, objects or nulls)")
+        raise InvalidInput(f"input {name!r}: {datatype} data must be numbers, got {got}")
     if dtype.kind in "iu":
         if kind == "f":
-            if datatype == "UINT64" and all(type(v) is int for v in _flatten(data)):
+            flat = _flatten(data)
+            if not all(type(v) is int or v.is_integer() for v in flat):
+                raise InvalidInput(f"input {name!r}: {datatype} data must be integers, got floats")
+            if datatype == "UINT64" and all(type(v) is int for v in flat):
                 # numpy infers float64 for ints past int64's range; build it exactly instead.
                 return _exact_uint64(name, data)
-            raise InvalidInput(f"input {name!r}: {datatype} data must be integers, got floats")
-        info = np.iinfo(dtype)
-        if raw.min() < info.min or raw.max() > info.max:
             raise InvalidInput(f"input {name!r}: values out of range for {datatype}")
+        info = np.iinfo(dtype)
+        if int(raw.min()) < info.min or int(raw.max()) > info.max:  # Python ints: no overflow in the check
+            raise InvalidInput(f"input {name!r}: values out of range for {datatype}")
+        return raw.astype(dtype, copy=False)
+    if dtype.itemsize < 8:  # FP32, FP16: JSON numbers beyond their range would become infinities
+        with np.errstate(over="ignore"):
+            out = raw.astype(dtype)
+        if not np.isfinite(out).all():
+            raise InvalidInput(f"input {name!r}: values out of range for {datatype}")
+        return out
     return raw.astype(dtype, copy=False)
 
 

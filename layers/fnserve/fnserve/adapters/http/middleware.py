@@ -90,7 +90,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def fnserve_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, FnserveError)
-        return error_response(exc.message, exc.status_code)
+        headers = {"retry-after": str(exc.retry_after)} if exc.retry_after is not None else None
+        return error_response(exc.message, exc.status_code, headers)
 
     async def validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)

@@ -2,9 +2,9 @@
 
 Everything about jobs (parsing, stacking, running, storing, idempotency) is the job
 processor's (:mod:`fnserve.core.processor`); this adapter only takes the records out of the
-event and puts the failed message ids into the partial batch response. When every record
-fails, every record is reported (the handler does not raise): SQS retries them all either
-way, and each reason is already logged.
+event and puts the message ids to redeliver into the partial batch response. When every
+record fails, every record is reported (the handler does not raise): SQS retries them all
+either way, and each reason is already logged.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def create_handler(
         outcome = processor.process(records)
         metrics.add_metric(name="JobsReceived", unit=MetricUnit.Count, value=len(records))
         metrics.add_metric(name="JobsDone", unit=MetricUnit.Count, value=outcome.done)
+        metrics.add_metric(name="JobsRefused", unit=MetricUnit.Count, value=outcome.refused)
         metrics.add_metric(name="JobsFailed", unit=MetricUnit.Count, value=len(outcome.failures))
         metrics.add_metric(name="JobsSkipped", unit=MetricUnit.Count, value=outcome.skipped)
         metrics.add_metric(name="CacheHits", unit=MetricUnit.Count, value=outcome.cache_hits)
@@ -69,6 +70,7 @@ def create_handler(
             extra={
                 "records": len(records),
                 "done": outcome.done,
+                "refused": outcome.refused,
                 "failed": len(outcome.failures),
                 "skipped": outcome.skipped,
             },
