@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fnserve.core import cache as cache_module
-from fnserve.core.cache import ResultCache, cache_key
+from fnserve.core.cache import CircuitBreaker, ResultCache, cache_key
 from fnserve.core.tensors import pack_arrays, unpack_arrays
 from tests.helpers import sample_arrays
 
@@ -85,3 +85,66 @@ def test_cached_arrays_are_read_only() -> None:
     cache.put_many({"k": {"y": np.ones(2)}}, 60)
     with pytest.raises(ValueError, match="read-only"):
         cache.get_many(["k"])["k"]["y"][0] = 5
+
+
+class DeadBackend(MemoryBackend):
+    """A shared tier that fails every call until revived."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dead = True
+        self.calls = 0
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, tuple[bytes, float]]:
+        self.calls += 1
+        if self.dead:
+            raise TimeoutError("stalled")
+        return super().get_many(keys)
+
+    def put_many(self, entries: Mapping[str, bytes], ttl_seconds: int) -> None:
+        self.calls += 1
+        if self.dead:
+            raise TimeoutError("stalled")
+        super().put_many(entries, ttl_seconds)
+
+
+def test_a_failing_backend_is_left_alone_for_the_cooldown_then_tried_once() -> None:
+    now = [0.0]
+    backend = DeadBackend()
+    cache = ResultCache(
+        backend=backend, breaker=CircuitBreaker("backend", failures=3, cooldown=10, clock=lambda: now[0])
+    )
+    for n in range(10):
+        assert cache.get_many([f"k{n}"]) == {}  # a miss, never an error
+    assert backend.calls == 3 and cache.stats.errors == 3 and cache.stats.skipped == 7
+    now[0] = 10.0  # cooldown over: one trial call, which fails and reopens it
+    cache.get_many(["a"])
+    cache.get_many(["b"])
+    assert backend.calls == 4 and cache.breaker.open
+    backend.dead = False
+    now[0] = 20.0
+    cache.put_many({"k": {"y": np.ones(1)}}, 60)  # the trial call succeeds: closed again
+    assert not cache.breaker.open and backend.entries
+    assert list(ResultCache(backend=backend).get_many(["k"])) == ["k"]
+
+
+def test_the_breaker_counts_failures_in_a_row_only() -> None:
+    breaker = CircuitBreaker("b", failures=3, cooldown=10, clock=lambda: 0.0)
+    for _ in range(5):
+        breaker.failed()
+        breaker.failed()
+        breaker.succeeded()
+    assert not breaker.open and breaker.allow()
+    for _ in range(3):
+        breaker.failed()
+    assert breaker.open and not breaker.allow()
+
+
+def test_one_trial_call_at_a_time_while_half_open() -> None:
+    now = [0.0]
+    breaker = CircuitBreaker("b", failures=1, cooldown=5, clock=lambda: now[0])
+    breaker.failed()
+    now[0] = 5.0
+    assert breaker.allow() and not breaker.allow()  # the second caller waits for the first's outcome
+    breaker.succeeded()
+    assert breaker.allow() and breaker.allow()

@@ -38,7 +38,7 @@ def test_no_endpoint_means_aws_itself() -> None:
 
 
 def test_clients_are_made_once_per_process() -> None:
-    assert clients.client("sqs") is clients.client("sqs")
+    assert clients.client("sqs") is clients.client("sqs") is clients.client("sqs", clients.DEFAULT_BUDGET)
     first = clients.client("sqs")
     clients.reset()
     assert clients.client("sqs") is not first
@@ -83,7 +83,7 @@ def _client_error(code: str, status: int) -> Exception:
         (_client_error("ProvisionedThroughputExceededException", 400), "StoreUnavailable", "try again"),
         (_client_error("SlowDown", 503), "StoreUnavailable", "try again"),
         (_client_error("Whatever", 500), "StoreUnavailable", "try again"),
-        (ConnectionRefusedError("refused"), "StoreUnavailable", "refused"),
+        (ConnectionRefusedError("refused"), "StoreUnavailable", "it cannot be reached"),
     ],
 )
 def test_store_errors_say_whose_fault_they_are(error: Exception, kind: str, says: str) -> None:
@@ -99,3 +99,4 @@ def test_store_errors_keep_botocore_timeouts_and_invalid_parameters_apart() -> N
     assert invalid.status_code == 422 and "Invalid bucket name" in invalid.message
     stalled = clients.store_error(ReadTimeoutError(endpoint_url="http://x"), "reading results")
     assert stalled.status_code == 503 and stalled.retry_after == 1
+    assert stalled.message == "reading results: it did not answer in time, try again later"

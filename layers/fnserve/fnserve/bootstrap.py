@@ -13,10 +13,11 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fnserve.aws.clients import Budget
 from fnserve.aws.queue import SqsFollowups
 from fnserve.aws.results import DynamoCacheBackend, DynamoResultStore
 from fnserve.aws.s3 import fetch_model, get_bytes, split_uri
-from fnserve.core.cache import ResultCache
+from fnserve.core.cache import CircuitBreaker, ResultCache
 from fnserve.core.cascade import CascadeRunner
 from fnserve.core.dataplane import DataPlane
 from fnserve.core.followups import FollowupIds, ResultLookup
@@ -31,11 +32,26 @@ if TYPE_CHECKING:
     from fnserve.workers.pool import WorkerPool
 
 
-def result_store(settings: AwsSettings) -> DynamoResultStore | None:
-    """The results table's store, when one is configured."""
+def result_store(settings: AwsSettings, *, for_requests: bool = False) -> DynamoResultStore | None:
+    """The results table's store, when one is configured.
+
+    ``for_requests``: the store of a process that answers requests (the cache tier, result
+    lookups), whose every call is bounded by the request budget; a batch function's store
+    may wait longer rather than fail its records.
+    """
     if settings.results_table is None:
         return None
-    return DynamoResultStore(settings.results_table, bucket=settings.results_bucket)
+    if not for_requests:
+        return DynamoResultStore(settings.results_table, bucket=settings.results_bucket)
+    timeout, attempts = settings.request_store_timeout_seconds, settings.request_store_attempts
+    return DynamoResultStore(
+        settings.results_table,
+        bucket=settings.results_bucket,
+        budget=Budget(connect_timeout=timeout, read_timeout=timeout, max_attempts=attempts),
+        max_attempts=attempts,
+        base_delay=timeout / 10,
+        max_delay=timeout / 4,
+    )
 
 
 def build_service(
@@ -63,7 +79,12 @@ def build_service(
 
         registry = PooledRegistry(load_manifest(settings.manifest), pool)
     backend = DynamoCacheBackend(store) if store is not None else None
-    return InferenceService(registry, ResultCache(settings.cache_max_bytes, backend))
+    breaker = CircuitBreaker(
+        f"the result cache's DynamoDB table {settings.results_table}",
+        failures=settings.cache_breaker_failures,
+        cooldown=settings.cache_breaker_cooldown_seconds,
+    )
+    return InferenceService(registry, ResultCache(settings.cache_max_bytes, backend, breaker))
 
 
 def build_dataplane(
@@ -79,7 +100,7 @@ def build_dataplane(
     Without ``service`` and ``store``, both are built from the settings.
     """
     if store is None and service is None:
-        store = result_store(settings)
+        store = result_store(settings, for_requests=True)
     service = service or build_service(settings, store)
     return DataPlane(
         service,

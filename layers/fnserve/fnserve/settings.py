@@ -136,6 +136,25 @@ class AwsSettings(BaseSettings):
     result_ttl_seconds: int = Field(
         default=7 * 24 * 3600, ge=60, description="How long stored job results live (DynamoDB TTL)."
     )
+    request_store_timeout_seconds: float = Field(
+        default=0.2,
+        gt=0,
+        le=30,
+        description="Connect and read timeout of each DynamoDB call made while answering a request (the shared "
+        "cache tier, result lookups): a stalled table costs a request at most this per attempt.",
+    )
+    request_store_attempts: int = Field(
+        default=2, ge=1, le=10, description="Attempts of each of those calls (botocore's standard retry mode)."
+    )
+    cache_breaker_failures: int = Field(
+        default=3,
+        ge=1,
+        description="Failed calls in a row after which the shared cache tier is not asked for a while "
+        "(every request is then a plain miss, at no cost).",
+    )
+    cache_breaker_cooldown_seconds: float = Field(
+        default=10.0, gt=0, description="How long the shared cache tier rests after failing; then one call tries it."
+    )
 
 
 class Settings(ServerSettings, HttpSettings, AwsSettings, InferenceSettings):

@@ -116,9 +116,11 @@ def inference_pool(settings: Settings) -> WorkerPool:
 
 def build_app(settings: Settings, pool: WorkerPool | None = None) -> FastAPI:
     """The server's app: models in ``pool``'s workers, or in this process when there is no pool."""
-    store = bootstrap.result_store(settings)
+    store = bootstrap.result_store(settings, for_requests=True)
     service = bootstrap.build_service(settings, store, pool)
-    plane = bootstrap.build_dataplane(settings, service=service, store=store, batching=True, offload=pool is not None)
+    # Blocking calls wait in threads when there are any: models in workers, DynamoDB, SQS follow-ups.
+    blocking = pool is not None or store is not None or bool(service.registry.manifest.cascades)
+    plane = bootstrap.build_dataplane(settings, service=service, store=store, batching=True, offload=blocking)
     app = create_app(plane, settings, on_shutdown=pool.close if pool is not None else None)
     app.state.plane = plane
     app.state.pool = pool

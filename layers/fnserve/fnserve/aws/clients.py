@@ -13,6 +13,7 @@ reads must stay within milliseconds even when DynamoDB stalls, a batch's writes 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from urllib.parse import urlparse
 
 from fnserve.core.errors import FnserveError, InvalidInput, StoreUnavailable
 
+logger = logging.getLogger(__name__)
 _lock = threading.Lock()
 LOCAL_REGION = "us-east-1"
 
@@ -87,9 +89,13 @@ def is_local(url: str | None) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.") or bool(os.environ.get("LOCALSTACK_HOST"))
 
 
-@functools.cache
 def client(service: str, budget: Budget = DEFAULT_BUDGET) -> Any:
     """The process's client for ``service`` within ``budget`` (created on first use; boto3 imported only then)."""
+    return _client(service, budget)  # positional: one cache entry however the caller spells it
+
+
+@functools.cache
+def _client(service: str, budget: Budget) -> Any:
     with _lock:  # boto3's default session is not thread-safe while it creates clients
         import boto3
         from botocore.config import Config
@@ -113,7 +119,7 @@ def client(service: str, budget: Budget = DEFAULT_BUDGET) -> Any:
 
 def reset() -> None:
     """Forget every client (after the endpoint changes, or in a restored SnapStart snapshot)."""
-    client.cache_clear()
+    _client.cache_clear()
 
 
 def store_error(exc: BaseException, what: str) -> FnserveError:
@@ -136,5 +142,17 @@ def store_error(exc: BaseException, what: str) -> FnserveError:
             return InvalidInput(f"{what}: it does not exist, or this function may not read it (access denied)")
         return InvalidInput(f"{what}: {code}: {error.get('Message', '')}")
     if isinstance(exc, BotoCoreError | OSError):
-        return StoreUnavailable(f"{what}: {exc}")
+        logger.warning("%s: %s", what, exc)  # the endpoint's address stays in the logs, not in answers
+        return StoreUnavailable(f"{what}: {_reason(exc)}, try again later")
     raise exc
+
+
+def _reason(exc: BaseException) -> str:
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
+
+    if isinstance(exc, ReadTimeoutError | ConnectTimeoutError | TimeoutError):
+        return "it did not answer in time"
+    if isinstance(exc, BotoConnectionError | ConnectionError):
+        return "it cannot be reached"
+    return type(exc).__name__

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from fnserve.aws import s3
-from fnserve.aws.clients import client, store_error
+from fnserve.aws.clients import DEFAULT_BUDGET, Budget, client, store_error
 from fnserve.core.errors import StoreUnavailable
 from fnserve.core.results import ResultRecord, cache_entry_key
 
@@ -84,7 +84,11 @@ def _record(item: Item) -> ResultRecord:
 
 
 class DynamoResultStore:
-    """Batched, retried reads and writes of result records, as items keyed by ``pk``."""
+    """Batched, retried reads and writes of result records, as items keyed by ``pk``.
+
+    ``budget`` bounds each DynamoDB call (timeouts, attempts); ``max_attempts`` and the delays
+    bound the retries of what a call leaves unprocessed.
+    """
 
     def __init__(
         self,
@@ -92,6 +96,7 @@ class DynamoResultStore:
         *,
         bucket: str | None = None,
         dynamodb: Any = None,
+        budget: Budget = DEFAULT_BUDGET,
         max_attempts: int = 8,
         base_delay: float = 0.05,
         max_delay: float = 2.0,
@@ -100,6 +105,7 @@ class DynamoResultStore:
         self.table = table
         self.bucket = bucket
         self._dynamodb = dynamodb
+        self.budget = budget
         self.max_attempts = max_attempts
         self.base_delay = base_delay
         self.max_delay = max_delay
@@ -108,7 +114,7 @@ class DynamoResultStore:
     @property
     def dynamodb(self) -> Any:
         if self._dynamodb is None:
-            self._dynamodb = client("dynamodb")
+            self._dynamodb = client("dynamodb", self.budget)
         return self._dynamodb
 
     def _backoff(self, attempt: int) -> None:
@@ -133,7 +139,7 @@ class DynamoResultStore:
                 try:
                     response = self.dynamodb.batch_get_item(RequestItems=request)
                 except Exception as exc:
-                    raise store_error(exc, f"reading results from DynamoDB table {self.table}") from exc
+                    raise store_error(exc, "reading results from DynamoDB") from exc
                 for raw in response.get("Responses", {}).get(self.table, []):
                     item = _from_dynamo(raw)
                     if item.get(TTL_ATTRIBUTE, float("inf")) > now:

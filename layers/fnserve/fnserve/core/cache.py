@@ -2,7 +2,9 @@
 
 Two tiers: an in-process LRU bounded in bytes, then an optional shared backend (DynamoDB in
 Lambda). A backend failure of any kind is logged, counted and read as a miss: the cache can
-slow an inference down by at most its timeout, never fail it.
+slow an inference down by at most its backend's call budget, never fail it. A
+:class:`CircuitBreaker` stops asking a backend that keeps failing (stalled or down) for a
+while, so an outage costs a few requests one budget each, not every request.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -61,18 +63,89 @@ class CacheStats:
     remote_hits: int = 0
     misses: int = 0
     errors: int = 0
+    skipped: int = 0  # backend calls not made: the breaker was open
+
+
+class CircuitBreaker:
+    """Closed (calls go through) until ``failures`` calls in a row fail; then open (no calls) for
+    ``cooldown`` seconds; then half-open: one trial call closes it again, or reopens it.
+
+    Logs once when it opens and once when it closes, not once per call.
+    """
+
+    def __init__(
+        self, name: str, failures: int = 3, cooldown: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.name = name
+        self.failures = failures
+        self.cooldown = cooldown
+        self._clock = clock
+        self._failed = 0
+        self._open_until: float | None = None
+        self._trial = False
+        self._lock = threading.Lock()
+
+    @property
+    def open(self) -> bool:
+        """Whether calls are being refused."""
+        return self._open_until is not None
+
+    def allow(self) -> bool:
+        """Whether a call may be made now (after its cooldown, one trial call at a time)."""
+        if self._open_until is None:
+            return True
+        with self._lock:
+            if self._open_until is None:
+                return True
+            if self._trial or self._clock() < self._open_until:
+                return False
+            self._trial = True
+            return True
+
+    def succeeded(self) -> None:
+        self._failed = 0
+        if self._open_until is not None:
+            with self._lock:
+                self._open_until, self._trial = None, False
+            logger.warning("%s answers again; using it again", self.name)
+
+    def failed(self) -> None:
+        with self._lock:
+            self._failed += 1
+            if self._open_until is None and self._failed < self.failures:
+                return
+            reopened = self._open_until is not None
+            self._open_until, self._trial = self._clock() + self.cooldown, False
+        if not reopened:
+            logger.warning(
+                "%s failed %d times in a row; not asking it for %.0f s at a time until it answers",
+                self.name,
+                self.failures,
+                self.cooldown,
+            )
 
 
 class ResultCache:
-    """In-process LRU (bounded in bytes) in front of an optional backend."""
+    """In-process LRU (bounded in bytes) in front of an optional backend, guarded by a breaker."""
 
-    def __init__(self, max_bytes: int = 64 * 1024 * 1024, backend: CacheBackend | None = None) -> None:
+    def __init__(
+        self,
+        max_bytes: int = 64 * 1024 * 1024,
+        backend: CacheBackend | None = None,
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
         self.max_bytes = max_bytes
         self.backend = backend
+        self.breaker = breaker or CircuitBreaker("result cache backend")
         self.stats = CacheStats()
         self._entries: OrderedDict[str, tuple[float, Arrays, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+
+    @property
+    def remote(self) -> bool:
+        """Whether lookups may leave the process (a blocking call: keep it off event loops)."""
+        return self.backend is not None
 
     def get_many(self, keys: Sequence[str]) -> dict[str, Arrays]:
         """Hits among ``keys``: the local tier first, the backend for the rest."""
@@ -104,25 +177,40 @@ class ResultCache:
         expires = time.time() + ttl_seconds
         for key, arrays in results.items():
             self._put_local(key, arrays, expires)
-        if self.backend is not None:
+        if self.backend is not None and self._allowed():
             try:
                 self.backend.put_many({k: pack_arrays(v) for k, v in results.items()}, ttl_seconds)
             except Exception:
-                self.stats.errors += 1
-                logger.warning("result cache: backend write failed; results are not shared", exc_info=True)
+                self._failed("write failed; results are not shared")
+            else:
+                self.breaker.succeeded()
 
     def _backend_get(self, keys: list[str]) -> dict[str, Arrays]:
         assert self.backend is not None
+        if not self._allowed():
+            return {}
         try:
             entries = self.backend.get_many(keys)
             results = {key: (unpack_arrays(blob), expires) for key, (blob, expires) in entries.items()}
         except Exception:
-            self.stats.errors += 1
-            logger.warning("result cache: backend read failed; treated as a miss", exc_info=True)
+            self._failed("read failed; treated as a miss")
             return {}
+        self.breaker.succeeded()
         for key, (arrays, expires) in results.items():
             self._put_local(key, arrays, expires)
         return {key: arrays for key, (arrays, _) in results.items()}
+
+    def _allowed(self) -> bool:
+        if self.breaker.allow():
+            return True
+        self.stats.skipped += 1
+        return False
+
+    def _failed(self, what: str) -> None:
+        self.stats.errors += 1
+        # The first failures say why; once the breaker is open, the breaker's own line says it.
+        logger.warning("result cache: backend %s", what, exc_info=not self.breaker.open)
+        self.breaker.failed()
 
     def _put_local(self, key: str, arrays: Arrays, expires: float) -> None:
         for array in arrays.values():

@@ -51,8 +51,11 @@ class DataPlane:
     ``batching``: models whose manifest entry sets ``max_batch_time_ms`` get an adaptive
     batcher (long-lived processes only; a Lambda container serves one request at a time),
     with up to ``max_concurrent_batches`` batches of a model running at once (one per worker
-    process). ``offload``: blocking inference waits in a thread, not on the event loop (the
-    models are in worker processes); otherwise it runs inline, fastest for in-process models.
+    process). ``offload``: blocking calls (inference in worker processes, the cache's remote
+    tier, follow-up sends) wait in a thread, not on the event loop, which keeps answering
+    (health checks included) while DynamoDB stalls; otherwise they run inline, fastest for
+    in-process models with nothing remote, and in Lambda, where a container answers one
+    request at a time.
     """
 
     def __init__(
@@ -69,6 +72,8 @@ class DataPlane:
         self.cascades = cascades
         self.results = results
         self.offload = offload
+        # Batched requests look the cache up before they join a batch: off the loop if that leaves the process.
+        self._offload_cache = offload and service.cache is not None and service.cache.remote
         self.batchers = _batchers(service, max_concurrent_batches) if batching else {}
 
     # -- inference ------------------------------------------------------------------------------
@@ -109,12 +114,19 @@ class DataPlane:
         self, batcher: AdaptiveBatcher, name: str, inputs: Mapping[str, Any], outputs: Sequence[str] | None
     ) -> Answer:
         # Validated alone first: a bad request must not fail the batch it would have joined.
-        prepared = self.service.prepare(name, inputs, outputs=outputs)
+        if self._offload_cache:
+            prepared = await asyncio.to_thread(self.service.prepare, name, inputs, outputs=outputs)
+        else:
+            prepared = self.service.prepare(name, inputs, outputs=outputs)
         cached = prepared.cached()
         if cached is not None:
             return _answer(name, cached)
         everything, waited = await batcher.predict(prepared.feed)
-        answer = _answer(name, self.service.finish(prepared, everything))
+        if self._offload_cache:
+            finished = await asyncio.to_thread(self.service.finish, prepared, everything)
+        else:
+            finished = self.service.finish(prepared, everything)
+        answer = _answer(name, finished)
         answer.timings["queue"] = round(waited * 1e3, 3)
         return answer
 
