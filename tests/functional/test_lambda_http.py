@@ -123,6 +123,54 @@ def test_numbers_a_tensor_cannot_hold_are_a_422(handler: Handler, body: str, rea
     assert reason in json.loads(response["body"])["error"]
 
 
+def _set_header(event: dict[str, Any], name: str, value: str) -> None:
+    for field in ("headers", "multiValueHeaders"):
+        headers = event.get(field)
+        if headers:
+            for key in [k for k in headers if k.lower() == name]:
+                del headers[key]
+            headers[name] = [value] if field == "multiValueHeaders" else value
+
+
+@pytest.mark.parametrize("source", ["api-http-infer.json", "api-rest-infer.json", "api-alb-infer.json"])
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [
+        ("host", "a:b:c"),
+        ("host", "example.com:abc"),
+        ("host", "[::1]:443"),
+        ("host", "[2001:db8::1]"),
+        ("host", "example.com:"),
+        ("x-forwarded-port", "abc"),
+    ],
+)
+def test_any_host_header_is_answered(handler: Handler, source: str, header: str, value: str) -> None:
+    event = json.loads((REPO / "events" / source).read_text())
+    _set_header(event, header, value)
+    response = handler(event, LambdaContext())
+    assert response["statusCode"] == 200, response.get("body")
+    assert outputs_of(response)["label"].ndim == 1
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "server"),
+    [
+        ("example.com", None, ("example.com", 443)),
+        ("example.com:8080", None, ("example.com", 8080)),
+        ("example.com:abc", "8443", ("example.com", 8443)),
+        ("a:b:c", None, ("a:b", 443)),
+        ("[::1]:8080", None, ("::1", 8080)),
+        ("[::1]", "80", ("::1", 80)),
+    ],
+)
+def test_the_server_is_read_from_any_host_as_rfc_3986_does(
+    host: str, port: str | None, server: tuple[str, int]
+) -> None:
+    from fnserve.adapters.lambda_.asgi import _server
+
+    assert _server(host, port, "https") == server
+
+
 def _log_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 

@@ -1,7 +1,8 @@
 """The Lambda HTTP handler: API Gateway (REST v1, HTTP API v2) and ALB events -> Mangum -> the app.
 
 Everything is built once per container, at import of the function's ``app.py`` (warm
-globals); Mangum's lifespan is off, since Mangum would run it on every invocation.
+globals); Mangum's lifespan is off, since Mangum would run it on every invocation, and any
+Host header a client sends is answered (:mod:`fnserve.adapters.lambda_.asgi`).
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from typing import Any
 
 from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
-from mangum import Mangum
 
 from fnserve import bootstrap
 from fnserve.adapters.http.app import create_app
+from fnserve.adapters.lambda_ import asgi as lambda_asgi
 from fnserve.adapters.lambda_ import snapstart
 from fnserve.adapters.logs import logger
 from fnserve.core.service import InferenceService
@@ -57,13 +58,13 @@ def create_handler(
 ) -> LambdaHandler:
     """The Lambda handler for the HTTP API; build it once, at import."""
     settings = settings or Settings()
-    store = bootstrap.result_store(settings)
+    store = bootstrap.result_store(settings, for_requests=True)
     plane = bootstrap.build_dataplane(
         settings, service=service or bootstrap.build_service(settings, store), store=store
     )
     metrics = metrics or Metrics(namespace="fnserve", service="fnserve")
     app = create_app(plane, settings, telemetry=EmfTelemetry(metrics))
-    asgi = Mangum(app, lifespan="off", text_mime_types=TEXT_MIME_TYPES)
+    asgi = lambda_asgi.adapter(app, TEXT_MIME_TYPES)
 
     snapstart.register()
 
