@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -63,7 +64,7 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             os.environ.setdefault(key, "local")
         os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
         clients.reset()
-        yield {"url": url, **info}
+        yield {"url": url, "log": log, **info}
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -163,3 +164,52 @@ def test_a_worker_killed_mid_load_fails_no_request_silently_and_comes_back(local
     wait_for(replaced, 60, "the worker to be replaced")
     for _ in range(6):
         assert infer(local["url"], "digits-fast", slice(0, 2)).status_code == 200
+
+
+def test_the_lines_fnserve_local_prints_work_verbatim_in_a_shell_without_aws_configuration(
+    local: dict[str, Any], tmp_path: Path
+) -> None:
+    banner = local["log"].read_text().splitlines()
+    lines = [line.strip() for line in banner if line.startswith(("  try ", "  jobs ", "        AWS_ENDPOINT_URL"))]
+    curl, submit, results = (line.removeprefix("try").removeprefix("jobs").strip() for line in lines[:3])
+    for name in ("layers", ".venv"):  # a directory that looks like the repository: the lines' relative paths hold
+        (tmp_path / name).symlink_to(REPO / name)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # no AWS_* variables, no ~/.aws
+
+    def shell(line: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+    answer = shell(curl)
+    assert answer.returncode == 0 and json.loads(answer.stdout)["model_name"] == "digits"
+    sent = shell(submit)
+    assert sent.returncode == 0, sent.stderr
+    assert "submitted 360 jobs" in sent.stderr and "Traceback" not in sent.stderr
+    assert len((tmp_path / "ids.txt").read_text().split()) == 360
+
+    def all_done() -> bool:
+        fetched = shell(results)
+        assert fetched.returncode == 0, fetched.stderr
+        return "done 360, failed 0, pending 0" in fetched.stdout
+
+    wait_for(all_done, 120, "every job of the printed submit line")
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [row["outputs"]["label"][0] for row in rows] == labels("digits-accurate", DIGITS[:360])
+
+
+def test_cli_errors_are_one_line_saying_what_to_do(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    (tmp_path / "ids.txt").write_text("job-1\n")
+    cmd = [sys.executable, "-m", "fnserve", "results", "ids.txt", "--table", "t", "-o", "out.jsonl"]
+    plain = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 1
+    assert plain.stderr.strip().splitlines() == [
+        "error: reading results from DynamoDB: no AWS region is configured; set AWS_DEFAULT_REGION"
+    ]
+    unreachable = {**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
+    down = subprocess.run(cmd, cwd=tmp_path, env=unreachable, capture_output=True, text=True, timeout=60)
+    assert down.stderr.strip().splitlines() == [
+        "error: reading results from DynamoDB: it cannot be reached, try again later"
+    ]
+    debug = [sys.executable, "-m", "fnserve", "--debug", *cmd[3:]]
+    traced = subprocess.run(debug, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert traced.returncode == 1 and "Traceback" in traced.stderr and "NoRegionError" in traced.stderr

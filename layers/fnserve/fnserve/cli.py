@@ -22,7 +22,11 @@ if TYPE_CHECKING:
     from fnserve.quantize import Mode, QuantizeReport
     from fnserve.settings import Settings
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+HELP = (
+    "fnserve: ONNX models served on AWS Lambda, in a container, or locally; batch jobs on SQS. "
+    "Errors are one line; --debug shows their tracebacks."
+)
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=HELP, pretty_exceptions_enable=False)
 cascade_app = typer.Typer(no_args_is_help=True, help="Fast-then-accurate model cascades.")
 app.add_typer(cascade_app, name="cascade")
 
@@ -32,9 +36,55 @@ ManifestOpt = Annotated[
 ]
 
 
+_debug = False
+
+
+@app.callback()
+def _options(
+    debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of an error.")] = False,
+) -> None:
+    global _debug
+    _debug = debug
+
+
 def main() -> None:
-    """Entry point of the ``fnserve`` script."""
-    app()
+    """Entry point of the ``fnserve`` script: every error is one line saying what to do (a traceback with --debug)."""
+    try:
+        app()
+    except Exception as exc:  # noqa: BLE001 - the command line's last word on any error
+        if _debug:
+            raise
+        typer.secho(f"error: {explain(exc)}", fg=typer.colors.RED, err=True)
+        raise SystemExit(1) from None
+
+
+def explain(exc: BaseException) -> str:
+    """An error as one line for a person at a shell: what went wrong, and what to do about it."""
+    from fnserve.aws.clients import endpoint_url
+
+    name = type(exc).__name__
+    if isinstance(exc, FnserveError):
+        return exc.message
+    if name == "NoRegionError":
+        return (
+            "no AWS region is configured: set AWS_DEFAULT_REGION, or set AWS_ENDPOINT_URL to a local emulator "
+            "(fnserve local prints it), which needs none"
+        )
+    if name in ("NoCredentialsError", "PartialCredentialsError"):
+        return (
+            "no AWS credentials were found: configure them (aws configure, AWS_PROFILE, or AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY), or set AWS_ENDPOINT_URL to a local emulator, which needs none"
+        )
+    if name in ("EndpointConnectionError", "ConnectionClosedError", "ConnectTimeoutError", "ReadTimeoutError"):
+        where = endpoint_url("sqs") or "AWS"
+        return f"{where} cannot be reached ({exc}): is the emulator (fnserve local) or your network up?"
+    if name == "ClientError":
+        error = getattr(exc, "response", {}).get("Error", {})
+        operation = getattr(exc, "operation_name", "the AWS call")
+        return f"{operation} failed: {error.get('Code', '?')}: {error.get('Message', '')} (check the names and region)"
+    if isinstance(exc, OSError):
+        return str(exc)
+    return f"{name}: {exc} (run with --debug for the traceback)"
 
 
 def _fail(message: str) -> typer.Exit:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from fnserve.core.errors import FnserveError, InvalidInput, StoreUnavailable
+from fnserve.core.errors import ConfigError, FnserveError, InvalidInput, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -124,10 +124,24 @@ def reset() -> None:
 
 def store_error(exc: BaseException, what: str) -> FnserveError:
     """An AWS call's failure as fnserve's error: the request's own fault (422), or a store that may heal (503)."""
-    from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        NoCredentialsError,
+        NoRegionError,
+        ParamValidationError,
+        PartialCredentialsError,
+    )
 
     if isinstance(exc, FnserveError):
         return exc
+    if isinstance(exc, NoRegionError):
+        return ConfigError(f"{what}: no AWS region is configured; set AWS_DEFAULT_REGION")
+    if isinstance(exc, NoCredentialsError | PartialCredentialsError):
+        return ConfigError(
+            f"{what}: no AWS credentials were found; configure them (aws configure, AWS_PROFILE, or "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+        )
     if isinstance(exc, ParamValidationError):
         return InvalidInput(f"{what}: {exc}")
     if isinstance(exc, ClientError):
@@ -142,7 +156,7 @@ def store_error(exc: BaseException, what: str) -> FnserveError:
             return InvalidInput(f"{what}: it does not exist, or this function may not read it (access denied)")
         return InvalidInput(f"{what}: {code}: {error.get('Message', '')}")
     if isinstance(exc, BotoCoreError | OSError):
-        logger.warning("%s: %s", what, exc)  # the endpoint's address stays in the logs, not in answers
+        logger.info("%s: %s", what, exc)  # the endpoint's address stays in the logs, not in answers
         return StoreUnavailable(f"{what}: {_reason(exc)}, try again later")
     raise exc
 
