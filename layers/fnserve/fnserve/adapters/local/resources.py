@@ -35,6 +35,9 @@ def start_aws() -> tuple[str, Any]:
     if endpoint is None:
         from moto.server import ThreadedMotoServer
 
+        from fnserve.adapters.local import moto_sqs
+
+        moto_sqs.apply()  # deep queues at the cost of shallow ones
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per AWS call
         port = _free_port()
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
