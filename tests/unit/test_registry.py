@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 from pathlib import Path
 
@@ -24,7 +25,11 @@ def test_manifest_errors_name_the_file_and_the_field(tmp_path: Path, write_manif
     with pytest.raises(ConfigError, match=r"bad.toml cannot be read"):
         load_manifest(bad)
     manifest = write_manifest({"data": model_bytes(), "max_batch_size": 0})
-    with pytest.raises(ConfigError, match=r"models.0.max_batch_size: Input should be greater than or equal to 1"):
+    with pytest.raises(ConfigError, match=r"model 'scale' \(models.0\) max_batch_size: Input should be greater"):
+        load_manifest(manifest)
+    text = re.sub(r'sha256 = "[0-9a-f]+"', 'sha256 = "abc"', manifest.read_text())
+    manifest.write_text(text.replace("max_batch_size = 0", ""))
+    with pytest.raises(ConfigError, match=r"model 'scale' \(models.0\) sha256: Value error, sha256 must be 64 hex"):
         load_manifest(manifest)
 
 

@@ -10,7 +10,7 @@ import json
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -224,12 +224,21 @@ def load_manifest(path: str | Path) -> Manifest:
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"manifest {path} is invalid: {_describe(exc)}") from None
+        raise ConfigError(f"manifest {path} is invalid: {_describe(exc, data)}") from None
 
 
-def _describe(exc: ValidationError) -> str:
+def _describe(exc: ValidationError, data: dict[str, Any]) -> str:
+    """Each error by where it is: a model or cascade entry by its name (and position), then the field."""
     parts = []
     for error in exc.errors():
-        where = ".".join(str(p) for p in error["loc"]) or "manifest"
+        loc = [str(p) for p in error["loc"]]
+        where = ".".join(loc) or "manifest"
+        section, index = error["loc"][:2] if len(error["loc"]) >= 2 else ("", None)
+        entries = data.get(str(section))
+        if isinstance(index, int) and isinstance(entries, list) and index < len(entries):
+            name = entries[index].get("name") if isinstance(entries[index], dict) else None
+            if isinstance(name, str):
+                kind = {"models": "model", "cascades": "cascade"}.get(str(section), str(section))
+                where = f"{kind} {name!r} ({section}.{index})" + (f" {'.'.join(loc[2:])}" if loc[2:] else "")
         parts.append(f"{where}: {error['msg']}")
     return "; ".join(parts)
