@@ -104,3 +104,15 @@ def test_every_function_has_sample_events() -> None:
     assert "followup-jobs.json" in events  # FollowupFunction
     for name, function in FUNCTIONS.items():
         assert (REPO / function["Properties"]["CodeUri"] / "app.py").exists(), name
+
+
+def test_functions_that_read_payloads_may_list_their_bucket() -> None:
+    """Without s3:ListBucket, S3 answers a missing payload with AccessDenied: a reason no user can act on."""
+    for name, function in FUNCTIONS.items():
+        statements = {
+            s["Sid"]: s for p in function["Properties"]["Policies"] if "Statement" in p for s in p["Statement"]
+        }
+        if "Payloads" in statements:
+            listing = statements["MissingPayloadsReadAsMissing"]
+            assert listing["Action"] == "s3:ListBucket", name
+            assert listing["Resource"] == {"Fn::GetAtt": ["PayloadBucket", "Arn"]}, name
