@@ -94,6 +94,27 @@ def test_http_inference_through_the_gateway(local: dict[str, Any]) -> None:
     assert httpx.get(f"{local['url']}/elsewhere", timeout=10).json() == {"message": "Not Found"}
 
 
+def test_the_console_reads_like_sam_local_and_the_raw_lines_go_to_the_log_file(local: dict[str, Any]) -> None:
+    assert infer(local["url"], "digits-fast", slice(0, 3)).status_code == 200
+    console = local["log"]
+
+    def reported() -> list[str]:
+        wanted = "HTTP: POST /v2/models/digits-fast/infer -> 200"
+        return [line for line in console.read_text().splitlines() if "REPORT RequestId:" in line and wanted in line]
+
+    wait_for(lambda: bool(reported()), 30, "the invocation's REPORT line")
+    request_id = reported()[0].split("REPORT RequestId: ")[1].split()[0]
+    lines = [line.split(None, 1)[1] for line in console.read_text().splitlines() if request_id in line]
+    assert lines[0] == f"START RequestId: {request_id}  Version: $LATEST"
+    assert lines[-2] == f"END RequestId: {request_id}"
+    assert "Duration: " in lines[-1] and "Memory Size: " in lines[-1] and "Max Memory Used: " in lines[-1]
+    text = console.read_text()
+    assert '"_aws"' not in text and "metrics Requests=1" in text  # EMF shown as one readable line
+    raw_file = next(line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("  logs "))
+    raw = Path(raw_file).read_text()
+    assert '"_aws"' in raw and f'"function_request_id":"{request_id}"' in raw
+
+
 def test_a_cascade_follow_up_flows_through_the_local_queue(local: dict[str, Any]) -> None:
     from tests.functional.test_cascade import CORRECTED
 

@@ -460,12 +460,23 @@ def local(
     parameter: Annotated[
         list[str] | None, typer.Option("--parameter", "-p", help="Template parameter override, KEY=VALUE (repeatable).")
     ] = None,
+    log_file: Annotated[
+        Path | None,
+        typer.Option(help="Where the functions' raw log lines (JSON, EMF) go; default: a new file in the temp dir."),
+    ] = None,
 ) -> None:
-    """Run the template's functions locally: HTTP gateway, SQS event sources, and an embedded AWS emulator."""
+    """Run the template's functions locally: HTTP gateway, SQS event sources, and an embedded AWS emulator.
+
+    The console shows each invocation as Lambda's logs do (START, the function's logs made
+    readable, END, REPORT with duration and memory); the raw lines go to the log file.
+    """
     import signal
+    import sys
     import threading
 
+    from fnserve.adapters.local.console import Console
     from fnserve.adapters.local.emulator import Emulator
+    from fnserve.adapters.logs import logger
 
     overrides = {}
     for item in parameter or []:
@@ -473,20 +484,33 @@ def local(
         if not sep:
             raise _fail(f"--parameter takes KEY=VALUE, not {item!r}")
         overrides[key] = value
+    if log_file is None:
+        log_file = Path(tempfile.mkstemp(prefix="fnserve-local-", suffix=".log")[1])
+    raw = log_file.open("a", encoding="utf-8")
+    console = Console(sys.stdout, raw)
+    logger.registered_handler.setStream(console.stream("fnserve"))  # type: ignore[attr-defined]
     emulator = Emulator(
-        template, host=host, port=port, workers=workers, visibility_timeout=visibility_timeout, parameters=overrides
+        template,
+        host=host,
+        port=port,
+        workers=workers,
+        visibility_timeout=visibility_timeout,
+        parameters=overrides,
+        observer=console,
     )
     try:
         local_ = emulator.start()
     except FnserveError as exc:
         raise _fail(exc.message) from None
     _local_banner(emulator, local_, f"http://{host}:{port}", workers)
+    typer.echo(f"  logs  raw function logs (JSON, EMF metrics): {log_file}")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     typer.echo("Ctrl-C stops it.")
     stop.wait()
     emulator.stop()
+    raw.close()
 
 
 def _local_banner(emulator: Emulator, local_: Local, url: str, workers: int) -> None:

@@ -49,11 +49,28 @@ class Started:
 
 
 @dataclass(frozen=True, slots=True)
+class Usage:
+    """What one invocation cost, as Lambda's REPORT line tells it (only for a spec with ``console``)."""
+
+    duration_ms: float
+    max_memory_mb: int
+    init_ms: float | None = None  # the worker's import of the handler, on its first invocation (a cold start)
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """A line the function wrote to stdout or stderr (only for a spec with ``console``)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class Returned:
     """The handler's response to invocation ``id``."""
 
     id: str
     response: Any
+    usage: Usage | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +79,10 @@ class Raised:
 
     id: str
     error: dict[str, Any]
+    usage: Usage | None = None
 
 
-FromWorker = Ready | InitFailed | Started | Returned | Raised
+FromWorker = Ready | InitFailed | Started | Output | Returned | Raised
 
 # -- the inference worker's events (the server's front process -> its workers) ------------------
 

@@ -27,10 +27,10 @@ import uuid
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol
 
 from fnserve.core.errors import FnserveError, HandlerError, InvocationTimeout, WorkerDied
-from fnserve.workers.messages import FromWorker, InitFailed, Invoke, Ready, Returned, Started
+from fnserve.workers.messages import FromWorker, InitFailed, Invoke, Output, Ready, Returned, Started, Usage
 from fnserve.workers.worker import worker_main
 
 logger = logging.getLogger(__name__)
@@ -46,6 +46,19 @@ class FunctionSpec:
     env: dict[str, str] = field(default_factory=dict)
     timeout: float = 3.0
     memory_mb: int = 128
+    console: bool = False  # send its output and each invocation's usage to the pool's observer
+
+
+class Observer(Protocol):
+    """Watches a pool's invocations (the emulator's console): called on the pool's dispatcher thread."""
+
+    def started(self, spec: FunctionSpec, request_id: str) -> None: ...
+
+    def output(self, spec: FunctionSpec, request_id: str | None, text: str) -> None: ...
+
+    def finished(
+        self, spec: FunctionSpec, request_id: str, event: Any, response: Any, error: str | None, usage: Usage | None
+    ) -> None: ...
 
 
 @dataclass(eq=False, slots=True)
@@ -70,10 +83,11 @@ class _Worker:
 class WorkerPool:
     """``workers`` warm containers of one function; :meth:`invoke` returns a future of the response."""
 
-    def __init__(self, spec: FunctionSpec, workers: int = 1) -> None:
+    def __init__(self, spec: FunctionSpec, workers: int = 1, observer: Observer | None = None) -> None:
         if workers < 1:
             raise ValueError("a pool needs at least one worker")
         self.spec = spec
+        self.observer = observer
         self._context = multiprocessing.get_context("spawn")
         self._workers: list[_Worker] = []
         self._queue: collections.deque[_Job] = collections.deque()
@@ -212,17 +226,29 @@ class WorkerPool:
         elif isinstance(message, InitFailed):  # the worker exits next
             self.failure = message.message
             logger.error("function %s: %s", self.spec.name, self.failure)
+        elif isinstance(message, Output):
+            if self.observer is not None:
+                self.observer.output(self.spec, worker.job.id if worker.job is not None else None, message.text)
         elif worker.job is None or worker.job.id != message.id:
             return  # an answer to an invocation already answered (timed out): dropped
         elif isinstance(message, Started):
             worker.started = True
+            if self.observer is not None:
+                self.observer.started(self.spec, message.id)
         else:
-            future = worker.job.future
+            job = worker.job
             worker.job, worker.started, worker.deadline = None, False, float("inf")
             if isinstance(message, Returned):
-                future.set_result(message.response)
+                self._finished(job, message.response, None, message.usage)
+                job.future.set_result(message.response)
             else:
-                future.set_exception(FnserveError.from_dict(message.error))
+                error = FnserveError.from_dict(message.error)
+                self._finished(job, None, error.message, message.usage)
+                job.future.set_exception(error)
+
+    def _finished(self, job: _Job, response: Any, error: str | None, usage: Usage | None) -> None:
+        if self.observer is not None:
+            self.observer.finished(self.spec, job.id, job.event, response, error, usage)
 
     def _replace(self, worker: _Worker) -> None:
         worker.process.join(timeout=1)
@@ -244,6 +270,7 @@ class WorkerPool:
                 error = WorkerDied(
                     f"function {self.spec.name}: its worker died (exit {worker.process.exitcode}) during the invocation"
                 )
+            self._finished(worker.job, None, error.message, None)
             future.set_exception(error)
         index = self._workers.index(worker)
         if self._closing:

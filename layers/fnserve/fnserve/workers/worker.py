@@ -2,22 +2,29 @@
 
 Runs in a spawned process. The parent decides when workers stop: Ctrl-C or a SIGTERM to the
 whole process group must not kill them under it, so they ignore both; if the parent dies
-outright, the pipe closes and they exit quietly.
+outright, the pipe closes and they exit quietly. A ``console`` worker (the emulator's) sends
+what the function prints, line by line, and each invocation's usage (duration, memory, init).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import json
 import os
+import resource
 import signal
 import sys
+import threading
+import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import Any
 
 from fnserve.adapters.local.events import LambdaContext
 from fnserve.core.errors import FnserveError, HandlerError
-from fnserve.workers.messages import InitFailed, Invoke, Raised, Ready, Returned, Started
+from fnserve.workers.messages import InitFailed, Invoke, Output, Raised, Ready, Returned, Started, Usage
 
 
 def worker_main(conn: Connection, spec_json: str) -> None:
@@ -26,25 +33,74 @@ def worker_main(conn: Connection, spec_json: str) -> None:
     spec = json.loads(spec_json)
     os.environ.update(spec["env"])
     sys.path.insert(0, spec["code_dir"])
+    console = bool(spec.get("console"))
+    send = _locked(conn.send)
+    if console:  # before the handler's import: its loggers bind the streams they find then
+        sys.stdout = sys.stderr = _Lines(send)
     module_name, _, attribute = spec["handler"].rpartition(".")
+    began = time.perf_counter()
     try:
         handler = getattr(importlib.import_module(module_name), attribute)  # warm globals: built once
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which keeps running
         reason = exc.message if isinstance(exc, FnserveError) else f"{type(exc).__name__}: {exc}"
         with contextlib.suppress(OSError):
-            conn.send(InitFailed(f"{spec['handler']} failed to initialise: {reason}"))
+            send(InitFailed(f"{spec['handler']} failed to initialise: {reason}"))
         return
+    init_ms: float | None = (time.perf_counter() - began) * 1e3
     with contextlib.suppress(EOFError, OSError):  # the pipe closes when the parent goes away: exit quietly
-        conn.send(Ready())
+        send(Ready())
         message: Invoke | None
         while (message := conn.recv()) is not None:
-            conn.send(Started(message.id))
+            send(Started(message.id))
             context = LambdaContext(message.id, spec["name"], spec["memory_mb"], message.timeout)
+            began = time.perf_counter()
             try:
                 response = handler(message.event, context)
             except FnserveError as exc:
-                conn.send(Raised(message.id, exc.to_dict()))
+                send(Raised(message.id, exc.to_dict(), _usage(console, began, init_ms)))
             except Exception as exc:  # noqa: BLE001 - a function error, as Lambda reports it
-                conn.send(Raised(message.id, HandlerError(f"{type(exc).__name__}: {exc}").to_dict()))
+                error = HandlerError(f"{type(exc).__name__}: {exc}").to_dict()
+                send(Raised(message.id, error, _usage(console, began, init_ms)))
             else:
-                conn.send(Returned(message.id, response))
+                send(Returned(message.id, response, _usage(console, began, init_ms)))
+            init_ms = None
+
+
+def _usage(console: bool, began: float, init_ms: float | None) -> Usage | None:
+    if not console:
+        return None  # the server's inference workers: nobody reads it
+    max_rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
+    return Usage(round((time.perf_counter() - began) * 1e3, 2), max_rss_kb // 1024, init_ms)
+
+
+def _locked(send: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``send`` for several threads: a handler may log from its own threads while the loop answers."""
+    lock = threading.Lock()
+
+    def locked(message: Any) -> None:
+        with lock:
+            send(message)
+
+    return locked
+
+
+class _Lines(io.TextIOBase):
+    """stdout and stderr of a console worker: each complete line goes to the parent as an :class:`Output`."""
+
+    def __init__(self, send: Callable[[Any], None]) -> None:
+        self._send = send
+        self._partial = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        *lines, self._partial = (self._partial + text).split("\n")
+        for line in lines:
+            with contextlib.suppress(OSError):
+                self._send(Output(line))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._partial:
+            self.write("\n")

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from fnserve.adapters.local.sqs import Poller, SqsSource
 from fnserve.adapters.local.template import Resolver, Template, load_template
 from fnserve.adapters.logs import logger
 from fnserve.aws import clients
-from fnserve.workers.pool import FunctionSpec, WorkerPool
+from fnserve.workers.pool import FunctionSpec, Observer, WorkerPool
 
 
 @dataclass
@@ -49,12 +50,14 @@ class Emulator:
         workers: int = 1,
         visibility_timeout: int | None = None,
         parameters: dict[str, str] | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.template: Template = load_template(template)
         self.root = template.resolve().parent
         self.host, self.port, self.workers = host, port, workers
         self.visibility_timeout = visibility_timeout
         self.parameters = parameters or {}
+        self.observer = observer  # the console: each invocation's START/END/REPORT and its function's output
         self.pools: dict[str, WorkerPool] = {}
         self.app = Application()
         self._stop = threading.Event()
@@ -82,7 +85,8 @@ class Emulator:
             self.local = Local(endpoint, self.app.functions, *self._resources(physical))
             self._check_visibility()
             for name, spec in self.app.functions.items():
-                self.pools[name] = WorkerPool(spec, self.workers).start()
+                spec = dataclasses.replace(spec, console=self.observer is not None)
+                self.pools[name] = WorkerPool(spec, self.workers, self.observer).start()
             for source in self.app.sources:
                 for n in range(self.workers):  # one poller per worker: batches run concurrently, as on AWS
                     poller = Poller(source, self.pools[source.function], self._stop)
