@@ -19,21 +19,17 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 from fnserve import jobsclient
 from fnserve.aws import clients
 from fnserve.core.jobs import job_identity, job_message
-from tests.helpers import DEMO_HOLDOUT, REPO
-from tests.moto import free_port
+from tests.e2e.emulator import running_local
+from tests.helpers import DEMO_HOLDOUT
 
 JOBS = int(os.environ.get("DRAIN_JOBS", "10000"))
 POISON = int(os.environ.get("DRAIN_POISON", "500"))
@@ -42,13 +38,8 @@ DIGITS = np.load(DEMO_HOLDOUT)["input"]
 
 def main() -> None:
     log = Path(tempfile.mkdtemp(prefix="fnserve-bench-")) / "local.log"
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "LOCALSTACK_HOST"}
-    cmd = [sys.executable, "-m", "fnserve", "local", "--template", str(REPO / "template.yaml"), "--port", str(port)]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    try:
-        info = _wait_ready(proc, port, log)
+    with running_local([], log, env) as info:
         os.environ.update({"AWS_ENDPOINT_URL": info["endpoint"], "AWS_DEFAULT_REGION": "us-east-1"})
         os.environ.update({"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local"})
         clients.reset()
@@ -75,9 +66,6 @@ def main() -> None:
         named = [str(json.loads(body)["id"]) for body in poison if job_identity(body) is not None]
         refused = jobsclient.fetch_results(table, named)
         left = _in_queue(queue, len(poison) - len(named))
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
     print(f"make run's emulator (embedded moto, template defaults): {JOBS} digits jobs, {len(poison)} poison jobs")
     print(f"  sent in {sent:.1f} s; every good result stored {drained:.1f} s after the first send")
     print(f"  {JOBS / drained:.0f} good jobs/s end to end (target: 10,000 in <= 120 s); good jobs not done: 0")
@@ -119,18 +107,6 @@ def _in_queue(queue: str, expected: int) -> int:
         if left <= expected or time.monotonic() > deadline:
             return left
         time.sleep(0.5)
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], port: int, log: Path) -> dict[str, object]:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"fnserve local exited:\n{log.read_text()[-3000:]}")
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/_fnserve/local", timeout=1).json()  # type: ignore[no-any-return]
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise TimeoutError("fnserve local did not start")
 
 
 if __name__ == "__main__":

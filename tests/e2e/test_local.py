@@ -20,6 +20,7 @@ import pytest
 from fnserve import jobsclient
 from fnserve.aws import clients
 from fnserve.core.jobs import job_message
+from tests.e2e.emulator import running_local
 from tests.functional.conftest import free_port, wait_for
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
 
@@ -36,47 +37,18 @@ def labels(model: str, x: np.ndarray) -> list[int]:
 def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A running `fnserve local` on the repository's template: 2 workers a function, no batching
     window, 2 s function timeouts and a 3 s visibility timeout: retries and the DLQ come within seconds."""
-    port = free_port()
     log = tmp_path_factory.mktemp("local") / "local.log"
     env = {k: v for k, v in os.environ.items() if k not in ("AWS_ENDPOINT_URL", "LOCALSTACK_HOST")}
-    cmd = [sys.executable, "-m", "fnserve", "local", "--template", str(REPO / "template.yaml"), "--port", str(port)]
-    cmd += ["--workers", "2", "--visibility-timeout", "3", "--parameter", "MaximumBatchingWindowInSeconds=0"]
-    cmd += ["--parameter", "FollowupBatchingWindowInSeconds=0", "--parameter", "JobsTimeout=2"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    url = f"http://127.0.0.1:{port}"
-    info: dict[str, Any] = {}
-
-    def ready() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(f"fnserve local exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            info.update(httpx.get(f"{url}/_fnserve/local", timeout=1).json())
-            return True
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_for(ready, 120, "fnserve local to start")
-        saved = os.environ.get("AWS_ENDPOINT_URL")
-        os.environ["AWS_ENDPOINT_URL"] = info["endpoint"]
+    options = ["--workers", "2", "--visibility-timeout", "3", "--parameter", "MaximumBatchingWindowInSeconds=0"]
+    options += ["--parameter", "FollowupBatchingWindowInSeconds=0", "--parameter", "JobsTimeout=2"]
+    with running_local(options, log, env) as info, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AWS_ENDPOINT_URL", info["endpoint"])
         for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            os.environ.setdefault(key, "local")
-        os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+            mp.setenv(key, os.environ.get(key, "local"))
+        mp.setenv("AWS_DEFAULT_REGION", os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
         clients.reset()
-        yield {"url": url, "log": log, **info}
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        if saved is None:
-            os.environ.pop("AWS_ENDPOINT_URL", None)
-        else:
-            os.environ["AWS_ENDPOINT_URL"] = saved
-        clients.reset()
+        yield info
+    clients.reset()
 
 
 def infer(url: str, model: str, rows: slice) -> httpx.Response:

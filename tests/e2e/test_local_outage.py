@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +14,10 @@ import pytest
 from fnserve import jobsclient
 from fnserve.aws import clients
 from fnserve.core.jobs import job_message
+from tests.e2e.emulator import running_local
 from tests.faults import FaultyProxy, faulty_proxy
-from tests.functional.conftest import free_port, wait_for
-from tests.helpers import DEMO_HOLDOUT, REPO
+from tests.functional.conftest import wait_for
+from tests.helpers import DEMO_HOLDOUT
 from tests.moto import aws_env, moto_server
 
 DIGITS = np.load(DEMO_HOLDOUT)["input"]
@@ -32,34 +30,16 @@ def emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[
         for key, value in aws_env(proxy.url).items():
             monkeypatch.setenv(key, value)
         clients.reset()
-        port, log = free_port(), tmp_path / "local.log"
-        cmd = [sys.executable, "-m", "fnserve", "local", "--template", str(REPO / "template.yaml")]
-        cmd += ["--port", str(port), "--workers", "1", "--visibility-timeout", "3"]
-        cmd += ["--parameter", "MaximumBatchingWindowInSeconds=0", "--parameter", "FollowupBatchingWindowInSeconds=0"]
-        with log.open("wb") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ), cwd=REPO)
-        info: dict[str, Any] = {}
-
-        def ready() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"fnserve local exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                info.update(httpx.get(f"http://127.0.0.1:{port}/_fnserve/local", timeout=1).json())
-                return True
-            except httpx.TransportError:
-                return False
-
-        try:
-            wait_for(ready, 120, "fnserve local to start")
-            yield {"url": f"http://127.0.0.1:{port}", **info}, proxy, log
-        finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-            clients.reset()
+        options = ["--workers", "1", "--visibility-timeout", "3"]
+        options += [
+            "--parameter",
+            "MaximumBatchingWindowInSeconds=0",
+            "--parameter",
+            "FollowupBatchingWindowInSeconds=0",
+        ]
+        with running_local(options, tmp_path / "local.log", dict(os.environ)) as info:
+            yield info, proxy, info["log"]
+        clients.reset()
 
 
 def test_pollers_outlive_an_aws_outage_and_process_every_later_job(

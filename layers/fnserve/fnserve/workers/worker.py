@@ -36,7 +36,7 @@ def worker_main(conn: Connection, spec_json: str) -> None:
     console = bool(spec.get("console"))
     send = _locked(conn.send)
     if console:  # before the handler's import: its loggers bind the streams they find then
-        sys.stdout = sys.stderr = _Lines(send)
+        sys.stdout = sys.stderr = LineWriter(_output_sender(send))
     module_name, _, attribute = spec["handler"].rpartition(".")
     began = time.perf_counter()
     try:
@@ -84,11 +84,11 @@ def _locked(send: Callable[[Any], None]) -> Callable[[Any], None]:
     return locked
 
 
-class _Lines(io.TextIOBase):
-    """stdout and stderr of a console worker: each complete line goes to the parent as an :class:`Output`."""
+class LineWriter(io.TextIOBase):
+    """A writable text stream that hands each complete line to ``emit`` (a console worker's stdout)."""
 
-    def __init__(self, send: Callable[[Any], None]) -> None:
-        self._send = send
+    def __init__(self, emit: Callable[[str], None]) -> None:
+        self._emit = emit
         self._partial = ""
 
     def writable(self) -> bool:
@@ -97,10 +97,17 @@ class _Lines(io.TextIOBase):
     def write(self, text: str) -> int:
         *lines, self._partial = (self._partial + text).split("\n")
         for line in lines:
-            with contextlib.suppress(OSError):
-                self._send(Output(line))
+            self._emit(line)
         return len(text)
 
     def flush(self) -> None:
         if self._partial:
             self.write("\n")
+
+
+def _output_sender(send: Callable[[Any], None]) -> Callable[[str], None]:
+    def emit(line: str) -> None:
+        with contextlib.suppress(OSError):  # the parent is gone: nobody to show it to
+            send(Output(line))
+
+    return emit

@@ -25,6 +25,7 @@ import orjson
 
 from fnserve.workers.messages import Usage
 from fnserve.workers.pool import FunctionSpec
+from fnserve.workers.worker import LineWriter
 
 # What every Powertools line carries: shown by START/REPORT already, or noise on a laptop.
 _STANDARD_KEYS = frozenset(
@@ -95,7 +96,8 @@ class Console:
 
     def stream(self, source: str) -> io.TextIOBase:
         """A text stream whose lines show as ``source``'s (the emulator's own log lines)."""
-        return _LineStream(lambda line: self.output(FunctionSpec(source, ""), None, line))
+        spec = FunctionSpec(source, "")
+        return LineWriter(lambda line: self.output(spec, None, line))
 
     def _print(self, *lines: str) -> None:
         with self._lock:
@@ -161,20 +163,3 @@ def _what(event: Any, response: Any, error: str | None) -> list[str]:
         status = response.get("statusCode") if isinstance(response, dict) else "error"
         return [f"HTTP: {method} {path} -> {status}"]
     return []
-
-
-class _LineStream(io.TextIOBase):
-    """A writable text stream that hands each complete line to ``emit``."""
-
-    def __init__(self, emit: Any) -> None:
-        self._emit = emit
-        self._partial = ""
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        *lines, self._partial = (self._partial + text).split("\n")
-        for line in lines:
-            self._emit(line)
-        return len(text)
