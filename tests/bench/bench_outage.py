@@ -146,7 +146,8 @@ def main() -> None:
     base_p99 = percentile(phases["baseline"].latencies, 99)
     print(f"fnserve serve, digits-accurate with the result cache on, {CLIENTS} clients, {SECONDS:.0f} s per phase")
     print(
-        f"{'phase':<9} {'requests':>9} {'failed':>7} {'p50 ms':>8} {'p99 ms':>8} {'added p99':>10} {'health max':>11}"
+        f"{'phase':<9} {'requests':>9} {'failed':>7} {'p50 ms':>8} {'p99 ms':>8} {'added p99':>10} "
+        f"{'health p99 / max ms':>20}"
     )
     for name, phase in phases.items():
         p99 = percentile(phase.latencies, 99)
