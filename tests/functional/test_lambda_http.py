@@ -202,15 +202,15 @@ def test_logs_and_emf_metrics_carry_the_request(
     assert response["headers"]["x-request-id"] == "lambda-req-1"
     inference = next(line for line in logs if line["message"] == "inference")
     assert inference["model"] == "digits-accurate" and {"decode", "infer", "encode"} <= set(inference)
+    assert inference["level"] == "INFO" and inference["service"] == "fnserve" and inference["timestamp"]
     assert len(emf) == 1
     blob = emf[0]
-    assert (
-        blob["model"] == "digits-accurate"
-        and blob["status"] == "200"
-        and blob["Requests"] == [1.0]
-        or blob["Requests"] == 1.0
-    )
-    names = {m["Name"] for m in blob["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
+    assert blob["model"] == "digits-accurate" and blob["status"] == "200" and blob["Requests"] == 1.0
+    directive = blob["_aws"]["CloudWatchMetrics"][0]
+    # A valid EMF document: every dimension and every metric is a member of the root.
+    assert directive["Namespace"] and all(key in blob for key in directive["Dimensions"][0])
+    assert all(isinstance(blob[m["Name"]], float) for m in directive["Metrics"])
+    names = {m["Name"] for m in directive["Metrics"]}
     assert {"Requests", "Latency", "DecodeLatency", "InferLatency", "EncodeLatency"} <= names
     assert "Errors" not in names
 

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
 
 from fnserve import __version__
+from fnserve.adapters import logs
 from fnserve.adapters.http import openapi
 from fnserve.adapters.http.middleware import RequestContext, install_error_handlers, json_response
 from fnserve.adapters.logs import logger
@@ -113,7 +114,7 @@ class V2Routes:
             t3 = time.perf_counter()
         except FnserveError as exc:
             if self.access_log:
-                logger.info("inference refused", extra={"model": name, "status": exc.status_code, "error": exc.message})
+                logs.access("inference refused", {"model": name, "status": exc.status_code, "error": exc.message})
             self.telemetry.record(name, exc.status_code, {}, "off")
             raise
         timings = {
@@ -127,8 +128,9 @@ class V2Routes:
         if head_length is not None:
             headers[JSON_HEADER] = str(head_length)
         if self.access_log:
-            extra = {"model": name, "version": answer.version, "status": 200, "cache": answer.cache, **timings}
-            logger.info("inference", extra=extra)
+            logs.access(
+                "inference", {"model": name, "version": answer.version, "status": 200, "cache": answer.cache, **timings}
+            )
         self.telemetry.record(name, 200, timings, answer.cache)
         return Response(payload, media_type=BINARY if head_length is not None else JSON, headers=headers)
 
