@@ -1,7 +1,8 @@
-"""The baseline for the HTTP benchmark: the FastAPI + uvicorn server one would write by hand.
+"""The peer for the HTTP benchmarks: the FastAPI app one would write by hand, served two ways.
 
-It runs the same ONNX session on the same V2 JSON and answers the same V2 JSON, with no
-validation, no binary extension, no logging and no metrics.
+``app`` under uvicorn is the server peer; ``handler`` (the same app under Mangum) is the
+Lambda peer. It runs the same ONNX session on the same V2 JSON and answers the same V2
+JSON, with no validation, no binary extension, no logging and no metrics.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 from fastapi import FastAPI, Request
+from mangum import Mangum
 
 MODEL = os.environ["PLAIN_MODEL_PATH"]
 options = ort.SessionOptions()
@@ -38,3 +40,6 @@ async def infer(name: str, request: Request) -> dict[str, Any]:
             },
         ],
     }
+
+
+handler = Mangum(app, lifespan="off")

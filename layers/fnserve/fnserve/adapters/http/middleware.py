@@ -33,8 +33,12 @@ def json_response(content: Any, status_code: int = 200, headers: Mapping[str, st
     )
 
 
+def error_body(message: str) -> bytes:
+    return orjson.dumps({"error": message})
+
+
 def error_response(message: str, status_code: int, headers: Mapping[str, str] | None = None) -> Response:
-    return json_response({"error": message}, status_code, headers)
+    return Response(error_body(message), status_code=status_code, media_type=JSON, headers=headers)
 
 
 def request_id(scope: Scope) -> str:

@@ -1,0 +1,169 @@
+"""The inference route's two roads: V2App's direct ASGI answer and the FastAPI route must agree.
+
+A request under a ``root_path`` (a mounted app) takes the FastAPI route; every other one the
+direct road. Both must give the same status, body and headers, success or refusal, and an
+unexpected error on either is a logged 500 that does not harm the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from fnserve.adapters.http.app import create_app
+from fnserve.core.dataplane import DataPlane
+from fnserve.core.service import InferenceService
+from fnserve.settings import Settings
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
+
+X = np.load(DEMO_HOLDOUT)["input"][:3]
+BODY = {"inputs": [{"name": "input", "shape": [3, 64], "datatype": "FP32", "data": X.ravel().tolist()}]}
+
+
+@pytest.fixture(scope="module")
+def plane() -> DataPlane:
+    return DataPlane(InferenceService.from_manifest(DEMO_MANIFEST, eager=True))
+
+
+@pytest.fixture
+def log_stream() -> Iterator[io.StringIO]:
+    from fnserve.adapters.logs import logger
+
+    stream = io.StringIO()
+    handler = logger.registered_handler
+    assert isinstance(handler, logging.StreamHandler)
+    old = handler.setStream(stream)
+    yield stream
+    handler.setStream(old)
+
+
+def call(plane: DataPlane, path: str, root_path: str = "", **kwargs: Any) -> httpx.Response:
+    app = create_app(plane, Settings(manifest=DEMO_MANIFEST, access_log=True, max_request_bytes=4096))
+
+    async def main() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, root_path=root_path)
+        async with httpx.AsyncClient(transport=transport, base_url="http://fnserve") as client:
+            return await client.post(root_path + path, **kwargs)
+
+    return asyncio.run(main())
+
+
+def both(plane: DataPlane, path: str, **kwargs: Any) -> tuple[httpx.Response, httpx.Response]:
+    return call(plane, path, **kwargs), call(plane, path, root_path="/stage", **kwargs)
+
+
+def comparable(response: httpx.Response) -> tuple[int, bytes, dict[str, str]]:
+    headers = {k: v for k, v in response.headers.items() if k != "server-timing"}
+    stages = [part.split(";")[0].strip() for part in response.headers.get("server-timing", "").split(",")]
+    return response.status_code, response.content, {**headers, "server-timing": ",".join(stages)}
+
+
+@pytest.mark.parametrize(
+    ("path", "kwargs", "status"),
+    [
+        ("/v2/models/digits-accurate/infer", {"json": BODY}, 200),
+        ("/v2/models/digits-accurate/versions/1/infer", {"json": BODY}, 200),
+        ("/v2/models/digits-accurate/infer", {"json": {**BODY, "outputs": [{"name": "label"}]}}, 200),
+        ("/v2/models/digits-accurate/infer", {"content": b"{"}, 400),
+        ("/v2/models/nope/infer", {"json": BODY}, 404),
+        ("/v2/models/digits-accurate/versions/9/infer", {"json": BODY}, 404),
+        ("/v2/models/digits-accurate/infer", {"content": b" " * 5000}, 413),
+        ("/v2/models/digits-accurate/infer", {"json": BODY, "headers": {"inference-header-content-length": "x"}}, 400),
+    ],
+)
+def test_both_roads_give_the_same_answer(plane: DataPlane, path: str, kwargs: dict[str, Any], status: int) -> None:
+    headers = {"x-request-id": "same-id", **kwargs.pop("headers", {})}
+    direct, routed = both(plane, path, headers=headers, **kwargs)
+    assert direct.status_code == status, direct.text
+    assert comparable(direct) == comparable(routed)
+    assert direct.headers["x-request-id"] == "same-id"
+    if status >= 400:
+        assert direct.headers["content-type"] == "application/json" and direct.json()["error"]
+
+
+def test_binary_answers_agree(plane: DataPlane) -> None:
+    head = json.dumps(
+        {
+            "inputs": [{"name": "input", "shape": [3, 64], "datatype": "FP32", "parameters": {"binary_data_size": 768}}],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
+    headers = {"inference-header-content-length": str(len(head)), "x-request-id": "bin"}
+    direct, routed = both(
+        plane, "/v2/models/digits-accurate/infer", content=head + X.astype(np.float32).tobytes(), headers=headers
+    )
+    assert direct.status_code == 200 and direct.headers["content-type"] == "application/octet-stream"
+    assert comparable(direct) == comparable(routed)
+    assert int(direct.headers["inference-header-content-length"]) < len(direct.content)
+
+
+def test_other_methods_and_paths_fall_through_to_the_router(plane: DataPlane) -> None:
+    app = create_app(plane, Settings(manifest=DEMO_MANIFEST))
+
+    async def main() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://fnserve") as client:
+            return [
+                await client.get("/v2/models/digits-accurate/infer"),
+                await client.post("/v2/models//infer", json=BODY),
+                await client.post("/v2/models/digits-accurate/versions/1/2/infer", json=BODY),
+                await client.post("/v2/models/digits-accurate/other/1/infer", json=BODY),
+            ]
+
+    statuses = [r.status_code for r in asyncio.run(main())]
+    assert statuses == [405, 404, 404, 404]
+
+
+def test_an_unexpected_error_is_a_logged_500_on_both_roads(
+    plane: DataPlane, log_stream: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = plane.infer
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(plane, "infer", broken)
+    direct, routed = both(plane, "/v2/models/digits-accurate/infer", json=BODY, headers={"x-request-id": "r-500"})
+    for response in (direct, routed):
+        assert response.status_code == 500
+        assert response.json() == {"error": "internal server error"}
+        assert response.headers["x-request-id"] == "r-500"
+    errors = [json.loads(line) for line in log_stream.getvalue().splitlines() if "unhandled error" in line]
+    assert len(errors) == 2 and all("RuntimeError: boom" in e["exception"] for e in errors)
+    assert all(e["request_id"] == "r-500" for e in errors)
+
+    monkeypatch.setattr(plane, "infer", real)
+    assert call(plane, "/v2/models/digits-accurate/infer", json=BODY).status_code == 200
+
+
+def test_a_client_that_disconnects_mid_body_gets_no_answer_and_harms_nothing(plane: DataPlane, tmp_path: Path) -> None:
+    app = create_app(plane, Settings(manifest=DEMO_MANIFEST))
+    sent: list[dict[str, Any]] = []
+    messages = iter([{"type": "http.request", "body": b"{", "more_body": True}, {"type": "http.disconnect"}])
+
+    async def receive() -> dict[str, Any]:
+        return next(messages)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v2/models/digits-accurate/infer",
+        "root_path": "",
+        "headers": [],
+        "query_string": b"",
+    }
+    asyncio.run(app(scope, receive, send))
+    assert sent == []
+    assert call(plane, "/v2/models/digits-accurate/infer", json=BODY).status_code == 200
