@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
 def interleaved(fns: Sequence[Callable[[], object]], rounds: int, warmup: int = 50) -> list[list[float]]:
@@ -36,8 +37,8 @@ def percentile(samples: Sequence[float], pct: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(pct / 100 * (len(ordered) - 1))))]
 
 
-def fresh_process_seconds(code: str, env: dict[str, str] | None = None) -> float:
+def fresh_process_seconds(code: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> float:
     """Wall time of a new Python process running ``code`` to completion."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=cwd, stdout=subprocess.DEVNULL)
     return time.perf_counter() - t0

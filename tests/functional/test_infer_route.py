@@ -93,7 +93,9 @@ def test_both_roads_give_the_same_answer(plane: DataPlane, path: str, kwargs: di
 def test_binary_answers_agree(plane: DataPlane) -> None:
     head = json.dumps(
         {
-            "inputs": [{"name": "input", "shape": [3, 64], "datatype": "FP32", "parameters": {"binary_data_size": 768}}],
+            "inputs": [
+                {"name": "input", "shape": [3, 64], "datatype": "FP32", "parameters": {"binary_data_size": 768}}
+            ],
             "parameters": {"binary_data_output": True},
         }
     ).encode()

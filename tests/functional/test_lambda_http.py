@@ -233,3 +233,47 @@ def test_binary_response_is_base64_only_for_binary(handler: Handler) -> None:
     doc = orjson.loads(raw[:head])
     assert [o["parameters"]["binary_data_size"] for o in doc["outputs"]] == [4 * 8, 4 * 10 * 4]
     assert struct.calcsize("<q") == 8
+
+
+COLD_PATH = """
+import json, sys
+sys.path.insert(0, {function!r})
+import app
+{call}
+print(json.dumps(sorted(m for m in ("fastapi", "starlette", "pydantic.v1", "boto3") if m in sys.modules)))
+"""
+API_CALL = """
+from fnserve.adapters.local.events import LambdaContext
+event = json.load(open({event!r}))
+assert app.handler(event, LambdaContext())["statusCode"] == 200
+"""
+
+
+@pytest.mark.parametrize(
+    ("function", "call", "loaded"),
+    [
+        # The API function's first inference answers before FastAPI is imported (~140 ms of a cold
+        # start); the first other request builds it.
+        ("api", API_CALL.format(event=str(REPO / "events" / "api-http-infer.json")), []),
+        (
+            "api",
+            API_CALL.format(event=str(REPO / "events" / "api-http-metadata.json")),
+            ["fastapi", "pydantic.v1", "starlette"],
+        ),
+        # The batch function's init needs neither FastAPI nor boto3 (its clients are made on first use).
+        ("batch", "", []),
+    ],
+)
+def test_cold_paths_import_only_what_they_need(function: str, call: str, loaded: list[str]) -> None:
+    import subprocess
+    import sys
+
+    env = {
+        "FNSERVE_MANIFEST": str(DEMO_MANIFEST),
+        "FNSERVE_RESULTS_TABLE": "results" if function == "batch" else "",
+        "PATH": "/usr/bin:/bin",
+    }
+    env = {k: v for k, v in env.items() if v}
+    code = COLD_PATH.format(function=str(REPO / "functions" / function), call=call)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout.splitlines()[-1]) == loaded

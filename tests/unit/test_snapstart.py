@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from fnserve.adapters.http import middleware
+from fnserve.adapters.http import wire
 from fnserve.adapters.lambda_ import snapstart
 from fnserve.aws import clients
 
@@ -14,7 +14,7 @@ from fnserve.aws import clients
 def test_after_restore_renews_clients_random_state_and_request_ids(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     before_client = clients.client("sqs")
-    before_prefix = middleware._ID_PREFIX
+    before_prefix = wire._ID_PREFIX
     import random
 
     random.seed(7)
@@ -22,7 +22,7 @@ def test_after_restore_renews_clients_random_state_and_request_ids(monkeypatch: 
     random.seed(7)
     snapstart.after_restore()
     assert clients.client("sqs") is not before_client
-    assert middleware._ID_PREFIX != before_prefix
+    assert wire._ID_PREFIX != before_prefix
     assert random.random() != snapshot_draw
 
 

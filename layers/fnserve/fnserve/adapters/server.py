@@ -14,10 +14,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI
-
 from fnserve import bootstrap
-from fnserve.adapters.http.app import create_app
+from fnserve.adapters.http.app import V2App, create_app
 from fnserve.core._heap import freeze_heap
 from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
@@ -68,12 +66,12 @@ def serve(
             app.state.pool.close()
 
 
-def app_factory() -> FastAPI:
+def app_factory() -> V2App:
     """One front process of a multi-process server (uvicorn calls it in each), from FNSERVE_* settings."""
     return front(Settings())
 
 
-def front(settings: Settings) -> FastAPI:
+def front(settings: Settings) -> V2App:
     """A front process's app, with its inference workers started (none with ``parallel_workers = 0``)."""
     pool = inference_pool(settings) if settings.parallel_workers else None
     try:
@@ -114,7 +112,7 @@ def inference_pool(settings: Settings) -> WorkerPool:
     return WorkerPool(spec, settings.parallel_workers).start()
 
 
-def build_app(settings: Settings, pool: WorkerPool | None = None) -> FastAPI:
+def build_app(settings: Settings, pool: WorkerPool | None = None) -> V2App:
     """The server's app: models in ``pool``'s workers, or in this process when there is no pool."""
     store = bootstrap.result_store(settings, for_requests=True)
     service = bootstrap.build_service(settings, store, pool)
@@ -124,4 +122,5 @@ def build_app(settings: Settings, pool: WorkerPool | None = None) -> FastAPI:
     app = create_app(plane, settings, on_shutdown=pool.close if pool is not None else None)
     app.state.plane = plane
     app.state.pool = pool
+    app.fastapi()  # built now: a server's first health check should not pay for it
     return app

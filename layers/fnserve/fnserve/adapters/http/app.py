@@ -1,44 +1,39 @@
-"""The HTTP API: Open Inference Protocol V2 over FastAPI, shared by Lambda (Mangum) and the server.
+"""The HTTP API: Open Inference Protocol V2, shared by Lambda (Mangum) and the server (uvicorn).
 
-Each route translates HTTP to a :class:`~fnserve.core.dataplane.DataPlane` call and its answer
-back to HTTP (V2 JSON or Triton's binary tensor extension, Server-Timing, the access log
-line and the telemetry record); it decides nothing about inference.
+Every route translates HTTP to a :class:`~fnserve.core.dataplane.DataPlane` call and its
+answer back to HTTP (V2 JSON or Triton's binary tensor extension, Server-Timing, the access
+log line and the telemetry record); none decides anything about inference.
 
 Inference requests take a shorter road than the other routes: :class:`V2App` answers them
-as plain ASGI before Starlette's middleware stack, router and FastAPI's dependency solving
-(~60 µs a request, more than the digits model's own run), with the same request id, errors,
-headers, log line and metrics as the FastAPI route, which stays for the OpenAPI document
-and for a mounted app (a ``root_path``).
+as plain ASGI, before Starlette's middleware stack, router and FastAPI's dependency solving
+(~60 µs a request, more than the digits model's own run), with the same request id,
+errors, headers, log line and metrics as the FastAPI route. The FastAPI app
+(:mod:`~fnserve.adapters.http.routes`: health, metadata, results, the OpenAPI document,
+inference under a ``root_path``) is built when a request first needs it, so a Lambda
+container whose first request is an inference answers it without importing FastAPI.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Annotated, Any, Protocol
+import types
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any, Protocol
 
-from fastapi import FastAPI, Query, Request
-from fastapi.responses import Response
-from starlette.requests import ClientDisconnect
-from starlette.types import Receive, Scope, Send
-
-from fnserve import __version__
 from fnserve.adapters import logs
-from fnserve.adapters.http import openapi
-from fnserve.adapters.http.middleware import (
-    RequestContext,
-    error_body,
-    install_error_handlers,
-    json_response,
-    request_id,
-)
+from fnserve.adapters.http.wire import error_body, request_id
 from fnserve.adapters.logs import logger
 from fnserve.core.dataplane import DataPlane
 from fnserve.core.errors import BadRequest, FnserveError, PayloadTooLarge
-from fnserve.core.followups import ResultState
-from fnserve.core.tensors import JSON_HEADER, decode_request, encode_response, json_tensor
+from fnserve.core.tensors import JSON_HEADER, decode_request, encode_response
 from fnserve.settings import Settings
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+ASGIMessage = MutableMapping[str, Any]  # as Starlette and Mangum type them
+Receive = Callable[[], Awaitable[ASGIMessage]]
+Send = Callable[[ASGIMessage], Awaitable[None]]
 
 EXTENSIONS = ["binary_tensor_data"]
 JSON = "application/json"
@@ -62,69 +57,46 @@ def create_app(
     telemetry: Telemetry | None = None,
     *,
     on_shutdown: Callable[[], None] | None = None,
-) -> FastAPI:
-    """The FastAPI application serving ``plane``; ``on_shutdown`` runs when the server stops, after the batchers."""
+) -> V2App:
+    """The ASGI application serving ``plane``; ``on_shutdown`` runs when the server stops, after the batchers."""
     settings = settings or Settings()
     logger.setLevel(settings.log_level)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        await plane.close()
-        if on_shutdown is not None:
-            on_shutdown()
-
-    routes = V2Routes(plane, settings, telemetry or NoTelemetry())
-    app = V2App(
-        routes,
-        title="fnserve",
-        version=__version__,
-        description="Open Inference Protocol V2 (REST) with Triton's binary tensor extension.",
-        docs_url=None,
-        redoc_url=None,
-        lifespan=lifespan,
-    )
-    app.add_middleware(RequestContext)
-    install_error_handlers(app)
-    # The hot route first: Starlette tries routes in order.
-    app.post("/v2/models/{name}/infer", tags=["inference"], **openapi.infer(versioned=False))(routes.infer)
-    app.post("/v2/models/{name}/versions/{version}/infer", tags=["inference"], **openapi.infer(versioned=True))(
-        routes.infer
-    )
-    app.get("/v2/health/live", tags=["health"], responses=openapi.LIVE)(routes.live)
-    app.get("/v2/health/ready", tags=["health"], responses=openapi.READY)(routes.ready)
-    app.get("/v2", tags=["metadata"], responses=openapi.SERVER_METADATA)(routes.server_metadata)
-    app.get("/v2/", include_in_schema=False)(routes.server_metadata)
-    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
-        app.get(prefix, tags=["metadata"], responses=openapi.MODEL_METADATA)(routes.model_metadata)
-        app.get(f"{prefix}/ready", tags=["health"], responses=openapi.MODEL_READY)(routes.model_ready)
-    app.get("/v2/results/{result_id}", tags=["results"], responses=openapi.RESULT)(routes.result)
-    return app
+    return V2App(InferenceRoute(plane, settings, telemetry or NoTelemetry()), on_shutdown)
 
 
-class V2App(FastAPI):
-    """FastAPI, with ``POST /v2/models/{name}[/versions/{version}]/infer`` answered directly over ASGI."""
+class V2App:
+    """The V2 API over ASGI: ``POST /v2/models/{name}[/versions/{v}]/infer`` answered here, the rest by FastAPI."""
 
-    def __init__(self, routes: V2Routes, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.v2 = routes
+    def __init__(self, inference: InferenceRoute, on_shutdown: Callable[[], None] | None = None) -> None:
+        self.inference = inference
+        self.on_shutdown = on_shutdown
+        self.state = types.SimpleNamespace()  # what the process keeps beside the app (the server's pool)
+        self._fastapi: FastAPI | None = None
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def fastapi(self) -> FastAPI:
+        """The FastAPI app of the other routes, built on first use (or ahead, by a server at start)."""
+        if self._fastapi is None:
+            from fnserve.adapters.http import routes
+
+            self._fastapi = routes.build(self.inference, self.on_shutdown)
+        return self._fastapi
+
+    async def __call__(self, scope: ASGIMessage, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
             parts = scope["path"].split("/")
             # ["", "v2", "models", name, "infer"] or [..., name, "versions", version, "infer"]
             if parts[-1] == "infer" and parts[1:3] == ["v2", "models"] and all(parts[3:-1]):
                 if len(parts) == 5:
-                    await self.v2.infer_asgi(scope, receive, send, parts[3], None)
+                    await self.inference.infer_asgi(scope, receive, send, parts[3], None)
                     return
                 if len(parts) == 7 and parts[4] == "versions":
-                    await self.v2.infer_asgi(scope, receive, send, parts[3], parts[5])
+                    await self.inference.infer_asgi(scope, receive, send, parts[3], parts[5])
                     return
-        await super().__call__(scope, receive, send)
+        await (self._fastapi or self.fastapi())(scope, receive, send)
 
 
-class V2Routes:
-    """The routes of the V2 API over one data plane."""
+class InferenceRoute:
+    """The inference route's work, whichever road a request took: decode, infer, encode, log, record."""
 
     def __init__(self, plane: DataPlane, settings: Settings, telemetry: Telemetry) -> None:
         self.plane = plane
@@ -133,20 +105,10 @@ class V2Routes:
         self.access_log = settings.access_log
         self.max_wait = settings.max_wait_seconds
 
-    async def infer(self, request: Request) -> Response:
-        """The FastAPI route (documented in the OpenAPI schema; :class:`V2App` answers most requests first)."""
-        # Path parameters read directly: FastAPI's per-parameter validation costs more than the model.
-        headers = request.headers
-        payload, media_type, extra = await self.answer(
-            request.path_params["name"],
-            request.path_params.get("version"),
-            _read_body(request.stream(), headers.get("content-length"), self.limit),
-            headers.get(JSON_HEADER),
-        )
-        return Response(payload, media_type=media_type, headers=extra)
-
-    async def infer_asgi(self, scope: Scope, receive: Receive, send: Send, name: str, version: str | None) -> None:
-        """The same inference as :meth:`infer` with what ``RequestContext`` and the error handlers add, over ASGI."""
+    async def infer_asgi(
+        self, scope: ASGIMessage, receive: Receive, send: Send, name: str, version: str | None
+    ) -> None:
+        """One inference over ASGI, with what the FastAPI app's ``RequestContext`` and error handlers add."""
         rid = request_id(scope)
         logger.thread_safe_append_keys(request_id=rid)
         declared = json_length = None
@@ -158,13 +120,13 @@ class V2Routes:
         headers: dict[str, str]
         try:
             payload, media_type, headers = await self.answer(
-                name, version, _read_body(_asgi_body(receive), declared, self.limit), json_length
+                name, version, read_body(_asgi_body(receive), declared, self.limit), json_length
             )
             status = 200
         except FnserveError as exc:
             status, payload, media_type = exc.status_code, error_body(exc.message), JSON
             headers = {"retry-after": str(exc.retry_after)} if exc.retry_after is not None else {}
-        except ClientDisconnect:
+        except _Disconnected:
             return  # nobody to answer
         except Exception:
             logger.exception("unhandled error", extra={"path": scope.get("path")})
@@ -214,49 +176,12 @@ class V2Routes:
         self.telemetry.record(name, 200, timings, answer.cache)
         return payload, BINARY if head_length is not None else JSON, headers
 
-    async def live(self) -> Response:
-        return json_response({"live": True})
 
-    async def ready(self) -> Response:
-        is_ready = self.plane.ready()
-        return json_response({"ready": is_ready}, 200 if is_ready else 503)
-
-    async def server_metadata(self) -> Response:
-        return json_response({"name": "fnserve", "version": __version__, "extensions": EXTENSIONS})
-
-    async def model_metadata(self, name: str, version: str | None = None) -> Response:
-        return json_response(self.plane.metadata(name, version))
-
-    async def model_ready(self, name: str, version: str | None = None) -> Response:
-        is_ready = self.plane.model_ready(name, version)
-        return json_response({"name": name, "ready": is_ready}, 200 if is_ready else 503)
-
-    async def result(
-        self,
-        result_id: str,
-        wait: Annotated[
-            float, Query(ge=0, description="Seconds to long-poll while pending; at most FNSERVE_MAX_WAIT_SECONDS.")
-        ] = 0.0,
-    ) -> Response:
-        """A stored result (cascade follow-up or batch job); ``wait`` long-polls for it."""
-        return json_response(_result_document(await self.plane.result(result_id, min(wait, self.max_wait))))
+class _Disconnected(Exception):
+    """The client went away before its request body arrived."""
 
 
-def _result_document(state: ResultState) -> dict[str, object]:
-    doc: dict[str, object] = {"id": state.id, "status": state.state, "model_name": state.model}
-    record = state.record
-    if record is None:
-        return doc
-    if record.version:
-        doc["model_version"] = record.version
-    if record.status == "done":
-        doc["outputs"] = [json_tensor(name, array) for name, array in record.outputs().items()]
-    elif record.error:
-        doc["error"] = record.error
-    return doc
-
-
-async def _read_body(chunks: AsyncIterator[bytes], declared: str | None, limit: int) -> bytes:
+async def read_body(chunks: AsyncIterator[bytes], declared: str | None, limit: int) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body of {declared} bytes is over the {limit}-byte limit")
     parts = []
@@ -274,7 +199,7 @@ async def _asgi_body(receive: Receive) -> AsyncIterator[bytes]:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise ClientDisconnect()
+            raise _Disconnected()
         chunk = message.get("body", b"")
         if chunk:
             yield chunk

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,14 +12,11 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from fnserve.adapters.http.wire import error_body, request_id
 from fnserve.adapters.logs import logger
 from fnserve.core.errors import FnserveError
 
 JSON = "application/json"
-
-# Request ids made here: unique per process (random prefix) and cheap (a counter, no uuid4 per request).
-_ID_PREFIX = uuid.uuid4().hex[:12]
-_ID_COUNTER = itertools.count(1)
 
 
 def json_response(content: Any, status_code: int = 200, headers: Mapping[str, str] | None = None) -> Response:
@@ -33,27 +28,8 @@ def json_response(content: Any, status_code: int = 200, headers: Mapping[str, st
     )
 
 
-def error_body(message: str) -> bytes:
-    return orjson.dumps({"error": message})
-
-
 def error_response(message: str, status_code: int, headers: Mapping[str, str] | None = None) -> Response:
     return Response(error_body(message), status_code=status_code, media_type=JSON, headers=headers)
-
-
-def request_id(scope: Scope) -> str:
-    """The caller's X-Request-Id, else the Lambda request id, else a new one."""
-    for key, value in scope.get("headers", ()):
-        if key == b"x-request-id" and value:
-            return bytes(value[:128]).decode("latin-1")
-    rid = getattr(scope.get("aws.context"), "aws_request_id", None)
-    return str(rid) if rid else f"{_ID_PREFIX}-{next(_ID_COUNTER):x}"
-
-
-def new_id_prefix() -> None:
-    """A new prefix for the request ids made here (after a SnapStart restore)."""
-    global _ID_PREFIX
-    _ID_PREFIX = uuid.uuid4().hex[:12]
 
 
 class RequestContext:

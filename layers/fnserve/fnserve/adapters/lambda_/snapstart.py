@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from fnserve.adapters.http import middleware
+from fnserve.adapters.http import wire
 from fnserve.aws import clients
 
 
@@ -25,4 +25,4 @@ def register() -> None:
 def after_restore() -> None:
     clients.reset()
     random.seed()
-    middleware.new_id_prefix()
+    wire.new_id_prefix()

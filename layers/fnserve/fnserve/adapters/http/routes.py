@@ -1,0 +1,121 @@
+"""The V2 API's routes on FastAPI: health, metadata, results, inference's documented road, OpenAPI.
+
+Built by :class:`~fnserve.adapters.http.app.V2App` when a request first needs it (at start,
+in the server), so a Lambda container whose first request is an inference never imports
+FastAPI before answering it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated
+
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import Response
+
+from fnserve import __version__
+from fnserve.adapters.http import openapi
+from fnserve.adapters.http.app import EXTENSIONS, InferenceRoute, read_body
+from fnserve.adapters.http.middleware import RequestContext, install_error_handlers, json_response
+from fnserve.core.followups import ResultState
+from fnserve.core.tensors import JSON_HEADER, json_tensor
+
+
+def build(inference: InferenceRoute, on_shutdown: Callable[[], None] | None = None) -> FastAPI:
+    """The FastAPI app over ``inference``'s data plane; it closes the plane, then runs ``on_shutdown``, at shutdown."""
+    plane = inference.plane
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await plane.close()
+        if on_shutdown is not None:
+            on_shutdown()
+
+    app = FastAPI(
+        title="fnserve",
+        version=__version__,
+        description="Open Inference Protocol V2 (REST) with Triton's binary tensor extension.",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.add_middleware(RequestContext)
+    install_error_handlers(app)
+    routes = V2Routes(inference)
+    app.post("/v2/models/{name}/infer", tags=["inference"], **openapi.infer(versioned=False))(routes.infer)
+    app.post("/v2/models/{name}/versions/{version}/infer", tags=["inference"], **openapi.infer(versioned=True))(
+        routes.infer
+    )
+    app.get("/v2/health/live", tags=["health"], responses=openapi.LIVE)(routes.live)
+    app.get("/v2/health/ready", tags=["health"], responses=openapi.READY)(routes.ready)
+    app.get("/v2", tags=["metadata"], responses=openapi.SERVER_METADATA)(routes.server_metadata)
+    app.get("/v2/", include_in_schema=False)(routes.server_metadata)
+    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        app.get(prefix, tags=["metadata"], responses=openapi.MODEL_METADATA)(routes.model_metadata)
+        app.get(f"{prefix}/ready", tags=["health"], responses=openapi.MODEL_READY)(routes.model_ready)
+    app.get("/v2/results/{result_id}", tags=["results"], responses=openapi.RESULT)(routes.result)
+    return app
+
+
+class V2Routes:
+    """The FastAPI routes of the V2 API over one data plane."""
+
+    def __init__(self, inference: InferenceRoute) -> None:
+        self.inference = inference
+        self.plane = inference.plane
+
+    async def infer(self, request: Request) -> Response:
+        """Inference under a ``root_path`` (V2App answers every other inference request before FastAPI)."""
+        # Path parameters read directly: FastAPI's per-parameter validation costs more than the model.
+        headers = request.headers
+        payload, media_type, extra = await self.inference.answer(
+            request.path_params["name"],
+            request.path_params.get("version"),
+            read_body(request.stream(), headers.get("content-length"), self.inference.limit),
+            headers.get(JSON_HEADER),
+        )
+        return Response(payload, media_type=media_type, headers=extra)
+
+    async def live(self) -> Response:
+        return json_response({"live": True})
+
+    async def ready(self) -> Response:
+        is_ready = self.plane.ready()
+        return json_response({"ready": is_ready}, 200 if is_ready else 503)
+
+    async def server_metadata(self) -> Response:
+        return json_response({"name": "fnserve", "version": __version__, "extensions": EXTENSIONS})
+
+    async def model_metadata(self, name: str, version: str | None = None) -> Response:
+        return json_response(self.plane.metadata(name, version))
+
+    async def model_ready(self, name: str, version: str | None = None) -> Response:
+        is_ready = self.plane.model_ready(name, version)
+        return json_response({"name": name, "ready": is_ready}, 200 if is_ready else 503)
+
+    async def result(
+        self,
+        result_id: str,
+        wait: Annotated[
+            float, Query(ge=0, description="Seconds to long-poll while pending; at most FNSERVE_MAX_WAIT_SECONDS.")
+        ] = 0.0,
+    ) -> Response:
+        """A stored result (cascade follow-up or batch job); ``wait`` long-polls for it."""
+        state = await self.plane.result(result_id, min(wait, self.inference.max_wait))
+        return json_response(_result_document(state))
+
+
+def _result_document(state: ResultState) -> dict[str, object]:
+    doc: dict[str, object] = {"id": state.id, "status": state.state, "model_name": state.model}
+    record = state.record
+    if record is None:
+        return doc
+    if record.version:
+        doc["model_version"] = record.version
+    if record.status == "done":
+        doc["outputs"] = [json_tensor(name, array) for name, array in record.outputs().items()]
+    elif record.error:
+        doc["error"] = record.error
+    return doc
