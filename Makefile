@@ -13,7 +13,7 @@ PY312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12
 	$$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$c; break; }; done)
 SAM := SAM_CLI_TELEMETRY=0 PATH="$(dir $(PY312)):$$PATH" $(SAM_VENV)/bin/sam
 
-.PHONY: setup run serve test lint sam-check bench bench-models models clean
+.PHONY: setup run serve test lint sam-build sam-check bench bench-models models clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fnserve needs Python >= 3.11"'
@@ -44,14 +44,24 @@ $(SAM_VENV)/.installed:
 	$(SAM_VENV)/bin/pip install -q "aws-sam-cli>=1.120"
 	@touch $@
 
-# The deploy checks that run without Docker or an AWS account: lint, validate, build, and the
-# built functions run under python3.12 with only their built layers.
-sam-check: setup $(SAM_VENV)/.installed
+# sam build, then the runtime layer's bytecode compiled ahead of time. Lambda mounts layers
+# read-only at /opt, so a layer without .pyc files compiles every module it imports on every
+# cold start (measured on the API function: 1.2 s -> 0.55 s to import). unchecked-hash: the
+# .pyc is trusted as is (the layer never changes), whatever mtimes the zip gives the sources.
+# numpy's test suite is left out of the layer.
+# Other build options (e.g. SAM_BUILD_ARGS="--parameter-overrides Architecture=arm64") pass through.
+sam-build: setup $(SAM_VENV)/.installed
 	@test -n "$(PY312)" || { echo "sam build needs a python3.12 interpreter (Lambda's runtime): install one" \
 		"(pyenv install 3.12, or your distribution's python3.12) or pass PY312=/path/to/python3.12"; exit 1; }
+	$(SAM) build $(SAM_BUILD_ARGS)
+	find .aws-sam/build/FnserveLayer/python/numpy -type d -name tests -prune -exec rm -rf {} +  # numpy's own test suite: 16 MB
+	$(PY312) -m compileall -q -j0 --invalidation-mode unchecked-hash .aws-sam/build/FnserveLayer/python >/dev/null
+
+# The deploy checks that run without Docker or an AWS account: lint, validate, build, and the
+# built functions run under python3.12 with only their built layers.
+sam-check: sam-build
 	$(BIN)/cfn-lint template.yaml
 	$(SAM) validate --lint
-	$(SAM) build
 	$(PY) -m tests.package.check_package $(PY312)
 
 test: lint sam-check
@@ -62,6 +72,7 @@ bench: setup bench-models
 		apt-get install -y -qq wrk >/dev/null 2>&1 || echo "could not install wrk: the load part will be skipped"; }
 	$(PY) -m tests.bench.bench_service
 	$(PY) -m tests.bench.bench_http
+	$(PY) -m tests.bench.bench_cold
 	$(PY) -m tests.bench.bench_serve
 	$(PY) -m tests.bench.bench_local
 	$(PY) -m tests.bench.bench_sqs

@@ -34,13 +34,33 @@ def size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def uncompiled(layer: Path, python312: str) -> int:
+    """1 (and says which) when a module of the layer has no bytecode for the runtime's Python, else 0.
+
+    Lambda's /opt is read-only: a module without its .pyc is compiled again on every cold start.
+    """
+    tag = subprocess.run(
+        [python312, "-c", "import sys; print(sys.implementation.cache_tag)"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    missing = [
+        source
+        for source in layer.rglob("*.py")
+        if not (source.parent / "__pycache__" / f"{source.stem}.{tag}.pyc").exists()
+    ]
+    if missing:
+        print(f"FAIL the runtime layer has {len(missing)} modules without {tag} bytecode, e.g. {missing[0]}")
+        return 1
+    print(f"ok   every module of the runtime layer has its {tag} bytecode (compiled at build)")
+    return 0
+
+
 def main(python312: str, build: Path) -> int:
     runtime = Path(tempfile.mkdtemp(prefix="fnserve-lambda-runtime-"))
     # boto3 is part of the Lambda runtime, not of the layer: install it beside, as Lambda provides it.
     subprocess.run([python312, "-m", "pip", "install", "-q", "--target", str(runtime), "boto3"], check=True)
     layer = build / "FnserveLayer" / "python"
     models = REPO / "layers" / "models"  # packaged as is: it lands at /opt/models
-    failures = 0
+    failures = uncompiled(layer, python312)
     sizes = {"FnserveLayer": size(build / "FnserveLayer"), "ModelsLayer": size(models)}
     with moto_server(runtime / "moto.log") as url:
         env = {**os.environ, **aws_env(url)}
