@@ -15,8 +15,12 @@ all alike), median of BENCH_COLD_RUNS:
   beside a naive boto3 + ORT handler doing the same writes, and the batch function's
   import alone (its init phase).
 
-Then ``python -X importtime``'s ten most expensive top-level packages (self time summed)
-for each function's path to its first answer.
+Then SnapStart, emulated: the API function is imported with the runtime's hook module in
+place, its before-snapshot hook is run (the snapshot would be taken here), and the time is
+taken from "restore" (the after-restore hooks) to the first answer, with and without the
+before-snapshot hook (without it, the first request loads the model). Last,
+``python -X importtime``'s ten most expensive top-level packages (self time summed) for each
+function's path to its first answer.
 """
 
 from __future__ import annotations
@@ -94,6 +98,35 @@ import sys
 sys.path.insert(0, {str(REPO / "functions" / "batch")!r})
 import app
 """
+
+SNAPSTART = f"""
+import json, sys, time, types
+hooks = {{"before": [], "after": []}}
+runtime = types.ModuleType("snapshot_restore_py")
+runtime.register_before_snapshot = hooks["before"].append
+runtime.register_after_restore = hooks["after"].append
+sys.modules["snapshot_restore_py"] = runtime
+sys.path.insert(0, {str(REPO / "functions" / "api")!r})
+import app
+{CONTEXT}
+event = json.load(open({str(REPO / "events" / "api-http-infer.json")!r}))
+if WARM:
+    for hook in hooks["before"]:
+        hook()
+t0 = time.perf_counter()  # restored from the snapshot
+for hook in hooks["after"]:
+    hook()
+assert app.handler(event, Context())["statusCode"] == 200
+print("restore-to-answer", time.perf_counter() - t0)
+"""
+
+
+def restore_seconds(warm: bool, env: dict[str, str]) -> float:
+    code = SNAPSTART.replace("WARM", str(warm))
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, check=True)
+    out = done.stdout
+    return float(out.split("restore-to-answer")[-1])
+
 
 # What one would write by hand: parse each job, run it, put its outputs in the table.
 NAIVE_BATCH = f"""
@@ -173,6 +206,14 @@ def main() -> None:
         for label, seconds in med.items():
             peer = f"  {seconds / med[peers[label]]:5.2f}x its naive peer" if label in peers else ""
             print(f"  {label:<50}{seconds * 1e3:8.1f} ms  {seconds / floor:5.2f}x floor{peer}")
+        restore: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(COLD_RUNS):
+            for warm in (False, True):
+                restore[warm].append(restore_seconds(warm, api_env))
+        cold, warm = (statistics.median(restore[w]) for w in (False, True))
+        print(f"  SnapStart (emulated), API function, restore -> first answer, median of {COLD_RUNS}:")
+        print(f"    without the before-snapshot hook {cold * 1e3:7.2f} ms (the first request loads the model)")
+        print(f"    with it (every model warm)       {warm * 1e3:7.2f} ms  {warm / cold:5.2f}x")
         for label, (code, env) in (("API", (API, api_env)), ("batch", (BATCH, batch_env))):
             top = ", ".join(f"{name} {ms:.0f}" for name, ms in import_top10(code, env))
             print(f"  python -X importtime, {label} function, top 10 packages (self ms): {top}")

@@ -9,6 +9,10 @@ import pytest
 from fnserve.adapters.http import wire
 from fnserve.adapters.lambda_ import snapstart
 from fnserve.aws import clients
+from fnserve.core import registry as registry_module
+from fnserve.core.manifest import load_manifest
+from fnserve.core.registry import ModelRegistry
+from tests.helpers import DEMO_MANIFEST
 
 
 def test_after_restore_renews_clients_random_state_and_request_ids(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -27,12 +31,36 @@ def test_after_restore_renews_clients_random_state_and_request_ids(monkeypatch: 
 
 
 def test_register_hooks_in_only_where_the_runtime_offers_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    registered: list[Callable[[], None]] = []
+    registry = ModelRegistry(load_manifest(DEMO_MANIFEST))
+    before: list[Callable[[], None]] = []
+    after: list[Callable[[], None]] = []
     fake = types.ModuleType("snapshot_restore_py")
-    fake.register_after_restore = registered.append  # type: ignore[attr-defined]
+    fake.register_before_snapshot = before.append  # type: ignore[attr-defined]
+    fake.register_after_restore = after.append  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "snapshot_restore_py", fake)
-    snapstart.register()
-    assert registered == [snapstart.after_restore]
+    snapstart.register(registry)
+    assert before == [registry.warm_all] and after == [snapstart.after_restore]
     monkeypatch.setitem(sys.modules, "snapshot_restore_py", None)  # import fails, as outside Lambda
-    snapstart.register()
-    assert registered == [snapstart.after_restore]
+    snapstart.register(registry)
+    assert len(before) == 1 and len(after) == 1
+
+
+def test_before_the_snapshot_every_model_is_loaded_and_run_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = ModelRegistry(load_manifest(DEMO_MANIFEST))
+    names = registry.names()
+    assert not any(registry.is_loaded(name) for name in names)  # Lambda loads lazily
+    runs: list[str] = []
+    real = registry_module._warm_up
+
+    def counted(session: object, inputs: object, where: str) -> None:
+        runs.append(where)
+        real(session, inputs, where)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(registry_module, "_warm_up", counted)
+    registry.warm_all()
+    assert all(registry.is_loaded(name) for name in names)
+    # Loaded models are run again, once each, whatever their manifest's warmup setting says.
+    runs.clear()
+    registry.warm_all()
+    expected = [f"model {name!r} version {version!r}" for name in names for version in registry.versions(name)]
+    assert sorted(runs) == sorted(expected)

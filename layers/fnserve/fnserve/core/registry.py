@@ -164,6 +164,16 @@ class ModelRegistry:
         for name, version in self._entries:
             self.get(name, version)
 
+    def warm_all(self) -> None:
+        """Load every model and run each once on zeros, whatever its ``warmup`` setting.
+
+        For a process about to be copied (SnapStart's snapshot): every copy then starts with
+        the sessions built and their allocators and kernels warmed.
+        """
+        for name, version in self._entries:
+            model = self.get(name, version)
+            _warm_up(model.session, model.inputs, f"model {name!r} version {version!r}")
+
     def _load(self, settings: ModelSettings) -> LoadedModel:
         where = f"model {settings.name!r} version {settings.version!r}"
         path = self._local_path(settings)

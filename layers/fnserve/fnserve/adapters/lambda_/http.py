@@ -96,7 +96,7 @@ def create_handler(
     app = create_app(plane, settings, telemetry=telemetry)
     asgi = lambda_asgi.adapter(app, TEXT_MIME_TYPES)
 
-    snapstart.register()
+    snapstart.register(plane.service.registry)
 
     @logger.inject_lambda_context(clear_state=True)
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:

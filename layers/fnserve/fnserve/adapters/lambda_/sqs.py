@@ -52,7 +52,7 @@ def create_handler(
     processor = bootstrap.job_processor(settings, store, service or bootstrap.build_service(settings, dynamo))
     metrics = metrics or Metrics(namespace="fnserve", service="fnserve-batch")
 
-    snapstart.register()
+    snapstart.register(processor.service.registry)
 
     @logger.inject_lambda_context(clear_state=True)
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
