@@ -6,8 +6,9 @@
     ``session.run`` (the floor) and the naive Mangum + FastAPI + ORT handler in
     tests/bench/plain_server.py (the peer) on the same input, interleaved: p50 overhead
     over the floor on digits-accurate at batch 1 and 4, and its ratio to the peer's.
-(b) ``fnserve serve --processes 2 --workers 0`` (two server processes, inference in each,
-    the best setting for a model this small: see bench_serve) under wrk at concurrency 16,
+(b) ``fnserve serve`` with its default layout (chosen at start: for models this small, one
+    in-process front process per CPU) and ``--processes 2 --workers 0`` (two server
+    processes, inference in each: see bench_serve) under wrk at concurrency 16,
     beside the plain FastAPI + uvicorn server in tests/bench/plain_server.py (same model,
     same JSON, same process and thread counts), alternating rounds, medians of each.
 """
@@ -158,13 +159,17 @@ def load_test() -> None:
     )
     fn_port, plain_port = 18081, 18082
     fn = [sys.executable, "-m", "fnserve", "serve", "-m", str(DEMO_MANIFEST), "--port", str(fn_port)]
-    fn += ["--processes", "2", "--workers", "0"]
     plain = [sys.executable, "-m", "uvicorn", "tests.bench.plain_server:app", "--port", str(plain_port)]
     plain += ["--workers", "2", "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"]
     plain_env = {"PLAIN_MODEL_PATH": str(MODEL_PATH), "PLAIN_THREADS": "1"}
     servers = {
-        "fnserve serve --processes 2 --workers 0": (fn, fn_port, {}),
-        "fnserve serve --processes 2 --workers 0 --access-log": ([*fn, "--access-log"], fn_port, {}),
+        "fnserve serve (default: layout chosen at start)": (fn, fn_port, {}),
+        "fnserve serve --processes 2 --workers 0": ([*fn, "--processes", "2", "--workers", "0"], fn_port, {}),
+        "fnserve serve --processes 2 --workers 0 --access-log": (
+            [*fn, "--processes", "2", "--workers", "0", "--access-log"],
+            fn_port,
+            {},
+        ),
         "plain FastAPI + uvicorn, 2 workers": (plain, plain_port, plain_env),
     }
     results: dict[str, list[tuple[float, float, float]]] = {k: [] for k in servers}

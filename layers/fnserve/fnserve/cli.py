@@ -246,8 +246,9 @@ def serve(
         int | None,
         typer.Option(
             min=0,
-            help="Inference worker processes, each with every model (default FNSERVE_PARALLEL_WORKERS, else 1); "
-            "0 runs inference in the server process, best for tiny models.",
+            help="Inference worker processes, each with every model (default FNSERVE_PARALLEL_WORKERS); "
+            "0 runs inference in the server process, best for tiny models. Without this and --processes, "
+            "the layout is chosen at start from the models' batch-1 time, and the log says why.",
         ),
     ] = None,
     processes: Annotated[
@@ -255,7 +256,7 @@ def serve(
         typer.Option(
             min=1,
             help="Front processes sharing the port, each with its own workers (default FNSERVE_SERVER_PROCESSES, "
-            "else 1); more than one pays for tiny models, whose cost is HTTP and JSON.",
+            "else 1 when --workers is given); more than one pays for tiny models, whose cost is HTTP and JSON.",
         ),
     ] = None,
     access_log: Annotated[
@@ -283,12 +284,12 @@ def serve(
         raise _fail(str(exc)) from None
 
     try:
-        run_server(settings, host, port, on_ready=functools.partial(_serve_banner, settings, host, port))
+        run_server(settings, host, port, on_ready=functools.partial(_serve_banner, host, port))
     except FnserveError as exc:
         raise _fail(exc.message) from None
 
 
-def _serve_banner(settings: Settings, host: str, port: int, service: InferenceService) -> None:
+def _serve_banner(host: str, port: int, service: InferenceService, settings: Settings) -> None:
     """What ``fnserve serve`` prints once it listens: where, how, and lines to try."""
     url = f"http://{host}:{port}"
     name = service.registry.names()[0]

@@ -86,7 +86,8 @@ class ServerSettings(BaseSettings):
         default=1,
         ge=0,
         description="Inference worker processes of a long-running server, each with every model; 0 runs "
-        "inference in the server's own process (best for models so small that IPC would cost more).",
+        "inference in the server's own process (best for models so small that IPC would cost more). "
+        "With neither this nor server_processes set, fnserve serve chooses both at start from the models.",
     )
     server_processes: int = Field(
         default=1,

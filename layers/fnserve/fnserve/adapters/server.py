@@ -6,17 +6,29 @@ The front process parses HTTP, validates, caches, batches and runs cascades; wit
 ``parallel_workers = 0`` inference runs in the front process itself: no inter-process hop,
 which is the better choice for models so small that the hop costs more than the model
 (``make bench`` shows where that line is).
+
+Given neither (no ``--workers``, ``--processes`` or their variables), :func:`choose_layout`
+decides from the models themselves at start: every model's batch-1 run well under a worker
+round trip, inference in as many front processes as CPUs; any heavier model, one front
+process and one worker with every CPU's threads. The start log says what it chose and why.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import statistics
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fnserve import bootstrap
 from fnserve.adapters.http.app import V2App, create_app
+from fnserve.adapters.logs import logger
+from fnserve.core._cpus import available_cpus
 from fnserve.core._heap import freeze_heap
+from fnserve.core.registry import LoadedModel, zeros_feed
 from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
 from fnserve.workers.pool import FunctionSpec, WorkerPool
@@ -26,7 +38,7 @@ def serve(
     settings: Settings,
     host: str = "127.0.0.1",
     port: int = 8080,
-    on_ready: Callable[[InferenceService], None] | None = None,
+    on_ready: Callable[[InferenceService, Settings], None] | None = None,
 ) -> None:
     """Load every model (in the workers, or here with no workers), then serve until SIGINT or SIGTERM.
 
@@ -46,24 +58,95 @@ def serve(
         "access_log": False,
         "log_level": "warning",
     }
-    if settings.server_processes > 1:
+    auto = not {"parallel_workers", "server_processes"} & settings.model_fields_set
+    if auto or settings.server_processes > 1:
         # Every model is loaded here once, and dropped: one that cannot load stops the start with
         # its reason, instead of uvicorn's supervisor restarting front processes that cannot start.
         checked = bootstrap.build_service(settings)
-        if on_ready is not None:
-            on_ready(checked)
+        if auto:
+            layout = choose_layout(checked, available_cpus(), settings.intra_op_threads)
+            settings = settings.model_copy(
+                update={"server_processes": layout.processes, "parallel_workers": layout.workers}
+            )
+            logger.info(
+                f"serving layout: {layout.processes} front process(es), {layout.workers} inference worker(s) each: "
+                f"{layout.why}",
+                extra={
+                    "processes": layout.processes,
+                    "workers": layout.workers,
+                    "batch1_ms": {name: round(ms, 4) for name, ms in layout.batch1_ms.items()},
+                },
+            )
+        if settings.server_processes > 1:
+            if on_ready is not None:
+                on_ready(checked, settings)
+            del checked
+            os.environ.update(settings_env(settings))  # how the settings reach the front processes
+            uvicorn.run(f"{__name__}:app_factory", factory=True, workers=settings.server_processes, **options)
+            return
         del checked
-        os.environ.update(settings_env(settings))  # how the settings reach the front processes
-        uvicorn.run(f"{__name__}:app_factory", factory=True, workers=settings.server_processes, **options)
-        return
     app = front(settings)
     try:
         if on_ready is not None:
-            on_ready(app.state.plane.service)
+            on_ready(app.state.plane.service, settings)
         uvicorn.Server(uvicorn.Config(app, **options)).run()
     finally:
         if app.state.pool is not None:  # the lifespan closed it already, unless uvicorn never started
             app.state.pool.close()
+
+
+# A request's round trip to an inference worker (pipe, pickling, the worker's wake-up) costs
+# ~0.7 ms on the bench machine (bench_serve); a model whose batch-1 run is a small part of that
+# is served faster by the front processes themselves, one per CPU.
+WORKER_ROUND_TRIP_MS = 0.7
+IN_PROCESS_MAX_MS = WORKER_ROUND_TRIP_MS / 4
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a server runs: front processes, inference workers in each, and why."""
+
+    processes: int
+    workers: int
+    why: str
+    batch1_ms: dict[str, float]
+
+
+def choose_layout(service: InferenceService, cpus: int, intra_op_threads: int | None = None) -> Layout:
+    """In-process inference in one front process per CPU when every model is light, else one worker."""
+    times = {name: batch1_ms(service.registry.get(name)) for name in service.registry.names()}
+    heaviest = max(times, key=lambda name: times[name])
+    slowest = times[heaviest]
+    if slowest <= IN_PROCESS_MAX_MS:
+        processes = max(1, cpus // (intra_op_threads or 1))
+        why = (
+            f"every model's batch-1 run is well under a worker round trip (~{WORKER_ROUND_TRIP_MS} ms; "
+            f"the slowest, {heaviest!r}, takes {slowest:.3f} ms), so inference runs in the front processes, "
+            f"one per CPU ({cpus})"
+        )
+        return Layout(processes, 0, why, times)
+    shown = "cannot run on zeros" if math.isinf(slowest) else f"takes {slowest:.2f} ms at batch 1"
+    why = (
+        f"{heaviest!r} {shown}, against a worker round trip of ~{WORKER_ROUND_TRIP_MS} ms, so one inference "
+        "worker runs the models with every CPU's threads beside the front process (HTTP, JSON, batching)"
+    )
+    return Layout(1, 1, why, times)
+
+
+def batch1_ms(model: LoadedModel, runs: int = 20) -> float:
+    """Median milliseconds of one batch-1 run on zeros (inf for a model that rejects zeros: taken as heavy)."""
+    feed = zeros_feed(model.inputs)
+    try:
+        for _ in range(3):
+            model.session.run(model.output_names, feed)
+        samples = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            model.session.run(model.output_names, feed)
+            samples.append(time.perf_counter() - t0)
+    except Exception:  # a model may reject zeros (indices, say): it is not timed, and not taken as light
+        return math.inf
+    return statistics.median(samples) * 1e3
 
 
 def app_factory() -> V2App:

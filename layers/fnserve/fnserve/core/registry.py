@@ -255,13 +255,18 @@ class ModelRegistry:
         return chosen or ["CPUExecutionProvider"]
 
 
-def _warm_up(session: ort.InferenceSession, inputs: Sequence[TensorSpec], where: str) -> None:
+def zeros_feed(inputs: Sequence[TensorSpec]) -> dict[str, np.ndarray[Any, Any]]:
+    """One row of zeros (empty strings for BYTES) for each input: free dimensions taken as 1."""
     feed = {}
     for spec in inputs:
         shape = [1 if d == -1 else d for d in spec.shape]
         feed[spec.name] = np.full(shape, b"" if spec.datatype == "BYTES" else 0, dtype=spec.dtype)
+    return feed
+
+
+def _warm_up(session: ort.InferenceSession, inputs: Sequence[TensorSpec], where: str) -> None:
     try:
-        session.run(None, feed)
+        session.run(None, zeros_feed(inputs))
     except Exception as exc:  # a model may reject zeros (e.g. indices); it still serves
         logger.info("%s: warm-up run skipped: %s", where, exc)
 

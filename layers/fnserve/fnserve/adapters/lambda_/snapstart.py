@@ -11,7 +11,6 @@ kept: that is the point.
 from __future__ import annotations
 
 import random
-
 from typing import TYPE_CHECKING
 
 from fnserve.adapters.http import wire
