@@ -8,7 +8,8 @@ For each model (digits-accurate; all-MiniLM-L6-v2 int8, 64 tokens, when it has b
   threads and as one single-threaded process per core, for ``RAW_SECONDS``; the better of
   the two is the floor any server of batch-1 requests is measured against. Raw batch-16
   throughput (rows/s) is shown too: what batching could reach at best.
-- ``fnserve serve`` under wrk, 16 connections, batch-1 JSON requests: 0 workers (inference
+- ``fnserve serve`` under wrk, 16 connections, batch-1 JSON requests: the default layout
+  (chosen at start), 0 workers (inference
   in the server process), two such server processes, 1 and 2 inference workers; adaptive
   batching off and on (``max_batch_time_ms = 2``, ``max_batch_size = 16``). Each run
   follows a discarded warm-up.
@@ -42,6 +43,7 @@ LOAD_SECONDS = int(os.environ.get("BENCH_LOAD_SECONDS", "6"))
 RAW_SECONDS = float(os.environ.get("BENCH_RAW_SECONDS", "4"))
 MINILM_DIR = REPO / ".bench" / "minilm"
 CONFIGS = [  # fnserve serve options
+    [],  # the default: the layout fnserve chooses at start
     ["--workers", "0"],
     ["--processes", "2", "--workers", "0"],
     ["--workers", "1"],
@@ -166,7 +168,7 @@ def main() -> None:
                 with running(cmd, port, model=model.name, body=model.body()):
                     wrk(port, script, model.name, seconds=2)  # warm-up, discarded
                     rps, p50, p99 = wrk(port, script, model.name, seconds=LOAD_SECONDS)
-                label = f"{' '.join(options)}, batching {'on ' if batching else 'off'}"
+                label = f"{' '.join(options) or '(default layout)'}, batching {'on ' if batching else 'off'}"
                 print(
                     f"    {label:<42}{rps:8.0f} req/s  {rps / capacity:5.2f}x raw   "
                     f"p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  p99/p50 {p99 / p50:4.1f}"

@@ -1,10 +1,12 @@
-"""The server's default layout: in-process front processes for light models, a worker for heavy ones."""
+"""The server's default layout: inference in the front processes, one per CPU, as many as fit in memory."""
 
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -12,7 +14,9 @@ import numpy as np
 from fnserve.adapters.server import IN_PROCESS_MAX_MS, choose_layout
 from fnserve.core.registry import TensorSpec
 from fnserve.core.service import InferenceService
-from tests.helpers import DEMO_MANIFEST
+from tests.helpers import DEMO_MANIFEST, write_test_manifest
+
+MIB = 2**20
 
 
 @dataclass
@@ -43,6 +47,7 @@ class Model:
 class Registry:
     def __init__(self, models: dict[str, Model]) -> None:
         self.models = models
+        self.manifest = SimpleNamespace(models=[SimpleNamespace(name=n, max_batch_time_ms=None) for n in models])
 
     def names(self) -> list[str]:
         return list(self.models)
@@ -58,27 +63,50 @@ class Service:
 
 def test_the_demo_models_are_served_in_process_one_front_process_per_cpu() -> None:
     service = InferenceService.from_manifest(DEMO_MANIFEST, eager=True)
-    layout = choose_layout(service, cpus=4)
+    layout = choose_layout(service, cpus=4, process_bytes=100 * MIB, available_bytes=8192 * MIB)
     assert (layout.processes, layout.workers) == (4, 0)
     assert set(layout.batch1_ms) == set(service.registry.names())
     assert all(ms <= IN_PROCESS_MAX_MS for ms in layout.batch1_ms.values())
     assert "well under a worker round trip" in layout.why
 
 
-def test_one_heavy_model_takes_the_whole_server_to_a_worker() -> None:
+def test_a_heavy_model_is_timed_and_named_in_the_reason() -> None:
     light, heavy = Model(SlowSession(0)), Model(SlowSession(0.002))
-    layout = choose_layout(Service({"light": light, "heavy": heavy}), cpus=4)  # type: ignore[arg-type]
-    assert (layout.processes, layout.workers) == (1, 1)
+    service = Service({"light": light, "heavy": heavy})
+    layout = choose_layout(service, cpus=4, process_bytes=MIB, available_bytes=1024 * MIB)  # type: ignore[arg-type]
+    assert (layout.processes, layout.workers) == (4, 0)
     assert "'heavy' takes 2." in layout.why and layout.batch1_ms["heavy"] >= 2.0
     assert len(heavy.session.runs) > 1  # warmed, then timed
 
 
-def test_a_model_that_rejects_zeros_is_not_taken_as_light() -> None:
-    layout = choose_layout(Service({"odd": Model(SlowSession(0, rejects=True))}), cpus=2)  # type: ignore[arg-type]
-    assert (layout.processes, layout.workers) == (1, 1)
-    assert math.isinf(layout.batch1_ms["odd"]) and "cannot run on zeros" in layout.why
+def test_a_model_that_rejects_zeros_is_served_and_said_so() -> None:
+    service = Service({"odd": Model(SlowSession(0, rejects=True))})
+    layout = choose_layout(service, cpus=2, process_bytes=MIB, available_bytes=1024 * MIB)  # type: ignore[arg-type]
+    assert (layout.processes, layout.workers) == (2, 0)
+    assert math.isinf(layout.batch1_ms["odd"]) and "cannot be timed on zeros" in layout.why
 
 
 def test_explicit_threads_per_session_bound_the_front_processes() -> None:
-    layout = choose_layout(Service({"light": Model(SlowSession(0))}), cpus=8, intra_op_threads=2)  # type: ignore[arg-type]
+    service = Service({"light": Model(SlowSession(0))})
+    layout = choose_layout(service, cpus=8, intra_op_threads=2, process_bytes=MIB, available_bytes=1024 * MIB)  # type: ignore[arg-type]
     assert (layout.processes, layout.workers) == (4, 0)
+
+
+def test_no_more_front_processes_than_fit_in_memory() -> None:
+    service = Service({"big": Model(SlowSession(0))})
+    # 8 CPUs, but 1 GiB a process and 4 GiB free: 80% of it holds 3.
+    layout = choose_layout(service, cpus=8, process_bytes=1024 * MIB, available_bytes=4096 * MIB)  # type: ignore[arg-type]
+    assert layout.processes == 3 and "3 of them as fit in 80% of the free memory (1024 MiB each)" in layout.why
+    tiny = choose_layout(service, cpus=8, process_bytes=1024 * MIB, available_bytes=512 * MIB)  # type: ignore[arg-type]
+    assert tiny.processes == 1
+
+
+def test_a_model_that_batches_gets_one_front_process_with_every_cpu(tmp_path: Path) -> None:
+    manifest = write_test_manifest(tmp_path)
+    manifest.write_text(
+        manifest.read_text().replace('name = "digits-accurate"\n', 'name = "digits-accurate"\nmax_batch_time_ms = 2\n')
+    )
+    service = InferenceService.from_manifest(manifest, eager=True)
+    layout = choose_layout(service, cpus=4, process_bytes=MIB, available_bytes=1024 * MIB)
+    assert (layout.processes, layout.workers) == (1, 0)
+    assert "'digits-accurate' batches adaptively" in layout.why

@@ -8,9 +8,10 @@ which is the better choice for models so small that the hop costs more than the 
 (``make bench`` shows where that line is).
 
 Given neither (no ``--workers``, ``--processes`` or their variables), :func:`choose_layout`
-decides from the models themselves at start: every model's batch-1 run well under a worker
-round trip, inference in as many front processes as CPUs; any heavier model, one front
-process and one worker with every CPU's threads. The start log says what it chose and why.
+decides at start, from the loaded models: inference in the front processes (measured faster
+than a worker pool for light and heavy models alike on the bench machine), one with every
+CPU's threads when a model batches adaptively, else one per CPU, as many as fit in memory;
+the start log gives each model's batch-1 time and the reason.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fnserve import bootstrap
@@ -96,10 +98,18 @@ def serve(
 
 
 # A request's round trip to an inference worker (pipe, pickling, the worker's wake-up) costs
-# ~0.7 ms on the bench machine (bench_serve); a model whose batch-1 run is a small part of that
-# is served faster by the front processes themselves, one per CPU.
+# ~0.7 ms on the bench machine (bench_serve): a model whose batch-1 run is a small part of it
+# is served faster by the front processes themselves. Heavier models measured the same way
+# (MiniLM int8, bench_serve, three runs each) gave the same answer: one worker reached
+# 0.52-0.87x raw ORT capacity (the front process's HTTP and JSON take CPU from the worker),
+# inference in one front process per CPU 0.88-0.94x without adaptive batching; with it, one
+# front process with every CPU's threads 0.81-0.90x, where one per CPU split the batches and
+# swung between 0.49x and 1.01x. So the default runs inference in the front processes: one
+# per CPU (as many as fit in memory), or one when a model batches; a worker pool stays one
+# flag away (--workers).
 WORKER_ROUND_TRIP_MS = 0.7
 IN_PROCESS_MAX_MS = WORKER_ROUND_TRIP_MS / 4
+_MEMINFO = Path("/proc/meminfo")
 
 
 @dataclass(frozen=True)
@@ -112,25 +122,67 @@ class Layout:
     batch1_ms: dict[str, float]
 
 
-def choose_layout(service: InferenceService, cpus: int, intra_op_threads: int | None = None) -> Layout:
-    """In-process inference in one front process per CPU when every model is light, else one worker."""
+def choose_layout(
+    service: InferenceService,
+    cpus: int,
+    intra_op_threads: int | None = None,
+    process_bytes: int | None = None,
+    available_bytes: int | None = None,
+) -> Layout:
+    """Inference in the front processes: one when a model batches adaptively, else one per CPU (per
+    ``intra_op_threads``), as many as fit in memory.
+
+    ``process_bytes``: what one front process with every model loaded takes; ``available_bytes``:
+    the memory free for them (both read from /proc when not given; no bound where unknown).
+    """
     times = {name: batch1_ms(service.registry.get(name)) for name in service.registry.names()}
     heaviest = max(times, key=lambda name: times[name])
     slowest = times[heaviest]
+    batching = sorted(m.name for m in service.registry.manifest.models if m.max_batch_time_ms is not None)
+    if batching:
+        why = (
+            f"{', '.join(map(repr, batching))} batch{'es' if len(batching) == 1 else ''} adaptively, so one front "
+            f"process with every CPU's threads ({cpus}) runs inference: one batcher, whole batches"
+        )
+        return Layout(1, 0, why, times)
+    processes = max(1, cpus // (intra_op_threads or 1))
+    process_bytes = process_bytes if process_bytes is not None else _rss_bytes()
+    available_bytes = available_bytes if available_bytes is not None else _available_bytes()
+    fits = ""
+    if process_bytes and available_bytes is not None and processes * process_bytes > available_bytes * 0.8:
+        processes = max(1, int(available_bytes * 0.8) // process_bytes)
+        fits = f", {processes} of them as fit in 80% of the free memory ({process_bytes / 2**20:.0f} MiB each)"
     if slowest <= IN_PROCESS_MAX_MS:
-        processes = max(1, cpus // (intra_op_threads or 1))
         why = (
             f"every model's batch-1 run is well under a worker round trip (~{WORKER_ROUND_TRIP_MS} ms; "
-            f"the slowest, {heaviest!r}, takes {slowest:.3f} ms), so inference runs in the front processes, "
-            f"one per CPU ({cpus})"
+            f"the slowest, {heaviest!r}, takes {slowest:.3f} ms)"
         )
-        return Layout(processes, 0, why, times)
-    shown = "cannot run on zeros" if math.isinf(slowest) else f"takes {slowest:.2f} ms at batch 1"
-    why = (
-        f"{heaviest!r} {shown}, against a worker round trip of ~{WORKER_ROUND_TRIP_MS} ms, so one inference "
-        "worker runs the models with every CPU's threads beside the front process (HTTP, JSON, batching)"
-    )
-    return Layout(1, 1, why, times)
+    else:
+        shown = "cannot be timed on zeros" if math.isinf(slowest) else f"takes {slowest:.2f} ms at batch 1"
+        why = (
+            f"{heaviest!r} {shown}: heavy, and a worker's hop would still take CPU from inference "
+            "(--workers N puts models in worker processes)"
+        )
+    return Layout(processes, 0, f"{why}; inference runs in the front processes, one per CPU ({cpus}){fits}", times)
+
+
+def _rss_bytes() -> int | None:
+    """This process's resident memory: what a front process with every model loaded will take, about."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def _available_bytes() -> int | None:
+    try:
+        for line in _MEMINFO.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def batch1_ms(model: LoadedModel, runs: int = 20) -> float:
