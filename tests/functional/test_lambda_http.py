@@ -240,7 +240,8 @@ import json, sys
 sys.path.insert(0, {function!r})
 import app
 {call}
-print(json.dumps(sorted(m for m in ("fastapi", "starlette", "pydantic.v1", "boto3") if m in sys.modules)))
+watched = ("fastapi", "starlette", "pydantic.v1", "pydantic_settings", "boto3", "asyncio")
+print(json.dumps(sorted(m for m in watched if m in sys.modules)))
 """
 API_CALL = """
 from fnserve.adapters.local.events import LambdaContext
@@ -254,13 +255,14 @@ assert app.handler(event, LambdaContext())["statusCode"] == 200
     [
         # The API function's first inference answers before FastAPI is imported (~140 ms of a cold
         # start); the first other request builds it.
-        ("api", API_CALL.format(event=str(REPO / "events" / "api-http-infer.json")), []),
+        ("api", API_CALL.format(event=str(REPO / "events" / "api-http-infer.json")), ["asyncio"]),
         (
             "api",
             API_CALL.format(event=str(REPO / "events" / "api-http-metadata.json")),
-            ["fastapi", "pydantic.v1", "starlette"],
+            ["asyncio", "fastapi", "pydantic.v1", "starlette"],
         ),
-        # The batch function's init needs neither FastAPI nor boto3 (its clients are made on first use).
+        # The batch function's init needs no FastAPI, no asyncio (it has no event loop) and no boto3
+        # (its clients are made on first use).
         ("batch", "", []),
     ],
 )

@@ -70,6 +70,25 @@ def test_settings_read_fnserve_environment(monkeypatch: pytest.MonkeyPatch) -> N
     assert settings.eager_load is True
 
 
+def test_constructor_values_beat_the_environment_and_both_count_as_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FNSERVE_MANIFEST", "/from/env.toml")
+    monkeypatch.setenv("fnserve_access_log", "yes")  # names are case-insensitive, as pydantic-settings read them
+    monkeypatch.setenv("FNSERVE_RESULT_ID_KEY", "s3cret")
+    monkeypatch.setenv("FNSERVE_NOT_A_SETTING", "ignored")
+    settings = Settings(manifest="/given.toml")
+    assert settings.manifest == "/given.toml" and settings.access_log is True
+    assert settings.result_id_key is not None and settings.result_id_key.get_secret_value() == "s3cret"
+    assert "s3cret" not in repr(settings)
+    assert {"manifest", "access_log", "result_id_key"} <= settings.model_fields_set
+    assert "parallel_workers" not in settings.model_fields_set  # what `fnserve serve` chooses by itself
+
+
+def test_a_bad_environment_value_is_refused_naming_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FNSERVE_MAX_REQUEST_BYTES", "lots")
+    with pytest.raises(ValidationError, match="max_request_bytes"):
+        Settings()
+
+
 def test_oversubscribing_threads_is_refused_naming_both_fields(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_cpus, "available_cpus", lambda: 4)
     monkeypatch.setattr("fnserve.settings.available_cpus", lambda: 4)

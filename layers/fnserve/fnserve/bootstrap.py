@@ -19,7 +19,6 @@ from fnserve.aws.results import DynamoCacheBackend, DynamoResultStore
 from fnserve.aws.s3 import fetch_model, get_bytes, split_uri
 from fnserve.core.cache import CircuitBreaker, ResultCache
 from fnserve.core.cascade import CascadeRunner
-from fnserve.core.dataplane import DataPlane
 from fnserve.core.followups import FollowupIds, ResultLookup
 from fnserve.core.manifest import load_manifest
 from fnserve.core.processor import JobProcessor
@@ -29,6 +28,7 @@ from fnserve.core.service import InferenceService
 from fnserve.settings import AwsSettings, InferenceSettings, Settings
 
 if TYPE_CHECKING:
+    from fnserve.core.dataplane import DataPlane
     from fnserve.workers.pool import WorkerPool
 
 
@@ -99,6 +99,8 @@ def build_dataplane(
 
     Without ``service`` and ``store``, both are built from the settings.
     """
+    from fnserve.core.dataplane import DataPlane  # and asyncio: not on the batch functions' path
+
     if store is None and service is None:
         store = result_store(settings, for_requests=True)
     service = service or build_service(settings, store)

@@ -12,7 +12,6 @@ cascade keeps results), ``unknown`` (never minted here, nothing stored).
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import os
@@ -110,6 +109,8 @@ class ResultLookup:
 
         Reads back off (50 ms doubling to 1 s): a 20 s wait costs about 25 reads, not hundreds.
         """
+        import asyncio  # here: the batch functions, which have no event loop, never import it
+
         deadline = time.monotonic() + seconds
         delay = 0.05
         while True:
