@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -132,3 +134,16 @@ def aws(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Aws]:
     queue_url, dlq_url = create_resources("fnserve-results", "fnserve-payloads", "fnserve-jobs")
     yield Aws(moto_url, "fnserve-results", "fnserve-payloads", queue_url, dlq_url)
     aws_clients.reset()
+
+
+@pytest.fixture
+def log_stream() -> Iterator[io.StringIO]:
+    """What fnserve's Powertools logger writes (its handler bound stdout at import)."""
+    from fnserve.adapters.logs import logger
+
+    stream = io.StringIO()
+    handler = logger.registered_handler
+    assert isinstance(handler, logging.StreamHandler)
+    old = handler.setStream(stream)
+    yield stream
+    handler.setStream(old)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,18 +30,6 @@ BODY = {"inputs": [{"name": "input", "shape": [3, 64], "datatype": "FP32", "data
 @pytest.fixture(scope="module")
 def plane() -> DataPlane:
     return DataPlane(InferenceService.from_manifest(DEMO_MANIFEST, eager=True))
-
-
-@pytest.fixture
-def log_stream() -> Iterator[io.StringIO]:
-    from fnserve.adapters.logs import logger
-
-    stream = io.StringIO()
-    handler = logger.registered_handler
-    assert isinstance(handler, logging.StreamHandler)
-    old = handler.setStream(stream)
-    yield stream
-    handler.setStream(old)
 
 
 def call(plane: DataPlane, path: str, root_path: str = "", **kwargs: Any) -> httpx.Response:

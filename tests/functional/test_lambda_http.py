@@ -6,9 +6,8 @@ import base64
 import importlib.util
 import io
 import json
-import logging
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -173,19 +172,6 @@ def test_the_server_is_read_from_any_host_as_rfc_3986_does(
 
 def _log_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
-
-
-@pytest.fixture
-def log_stream() -> Iterator[io.StringIO]:
-    """What fnserve's Powertools logger writes (its handler bound stdout at import)."""
-    from fnserve.adapters.logs import logger
-
-    stream = io.StringIO()
-    handler = logger.registered_handler
-    assert isinstance(handler, logging.StreamHandler)
-    old = handler.setStream(stream)
-    yield stream
-    handler.setStream(old)
 
 
 def test_logs_and_emf_metrics_carry_the_request(
