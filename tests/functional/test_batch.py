@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,9 @@ def digits_input(**changes: Any) -> dict[str, Any]:
     return {"name": "input", "shape": [1, 64], "datatype": "FP32", "data": DIGITS[0].tolist(), **changes}
 
 
+BINARY_INPUT = {"name": "input", "shape": [1, 64], "datatype": "FP32", "parameters": {"binary_data_size": 256}}
+
+
 def raw_job(job_id: str, **fields: Any) -> str:
     return json.dumps({"id": job_id, "model": "digits-accurate", **fields})
 
@@ -108,6 +112,21 @@ POISON = {
         "UINT64 data must be numbers, got true/false",
     ),
     "fp32-overflow": (raw_job("p-inf", inputs=[digits_input(data=[1e39] * 64)]), "values out of range for FP32"),
+    # Tensors in binary_data (what fnserve submit sends).
+    "binary-not-base64": (raw_job("p-b64", inputs=[BINARY_INPUT], binary_data="not base64!"), "not valid base64"),
+    "binary-not-a-string": (raw_job("p-b64s", inputs=[BINARY_INPUT], binary_data=256), "must be a base64 string"),
+    "binary-too-short": (
+        raw_job("p-short", inputs=[BINARY_INPUT], binary_data=base64.b64encode(bytes(100)).decode()),
+        "claims 256 binary bytes but only 100 remain",
+    ),
+    "binary-too-long": (
+        raw_job("p-long", inputs=[BINARY_INPUT], binary_data=base64.b64encode(bytes(260)).decode()),
+        "4 bytes of binary data follow the JSON but no input claims them",
+    ),
+    "binary-and-payload": (
+        raw_job("p-both", inputs=[BINARY_INPUT], binary_data="", payload={"uri": "s3://fnserve-payloads/x"}),
+        "in 'payload' or in 'binary_data', not both",
+    ),
 }
 # No id to store a reason under: reported, so SQS keeps the message (and moves it to the DLQ).
 ANONYMOUS_POISON = {
@@ -252,7 +271,9 @@ def test_submit_handler_results_round_trip(aws: Aws, manifest: Path, tmp_path: P
     pending = runner.invoke(app, ["results", str(ids), "--table", aws.table, "-o", str(tmp_path / "r.jsonl")])
     assert "done 0, failed 0, pending 13" in pending.output
     handler = create_handler(settings=settings(aws, manifest))
-    assert handler(received_event(aws, 13), LambdaContext()) == {"batchItemFailures": []}
+    event = received_event(aws, 13)
+    assert all("binary_data" in json.loads(r["body"]) for r in event["Records"])  # submit's default form
+    assert handler(event, LambdaContext()) == {"batchItemFailures": []}
     result = runner.invoke(app, ["results", str(ids), "--table", aws.table, "-o", str(tmp_path / "r.npz")])
     assert "done 13, failed 0, pending 0" in result.output, result.output
     stored = np.load(tmp_path / "r.npz")
@@ -368,6 +389,35 @@ def test_a_bad_value_inside_a_uniform_group_fails_only_its_job(aws: Aws, manifes
     assert sorted(found.done) == ["u-0", "u-1", "u-3", "u-5"]
     assert "FP32 data must be numbers, got strings" in found.failed["u-2"]
     assert "needs 64 elements, data has 63" in found.failed["u-4"]
+
+
+def test_bad_binary_jobs_inside_a_uniform_binary_group_fail_only_themselves(aws: Aws, manifest: Path) -> None:
+    handler = create_handler(settings=settings(aws, manifest))
+    messages = [job_message(f"b-{i}", "digits-accurate", {"input": DIGITS[i : i + 1]}, binary=True) for i in range(6)]
+    # Same structure as their neighbours (so stacked with them), 252 and 260 bytes where 256 are
+    # declared: together the right total, so only a per-job check keeps the rows from shifting.
+    messages[3]["binary_data"] = base64.b64encode(DIGITS[3:4].astype(np.float32).tobytes()[:252]).decode()
+    messages[4]["binary_data"] = base64.b64encode(DIGITS[4:5].astype(np.float32).tobytes() + bytes(4)).decode()
+    assert handler(sqs_event([json.dumps(m) for m in messages]), LambdaContext()) == {"batchItemFailures": []}
+    found = jobsclient.fetch_results(aws.table, [f"b-{i}" for i in range(6)])
+    assert sorted(found.done) == ["b-0", "b-1", "b-2", "b-5"]
+    assert "claims 256 binary bytes but only 252 remain" in found.failed["b-3"]
+    assert "4 bytes of binary data follow the JSON" in found.failed["b-4"]
+    for i in (0, 1, 2, 5):
+        np.testing.assert_array_equal(found.done[f"b-{i}"]["label"], labels(DIGITS[i : i + 1]))
+
+
+def test_binary_and_json_jobs_give_the_same_results(aws: Aws, manifest: Path) -> None:
+    handler = create_handler(settings=settings(aws, manifest))
+    x = {"input": DIGITS[:3]}
+    bodies = [
+        json.dumps(job_message("as-json", "digits-accurate", x)),
+        json.dumps(job_message("as-binary", "digits-accurate", x, binary=True)),
+    ]
+    assert handler(sqs_event(bodies), LambdaContext()) == {"batchItemFailures": []}
+    found = jobsclient.fetch_results(aws.table, ["as-json", "as-binary"])
+    for name in ("label", "probabilities"):
+        np.testing.assert_array_equal(found.done["as-json"][name], found.done["as-binary"][name])
 
 
 def test_a_partly_stored_redelivered_group_runs_only_the_rest(aws: Aws, manifest: Path) -> None:

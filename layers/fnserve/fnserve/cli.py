@@ -349,6 +349,14 @@ def submit(
     rows_per_job: Annotated[int, typer.Option(min=1, help="Rows of .npy/.npz data in each job.")] = 1,
     prefix: Annotated[str | None, typer.Option(help="Job id prefix (default: a new random one).")] = None,
     ids_file: Annotated[Path | None, typer.Option("--ids", help="Write the job ids here, one per line.")] = None,
+    json_data: Annotated[
+        bool,
+        typer.Option(
+            "--json-data",
+            help="Send .npy/.npz tensors as JSON numbers instead of binary (base64 binary_data, the default: "
+            "exact, and smaller for real-valued data).",
+        ),
+    ] = False,
 ) -> None:
     """Enqueue inference jobs (10 per SendMessageBatch) and list their ids."""
     from rich.progress import Progress
@@ -363,6 +371,7 @@ def submit(
             rows_per_job=rows_per_job,
             version=version,
             prefix=prefix or jobsclient.new_prefix(),
+            binary=not json_data,
         )
     )
     try:

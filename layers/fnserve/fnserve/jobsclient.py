@@ -23,9 +23,17 @@ SEND_BATCH = 10
 
 
 def jobs_from_file(
-    path: Path, model: str, *, input_name: str, rows_per_job: int, version: str | None, prefix: str
+    path: Path,
+    model: str,
+    *,
+    input_name: str,
+    rows_per_job: int,
+    version: str | None,
+    prefix: str,
+    binary: bool = True,
 ) -> Iterator[dict[str, Any]]:
-    """Job messages from .npy / .npz (split by rows) or .jsonl (one V2 request per line)."""
+    """Job messages from .npy / .npz (split by rows; tensors in binary unless not ``binary``) or .jsonl
+    (one V2 request per line, as written)."""
     if path.suffix == ".jsonl":
         with path.open("rb") as lines:
             for n, line in enumerate(lines):
@@ -53,7 +61,7 @@ def jobs_from_file(
     total = rows.pop()
     for n, start in enumerate(range(0, total, rows_per_job)):
         chunk = {k: v[start : start + rows_per_job] for k, v in arrays.items()}
-        yield job_message(f"{prefix}-{n:06d}", model, chunk, version=version)
+        yield job_message(f"{prefix}-{n:06d}", model, chunk, version=version, binary=binary)
 
 
 @dataclass

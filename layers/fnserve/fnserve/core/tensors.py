@@ -279,7 +279,7 @@ def encode_response(
     for name, array in outputs.items():
         datatype = v2_datatype(array.dtype)
         if request.wants_binary(name):
-            blob = _to_binary(array, datatype)
+            blob = binary_tensor(array, datatype)
             tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
             tensor["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
@@ -312,7 +312,8 @@ def _to_json(name: str, array: np.ndarray[Any, Any], datatype: str) -> Any:
     return np.ascontiguousarray(array).ravel()
 
 
-def _to_binary(array: np.ndarray[Any, Any], datatype: str) -> bytes:
+def binary_tensor(array: np.ndarray[Any, Any], datatype: str) -> bytes:
+    """The binary tensor extension's bytes of ``array``: little-endian, C order; BYTES length-prefixed."""
     if datatype == "BYTES":
         parts = []
         for v in array.ravel():
@@ -334,7 +335,7 @@ def pack_arrays(arrays: Mapping[str, np.ndarray[Any, Any]]) -> bytes:
     blobs = []
     for name, array in arrays.items():
         datatype = v2_datatype(array.dtype)
-        blob = _to_binary(array, datatype)
+        blob = binary_tensor(array, datatype)
         spec.append((name, datatype, array.shape, len(blob)))
         blobs.append(blob)
     return b"".join([_packed_header(tuple(spec)), *blobs])
