@@ -136,6 +136,23 @@ def test_without_workers_inference_runs_in_the_server_process(batched_manifest: 
         assert response.json()["outputs"][0]["data"] == session.run(["label"], {"input": DIGITS[i : i + 1]})[0].tolist()
 
 
+def test_the_default_layout_for_a_batching_model_is_one_process_that_loads_each_model_once(
+    batched_manifest: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "serve.log"
+    proc, url = start_server(["-m", str(batched_manifest)], log)
+    try:
+        response = httpx.post(f"{url}/v2/models/digits-accurate/infer", json=body(DIGITS[:2]), timeout=30)
+        assert response.status_code == 200, response.text
+        text = log.read_text()
+        assert "serving layout: 1 front process(es), 0 inference worker(s) each: 'digits-accurate' batches" in text
+        # Loaded (and timed) once at start, then served by the same process: not loaded again.
+        assert text.count("loaded model 'digits-accurate' version '1'") == 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_a_model_that_cannot_load_keeps_the_server_from_starting(tmp_path: Path) -> None:
     manifest = write_test_manifest(tmp_path)
     zeros = 'sha256 = "' + "0" * 64 + '"'

@@ -61,10 +61,11 @@ def serve(
         "log_level": "warning",
     }
     auto = not {"parallel_workers", "server_processes"} & settings.model_fields_set
+    checked: InferenceService | None = None
     if auto or settings.server_processes > 1:
-        # Every model is loaded here once, and dropped: one that cannot load stops the start with
-        # its reason, instead of uvicorn's supervisor restarting front processes that cannot start.
-        checked = bootstrap.build_service(settings)
+        # Every model is loaded here once: one that cannot load stops the start with its reason,
+        # instead of uvicorn's supervisor restarting front processes that cannot start.
+        checked = bootstrap.build_service(settings, bootstrap.result_store(settings, for_requests=True))
         if auto:
             layout = choose_layout(checked, available_cpus(), settings.intra_op_threads)
             settings = settings.model_copy(
@@ -86,8 +87,10 @@ def serve(
             os.environ.update(settings_env(settings))  # how the settings reach the front processes
             uvicorn.run(f"{__name__}:app_factory", factory=True, workers=settings.server_processes, **options)
             return
-        del checked
-    app = front(settings)
+    # One front process: running inference itself, it serves the models loaded (and timed) above.
+    loaded = checked if settings.parallel_workers == 0 else None
+    del checked
+    app = front(settings, loaded)
     try:
         if on_ready is not None:
             on_ready(app.state.plane.service, settings)
@@ -206,11 +209,12 @@ def app_factory() -> V2App:
     return front(Settings())
 
 
-def front(settings: Settings) -> V2App:
-    """A front process's app, with its inference workers started (none with ``parallel_workers = 0``)."""
+def front(settings: Settings, service: InferenceService | None = None) -> V2App:
+    """A front process's app, with its inference workers started (none with ``parallel_workers = 0``);
+    ``service``: one already loaded in this process, for inference here."""
     pool = inference_pool(settings) if settings.parallel_workers else None
     try:
-        app = build_app(settings, pool)
+        app = build_app(settings, pool, service)
     except BaseException:
         if pool is not None:
             pool.close()
@@ -247,10 +251,11 @@ def inference_pool(settings: Settings) -> WorkerPool:
     return WorkerPool(spec, settings.parallel_workers).start()
 
 
-def build_app(settings: Settings, pool: WorkerPool | None = None) -> V2App:
-    """The server's app: models in ``pool``'s workers, or in this process when there is no pool."""
+def build_app(settings: Settings, pool: WorkerPool | None = None, service: InferenceService | None = None) -> V2App:
+    """The server's app: models in ``pool``'s workers, or in this process when there is no pool (``service``,
+    when they are loaded already)."""
     store = bootstrap.result_store(settings, for_requests=True)
-    service = bootstrap.build_service(settings, store, pool)
+    service = service or bootstrap.build_service(settings, store, pool)
     # Blocking calls wait in threads when there are any: models in workers, DynamoDB, SQS follow-ups.
     blocking = pool is not None or store is not None or bool(service.registry.manifest.cascades)
     plane = bootstrap.build_dataplane(settings, service=service, store=store, batching=True, offload=blocking)
