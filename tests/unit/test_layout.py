@@ -79,6 +79,13 @@ def test_a_heavy_model_is_timed_and_named_in_the_reason() -> None:
     assert len(heavy.session.runs) > 1  # warmed, then timed
 
 
+def test_a_slow_model_is_timed_within_a_budget_not_twenty_runs() -> None:
+    slow = Model(SlowSession(0.05))
+    layout = choose_layout(Service({"slow": slow}), cpus=2, process_bytes=MIB, available_bytes=1024 * MIB)  # type: ignore[arg-type]
+    assert 2 <= len(slow.session.runs) <= 8  # one warm-up, then timed runs until ~0.25 s have passed
+    assert layout.batch1_ms["slow"] >= 50
+
+
 def test_a_model_that_rejects_zeros_is_served_and_said_so() -> None:
     service = Service({"odd": Model(SlowSession(0, rejects=True))})
     layout = choose_layout(service, cpus=2, process_bytes=MIB, available_bytes=1024 * MIB)  # type: ignore[arg-type]

@@ -188,18 +188,22 @@ def _available_bytes() -> int | None:
     return None
 
 
-def batch1_ms(model: LoadedModel, runs: int = 20) -> float:
-    """Median milliseconds of one batch-1 run on zeros (inf for a model that rejects zeros: taken as heavy)."""
+def batch1_ms(model: LoadedModel, runs: int = 20, budget_seconds: float = 0.25) -> float:
+    """Median milliseconds of a batch-1 run on zeros (inf for a model that rejects zeros).
+
+    One run to warm up, then up to ``runs`` timed ones within ``budget_seconds`` (at least one):
+    a heavy model adds about a quarter of a second to the start, not twenty of its runs.
+    """
     feed = zeros_feed(model.inputs)
     try:
-        for _ in range(3):
-            model.session.run(model.output_names, feed)
-        samples = []
-        for _ in range(runs):
+        model.session.run(model.output_names, feed)
+        samples: list[float] = []
+        deadline = time.perf_counter() + budget_seconds
+        while len(samples) < runs and (not samples or time.perf_counter() < deadline):
             t0 = time.perf_counter()
             model.session.run(model.output_names, feed)
             samples.append(time.perf_counter() - t0)
-    except Exception:  # a model may reject zeros (indices, say): it is not timed, and not taken as light
+    except Exception:  # a model may reject zeros (indices, say): it is not timed
         return math.inf
     return statistics.median(samples) * 1e3
 
