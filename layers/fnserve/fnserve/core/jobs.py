@@ -271,7 +271,7 @@ def _binary_data(value: Any) -> bytes:
 def _binary_columns(tensors: tuple[Any, ...], members: list[tuple[int, dict[str, Any]]]) -> np.ndarray[Any, Any]:
     """Every job's ``binary_data`` decoded, one row of bytes a job (an error: the group is parsed job by job)."""
     width = sum(size for *_, size in tensors)
-    raw = [binascii.a2b_base64(doc["binary_data"], strict_mode=True) for _, doc in members]
+    raw = [_binary_data(doc["binary_data"]) for _, doc in members]
     if any(len(chunk) != width for chunk in raw):
         raise InvalidInput("not stackable")
     return np.frombuffer(b"".join(raw), dtype=np.uint8).reshape(len(members), width)
