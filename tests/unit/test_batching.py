@@ -197,3 +197,34 @@ def test_while_every_slot_is_busy_the_backlog_forms_the_next_batch() -> None:
 
     run(main())
     assert model.sizes == [1, 3]  # the three that queued meanwhile ran as one batch
+
+
+def test_a_request_whose_caller_went_away_is_not_computed() -> None:
+    gate = asyncio.Event()
+    batches: list[Arrays] = []
+
+    async def model(feed: Arrays) -> Arrays:
+        batches.append(feed)
+        await gate.wait()
+        return {"y": feed["x"] * 2}
+
+    async def main() -> tuple[Arrays, bool]:
+        batcher = AdaptiveBatcher(model, max_batch_size=8, max_batch_time=0)
+        first = asyncio.create_task(batcher.predict({"x": np.full((1, 1), 1.0)}))
+        while not batches:  # the first batch is running: the next requests queue behind it
+            await asyncio.sleep(0)
+        gone = asyncio.create_task(batcher.predict({"x": np.full((1, 1), 2.0)}))
+        kept = asyncio.create_task(batcher.predict({"x": np.full((1, 1), 3.0)}))
+        while batcher._queues[0].qsize() < 2:
+            await asyncio.sleep(0)
+        gone.cancel()  # its deadline passed, say
+        gate.set()
+        await first
+        out, _ = await kept
+        await batcher.close()
+        return out, gone.cancelled()
+
+    out, cancelled = run(main())
+    assert cancelled
+    np.testing.assert_array_equal(out["y"], [[6.0]])
+    assert [b["x"].ravel().tolist() for b in batches] == [[1.0], [3.0]]  # 2.0 never ran

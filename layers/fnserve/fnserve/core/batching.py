@@ -7,8 +7,10 @@ variable-length inputs padded up to their bucket's length so that padding stays 
 outputs are split back by each request's rows, with a check that they split exactly. An
 error fails every request of its batch, and nothing else. Up to ``max_concurrent`` batches
 of a length bucket run at once (one per worker process); while all are busy, requests queue,
-and the next batch takes whatever has queued, up to ``max_batch_size``, without waiting further. asyncio objects
-are made inside the running loop, on first use, never at import.
+and the next batch takes whatever has queued, up to ``max_batch_size``, without waiting further. A request
+whose caller has gone (its future cancelled: a gRPC deadline, a client that hung up) before its
+batch forms is dropped, not computed. asyncio objects are made inside the running loop, on first
+use, never at import.
 """
 
 from __future__ import annotations
@@ -109,6 +111,8 @@ class AdaptiveBatcher:
             await slots.acquire()  # a batch is formed only when it can run at once
             first = carried or await queue.get()
             carried = None
+            while first.future.done():  # its caller went away (a deadline, a disconnect): not computed
+                first = await queue.get()
             batch, rows = [first], first.rows
             deadline = first.arrived + self.max_batch_time
             while rows < self.max_batch_size:
@@ -119,6 +123,8 @@ class AdaptiveBatcher:
                     item = queue.get_nowait() if left <= 0 else await asyncio.wait_for(queue.get(), left)
                 except (TimeoutError, asyncio.QueueEmpty):
                     break
+                if item.future.done():
+                    continue
                 if rows + item.rows > self.max_batch_size:
                     carried = item  # it would overflow: run what we have; it starts the next batch
                     break
