@@ -13,7 +13,7 @@ PY312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12
 	$$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$c; break; }; done)
 SAM := SAM_CLI_TELEMETRY=0 PATH="$(dir $(PY312)):$$PATH" $(SAM_VENV)/bin/sam
 
-.PHONY: setup run serve test lint sam-build sam-check bench bench-models models clean
+.PHONY: setup run serve test lint sam-build sam-check bench bench-models models grpc-stubs clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fnserve needs Python >= 3.11"'
@@ -74,6 +74,7 @@ bench: setup bench-models
 	$(PY) -m tests.bench.bench_http
 	$(PY) -m tests.bench.bench_cold
 	$(PY) -m tests.bench.bench_serve
+	$(PY) -m tests.bench.bench_grpc
 	$(PY) -m tests.bench.bench_local
 	$(PY) -m tests.bench.bench_sqs
 	$(PY) -m tests.bench.bench_cascade
@@ -101,6 +102,17 @@ bench-models: $(MINILM)/minilm-int8.onnx
 
 models: setup
 	$(PY) infra/models/build_demo_models.py layers/models/models
+
+# The gRPC stubs of the Open Inference Protocol are committed (runtime installs need no protoc, and
+# mypy reads the .pyi); this regenerates them after the .proto changes. The messages go to a
+# descriptor pool of their own, not protobuf's default one: tritonclient.grpc registers the same
+# names ("inference.ModelInferRequest"), and both in one process would fail with "duplicate symbol".
+# tests/unit/test_grpc_codec.py fails when the committed stubs no longer describe the .proto.
+GRPC_PROTO := fnserve/adapters/grpc/proto/open_inference_grpc.proto
+grpc-stubs: setup
+	cd layers/fnserve && ../../$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. $(GRPC_PROTO)
+	sed -i 's/^DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile/POOL = _descriptor_pool.DescriptorPool()  # fnserve: its own pool\nDESCRIPTOR = POOL.AddSerializedFile/' \
+		layers/fnserve/$(GRPC_PROTO:.proto=_pb2.py)
 
 clean:
 	rm -rf $(VENV) $(SAM_VENV) $(EXPORT_VENV) .bench .aws-sam .pytest_cache .mypy_cache .ruff_cache

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+import onnx.numpy_helper
 from onnx import TensorProto, helper
 
 from fnserve.core.results import ResultRecord
@@ -42,6 +43,33 @@ def scale_model() -> onnx.ModelProto:
             helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
             helper.make_tensor("one", TensorProto.INT64, [], [1]),
         ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def slow_model(width: int = 1024, layers: int = 100) -> onnx.ModelProto:
+    """x: FP32 [N, 8] -> y: FP32 [N], the mean of ``layers`` MatMul + Tanh of width ``width``: ~0.2 GFLOP a
+    row at the defaults, so N (in a small request, for a small answer) sets how long a call runs."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    first = (rng.standard_normal((8, width)) / np.sqrt(8)).astype(np.float32)
+    weight = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+    nodes, previous = [helper.make_node("MatMul", ["x", "w0"], ["h"])], "h"
+    for i in range(layers):
+        nodes.append(helper.make_node("MatMul", [previous, "w"], [f"m{i}"]))
+        previous = f"t{i}"
+        nodes.append(helper.make_node("Tanh", [f"m{i}"], [previous]))
+    nodes.append(helper.make_node("ReduceMean", [previous], ["y"], axes=[1], keepdims=0))
+    graph = helper.make_graph(
+        nodes,
+        "slow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"])],
+        initializer=[onnx.numpy_helper.from_array(first, "w0"), onnx.numpy_helper.from_array(weight, "w")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -17,7 +19,7 @@ import httpx
 import pytest
 
 from fnserve.aws import clients as aws_clients
-from tests.helpers import write_test_manifest
+from tests.helpers import slow_model, write_test_manifest
 from tests.moto import aws_env, free_port, moto_server
 from tests.moto import reset as reset_moto
 
@@ -76,6 +78,43 @@ def start_server(
         proc.wait()
         raise
     return proc, url
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen[bytes]
+    address: str  # gRPC host:port
+    log: Path
+
+
+def serve_with_grpc(directory: Path, options: tuple[str, ...] = ("--workers", "1", "--processes", "1")) -> Served:
+    """``fnserve serve --grpc-port`` on the test models, the demo cascade and a slow model."""
+    manifest = write_test_manifest(directory, cascade=True)
+    data = slow_model().SerializeToString()
+    (directory / "slow.onnx").write_bytes(data)
+    # One runtime call (one job in the worker) however many rows: no chunks of max_batch_size.
+    slow = '[[models]]\nname = "slow"\npath = "slow.onnx"\nmax_batch_size = 100000\n'
+    slow += f'sha256 = "{hashlib.sha256(data).hexdigest()}"\n'
+    manifest.write_text(slow + manifest.read_text())
+    port = free_port()
+    log = directory / "serve.log"
+    env = {**os.environ, "FNSERVE_MAX_REQUEST_BYTES": str(MAX_REQUEST_BYTES)}
+    proc, _ = start_server(["-m", str(manifest), "--grpc-port", str(port), *options], log, env=env, new_session=True)
+    return Served(proc, f"127.0.0.1:{port}", log)
+
+
+def stop(served: Served) -> None:
+    if served.proc.poll() is None:
+        os.killpg(served.proc.pid, signal.SIGTERM)
+        served.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def grpc_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """A server with HTTP and gRPC, one inference worker, the test models, the demo cascade and a slow model."""
+    served = serve_with_grpc(tmp_path_factory.mktemp("grpc"))
+    yield served
+    stop(served)
 
 
 @pytest.fixture

@@ -18,12 +18,18 @@ def test_readme_has_python_examples() -> None:
 
 @pytest.mark.parametrize("code", BLOCKS)
 def test_readme_python_example_runs(
-    code: str, server: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    code: str,
+    server: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("FNSERVE_MANIFEST", str(DEMO_MANIFEST))
     monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "fnserve")
     code = code.replace("127.0.0.1:8080", server.removeprefix("http://"))
+    if "127.0.0.1:8081" in code:  # the gRPC examples: a server with --grpc-port
+        code = code.replace("127.0.0.1:8081", request.getfixturevalue("grpc_served").address)
     namespace: dict[str, object] = {}
     exec(compile(code, "README.md", "exec"), namespace)
     if "print(" in code:

@@ -259,11 +259,20 @@ def serve(
             "else 1 when --workers is given); more than one pays for tiny models, whose cost is HTTP and JSON.",
         ),
     ] = None,
+    grpc_port: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="Also serve the Open Inference Protocol over gRPC on this port (default FNSERVE_GRPC_PORT; "
+            "off when unset). Needs fnserve[grpc].",
+        ),
+    ] = None,
     access_log: Annotated[
         bool, typer.Option("--access-log", help="One structured log line per request (costly at high rates).")
     ] = False,
 ) -> None:
-    """Serve the manifest's models over the V2 HTTP API (uvicorn), as in a container."""
+    """Serve the manifest's models over the V2 HTTP API (uvicorn), and gRPC with --grpc-port, as in a container."""
     import os
 
     from pydantic import ValidationError
@@ -276,6 +285,8 @@ def serve(
         overrides["parallel_workers"] = workers
     if processes is not None:
         overrides["server_processes"] = processes
+    if grpc_port is not None:
+        overrides["grpc_port"] = grpc_port
     if access_log or "FNSERVE_ACCESS_LOG" not in os.environ:
         overrides["access_log"] = access_log
     try:
@@ -300,17 +311,24 @@ def _serve_banner(host: str, port: int, service: InferenceService, settings: Set
     typer.echo(f"fnserve: {len(service.registry.names())} models on {url}, {where}; Ctrl-C stops.")
     typer.echo(f"  metadata  curl -s {url}/v2/models/{name}")
     typer.echo(f"  infer     curl -s {url}/v2/models/{name}/infer -d '{_example_request(meta)}'")
+    typer.echo("  python    " + _triton_lines("tritonclient.http", f"{host}:{port}", name, meta, "binary_data=True"))
+    if settings.grpc_port is not None:
+        address = f"{settings.grpc_host}:{settings.grpc_port}"
+        typer.echo(f"  gRPC      {address}: " + _triton_lines("tritonclient.grpc", address, name, meta, ""))
+
+
+def _triton_lines(module: str, address: str, name: str, meta: dict[str, Any], options: str) -> str:
+    """One line of Python that sends ``name`` a request of zeros with tritonclient's ``module``."""
     inputs = "; ".join(
         f"i{n} = t.InferInput('{spec['name']}', {_one_row(spec['shape'])}, '{spec['datatype']}'); "
-        f"i{n}.set_data_from_numpy(np.zeros({_one_row(spec['shape'])}, '{_numpy_name(spec['datatype'])}'), "
-        "binary_data=True)"
+        f"i{n}.set_data_from_numpy(np.zeros({_one_row(spec['shape'])}, '{_numpy_name(spec['datatype'])}')"
+        f"{', ' + options if options else ''})"
         for n, spec in enumerate(meta["inputs"])
     )
-    typer.echo(
-        "  python    import numpy as np, tritonclient.http as t; "
-        f"c = t.InferenceServerClient('{host}:{port}'); "
+    return (
+        f"import numpy as np, {module} as t; c = t.InferenceServerClient('{address}'); "
         f"{inputs}; r = c.infer('{name}', [{', '.join(f'i{n}' for n in range(len(meta['inputs'])))}]); "
-        f"print(r.get_response())"
+        "print(r.get_response())"
     )
 
 

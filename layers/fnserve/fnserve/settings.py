@@ -111,7 +111,17 @@ class ServerSettings(EnvSettings):
         default=60.0,
         gt=0,
         description="Longest inference call in a server's worker process: past it the worker is replaced "
-        "and the request answered with 504.",
+        "and the request answered with 504 (and the grace a gRPC call in flight gets at shutdown).",
+    )
+    grpc_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Port of the Open Inference Protocol's gRPC service beside HTTP (needs fnserve[grpc]); "
+        "unset: no gRPC. Its largest request is max_request_bytes (RESOURCE_EXHAUSTED beyond).",
+    )
+    grpc_host: str = Field(
+        default="127.0.0.1", description="Address the gRPC service listens on (fnserve serve: the HTTP --host)."
     )
 
     @property

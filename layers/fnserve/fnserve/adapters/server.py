@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from fnserve import bootstrap
-from fnserve.adapters.http.app import V2App, create_app
+from fnserve.adapters.http.app import Companion, V2App, create_app
 from fnserve.adapters.logs import logger
 from fnserve.core._cpus import available_cpus
 from fnserve.core._heap import freeze_heap
+from fnserve.core.dataplane import DataPlane
+from fnserve.core.errors import ConfigError
 from fnserve.core.registry import LoadedModel, zeros_feed
 from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
@@ -51,7 +53,10 @@ def serve(
     """
     import uvicorn
 
-    settings = bootstrap.with_local_manifest(settings.model_copy(update={"eager_load": True}))
+    update: dict[str, Any] = {"eager_load": True}
+    if "grpc_host" not in settings.model_fields_set:
+        update["grpc_host"] = host  # gRPC listens where HTTP does, unless told otherwise
+    settings = bootstrap.with_local_manifest(settings.model_copy(update=update))
     options: dict[str, Any] = {
         "host": host,
         "port": port,
@@ -240,6 +245,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
     }
     if settings.intra_op_threads is not None:
         env["FNSERVE_INTRA_OP_THREADS"] = str(settings.intra_op_threads)
+    if settings.grpc_port is not None:
+        env["FNSERVE_GRPC_PORT"] = str(settings.grpc_port)
+        env["FNSERVE_GRPC_HOST"] = settings.grpc_host
     return env
 
 
@@ -255,6 +263,24 @@ def inference_pool(settings: Settings) -> WorkerPool:
     return WorkerPool(spec, settings.parallel_workers).start()
 
 
+def grpc_server(settings: Settings, plane: DataPlane) -> Companion:
+    """The OIP gRPC service on ``settings.grpc_port``, over the HTTP app's data plane."""
+    try:
+        from fnserve.adapters.grpc.server import GrpcServer
+    except ImportError as exc:
+        raise ConfigError(f"gRPC needs fnserve[grpc] (pip install 'fnserve[grpc]'): {exc}") from None
+    assert settings.grpc_port is not None
+    return GrpcServer(
+        plane,
+        settings.grpc_host,
+        settings.grpc_port,
+        max_message_bytes=settings.max_request_bytes,
+        grace_seconds=settings.inference_timeout_seconds,
+        access_log=settings.access_log,
+        shared_port=settings.server_processes > 1,
+    )
+
+
 def build_app(settings: Settings, pool: WorkerPool | None = None, service: InferenceService | None = None) -> V2App:
     """The server's app: models in ``pool``'s workers, or in this process when there is no pool (``service``,
     when they are loaded already)."""
@@ -263,7 +289,8 @@ def build_app(settings: Settings, pool: WorkerPool | None = None, service: Infer
     # Blocking calls wait in threads when there are any: models in workers, DynamoDB, SQS follow-ups.
     blocking = pool is not None or store is not None or bool(service.registry.manifest.cascades)
     plane = bootstrap.build_dataplane(settings, service=service, store=store, batching=True, offload=blocking)
-    app = create_app(plane, settings, on_shutdown=pool.close if pool is not None else None)
+    companions = [grpc_server(settings, plane)] if settings.grpc_port is not None else []
+    app = create_app(plane, settings, on_shutdown=pool.close if pool is not None else None, companions=companions)
     app.state.plane = plane
     app.state.pool = pool
     app.fastapi()  # built now: a server's first health check should not pay for it

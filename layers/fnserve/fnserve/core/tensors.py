@@ -126,7 +126,7 @@ def _decode_input(raw: Any, binary: bytes, offset: int) -> tuple[str, np.ndarray
         if offset + nbytes > len(binary):
             raise BadRequest(f"input {name!r} claims {nbytes} binary bytes but only {len(binary) - offset} remain")
         chunk = binary[offset : offset + nbytes]
-        array = _from_binary(name, datatype, dtype, chunk, size)  # type: ignore[arg-type]
+        array = from_binary(name, datatype, dtype, chunk, size)  # type: ignore[arg-type]
         return name, array.reshape(shape), offset + nbytes
     if "data" not in raw:
         raise InvalidInput(f"input {name!r} has no 'data' (and no 'binary_data_size')")
@@ -214,7 +214,8 @@ def _flatten(data: list[Any]) -> list[Any]:
     return out
 
 
-def _from_binary(name: str, datatype: str, dtype: np.dtype[Any], chunk: bytes, size: int) -> np.ndarray[Any, Any]:
+def from_binary(name: str, datatype: str, dtype: np.dtype[Any], chunk: bytes, size: int) -> np.ndarray[Any, Any]:
+    """``size`` elements of ``datatype`` from the binary extension's bytes (a view of ``chunk``, BYTES aside)."""
     if datatype == "BYTES":
         items = _split_bytes(name, chunk)
         if len(items) != size:
@@ -356,7 +357,7 @@ def unpack_arrays(blob: bytes) -> dict[str, np.ndarray[Any, Any]]:
     for name, datatype, shape, size in orjson.loads(blob[4:offset]):
         chunk = blob[offset : offset + size]
         offset += size
-        out[name] = _from_binary(name, datatype, V2_TO_NUMPY[datatype], chunk, math.prod(shape)).reshape(shape)
+        out[name] = from_binary(name, datatype, V2_TO_NUMPY[datatype], chunk, math.prod(shape)).reshape(shape)
     if offset != len(blob):
         raise ValueError(f"packed arrays: {len(blob) - offset} trailing bytes")
     return out

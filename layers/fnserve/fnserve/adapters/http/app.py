@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 import types
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fnserve.adapters import logs
@@ -46,6 +46,14 @@ class Telemetry(Protocol):
     def record(self, model: str, status: int, timings: dict[str, float], cache: str) -> None: ...
 
 
+class Companion(Protocol):
+    """A server that lives as long as the app, on its event loop (the gRPC server beside HTTP)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 class NoTelemetry:
     def record(self, model: str, status: int, timings: dict[str, float], cache: str) -> None:
         return None
@@ -57,19 +65,27 @@ def create_app(
     telemetry: Telemetry | None = None,
     *,
     on_shutdown: Callable[[], None] | None = None,
+    companions: Sequence[Companion] = (),
 ) -> V2App:
-    """The ASGI application serving ``plane``; ``on_shutdown`` runs when the server stops, after the batchers."""
+    """The ASGI application serving ``plane``; ``companions`` start with the server and stop first when it
+    stops, then the batchers, then ``on_shutdown`` runs."""
     settings = settings or Settings()
     logger.setLevel(settings.log_level)
-    return V2App(InferenceRoute(plane, settings, telemetry or NoTelemetry()), on_shutdown)
+    return V2App(InferenceRoute(plane, settings, telemetry or NoTelemetry()), on_shutdown, companions)
 
 
 class V2App:
     """The V2 API over ASGI: ``POST /v2/models/{name}[/versions/{v}]/infer`` answered here, the rest by FastAPI."""
 
-    def __init__(self, inference: InferenceRoute, on_shutdown: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        inference: InferenceRoute,
+        on_shutdown: Callable[[], None] | None = None,
+        companions: Sequence[Companion] = (),
+    ) -> None:
         self.inference = inference
         self.on_shutdown = on_shutdown
+        self.companions = tuple(companions)
         self.state = types.SimpleNamespace()  # what the process keeps beside the app (the server's pool)
         self._fastapi: FastAPI | None = None
 
@@ -78,7 +94,7 @@ class V2App:
         if self._fastapi is None:
             from fnserve.adapters.http import routes
 
-            self._fastapi = routes.build(self.inference, self.on_shutdown)
+            self._fastapi = routes.build(self.inference, self.on_shutdown, self.companions)
         return self._fastapi
 
     async def __call__(self, scope: ASGIMessage, receive: Receive, send: Send) -> None:

@@ -8,7 +8,7 @@ FastAPI before answering it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Annotated
 
 from fastapi import FastAPI, Query, Request
@@ -16,19 +16,30 @@ from fastapi.responses import Response
 
 from fnserve import __version__
 from fnserve.adapters.http import openapi
-from fnserve.adapters.http.app import EXTENSIONS, InferenceRoute, read_body
+from fnserve.adapters.http.app import EXTENSIONS, Companion, InferenceRoute, read_body
 from fnserve.adapters.http.middleware import RequestContext, install_error_handlers, json_response
 from fnserve.core.followups import ResultState
 from fnserve.core.tensors import JSON_HEADER, json_tensor
 
 
-def build(inference: InferenceRoute, on_shutdown: Callable[[], None] | None = None) -> FastAPI:
-    """The FastAPI app over ``inference``'s data plane; it closes the plane, then runs ``on_shutdown``, at shutdown."""
+def build(
+    inference: InferenceRoute, on_shutdown: Callable[[], None] | None = None, companions: Sequence[Companion] = ()
+) -> FastAPI:
+    """The FastAPI app over ``inference``'s data plane; its lifespan starts the ``companions``, and at
+    shutdown stops them, closes the plane, then runs ``on_shutdown``."""
     plane = inference.plane
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
+        started: list[Companion] = []
+        try:
+            for companion in companions:
+                await companion.start()
+                started.append(companion)
+            yield
+        finally:
+            for companion in reversed(started):
+                await companion.stop()
         await plane.close()
         if on_shutdown is not None:
             on_shutdown()

@@ -25,7 +25,12 @@ def request_id(scope: Mapping[str, Any]) -> str:
         if key == b"x-request-id" and value:
             return bytes(value[:128]).decode("latin-1")
     rid = getattr(scope.get("aws.context"), "aws_request_id", None)
-    return str(rid) if rid else f"{_ID_PREFIX}-{next(_ID_COUNTER):x}"
+    return str(rid) if rid else new_request_id()
+
+
+def new_request_id() -> str:
+    """A request id made here, for a request that brought none."""
+    return f"{_ID_PREFIX}-{next(_ID_COUNTER):x}"
 
 
 def new_id_prefix() -> None:

@@ -1,0 +1,326 @@
+"""gRPC beside REST (binary tensor extension, and JSON) on one ``fnserve serve``, in the same run.
+
+    make bench        (or: python -m tests.bench.bench_grpc)
+
+One server (``--processes 1 --workers 0 --grpc-port``, pinned to the first CPU when there are
+two or more) answers three loads, each a closed loop of asyncio clients in this process
+(pinned to the other CPUs): REST JSON and REST binary with aiohttp, gRPC with ``grpc.aio``
+and raw contents. Each request is built once; every response is checked. Three payloads:
+digits-accurate at batch 1 (256 bytes), and a 1 MB and a 16 MB FP32 tensor into a model
+that sums its rows (the answer is small: a tensor in, a label or a score out, as for images).
+Protocols alternate in rounds; figures are the medians of the rounds.
+
+Printed per payload and protocol: requests/s, p50 and p99 latency, and the server's CPU time
+per request (from /proc: what the protocol costs the server, whatever the client's own cost)
+with the capacity of one server core it implies; gRPC's measured throughput and capacity as
+ratios to REST binary's. On a two-core machine the client has one core, and for gRPC it (the
+Python client serialising each request) rather than the server may set the measured
+throughput: the capacity column is the server's side. "grpcio echo" is the floor of any
+Python gRPC server: grpcio answering fixed bytes, parsing nothing, loaded the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import grpc
+import numpy as np
+import onnx
+import orjson
+from onnx import TensorProto, helper
+
+from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
+from fnserve.adapters.grpc.proto import open_inference_grpc_pb2_grpc as pb_grpc
+from fnserve.core._cpus import available_cpus
+from tests.bench._timing import percentile
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
+from tests.moto import free_port
+
+SECONDS = float(os.environ.get("BENCH_LOAD_SECONDS", "3"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+WIDTH = 1024  # the sum model's row: 4 KiB of FP32
+
+
+@dataclass(frozen=True)
+class Payload:
+    name: str
+    model: str
+    input: str
+    array: np.ndarray
+    concurrency: int
+
+
+def payloads() -> list[Payload]:
+    digits = np.load(DEMO_HOLDOUT)["input"][:1]
+    rows_1mb, rows_16mb = 2**20 // (4 * WIDTH), 2**24 // (4 * WIDTH)
+    return [
+        Payload("batch 1 (digits)", "digits-accurate", "input", digits, 8),
+        Payload("1 MB tensor", "sum", "x", np.random.default_rng(0).random((rows_1mb, WIDTH), np.float32), 4),
+        Payload("16 MB tensor", "sum", "x", np.random.default_rng(1).random((rows_16mb, WIDTH), np.float32), 2),
+    ]
+
+
+def write_manifest(directory: Path) -> Path:
+    # Each row's sum (ReduceSum takes its axes as an input since opset 13).
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)],
+        "sum",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", WIDTH])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"])],
+        initializer=[helper.make_tensor("axes", TensorProto.INT64, [1], [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data = model.SerializeToString()
+    (directory / "sum.onnx").write_bytes(data)
+    digits = DEMO_MANIFEST.parent / "digits-accurate" / "1" / "model.onnx"
+    lines = [
+        "[[models]]",
+        'name = "digits-accurate"',
+        f'path = "{digits}"',
+        f'sha256 = "{hashlib.sha256(digits.read_bytes()).hexdigest()}"',
+        "[[models]]",
+        'name = "sum"',
+        'path = "sum.onnx"',
+        f'sha256 = "{hashlib.sha256(data).hexdigest()}"',
+        "max_batch_size = 100000",
+    ]
+    onnx.checker.check_model(model)
+    manifest = directory / "manifest.toml"
+    manifest.write_text("\n".join(lines) + "\n")
+    return manifest
+
+
+# -- the three clients: each returns a coroutine function making one checked request --------------
+
+
+def rest_json(session: aiohttp.ClientSession, url: str, p: Payload) -> Callable[[], Awaitable[None]]:
+    body = orjson.dumps(
+        {"inputs": [{"name": p.input, "shape": list(p.array.shape), "datatype": "FP32", "data": p.array.ravel()}]},
+        option=orjson.OPT_SERIALIZE_NUMPY,
+    )
+    headers = {"content-type": "application/json"}
+
+    async def call() -> None:
+        async with session.post(f"{url}/v2/models/{p.model}/infer", data=body, headers=headers) as response:
+            payload = await response.read()
+            if response.status != 200:
+                raise RuntimeError(f"{response.status}: {payload[:200]!r}")
+
+    return call
+
+
+def rest_binary(session: aiohttp.ClientSession, url: str, p: Payload) -> Callable[[], Awaitable[None]]:
+    blob = p.array.tobytes()
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": p.input,
+                    "shape": list(p.array.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": len(blob)},
+                }
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
+    body = head + blob
+    headers = {"content-type": "application/octet-stream", "inference-header-content-length": str(len(head))}
+
+    async def call() -> None:
+        async with session.post(f"{url}/v2/models/{p.model}/infer", data=body, headers=headers) as response:
+            payload = await response.read()
+            if response.status != 200:
+                raise RuntimeError(f"{response.status}: {payload[:200]!r}")
+
+    return call
+
+
+def grpc_raw(stub: pb_grpc.GRPCInferenceServiceStub, p: Payload) -> Callable[[], Awaitable[None]]:
+    request = pb.ModelInferRequest(model_name=p.model)
+    request.inputs.add(name=p.input, datatype="FP32", shape=p.array.shape)
+    request.raw_input_contents.append(p.array.tobytes())
+
+    async def call() -> None:
+        response = await stub.ModelInfer(request)
+        if not response.raw_output_contents:
+            raise RuntimeError(f"no outputs: {response}")
+
+    return call
+
+
+async def closed_loop(call: Callable[[], Awaitable[None]], concurrency: int, seconds: float) -> list[float]:
+    """``concurrency`` callers back to back for ``seconds``; each request's latency (s)."""
+    latencies: list[float] = []
+    stop = time.perf_counter() + seconds
+
+    async def caller() -> None:
+        while time.perf_counter() < stop:
+            t0 = time.perf_counter()
+            await call()
+            latencies.append(time.perf_counter() - t0)
+
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    return latencies
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Figures:
+    rps: list[float]
+    p50: list[float]
+    p99: list[float]
+    cpu_ms: list[float]
+
+    def row(self) -> tuple[float, float, float, float]:
+        return tuple(statistics.median(v) for v in (self.rps, self.p50, self.p99, self.cpu_ms))  # type: ignore[return-value]
+
+
+async def measure(
+    server_pid: int, http_url: str, grpc_address: str, echo_pid: int, echo_address: str
+) -> dict[str, dict[str, Figures]]:
+    results: dict[str, dict[str, Figures]] = {}
+    connector = aiohttp.TCPConnector(limit=0)
+    options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+    async with (
+        aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session,
+        grpc.aio.insecure_channel(grpc_address, options=options) as channel,
+        grpc.aio.insecure_channel(echo_address, options=options) as echo_channel,
+    ):
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        echo = pb_grpc.GRPCInferenceServiceStub(echo_channel)
+        for p in payloads():
+            clients = {
+                "REST JSON": (rest_json(session, http_url, p), server_pid),
+                "REST binary": (rest_binary(session, http_url, p), server_pid),
+                "gRPC": (grpc_raw(stub, p), server_pid),
+                "grpcio echo": (grpc_raw(echo, p), echo_pid),
+            }
+            figures = {name: Figures([], [], [], []) for name in clients}
+            for call, _ in clients.values():  # warm-up: connections, the first request of each
+                await closed_loop(call, p.concurrency, 0.3)
+            order = list(clients)
+            for _ in range(ROUNDS):
+                for name in order:
+                    call, pid = clients[name]
+                    cpu0 = cpu_seconds(pid)
+                    t0 = time.perf_counter()
+                    latencies = await closed_loop(call, p.concurrency, SECONDS)
+                    elapsed = time.perf_counter() - t0
+                    cpu = cpu_seconds(pid) - cpu0
+                    f = figures[name]
+                    f.rps.append(len(latencies) / elapsed)
+                    f.p50.append(percentile(latencies, 50) * 1e3)
+                    f.p99.append(percentile(latencies, 99) * 1e3)
+                    f.cpu_ms.append(cpu / len(latencies) * 1e3)
+                order.reverse()
+            results[p.name] = figures
+            report(p.name, figures)
+    return results
+
+
+def report(payload: str, figures: dict[str, Figures]) -> None:
+    print(f"\n{payload}")
+    print(f"  {'':<12} {'req/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'server CPU ms/req':>18} {'capacity/core':>14}")
+    for name, f in figures.items():
+        rps, p50, p99, cpu = f.row()
+        print(f"  {name:<12} {rps:>9.1f} {p50:>9.3f} {p99:>9.3f} {cpu:>18.3f} {1e3 / cpu:>12.0f}/s")
+    grpc_rps, _, _, grpc_cpu = figures["gRPC"].row()
+    bin_rps, _, _, bin_cpu = figures["REST binary"].row()
+    echo_cpu = figures["grpcio echo"].row()[3]
+    print(
+        f"  gRPC / REST binary: measured throughput {grpc_rps / bin_rps:.2f}x, "
+        f"server capacity {bin_cpu / grpc_cpu:.2f}x; echo CPU / gRPC CPU {echo_cpu / grpc_cpu:.2f}"
+    )
+
+
+def main() -> None:
+    cpus = available_cpus()
+    work = Path(tempfile.mkdtemp(prefix="fnserve-bench-grpc-"))
+    http_port, grpc_port = free_port(), free_port()
+    cmd = [sys.executable, "-m", "fnserve", "serve", "-m", str(write_manifest(work)), "--port", str(http_port)]
+    cmd += ["--grpc-port", str(grpc_port), "--processes", "1", "--workers", "0"]
+    pinned = os.environ.get("BENCH_PIN", "1") == "1" and cpus >= 2 and shutil.which("taskset") is not None
+    if pinned:
+        cmd = ["taskset", "-c", "0", *cmd]
+        os.sched_setaffinity(0, set(range(1, cpus)))
+    env = {**os.environ, "FNSERVE_MAX_REQUEST_BYTES": str(256 * 2**20), "FNSERVE_ACCESS_LOG": "false"}
+    print(
+        f"gRPC vs REST on one fnserve serve ({'server on CPU 0, clients on the rest' if pinned else 'unpinned'}), "
+        f"{ROUNDS} rounds of {SECONDS:g} s per protocol, medians"
+    )
+    echo_port = free_port()
+    echo_cmd = [sys.executable, "-c", ECHO_SERVER, str(echo_port)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    echo = subprocess.Popen(["taskset", "-c", "0", *echo_cmd] if pinned else echo_cmd)
+    try:
+        wait_ready(proc, f"http://127.0.0.1:{http_port}")
+        asyncio.run(
+            measure(
+                proc.pid, f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", echo.pid, f"127.0.0.1:{echo_port}"
+            )
+        )
+    finally:
+        for server in (proc, echo):
+            server.terminate()
+            server.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# grpcio's floor: an asyncio server (uvloop, as fnserve's) answering ModelInfer with fixed bytes, parsing
+# nothing: what any Python gRPC server pays per call before its own work.
+ECHO_SERVER = """
+import asyncio, sys, grpc, uvloop
+from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
+answer = pb.ModelInferResponse(model_name="echo", raw_output_contents=[bytes(8)]).SerializeToString()
+async def infer(request, context):
+    return answer
+async def main():
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", -1)])
+    handler = grpc.unary_unary_rpc_method_handler(infer, lambda b: b, lambda b: b)
+    service = grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {"ModelInfer": handler})
+    server.add_generic_rpc_handlers((service,))
+    server.add_insecure_port("127.0.0.1:" + sys.argv[1])
+    await server.start()
+    await server.wait_for_termination()
+uvloop.run(main())
+"""
+
+
+def wait_ready(proc: subprocess.Popen[bytes], url: str) -> None:
+    import httpx
+
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/v2/health/ready", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("the server did not become ready")
+        time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    main()
