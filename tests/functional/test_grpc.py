@@ -425,12 +425,13 @@ def test_bytes_that_are_not_a_request_are_invalid_argument(channel: grpc.Channel
 def test_every_front_process_serves_grpc_on_the_shared_port(tmp_path: Path) -> None:
     served = serve_with_grpc(tmp_path, ("--processes", "2", "--workers", "0"))
     try:
+        listening = f"gRPC listening on {served.address}"
+        wait_for(lambda: served.log.read_text().count(listening) == 2, 60, "both front processes to listen")
         x = DIGITS[:3]
         label, _ = raw_onnxruntime("digits-accurate", x)
         for _ in range(20):  # new connections: the kernel spreads them over both processes
             c = triton.InferenceServerClient(served.address)
             np.testing.assert_array_equal(c.infer("digits-accurate", [digits_input(x)]).as_numpy("label"), label)
             c.close()
-        assert served.log.read_text().count(f"gRPC listening on {served.address}") == 2
     finally:
         stop(served)
