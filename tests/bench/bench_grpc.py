@@ -112,15 +112,7 @@ def rest_json(session: aiohttp.ClientSession, url: str, p: Payload) -> Callable[
         {"inputs": [{"name": p.input, "shape": list(p.array.shape), "datatype": "FP32", "data": p.array.ravel()}]},
         option=orjson.OPT_SERIALIZE_NUMPY,
     )
-    headers = {"content-type": "application/json"}
-
-    async def call() -> None:
-        async with session.post(f"{url}/v2/models/{p.model}/infer", data=body, headers=headers) as response:
-            payload = await response.read()
-            if response.status != 200:
-                raise RuntimeError(f"{response.status}: {payload[:200]!r}")
-
-    return call
+    return rest_post(session, f"{url}/v2/models/{p.model}/infer", body, {"content-type": "application/json"})
 
 
 def rest_binary(session: aiohttp.ClientSession, url: str, p: Payload) -> Callable[[], Awaitable[None]]:
@@ -140,9 +132,14 @@ def rest_binary(session: aiohttp.ClientSession, url: str, p: Payload) -> Callabl
     ).encode()
     body = head + blob
     headers = {"content-type": "application/octet-stream", "inference-header-content-length": str(len(head))}
+    return rest_post(session, f"{url}/v2/models/{p.model}/infer", body, headers)
 
+
+def rest_post(
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]
+) -> Callable[[], Awaitable[None]]:
     async def call() -> None:
-        async with session.post(f"{url}/v2/models/{p.model}/infer", data=body, headers=headers) as response:
+        async with session.post(url, data=body, headers=headers) as response:
             payload = await response.read()
             if response.status != 200:
                 raise RuntimeError(f"{response.status}: {payload[:200]!r}")
