@@ -85,6 +85,7 @@ class Served:
     proc: subprocess.Popen[bytes]
     address: str  # gRPC host:port
     log: Path
+    url: str  # HTTP
 
 
 def serve_with_grpc(directory: Path, options: tuple[str, ...] = ("--workers", "1", "--processes", "1")) -> Served:
@@ -99,8 +100,8 @@ def serve_with_grpc(directory: Path, options: tuple[str, ...] = ("--workers", "1
     port = free_port()
     log = directory / "serve.log"
     env = {**os.environ, "FNSERVE_MAX_REQUEST_BYTES": str(MAX_REQUEST_BYTES)}
-    proc, _ = start_server(["-m", str(manifest), "--grpc-port", str(port), *options], log, env=env, new_session=True)
-    return Served(proc, f"127.0.0.1:{port}", log)
+    proc, url = start_server(["-m", str(manifest), "--grpc-port", str(port), *options], log, env=env, new_session=True)
+    return Served(proc, f"127.0.0.1:{port}", log, url)
 
 
 def stop(served: Served) -> None:

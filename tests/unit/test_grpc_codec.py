@@ -157,6 +157,6 @@ def test_a_deadline_already_passed_runs_nothing(tmp_path: Path) -> None:
     with pytest.raises(TimeoutError):
         asyncio.run(servicer._infer(parsed, remaining=0.0))
     assert calls == []
-    response, version, timings = asyncio.run(servicer._infer(parsed, remaining=30.0))
+    response, version, _, timings = asyncio.run(servicer._infer(parsed, remaining=30.0))
     assert calls == [1] and version == "1" and "infer" in timings
     assert len(pb.ModelInferResponse.FromString(response).raw_output_contents) == 2

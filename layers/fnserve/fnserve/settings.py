@@ -113,6 +113,11 @@ class ServerSettings(EnvSettings):
         description="Longest inference call in a server's worker process: past it the worker is replaced "
         "and the request answered with 504 (and the grace a gRPC call in flight gets at shutdown).",
     )
+    metrics: bool = Field(
+        default=True,
+        description="Prometheus metrics of every server process on GET /metrics (requests, stage latencies, "
+        "batches, workers, cache); off: nothing is counted.",
+    )
     grpc_port: int | None = Field(
         default=None,
         ge=0,

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fnserve import bootstrap
-from fnserve.adapters.http.app import Companion, V2App, create_app
+from fnserve.adapters.http.app import Companion, Telemetry, V2App, create_app
 from fnserve.adapters.logs import logger
 from fnserve.core._cpus import available_cpus
 from fnserve.core._heap import freeze_heap
@@ -51,6 +53,28 @@ def serve(
     outright (their pipe to it closes). With ``server_processes > 1``, uvicorn runs that many
     front processes on the port, each building its own app (:func:`app_factory`).
     """
+    made = metrics_dir() if settings.metrics else None
+    try:
+        _serve(settings, host, port, on_ready)
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+
+
+def metrics_dir() -> str | None:
+    """Point ``PROMETHEUS_MULTIPROC_DIR`` at a new directory, before any process imports prometheus-client
+    (it reads the variable then), for every front process to write its metrics to; returns it, to be removed
+    at exit. None when the variable is set already: the directory is the user's."""
+    if os.environ.get(MULTIPROC_ENV):
+        return None
+    path = tempfile.mkdtemp(prefix="fnserve-metrics-")
+    os.environ[MULTIPROC_ENV] = path
+    return path
+
+
+def _serve(
+    settings: Settings, host: str, port: int, on_ready: Callable[[InferenceService, Settings], None] | None
+) -> None:
     import uvicorn
 
     update: dict[str, Any] = {"eager_load": True}
@@ -116,6 +140,7 @@ def serve(
 # per CPU (as many as fit in memory), or one when a model batches; a worker pool stays one
 # flag away (--workers).
 WORKER_ROUND_TRIP_MS = 0.7
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 IN_PROCESS_MAX_MS = WORKER_ROUND_TRIP_MS / 4
 _MEMINFO = Path("/proc/meminfo")
 
@@ -242,6 +267,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "FNSERVE_ACCESS_LOG": "true" if settings.access_log else "false",
         "FNSERVE_MODEL_CACHE_DIR": str(settings.model_cache_dir),
         "FNSERVE_LOG_LEVEL": settings.log_level,
+        "FNSERVE_METRICS": "true" if settings.metrics else "false",
     }
     if settings.intra_op_threads is not None:
         env["FNSERVE_INTRA_OP_THREADS"] = str(settings.intra_op_threads)
@@ -263,7 +289,7 @@ def inference_pool(settings: Settings) -> WorkerPool:
     return WorkerPool(spec, settings.parallel_workers).start()
 
 
-def grpc_server(settings: Settings, plane: DataPlane) -> Companion:
+def grpc_server(settings: Settings, plane: DataPlane, telemetry: Telemetry | None = None) -> Companion:
     """The OIP gRPC service on ``settings.grpc_port``, over the HTTP app's data plane."""
     try:
         from fnserve.adapters.grpc.server import GrpcServer
@@ -278,6 +304,7 @@ def grpc_server(settings: Settings, plane: DataPlane) -> Companion:
         grace_seconds=settings.inference_timeout_seconds,
         access_log=settings.access_log,
         shared_port=settings.server_processes > 1,
+        telemetry=telemetry,
     )
 
 
@@ -289,8 +316,23 @@ def build_app(settings: Settings, pool: WorkerPool | None = None, service: Infer
     # Blocking calls wait in threads when there are any: models in workers, DynamoDB, SQS follow-ups.
     blocking = pool is not None or store is not None or bool(service.registry.manifest.cascades)
     plane = bootstrap.build_dataplane(settings, service=service, store=store, batching=True, offload=blocking)
-    companions = [grpc_server(settings, plane)] if settings.grpc_port is not None else []
-    app = create_app(plane, settings, on_shutdown=pool.close if pool is not None else None, companions=companions)
+    metrics = None
+    if settings.metrics:
+        from fnserve.adapters.metrics import ServerMetrics
+
+        metrics = ServerMetrics()
+        metrics.watch(plane, pool)
+    companions: list[Companion] = [metrics] if metrics is not None else []  # stopped last: its final flush
+    if settings.grpc_port is not None:
+        companions.append(grpc_server(settings, plane, metrics.telemetry("grpc") if metrics is not None else None))
+    app = create_app(
+        plane,
+        settings,
+        metrics.telemetry("http") if metrics is not None else None,
+        on_shutdown=pool.close if pool is not None else None,
+        companions=companions,
+        metrics=metrics.render if metrics is not None else None,
+    )
     app.state.plane = plane
     app.state.pool = pool
     app.fastapi()  # built now: a server's first health check should not pay for it

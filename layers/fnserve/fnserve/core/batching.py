@@ -68,6 +68,7 @@ class AdaptiveBatcher:
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._running: set[asyncio.Task[None]] = set()
         self.batches = 0  # how many runs, for tests and metrics
+        self.on_batch: Callable[[int], None] | None = None  # called with each batch's rows (metrics)
 
     async def predict(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> tuple[Arrays, float]:
         """This request's outputs, and the seconds it waited in the queue."""
@@ -83,6 +84,10 @@ class AdaptiveBatcher:
         future: asyncio.Future[tuple[Arrays, float]] = asyncio.get_running_loop().create_future()
         await queue.put(_Pending(arrays, rows.pop(), future))
         return await future
+
+    def queued(self) -> int:
+        """Requests waiting for a batch, over every length bucket."""
+        return sum(queue.qsize() for queue in self._queues.values())
 
     async def close(self) -> None:
         tasks = [*self._tasks.values(), *self._running]
@@ -142,6 +147,8 @@ class AdaptiveBatcher:
             stacked = {
                 name: np.concatenate([self._padded(p.inputs[name], name, bucket) for p in batch]) for name in names
             }
+            if self.on_batch is not None:
+                self.on_batch(sum(p.rows for p in batch))
             outputs = await self._run(stacked)
             parts = split_rows(outputs, [p.rows for p in batch], "batched inference")
         except Exception as exc:  # one failure answers every request of the batch, and only them

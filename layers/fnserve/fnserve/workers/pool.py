@@ -163,6 +163,10 @@ class WorkerPool:
     def worker_pids(self) -> list[int]:
         return [w.process.pid for w in self._workers if not w.broken]
 
+    def busy(self) -> int:
+        """Workers running an invocation now."""
+        return sum(1 for w in self._workers if w.job is not None and not w.broken)
+
     # -- dispatcher -------------------------------------------------------------------------------
 
     def _wake(self) -> None:

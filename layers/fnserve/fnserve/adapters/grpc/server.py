@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
 from fnserve.adapters.grpc.service import SERVICE, InferenceServicer, method_handlers
+from fnserve.adapters.http.app import Telemetry
 from fnserve.adapters.logs import logger
 from fnserve.core.dataplane import DataPlane
 from fnserve.core.errors import ConfigError
@@ -40,6 +41,7 @@ class GrpcServer:
         grace_seconds: float,
         access_log: bool = True,
         shared_port: bool = False,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.plane = plane
         self.address = f"{host}:{port}"
@@ -50,6 +52,7 @@ class GrpcServer:
         ]
         self.grace = grace_seconds
         self.access_log = access_log
+        self.telemetry = telemetry
         self.port: int | None = None  # the port bound, once started (useful with port 0)
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
@@ -58,7 +61,7 @@ class GrpcServer:
         """Listen (inside the running loop: gRPC's asyncio server binds to it), and report SERVING for the
         server ("") and the inference service when every model can serve."""
         server = grpc.aio.server(options=self.options)
-        handlers = method_handlers(InferenceServicer(self.plane, access_log=self.access_log))
+        handlers = method_handlers(InferenceServicer(self.plane, access_log=self.access_log, telemetry=self.telemetry))
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         server.add_registered_method_handlers(SERVICE, handlers)  # looked up once, not per call
         self._health = health.aio.HealthServicer()

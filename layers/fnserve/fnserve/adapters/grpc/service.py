@@ -21,6 +21,7 @@ from fnserve import __version__
 from fnserve.adapters import logs
 from fnserve.adapters.grpc import codec
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
+from fnserve.adapters.http.app import NoTelemetry, Telemetry
 from fnserve.adapters.http.wire import new_request_id
 from fnserve.adapters.logs import logger
 from fnserve.core.dataplane import DataPlane
@@ -51,9 +52,10 @@ SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name  # "i
 class InferenceServicer:
     """The OIP gRPC service of one data plane; ``access_log``: one line per inference, as over HTTP."""
 
-    def __init__(self, plane: DataPlane, *, access_log: bool = True) -> None:
+    def __init__(self, plane: DataPlane, *, access_log: bool = True, telemetry: Telemetry | None = None) -> None:
         self.plane = plane
         self.access_log = access_log
+        self.telemetry = telemetry or NoTelemetry()
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -88,17 +90,18 @@ class InferenceServicer:
         name = request.message.model_name
         logger.thread_safe_append_keys(request_id=rid)
         try:
-            response, version, timings = await self._infer(request, context.time_remaining())
+            response, version, cache, timings = await self._infer(request, context.time_remaining())
         except FnserveError as exc:
-            self._refused(context, rid, name, status_of(exc), exc.message)
+            self._refused(context, rid, name, exc.status_code, exc.message)
             await context.abort(status_of(exc), exc.message)
         except TimeoutError:
             message = "the deadline passed before the inference finished"
-            self._refused(context, rid, name, grpc.StatusCode.DEADLINE_EXCEEDED, message)
+            self._refused(context, rid, name, 504, message)
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, message)
         except Exception:
             logger.exception("unhandled error", extra={"model": name, "transport": "grpc"})
             context.set_trailing_metadata((("x-request-id", rid),))
+            self.telemetry.record(name, 500, {}, "off")
             await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
         context.set_trailing_metadata(
             (("x-request-id", rid), ("server-timing", ", ".join(f"{k};dur={v}" for k, v in timings.items())))
@@ -108,10 +111,13 @@ class InferenceServicer:
                 "inference",
                 {"model": name, "version": version, "status": 200, "transport": "grpc", **timings},
             )
+        self.telemetry.record(name, 200, timings, cache, version)
         return response
 
-    async def _infer(self, parsed: codec.ParsedRequest, remaining: float | None) -> tuple[bytes, str, dict[str, float]]:
-        """The serialised response, the version that answered, and the stage timings."""
+    async def _infer(
+        self, parsed: codec.ParsedRequest, remaining: float | None
+    ) -> tuple[bytes, str, str, dict[str, float]]:
+        """The serialised response, the version that answered, the cache state, and the stage timings."""
         t0 = time.perf_counter()
         if parsed.error is not None:
             raise BadRequest(parsed.error)
@@ -135,13 +141,15 @@ class InferenceServicer:
         )
         t3 = time.perf_counter()
         timings = {"decode": round((t1 - t0) * 1e3, 3), **answer.timings, "encode": round((t3 - t2) * 1e3, 3)}
-        return response, answer.version, timings
+        return response, answer.version, answer.cache, timings
 
-    def _refused(self, context: Context, rid: str, name: str, code: grpc.StatusCode, message: str) -> None:
+    def _refused(self, context: Context, rid: str, name: str, status: int, message: str) -> None:
+        """A refusal's trailing metadata, access line and record; ``status`` is its HTTP status, as in metrics."""
         context.set_trailing_metadata((("x-request-id", rid),))
         if self.access_log:
-            fields = {"model": name, "status": code.name, "error": message, "transport": "grpc"}
+            fields = {"model": name, "status": status, "error": message, "transport": "grpc"}
             logs.access("inference refused", fields)
+        self.telemetry.record(name, status, {}, "off")
 
 
 def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:

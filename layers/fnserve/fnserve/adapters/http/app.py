@@ -41,9 +41,9 @@ BINARY = "application/octet-stream"
 
 
 class Telemetry(Protocol):
-    """Where per-request figures go (EMF metrics in Lambda, nothing by default)."""
+    """Where per-request figures go (EMF metrics in Lambda, Prometheus in the server, nothing by default)."""
 
-    def record(self, model: str, status: int, timings: dict[str, float], cache: str) -> None: ...
+    def record(self, model: str, status: int, timings: dict[str, float], cache: str, version: str = "") -> None: ...
 
 
 class Companion(Protocol):
@@ -55,7 +55,7 @@ class Companion(Protocol):
 
 
 class NoTelemetry:
-    def record(self, model: str, status: int, timings: dict[str, float], cache: str) -> None:
+    def record(self, model: str, status: int, timings: dict[str, float], cache: str, version: str = "") -> None:
         return None
 
 
@@ -66,12 +66,13 @@ def create_app(
     *,
     on_shutdown: Callable[[], None] | None = None,
     companions: Sequence[Companion] = (),
+    metrics: Callable[[], bytes] | None = None,
 ) -> V2App:
     """The ASGI application serving ``plane``; ``companions`` start with the server and stop first when it
-    stops, then the batchers, then ``on_shutdown`` runs."""
+    stops, then the batchers, then ``on_shutdown`` runs; ``metrics`` renders ``GET /metrics`` (Prometheus)."""
     settings = settings or Settings()
     logger.setLevel(settings.log_level)
-    return V2App(InferenceRoute(plane, settings, telemetry or NoTelemetry()), on_shutdown, companions)
+    return V2App(InferenceRoute(plane, settings, telemetry or NoTelemetry()), on_shutdown, companions, metrics)
 
 
 class V2App:
@@ -82,10 +83,12 @@ class V2App:
         inference: InferenceRoute,
         on_shutdown: Callable[[], None] | None = None,
         companions: Sequence[Companion] = (),
+        metrics: Callable[[], bytes] | None = None,
     ) -> None:
         self.inference = inference
         self.on_shutdown = on_shutdown
         self.companions = tuple(companions)
+        self.metrics = metrics
         self.state = types.SimpleNamespace()  # what the process keeps beside the app (the server's pool)
         self._fastapi: FastAPI | None = None
 
@@ -94,7 +97,7 @@ class V2App:
         if self._fastapi is None:
             from fnserve.adapters.http import routes
 
-            self._fastapi = routes.build(self.inference, self.on_shutdown, self.companions)
+            self._fastapi = routes.build(self.inference, self.on_shutdown, self.companions, self.metrics)
         return self._fastapi
 
     async def __call__(self, scope: ASGIMessage, receive: Receive, send: Send) -> None:
@@ -189,7 +192,7 @@ class InferenceRoute:
             logs.access(
                 "inference", {"model": name, "version": answer.version, "status": 200, "cache": answer.cache, **timings}
             )
-        self.telemetry.record(name, 200, timings, answer.cache)
+        self.telemetry.record(name, 200, timings, answer.cache, answer.version)
         return payload, BINARY if head_length is not None else JSON, headers
 
 

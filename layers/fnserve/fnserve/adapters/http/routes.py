@@ -21,12 +21,17 @@ from fnserve.adapters.http.middleware import RequestContext, install_error_handl
 from fnserve.core.followups import ResultState
 from fnserve.core.tensors import JSON_HEADER, json_tensor
 
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
 
 def build(
-    inference: InferenceRoute, on_shutdown: Callable[[], None] | None = None, companions: Sequence[Companion] = ()
+    inference: InferenceRoute,
+    on_shutdown: Callable[[], None] | None = None,
+    companions: Sequence[Companion] = (),
+    metrics: Callable[[], bytes] | None = None,
 ) -> FastAPI:
     """The FastAPI app over ``inference``'s data plane; its lifespan starts the ``companions``, and at
-    shutdown stops them, closes the plane, then runs ``on_shutdown``."""
+    shutdown stops them, closes the plane, then runs ``on_shutdown``. ``metrics``: ``GET /metrics``."""
     plane = inference.plane
 
     @contextlib.asynccontextmanager
@@ -67,6 +72,12 @@ def build(
         app.get(prefix, tags=["metadata"], responses=openapi.MODEL_METADATA)(routes.model_metadata)
         app.get(f"{prefix}/ready", tags=["health"], responses=openapi.MODEL_READY)(routes.model_ready)
     app.get("/v2/results/{result_id}", tags=["results"], responses=openapi.RESULT)(routes.result)
+    if metrics is not None:
+
+        async def scrape() -> Response:
+            return Response(metrics(), media_type=PROMETHEUS_TEXT)
+
+        app.get("/metrics", include_in_schema=False)(scrape)
     return app
 
 

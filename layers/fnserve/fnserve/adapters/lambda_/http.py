@@ -46,7 +46,7 @@ class EmfTelemetry:
         self.out = out
         self._pending: dict[str, Any] | None = None
 
-    def record(self, model: str, status: int, timings: dict[str, float], cache: str) -> None:
+    def record(self, model: str, status: int, timings: dict[str, float], cache: str, version: str = "") -> None:
         counts = {"Requests": 1.0}
         if status >= 400:
             counts["Errors"] = 1.0
