@@ -1,14 +1,16 @@
-"""What Prometheus metrics cost a request: ``fnserve serve`` with ``FNSERVE_METRICS`` on and off, same run.
+"""What observability costs a request: ``fnserve serve`` with metrics and tracing off, metrics on, both on.
 
     make bench        (or: python -m tests.bench.bench_metrics)
 
-Two servers (``--processes 1 --workers 0 --grpc-port``, digits-accurate, pinned to the first
-CPU when there are two or more), one counting and one not, loaded in turn by the same
+Three servers (``--processes 1 --workers 0 --grpc-port``, digits-accurate, pinned to the first
+CPU when there are two or more): ``FNSERVE_METRICS=false`` and no ``OTEL_*`` variables (off);
+the default (Prometheus metrics on, tracing off); metrics and tracing on, spans exported over
+OTLP/HTTP to a sink in this process that answers 200. They are loaded in turn by the same
 closed-loop asyncio clients as bench_grpc (REST binary and gRPC, batch 1, concurrency 8;
 clients on the other CPUs), alternating for ``BENCH_ROUNDS`` rounds. Printed: each server's
-CPU time per request (from /proc) and requests/s, medians of the rounds, and the cost of
-metrics as the difference. Metrics on is the default: every request then updates a counter
-and five histograms in the multiprocess files.
+CPU time per request (from /proc, the span exporter's thread included) and requests/s,
+medians of the rounds, and each configuration's cost over "off". With tracing off, no
+OpenTelemetry module is imported and each request pays one attribute test.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import aiohttp
@@ -42,6 +46,24 @@ from tests.bench.bench_grpc import write_manifest as write_bench_manifest
 from tests.moto import free_port
 
 
+def otlp_sink() -> ThreadingHTTPServer:
+    """An OTLP/HTTP receiver that reads each export and answers 200 (what a collector costs the sender)."""
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 def main() -> None:
     cpus = available_cpus()
     pinned = cpus >= 2 and shutil.which("taskset") is not None
@@ -50,19 +72,29 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="fnserve-bench-metrics-"))
     manifest = write_bench_manifest(work)
     servers = {}
+    sink = otlp_sink()
+    configs = {
+        "off": {"FNSERVE_METRICS": "false"},
+        "metrics": {"FNSERVE_METRICS": "true"},
+        "metrics+tracing": {
+            "FNSERVE_METRICS": "true",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink.server_address[1]}",
+        },
+    }
     try:
-        for metrics in ("true", "false"):
+        for config, variables in configs.items():
             http, grpc_port = free_port(), free_port()
             cmd = [sys.executable, "-m", "fnserve", "serve", "-m", str(manifest), "--port", str(http)]
             cmd += ["--grpc-port", str(grpc_port), "--processes", "1", "--workers", "0"]
-            env = {**os.environ, "FNSERVE_METRICS": metrics, "FNSERVE_ACCESS_LOG": "false"}
-            env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PROMETHEUS_"))}
+            env |= {"FNSERVE_ACCESS_LOG": "false", **variables}
             cmd = ["taskset", "-c", "0", *cmd] if pinned else cmd
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            servers[metrics] = (proc, f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc_port}")
+            servers[config] = (proc, f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc_port}")
             wait_ready(proc, f"http://127.0.0.1:{http}")
         print(
-            f"Metrics on vs off, digits-accurate batch 1, {ROUNDS} rounds of {SECONDS:g} s each, medians "
+            f"Observability off / metrics / metrics and tracing, digits-accurate batch 1, {ROUNDS} rounds of "
+            f"{SECONDS:g} s each, medians "
             f"({'servers on CPU 0, clients on the rest' if pinned else 'unpinned'})"
         )
         asyncio.run(measure(servers))
@@ -70,6 +102,7 @@ def main() -> None:
         for proc, _, _ in servers.values():
             proc.terminate()
             proc.wait(timeout=30)
+        sink.shutdown()
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -97,16 +130,16 @@ async def measure(servers: dict[str, tuple[subprocess.Popen[bytes], str, str]]) 
             order.reverse()
         for channel in channels.values():
             await channel.close()
-    print(f"  {'':<12} {'metrics':>8} {'req/s':>9} {'server CPU µs/req':>18}")
+    print(f"  {'':<12} {'':<16} {'req/s':>9} {'server CPU µs/req':>18} {'cost over off':>14}")
     for transport in ("REST binary", "gRPC"):
-        for metrics in ("false", "true"):
-            key = (metrics, transport)
+        off = statistics.median(cpu[("off", transport)])
+        for config in servers:
+            key = (config, transport)
+            used = statistics.median(cpu[key])
             print(
-                f"  {transport:<12} {'on' if metrics == 'true' else 'off':>8} {statistics.median(rps[key]):>9.0f} "
-                f"{statistics.median(cpu[key]):>18.1f}"
+                f"  {transport:<12} {config:<16} {statistics.median(rps[key]):>9.0f} {used:>18.1f} "
+                f"{used - off:>+10.1f} µs ({used / off:.2f}x)"
             )
-        on, off = statistics.median(cpu[("true", transport)]), statistics.median(cpu[("false", transport)])
-        print(f"  {transport}: metrics cost {on - off:+.1f} µs a request ({on / off:.2f}x the server CPU without them)")
 
 
 if __name__ == "__main__":

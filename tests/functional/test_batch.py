@@ -230,7 +230,11 @@ def received_event(aws: Aws, count: int) -> dict[str, Any]:
     messages: list[dict[str, Any]] = []
     for _ in range(50):  # bounded: each receive long-polls up to 1 s
         response = sqs.receive_message(
-            QueueUrl=aws.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1, AttributeNames=["All"]
+            QueueUrl=aws.queue_url,
+            MaxNumberOfMessages=10,
+            WaitTimeSeconds=1,
+            AttributeNames=["All"],
+            MessageAttributeNames=["All"],
         )
         messages += response.get("Messages", [])
         if len(messages) >= count:
@@ -241,6 +245,10 @@ def received_event(aws: Aws, count: int) -> dict[str, Any]:
         record["messageId"] = message["MessageId"]
         record["receiptHandle"] = message["ReceiptHandle"]
         record["attributes"] |= message["Attributes"]
+        record["messageAttributes"] = {  # as Lambda hands them over
+            name: {"stringValue": a.get("StringValue"), "dataType": a["DataType"]}
+            for name, a in message.get("MessageAttributes", {}).items()
+        }
     return event
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fnserve import bootstrap
+from fnserve import bootstrap, tracing
 from fnserve.adapters.http.app import Companion, Telemetry, V2App, create_app
 from fnserve.adapters.logs import logger
 from fnserve.core._cpus import available_cpus
@@ -316,6 +316,7 @@ def build_app(settings: Settings, pool: WorkerPool | None = None, service: Infer
     # Blocking calls wait in threads when there are any: models in workers, DynamoDB, SQS follow-ups.
     blocking = pool is not None or store is not None or bool(service.registry.manifest.cascades)
     plane = bootstrap.build_dataplane(settings, service=service, store=store, batching=True, offload=blocking)
+    tracing.configure()
     metrics = None
     if settings.metrics:
         from fnserve.adapters.metrics import ServerMetrics

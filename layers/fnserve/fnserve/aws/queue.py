@@ -5,10 +5,12 @@ A body over SQS's limit is stored in S3 and sent as a reference (see fnserve.cor
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import orjson
 
+from fnserve import tracing
 from fnserve.aws import s3
 from fnserve.aws.clients import client
 from fnserve.core.errors import ConfigError
@@ -33,11 +35,24 @@ def job_body(job: dict[str, Any], bucket: str | None) -> tuple[str, bool]:
 
 
 class SqsFollowups:
-    """Sends cascade follow-up jobs: one SendMessage each."""
+    """Sends cascade follow-up jobs: one SendMessage each, continuing the request's trace.
+
+    The message carries the current span's W3C ``traceparent`` as a message attribute (when
+    tracing is on, :mod:`fnserve.adapters.tracing`) and, in a Lambda function with X-Ray
+    tracing, its trace header as the ``AWSTraceHeader`` system attribute, which X-Ray follows
+    into the function that receives the message.
+    """
 
     def __init__(self, bucket: str | None = None) -> None:
         self.bucket = bucket
 
     def send(self, queue_url: str, job: dict[str, Any]) -> None:
         body, _ = job_body(job, self.bucket)
-        client("sqs").send_message(QueueUrl=queue_url, MessageBody=body)
+        extra: dict[str, Any] = {}
+        traceparent = tracing.current_traceparent()
+        if traceparent is not None:
+            extra["MessageAttributes"] = {tracing.TRACEPARENT: {"DataType": "String", "StringValue": traceparent}}
+        xray = os.environ.get("_X_AMZN_TRACE_ID")
+        if xray:
+            extra["MessageSystemAttributes"] = {"AWSTraceHeader": {"DataType": "String", "StringValue": xray}}
+        client("sqs").send_message(QueueUrl=queue_url, MessageBody=body, **extra)

@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from fnserve import __version__
+from fnserve import __version__, tracing
 from fnserve.adapters import logs
 from fnserve.adapters.grpc import codec
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
@@ -86,23 +86,27 @@ class InferenceServicer:
         return response
 
     async def ModelInfer(self, request: codec.ParsedRequest, context: Context) -> Any:
-        rid = _request_id(context)
+        rid, traceparent = _request_metadata(context)
         name = request.message.model_name
         logger.thread_safe_append_keys(request_id=rid)
+        span = tracing.start_request(name, "grpc", traceparent)
         try:
             response, version, cache, timings = await self._infer(request, context.time_remaining())
         except FnserveError as exc:
-            self._refused(context, rid, name, exc.status_code, exc.message)
+            self._refused(context, rid, name, exc.status_code, exc.message, span)
             await context.abort(status_of(exc), exc.message)
         except TimeoutError:
             message = "the deadline passed before the inference finished"
-            self._refused(context, rid, name, 504, message)
+            self._refused(context, rid, name, 504, message, span)
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, message)
         except Exception:
             logger.exception("unhandled error", extra={"model": name, "transport": "grpc"})
-            context.set_trailing_metadata((("x-request-id", rid),))
-            self.telemetry.record(name, 500, {}, "off")
+            self._refused(context, rid, name, 500, "internal server error", span)
             await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
+        except BaseException:  # cancelled: the client went away, or its deadline passed
+            if span is not None:
+                span.end(499, error="cancelled")
+            raise
         context.set_trailing_metadata(
             (("x-request-id", rid), ("server-timing", ", ".join(f"{k};dur={v}" for k, v in timings.items())))
         )
@@ -112,6 +116,8 @@ class InferenceServicer:
                 {"model": name, "version": version, "status": 200, "transport": "grpc", **timings},
             )
         self.telemetry.record(name, 200, timings, cache, version)
+        if span is not None:
+            span.end(200, timings)
         return response
 
     async def _infer(
@@ -143,13 +149,17 @@ class InferenceServicer:
         timings = {"decode": round((t1 - t0) * 1e3, 3), **answer.timings, "encode": round((t3 - t2) * 1e3, 3)}
         return response, answer.version, answer.cache, timings
 
-    def _refused(self, context: Context, rid: str, name: str, status: int, message: str) -> None:
-        """A refusal's trailing metadata, access line and record; ``status`` is its HTTP status, as in metrics."""
+    def _refused(
+        self, context: Context, rid: str, name: str, status: int, message: str, span: tracing.RequestSpan | None
+    ) -> None:
+        """A refusal's trailing metadata, access line, record and span; ``status`` is its HTTP status, as in metrics."""
         context.set_trailing_metadata((("x-request-id", rid),))
-        if self.access_log:
+        if self.access_log and status != 500:
             fields = {"model": name, "status": status, "error": message, "transport": "grpc"}
             logs.access("inference refused", fields)
         self.telemetry.record(name, status, {}, "off")
+        if span is not None:
+            span.end(status, error=message)
 
 
 def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
@@ -171,8 +181,12 @@ def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHand
     return handlers
 
 
-def _request_id(context: Context) -> str:
+def _request_metadata(context: Context) -> tuple[str, str | None]:
+    """The request id (the caller's ``x-request-id``, else a new one) and the caller's ``traceparent``."""
+    rid = traceparent = None
     for key, value in context.invocation_metadata() or ():
         if key == "x-request-id" and value:
-            return str(value)[:128]
-    return new_request_id()
+            rid = str(value)[:128]
+        elif key == tracing.TRACEPARENT:
+            traceparent = str(value)
+    return rid or new_request_id(), traceparent

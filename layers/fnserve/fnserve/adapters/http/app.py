@@ -20,6 +20,7 @@ import types
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from fnserve import tracing
 from fnserve.adapters import logs
 from fnserve.adapters.http.wire import error_body, request_id
 from fnserve.adapters.logs import logger
@@ -130,16 +131,18 @@ class InferenceRoute:
         """One inference over ASGI, with what the FastAPI app's ``RequestContext`` and error handlers add."""
         rid = request_id(scope)
         logger.thread_safe_append_keys(request_id=rid)
-        declared = json_length = None
+        declared = json_length = traceparent = None
         for key, value in scope["headers"]:
             if key == b"content-length":
                 declared = value.decode("latin-1")
             elif key == b"inference-header-content-length":
                 json_length = value.decode("latin-1")
+            elif key == b"traceparent":
+                traceparent = value.decode("latin-1")
         headers: dict[str, str]
         try:
             payload, media_type, headers = await self.answer(
-                name, version, read_body(_asgi_body(receive), declared, self.limit), json_length
+                name, version, read_body(_asgi_body(receive), declared, self.limit), json_length, traceparent
             )
             status = 200
         except FnserveError as exc:
@@ -160,9 +163,17 @@ class InferenceRoute:
         await send({"type": "http.response.body", "body": payload})
 
     async def answer(
-        self, name: str, version: str | None, body: Awaitable[bytes], json_length: str | None
+        self,
+        name: str,
+        version: str | None,
+        body: Awaitable[bytes],
+        json_length: str | None,
+        traceparent: str | None = None,
     ) -> tuple[bytes, str, dict[str, str]]:
-        """One inference, whatever carried it: (payload, media type, headers); a refusal is logged, recorded, raised."""
+        """One inference, whatever carried it: (payload, media type, headers); a refusal is logged, recorded, raised.
+
+        Traced (when tracing is on) in the caller's trace when ``traceparent`` says which."""
+        span = tracing.start_request(name, "http", traceparent)
         try:
             t0 = time.perf_counter()
             decoded = decode_request(await body, _json_length(json_length))
@@ -177,6 +188,12 @@ class InferenceRoute:
             if self.access_log:
                 logs.access("inference refused", {"model": name, "status": exc.status_code, "error": exc.message})
             self.telemetry.record(name, exc.status_code, {}, "off")
+            if span is not None:
+                span.end(exc.status_code, error=exc.message)
+            raise
+        except BaseException as exc:
+            if span is not None:
+                span.end(500, error=type(exc).__name__)
             raise
         timings = {
             "decode": round((t1 - t0) * 1e3, 3),
@@ -193,6 +210,8 @@ class InferenceRoute:
                 "inference", {"model": name, "version": answer.version, "status": 200, "cache": answer.cache, **timings}
             )
         self.telemetry.record(name, 200, timings, answer.cache, answer.version)
+        if span is not None:
+            span.end(200, timings)
         return payload, BINARY if head_length is not None else JSON, headers
 
 

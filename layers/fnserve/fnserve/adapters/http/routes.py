@@ -97,6 +97,7 @@ class V2Routes:
             request.path_params.get("version"),
             read_body(request.stream(), headers.get("content-length"), self.inference.limit),
             headers.get(JSON_HEADER),
+            headers.get("traceparent"),
         )
         return Response(payload, media_type=media_type, headers=extra)
 

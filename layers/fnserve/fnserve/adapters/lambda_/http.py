@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 import orjson
 
-from fnserve import bootstrap
+from fnserve import bootstrap, tracing
 from fnserve.adapters.http.app import create_app
 from fnserve.adapters.lambda_ import asgi as lambda_asgi
 from fnserve.adapters.lambda_ import snapstart
@@ -97,6 +97,7 @@ def create_handler(
     asgi = lambda_asgi.adapter(app, TEXT_MIME_TYPES)
 
     snapstart.register(plane.service.registry)
+    tracing.configure()
 
     @logger.inject_lambda_context(clear_state=True)
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:

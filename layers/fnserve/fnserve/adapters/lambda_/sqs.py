@@ -9,13 +9,14 @@ either way, and each reason is already logged.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
-from fnserve import bootstrap
+from fnserve import bootstrap, tracing
 from fnserve.adapters.lambda_ import snapstart
 from fnserve.adapters.logs import logger
 from fnserve.core.errors import ConfigError
@@ -54,10 +55,14 @@ def create_handler(
 
     snapstart.register(processor.service.registry)
 
+    tracing.configure()
+
     @logger.inject_lambda_context(clear_state=True)
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        started_ns = time.time_ns()
         records = records_of(event)
         outcome = processor.process(records)
+        tracing.job_spans(event.get("Records") or (), started_ns, outcome.failures)
         metrics.add_metric(name="JobsReceived", unit=MetricUnit.Count, value=len(records))
         metrics.add_metric(name="JobsDone", unit=MetricUnit.Count, value=outcome.done)
         metrics.add_metric(name="JobsRefused", unit=MetricUnit.Count, value=outcome.refused)

@@ -1,0 +1,140 @@
+"""OpenTelemetry traces: one trace from an HTTP request through its cascade follow-up, and over gRPC."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as triton
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from fnserve import tracing
+from fnserve.settings import Settings
+from tests.functional.conftest import Aws, serve_with_grpc, stop, wait_for
+from tests.functional.test_batch import received_event
+from tests.functional.test_cascade import CORRECTED, SURE, app_client, follow_up, request
+from tests.helpers import DEMO_HOLDOUT, write_test_manifest
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER_SPAN = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE_ID}-{CALLER_SPAN}-01"
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.configure(provider)
+    yield exporter
+    tracing.disable()
+
+
+@pytest.fixture
+def settings(aws: Aws, tmp_path: Path) -> Settings:
+    return Settings(
+        manifest=write_test_manifest(tmp_path, cascade=True),
+        results_table=aws.table,
+        results_bucket=aws.bucket,
+        followup_queue_url=aws.queue_url,
+        access_log=False,
+    )
+
+
+def hex_trace(span: ReadableSpan) -> str:
+    return format(span.context.trace_id, "032x")
+
+
+def test_a_request_and_its_follow_up_share_one_trace(spans: InMemorySpanExporter, settings: Settings) -> None:
+    client = app_client(settings)
+    traced = {"traceparent": TRACEPARENT}
+    response = client.post("/v2/models/digits/infer", json=request([CORRECTED[0]]), headers=traced)
+    assert response.json()["parameters"]["followup_status"] == "pending"
+    assert follow_up(settings, 1) == {"batchItemFailures": []}
+
+    finished = {s.name: s for s in spans.get_finished_spans()}
+    served = finished["infer digits"]
+    assert hex_trace(served) == TRACE_ID and format(served.parent.span_id, "016x") == CALLER_SPAN  # type: ignore[union-attr]
+    assert served.attributes["http.response.status_code"] == 200  # type: ignore[index]
+    children = [s for s in spans.get_finished_spans() if s.parent and s.parent.span_id == served.context.span_id]
+    stages = [s for s in children if s.name != "process job"]  # the follow-up's span is its child too (below)
+    assert [s.name for s in stages] == ["decode", "infer", "encode"]
+    assert all(served.start_time <= s.start_time <= s.end_time <= served.end_time for s in stages)  # type: ignore[operator]
+
+    job = finished["process job"]  # the follow-up, in the follow-up function: the same trace
+    assert hex_trace(job) == TRACE_ID and job.parent is not None and job.parent.span_id == served.context.span_id
+    batch = finished["process jobs"]
+    assert [link.context.span_id for link in batch.links] == [served.context.span_id]
+
+
+def test_an_untraced_request_starts_its_own_trace_and_a_refusal_is_an_error(
+    spans: InMemorySpanExporter, settings: Settings
+) -> None:
+    client = app_client(settings)
+    client.post("/v2/models/digits-accurate/infer", json=request([SURE[0]]))
+    client.post("/v2/models/digits-accurate/infer", json={"inputs": []})
+    ok, refused = [s for s in spans.get_finished_spans() if s.name == "infer digits-accurate"]
+    assert ok.parent is None and hex_trace(ok) != TRACE_ID and ok.status.status_code.name == "UNSET"
+    assert refused.attributes["http.response.status_code"] == 422  # type: ignore[index]
+    assert refused.status.status_code.name == "ERROR" and "non-empty" in (refused.status.description or "")
+
+
+def test_without_configuration_nothing_is_traced_and_follow_ups_carry_no_trace(settings: Settings, aws: Aws) -> None:
+    assert not tracing.configure()  # no OTEL_* variables here
+    client = app_client(settings)
+    client.post("/v2/models/digits/infer", json=request([CORRECTED[0]]), headers={"traceparent": TRACEPARENT})
+    record = received_event(aws, 1)["Records"][0]
+    assert record["messageAttributes"] == {}
+
+
+def test_the_server_exports_spans_for_http_and_grpc_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The console exporter, as for the emulator: spans as JSON on the server's stdout.
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    served = serve_with_grpc(tmp_path, ("--processes", "1", "--workers", "0"))
+    try:
+        import httpx
+
+        x = np.load(DEMO_HOLDOUT)["input"][:1]
+        body = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": x.ravel().tolist()}]}
+        grpc_trace = "0af7651916cd43dd8448eb211c80319c"
+        httpx.post(f"{served.url}/v2/models/digits-accurate/infer", json=body, headers={"traceparent": TRACEPARENT})
+        client = triton.InferenceServerClient(served.address)
+        inp = triton.InferInput("input", [1, 64], "FP32")
+        inp.set_data_from_numpy(x)
+        client.infer("digits-accurate", [inp], headers={"traceparent": f"00-{grpc_trace}-b7ad6b7169203331-01"})
+        client.close()
+
+        def exported() -> dict[str, set[str]]:
+            text = served.log.read_text()
+            found: dict[str, set[str]] = {}
+            for chunk in text.split("\n}\n"):
+                start = chunk.find('{\n    "name"')
+                if start < 0:
+                    continue
+                span = json.loads(chunk[start:] + "\n}")
+                found.setdefault(span["context"]["trace_id"].removeprefix("0x"), set()).add(span["name"])
+            return found
+
+        wait_for(lambda: {TRACE_ID, grpc_trace} <= exported().keys(), 30, "both traces on the server's stdout")
+        assert {"infer digits-accurate", "decode", "infer", "encode"} <= exported()[TRACE_ID]
+        assert {"infer digits-accurate", "decode", "infer", "encode"} <= exported()[grpc_trace]
+    finally:
+        stop(served)
+    assert os.environ["OTEL_TRACES_EXPORTER"] == "console"
+
+
+def test_in_lambda_a_follow_up_carries_the_x_ray_trace_header(
+    settings: Settings, aws: Aws, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    header = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1"
+    monkeypatch.setenv("_X_AMZN_TRACE_ID", header)  # what Lambda sets with X-Ray tracing on
+    app_client(settings).post("/v2/models/digits/infer", json=request([CORRECTED[0]]))
+    record = received_event(aws, 1)["Records"][0]
+    assert record["attributes"]["AWSTraceHeader"] == header
