@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import copy
 import importlib.util
 import io
 import json
@@ -265,3 +266,18 @@ def test_cold_paths_import_only_what_they_need(function: str, call: str, loaded:
     code = COLD_PATH.format(function=str(REPO / "functions" / function), call=call)
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert json.loads(done.stdout.splitlines()[-1]) == loaded
+
+
+def test_with_x_ray_every_log_line_carries_the_trace_id(
+    handler: Handler, log_stream: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("_X_AMZN_TRACE_ID", "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1")
+    event = json.loads((REPO / "events" / "api-http-infer.json").read_text())
+    handler(event, LambdaContext(request_id="lambda-req-2"))
+    bad = copy.deepcopy(event)
+    bad["body"] = "{"
+    bad.pop("isBase64Encoded", None)
+    handler(bad, LambdaContext(request_id="lambda-req-3"))
+    logs = _log_lines(log_stream.getvalue())
+    assert {line["message"] for line in logs} >= {"inference", "inference refused"}
+    assert all(line["xray_trace_id"] == "1-5759e988-bd862e3fe1be46a994272793" for line in logs), logs
