@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -13,7 +14,8 @@ from fnserve.adapters.local.emulator import Emulator
 from fnserve.adapters.local.template import Resolver, load_template
 from fnserve.aws import clients
 from fnserve.core.errors import HandlerError
-from tests.functional.conftest import free_port
+from fnserve.workers.pool import FunctionSpec
+from tests.functional.conftest import free_port, wait_for
 
 TEMPLATE = """
 Transform: AWS::Serverless-2016-10-31
@@ -54,6 +56,10 @@ import base64, json, os
 
 
 def handler(event, context):
+    if "kaboom" in (event.get("rawPath") or event.get("path") or ""):
+        raise ValueError("kaboom in handler, with a secret: hunter2")
+    if "plain" in (event.get("rawPath") or event.get("path") or ""):
+        return {"answer": 42}  # no statusCode
     body = event.get("body")
     if body is not None and event.get("isBase64Encoded"):
         body = base64.b64decode(body).hex()
@@ -70,6 +76,25 @@ def handler(event, context):
 """
 
 
+class Console:
+    """The emulator's console, recorded: what each function wrote (its log)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def started(self, spec: FunctionSpec, request_id: str) -> None:
+        return None
+
+    def output(self, spec: FunctionSpec, request_id: str | None, text: str) -> None:
+        self.lines.append(text)
+
+    def finished(self, *args: Any) -> None:
+        return None
+
+
+CONSOLE = Console()
+
+
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("sam")
@@ -80,7 +105,7 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("AWS_ENDPOINT_URL", raising=False)
         mp.delenv("LOCALSTACK_HOST", raising=False)
-        emulator = Emulator(root / "template.yaml", port=port)
+        emulator = Emulator(root / "template.yaml", port=port, observer=CONSOLE)
         emulator.start()
         try:
             yield f"http://127.0.0.1:{port}"
@@ -135,3 +160,36 @@ def test_a_function_whose_init_fails_stops_the_emulator_with_its_error(tmp_path:
             emulator.start()
         clients.reset()
     assert set(multiprocessing.active_children()) <= before  # every worker it started has stopped
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "message"),
+    [
+        ("GET", "/items/kaboom", 500, "Internal Server Error"),  # HTTP API
+        ("POST", "/legacy/kaboom", 502, "Internal server error"),  # REST API
+    ],
+)
+def test_a_handler_error_is_api_gateways_generic_answer_and_its_traceback_goes_to_the_console(
+    emulator: str, method: str, path: str, status: int, message: str
+) -> None:
+    CONSOLE.lines.clear()
+    response = httpx.request(method, f"{emulator}{path}", timeout=30)
+    assert (response.status_code, response.json()) == (status, {"message": message})
+    assert "hunter2" not in response.text  # the exception's text stays in the log
+
+    # The worker writes it as the function's log, which reaches the console through its pipe.
+    wait_for(lambda: any("ValueError: kaboom" in line for line in CONSOLE.lines[1:]), 10, "the traceback")
+    seen_text = "\n".join(CONSOLE.lines)
+    assert "[ERROR] ValueError: kaboom in handler" in seen_text and "Traceback (most recent call last)" in seen_text
+    assert 'raise ValueError("kaboom in handler' in seen_text
+
+
+@pytest.mark.parametrize(("path", "status"), [("/items/plain", 200), ("/legacy/plain", 502)])
+def test_an_answer_without_status_code_is_a_body_for_an_http_api_and_malformed_for_a_rest_api(
+    emulator: str, path: str, status: int
+) -> None:
+    method = "GET" if path.startswith("/items") else "POST"
+    response = httpx.request(method, f"{emulator}{path}", timeout=30)
+    assert response.status_code == status
+    if status == 200:
+        assert response.json() == {"answer": 42}

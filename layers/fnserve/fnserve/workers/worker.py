@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -59,6 +60,8 @@ def worker_main(conn: Connection, spec_json: str) -> None:
             except FnserveError as exc:
                 send(Raised(message.id, exc.to_dict(), _usage(console, began, init_ms)))
             except Exception as exc:  # noqa: BLE001 - a function error, as Lambda reports it
+                # Where Lambda's runtime logs it (the function's log, the emulator's console): with its traceback.
+                print(f"[ERROR] {type(exc).__name__}: {exc}\n{traceback.format_exc()}", file=sys.stderr, flush=True)
                 error = HandlerError(f"{type(exc).__name__}: {exc}").to_dict()
                 send(Raised(message.id, error, _usage(console, began, init_ms)))
             else:

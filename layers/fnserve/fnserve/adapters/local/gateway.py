@@ -1,7 +1,9 @@
 """The emulator's HTTP gateway: match a route, turn the request into its API Gateway event, and back.
 
-Like API Gateway, it answers on its own when the integration fails: 502 for a function error
-or a malformed response, 503/504 when the function's worker died or timed out.
+Like API Gateway, it answers on its own when the integration fails, with API Gateway's own
+generic bodies, never the function's error (that goes to the console, with its traceback,
+as it would go to the function's log): an HTTP API answers 500 for a function error or a
+malformed response and 503 for a timeout, a REST API 502 and 504.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as StarletteRoute
 
 from fnserve.adapters.local import events
-from fnserve.core.errors import FnserveError
+from fnserve.core.errors import FnserveError, InvocationTimeout
 from fnserve.workers.pool import WorkerPool
 
 TEXT_TYPES = ("application/json", "text/", "application/xml", "application/x-www-form-urlencoded")
@@ -66,11 +68,11 @@ def gateway_app(
         event = to_event(request, route, params, await request.body())
         try:
             response = await asyncio.wrap_future(pools[route.function].invoke(event))
-        except FnserveError as exc:
-            # API Gateway's own answers when the integration fails: 502, or 503/504.
-            status = exc.status_code if exc.status_code in (503, 504) else 502
-            return JSONResponse({"message": exc.message}, status_code=status)
-        return to_response(response)
+        except InvocationTimeout:
+            return integration_failed(route, timed_out=True)
+        except FnserveError:
+            return integration_failed(route)
+        return to_response(response, route)
 
     return Starlette(
         routes=[
@@ -78,6 +80,17 @@ def gateway_app(
             StarletteRoute("/{path:path}", gateway, methods=METHODS),
         ]
     )
+
+
+def integration_failed(route: HttpRoute, timed_out: bool = False) -> Response:
+    """API Gateway's own answer when the function failed (or timed out), by API type."""
+    if route.version == "2.0":  # HTTP API
+        if timed_out:
+            return JSONResponse({"message": "Service Unavailable"}, status_code=503)
+        return JSONResponse({"message": "Internal Server Error"}, status_code=500)
+    if timed_out:  # REST API
+        return JSONResponse({"message": "Endpoint request timed out"}, status_code=504)
+    return JSONResponse({"message": "Internal server error"}, status_code=502)
 
 
 def to_event(request: Request, route: HttpRoute, params: dict[str, str], body: bytes) -> dict[str, Any]:
@@ -120,10 +133,18 @@ def _is_text(content_type: str, body: bytes) -> bool:
     return True
 
 
-def to_response(response: Any) -> Response:
-    """The HTTP response for a function's proxy-integration answer (502 if it is not one)."""
+def to_response(response: Any, route: HttpRoute) -> Response:
+    """The HTTP response for a function's proxy-integration answer.
+
+    An answer without ``statusCode`` is, for an HTTP API (payload 2.0), a 200 whose body is the
+    answer (as JSON unless it is a string); for a REST API, a malformed answer: 502.
+    """
     if not isinstance(response, dict) or "statusCode" not in response:
-        return JSONResponse({"message": "Internal Server Error"}, status_code=502)
+        if route.version != "2.0":
+            return integration_failed(route)
+        if isinstance(response, str):
+            return Response(response, status_code=200, media_type="application/json")
+        return JSONResponse(response, status_code=200)
     body = response.get("body") or ""
     content = base64.b64decode(body) if response.get("isBase64Encoded") else str(body).encode()
     headers = {k: str(v) for k, v in (response.get("headers") or {}).items()}
