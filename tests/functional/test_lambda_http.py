@@ -19,6 +19,7 @@ import orjson
 import pytest
 
 from fnserve.adapters.local.events import LambdaContext
+from tests.functional.conftest import Aws
 from tests.helpers import BAD_NUMBERS, DEMO_MANIFEST, REPO
 
 EVENTS = sorted((REPO / "events").glob("api-*.json"))
@@ -281,3 +282,38 @@ def test_with_x_ray_every_log_line_carries_the_trace_id(
     logs = _log_lines(log_stream.getvalue())
     assert {line["message"] for line in logs} >= {"inference", "inference refused"}
     assert all(line["xray_trace_id"] == "1-5759e988-bd862e3fe1be46a994272793" for line in logs), logs
+
+
+POWERTOOLS_CALL = """
+import json, sys
+sys.path.insert(0, {function!r})
+import app
+from fnserve.adapters.local.events import LambdaContext
+print("---")
+app.handler(json.load(open({event!r})), LambdaContext())
+"""
+
+
+@pytest.mark.parametrize(("function", "event"), [("api", "api-http-infer.json"), ("batch", "batch-jobs.json")])
+def test_the_templates_powertools_service_and_namespace_are_honoured(function: str, event: str, aws: Aws) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        **{k: v for k, v in os.environ.items() if k.startswith("AWS_")},  # the moto server
+        "FNSERVE_MANIFEST": str(DEMO_MANIFEST),
+        "PATH": "/usr/bin:/bin",
+        "POWERTOOLS_SERVICE_NAME": "digits-svc",
+        "POWERTOOLS_METRICS_NAMESPACE": "DigitsTeam",
+    }
+    if function == "batch":
+        env["FNSERVE_RESULTS_TABLE"] = aws.table
+    code = POWERTOOLS_CALL.format(function=str(REPO / "functions" / function), event=str(REPO / "events" / event))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    lines = _log_lines(done.stdout.split("---", 1)[1])
+    logs = [line for line in lines if "level" in line]
+    emf = [line for line in lines if "_aws" in line]
+    assert logs and all(line["service"] == "digits-svc" for line in logs), done.stdout + done.stderr
+    assert emf and all(line["_aws"]["CloudWatchMetrics"][0]["Namespace"] == "DigitsTeam" for line in emf)
+    assert all(line["service"] == "digits-svc" for line in emf)

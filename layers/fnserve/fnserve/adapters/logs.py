@@ -21,7 +21,8 @@ def _dumps(record: object) -> str:
     return orjson.dumps(record, default=str).decode()
 
 
-logger = Logger(service="fnserve", json_serializer=_dumps)
+# The service name the template sets (POWERTOOLS_SERVICE_NAME), else fnserve's.
+logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME") or "fnserve", json_serializer=_dumps)
 
 
 def access(message: str, fields: dict[str, Any]) -> None:

@@ -40,9 +40,10 @@ class EmfTelemetry:
     ``model`` / ``status`` dimensions, Count and Milliseconds units).
     """
 
-    def __init__(self, namespace: str | None = None, service: str = "fnserve", out: TextIO | None = None) -> None:
+    def __init__(self, namespace: str | None = None, service: str | None = None, out: TextIO | None = None) -> None:
+        # What the template sets (Powertools' variables), else fnserve's names.
         self.namespace = namespace or os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "fnserve"
-        self.service = service
+        self.service = service or os.environ.get("POWERTOOLS_SERVICE_NAME") or "fnserve"
         self.out = out
         self._pending: dict[str, Any] | None = None
 

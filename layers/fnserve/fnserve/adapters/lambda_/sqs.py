@@ -9,6 +9,7 @@ either way, and each reason is already logged.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -51,7 +52,10 @@ def create_handler(
     if store is None:
         raise ConfigError("the batch function needs FNSERVE_RESULTS_TABLE: the table results are written to")
     processor = bootstrap.job_processor(settings, store, service or bootstrap.build_service(settings, dynamo))
-    metrics = metrics or Metrics(namespace="fnserve", service="fnserve-batch")
+    metrics = metrics or Metrics(  # what the template sets (Powertools' variables), else fnserve's names
+        namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "fnserve",
+        service=os.environ.get("POWERTOOLS_SERVICE_NAME") or "fnserve-batch",
+    )
 
     snapstart.register(processor.service.registry)
 
