@@ -41,6 +41,34 @@ def test_models_lists_inputs_and_outputs() -> None:
     assert "probabilities" in result.output and "[-1, 10]" in result.output
 
 
+def test_models_lists_the_cascades_too() -> None:
+    result = runner.invoke(app, ["models", "-m", str(DEMO_MANIFEST)])
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if line.startswith("digits "))
+    assert "cascade: digits-fast at once, digits-accurate follows up unless top1 of 'probabilities'" in line
+    assert ">= 0.65" in line
+
+
+def test_predict_a_cascade_answers_each_row_as_its_follow_up_would() -> None:
+    import onnxruntime as ort
+
+    n = 300
+    result = runner.invoke(app, ["predict", "digits", str(DEMO_HOLDOUT), "-m", str(DEMO_MANIFEST), "-n", str(n)])
+    assert result.exit_code == 0, result.output
+    x = np.load(DEMO_HOLDOUT)["input"][:n]
+    fast = ort.InferenceSession(str(MODELS_DIR / "digits-fast" / "1" / "model.onnx"))
+    fast_label, fast_p = fast.run(None, {"input": x})
+    slow_label, _ = ort.InferenceSession(str(ACCURATE)).run(None, {"input": x})
+    unsure = fast_p.max(axis=1) < 0.65
+    expected = np.where(unsure, slow_label, fast_label)
+    assert f"digits-fast answered {int((~unsure).sum())} rows, digits-accurate followed up on {int(unsure.sum())}" in (
+        result.output
+    )
+    rows = [line for line in result.output.splitlines() if line.strip().startswith("row")]
+    assert [int(line.split("predicted")[1].split()[0]) for line in rows] == expected.tolist()
+    assert 0 < unsure.sum() < n
+
+
 def test_quantize_dynamic_reports_size_latency_and_accuracy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     workdir = tmp_path / "cwd"
     workdir.mkdir()

@@ -94,7 +94,7 @@ def _fail(message: str) -> typer.Exit:
 
 @app.command()
 def models(manifest: ManifestOpt) -> None:
-    """List the models of a manifest with their inputs and outputs."""
+    """List what a manifest serves: its models (inputs and outputs) and its cascades."""
     from fnserve.core.service import InferenceService
 
     try:
@@ -102,11 +102,19 @@ def models(manifest: ManifestOpt) -> None:
         for name in service.registry.names():
             meta = service.model_metadata(name)
             typer.echo(f"{name}  versions {', '.join(meta['versions'])}")
-            for kind in ("inputs", "outputs"):
-                for spec in meta[kind]:
-                    typer.echo(f"    {kind[:-1]:<6} {spec['name']:<16} {spec['datatype']:<6} {spec['shape']}")
+            _echo_tensors(meta)
+        for cascade in service.registry.manifest.cascades:
+            rule = f"{cascade.rule} of {cascade.output!r} ({cascade.scores}) >= {cascade.threshold:g}"
+            typer.echo(f"{cascade.name}  cascade: {cascade.fast} at once, {cascade.slow} follows up unless {rule}")
+            _echo_tensors(service.model_metadata(cascade.fast, cascade.fast_version))
     except FnserveError as exc:
         raise _fail(exc.message) from None
+
+
+def _echo_tensors(meta: dict[str, Any]) -> None:
+    for kind in ("inputs", "outputs"):
+        for spec in meta[kind]:
+            typer.echo(f"    {kind[:-1]:<6} {spec['name']:<16} {spec['datatype']:<6} {spec['shape']}")
 
 
 @app.command()
@@ -117,19 +125,33 @@ def predict(
     version: Annotated[str | None, typer.Option(help="Model version (default: latest).")] = None,
     count: Annotated[int, typer.Option("--count", "-n", min=1, help="Rows to predict.")] = 10,
 ) -> None:
-    """Predict the first rows of a data file; print predictions beside the true labels."""
+    """Predict the first rows of a data file; print predictions beside the true labels.
+
+    A cascade answers each row as its own request would once its follow-up is done: the fast
+    model's answer where it is confident, the slow model's elsewhere."""
+    from fnserve.core.cascade import settle
     from fnserve.core.service import InferenceService
     from fnserve.datafiles import read_data
 
     try:
         service = InferenceService.from_manifest(manifest)
-        meta = service.model_metadata(model, version)
+        cascade = next((c for c in service.registry.manifest.cascades if c.name == model), None)
+        if cascade is not None and version is not None:
+            raise _fail(f"cascade {model!r} has no versions")
+        meta = service.model_metadata(cascade.fast if cascade else model, cascade.fast_version if cascade else version)
         rows = read_data(data, [spec["name"] for spec in meta["inputs"]]).head(count)
-        outputs = service.predict(model, rows.inputs, version=version)
+        if cascade is None:
+            outputs = service.predict(model, rows.inputs, version=version)
+            typer.echo(f"{model} (version {version or meta['versions'][-1]}), {rows.rows} rows:")
+        else:
+            outputs, slow = settle(service, cascade, rows.inputs)
+            typer.echo(
+                f"{model} (cascade: {cascade.fast} answered {int((~slow).sum())} rows, "
+                f"{cascade.slow} followed up on {int(slow.sum())}), {rows.rows} rows:"
+            )
     except FnserveError as exc:
         raise _fail(exc.message) from None
     predicted = _predicted_labels(outputs)
-    typer.echo(f"{model} (version {version or meta['versions'][-1]}), {rows.rows} rows:")
     if predicted is None or rows.labels is None:
         for name, value in outputs.items():
             typer.echo(f"  {name}: {np.array2string(value, threshold=50)}")

@@ -47,6 +47,31 @@ def confident(scores: np.ndarray[Any, Any], cascade: CascadeSettings) -> bool:
     return bool(np.all(confidence(scores, cascade) >= cascade.threshold))
 
 
+def settle(
+    service: InferenceService, cascade: CascadeSettings, inputs: Mapping[str, Any]
+) -> tuple[dict[str, np.ndarray[Any, Any]], np.ndarray[Any, Any]]:
+    """What the cascade answers for each row as its own request, once follow-ups are done: the fast
+    model's outputs where the row is confident, the slow model's elsewhere; and which rows the slow
+    model answered. For offline runs (``fnserve predict``); both models must share their output names."""
+    fast = service.infer(cascade.fast, inputs, version=cascade.fast_version).outputs
+    if cascade.output not in fast:
+        raise InvalidInput(f"cascade {cascade.name!r}: model {cascade.fast!r} has no output {cascade.output!r}")
+    unsure = confidence(fast[cascade.output], cascade) < cascade.threshold
+    if not unsure.any():
+        return dict(fast), unsure
+    rows = np.flatnonzero(unsure)
+    unsure_inputs = {k: np.asarray(v)[rows] for k, v in inputs.items()}
+    slow = service.infer(cascade.slow, unsure_inputs, version=cascade.slow_version)
+    settled = {}
+    for name, values in fast.items():
+        if name not in slow.outputs:
+            raise InvalidInput(f"cascade {cascade.name!r}: model {cascade.slow!r} has no output {name!r}")
+        merged = np.array(values, copy=True)
+        merged[rows] = slow.outputs[name]
+        settled[name] = merged
+    return settled, unsure
+
+
 class FollowupSender(Protocol):
     """Where follow-up jobs go (SQS in AWS)."""
 
