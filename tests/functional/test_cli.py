@@ -150,3 +150,18 @@ def test_cascade_tune_recommends_a_threshold_and_plots(tmp_path: Path) -> None:
         runner.invoke(app, ["cascade", "tune", "nope", "--data", str(DEMO_HOLDOUT), "-m", str(DEMO_MANIFEST)]).exit_code
         == 1
     )
+
+
+def test_the_manifest_defaults_to_fnserve_manifest_then_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FNSERVE_MANIFEST", raising=False)
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["models"])
+    assert result.exit_code == 1 and "manifest.toml does not exist" in result.output
+    monkeypatch.setenv("FNSERVE_MANIFEST", str(DEMO_MANIFEST))
+    assert "digits-accurate" in runner.invoke(app, ["models"]).output
+    monkeypatch.delenv("FNSERVE_MANIFEST")
+    monkeypatch.chdir(DEMO_MANIFEST.parent)
+    result = runner.invoke(app, ["cascade", "tune", "digits", "--data", str(DEMO_HOLDOUT)])
+    assert result.exit_code == 0 and "cascade digits" in result.output, result.output

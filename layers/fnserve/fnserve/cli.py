@@ -32,7 +32,12 @@ app.add_typer(cascade_app, name="cascade")
 
 ManifestOpt = Annotated[
     Path,
-    typer.Option("--manifest", "-m", envvar="FNSERVE_MANIFEST", help="Model manifest (TOML)."),
+    typer.Option(
+        "--manifest",
+        "-m",
+        envvar="FNSERVE_MANIFEST",
+        help="Model manifest (TOML); default: FNSERVE_MANIFEST, else manifest.toml in the current directory.",
+    ),
 ]
 
 
@@ -93,7 +98,7 @@ def _fail(message: str) -> typer.Exit:
 
 
 @app.command()
-def models(manifest: ManifestOpt) -> None:
+def models(manifest: ManifestOpt = Path("manifest.toml")) -> None:
     """List what a manifest serves: its models (inputs and outputs) and its cascades."""
     from fnserve.core.service import InferenceService
 
@@ -121,7 +126,7 @@ def _echo_tensors(meta: dict[str, Any]) -> None:
 def predict(
     model: Annotated[str, typer.Argument(help="Model name.")],
     data: Annotated[Path, typer.Argument(help=".npy or .npz inputs (an .npz may carry labels).")],
-    manifest: ManifestOpt,
+    manifest: ManifestOpt = Path("manifest.toml"),
     version: Annotated[str | None, typer.Option(help="Model version (default: latest).")] = None,
     count: Annotated[int, typer.Option("--count", "-n", min=1, help="Rows to predict.")] = 10,
 ) -> None:
@@ -261,7 +266,7 @@ def _quantize_and_compare(
 
 @app.command()
 def serve(
-    manifest: ManifestOpt,
+    manifest: ManifestOpt = Path("manifest.toml"),
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
     workers: Annotated[
@@ -458,7 +463,7 @@ def results(
 def cascade_tune(
     cascade: Annotated[str, typer.Argument(help="Cascade name in the manifest.")],
     data: Annotated[Path, typer.Option("--data", exists=True, help="Labelled validation data (.npz).")],
-    manifest: ManifestOpt,
+    manifest: ManifestOpt = Path("manifest.toml"),
     target_accuracy: Annotated[float | None, typer.Option(help="Recommend the threshold reaching this.")] = None,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG of accuracy against slow-model share.")] = None,
 ) -> None:
