@@ -193,3 +193,59 @@ def test_an_answer_without_status_code_is_a_body_for_an_http_api_and_malformed_f
     assert response.status_code == status
     if status == 200:
         assert response.json() == {"answer": 42}
+
+
+RESOURCES = """
+Transform: AWS::Serverless-2016-10-31
+Parameters:
+  Visibility:
+    Type: Number
+    Default: 30
+Resources:
+  Dlq:
+    Type: AWS::SQS::Queue
+  Jobs:
+    Type: AWS::SQS::Queue
+    Properties:
+      VisibilityTimeout: !Ref Visibility
+      RedrivePolicy:
+        deadLetterTargetArn: !GetAtt Dlq.Arn
+        maxReceiveCount: 3
+  Results:
+    Type: AWS::DynamoDB::Table
+    Properties:
+      BillingMode: PAY_PER_REQUEST
+      AttributeDefinitions: [{AttributeName: pk, AttributeType: S}]
+      KeySchema: [{AttributeName: pk, KeyType: HASH}]
+      TimeToLiveSpecification: {AttributeName: expires_at, Enabled: true}
+  Payloads:
+    Type: AWS::S3::Bucket
+"""
+
+
+def test_a_restart_against_the_same_endpoint_reuses_its_resources_and_their_data(tmp_path: Path) -> None:
+    from tests.moto import aws_env, moto_server
+
+    (tmp_path / "template.yaml").write_text(RESOURCES)
+    with moto_server(tmp_path / "moto.log") as url, pytest.MonkeyPatch.context() as mp:
+        for key, value in aws_env(url).items():  # an endpoint that outlives the emulator, as LocalStack does
+            mp.setenv(key, value)
+        mp.delenv("LOCALSTACK_HOST", raising=False)
+        clients.reset()
+        first = Emulator(tmp_path / "template.yaml", port=free_port())
+        table = first.start().tables["Results"]
+        clients.client("dynamodb").put_item(TableName=table, Item={"pk": {"S": "kept"}})
+        first.stop()
+        # Again, with a different visibility timeout: the queue is reused and takes the new one.
+        second = Emulator(tmp_path / "template.yaml", port=free_port(), parameters={"Visibility": "45"})
+        local = second.start()
+        try:
+            assert local.tables["Results"] == table
+            assert clients.client("dynamodb").get_item(TableName=table, Key={"pk": {"S": "kept"}})["Item"]
+            attrs = clients.client("sqs").get_queue_attributes(
+                QueueUrl=local.queues["Jobs"], AttributeNames=["VisibilityTimeout", "RedrivePolicy"]
+            )["Attributes"]
+            assert attrs["VisibilityTimeout"] == "45" and "fnserve-local-Dlq" in attrs["RedrivePolicy"]
+        finally:
+            second.stop()
+            clients.reset()

@@ -2,7 +2,9 @@
 
 Queues (dead-letter queues first, so redrive policies can name them), tables (with their
 TTL) and buckets are created under local names; the returned maps resolve the template's
-``Ref`` and ``Fn::GetAtt`` to them.
+``Ref`` and ``Fn::GetAtt`` to them. Against an endpoint that outlives the emulator
+(LocalStack), a restart finds them there: they are reused, with the template's settings
+applied again, and their data kept.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from fnserve.adapters.local.events import REGION, arn
 from fnserve.adapters.local.template import Resolver, Template
 from fnserve.aws import clients
+from fnserve.core.errors import ConfigError
 
 Physical = dict[str, str]
 Attributes = dict[tuple[str, str], str]
@@ -66,24 +69,41 @@ def create_resources(
     for name, resource in template.of_type("AWS::DynamoDB::Table").items():
         props = plain.resolve(resource.get("Properties", {}))
         table = f"fnserve-local-{name}"
-        dynamodb.create_table(
-            TableName=table,
-            KeySchema=props["KeySchema"],
-            AttributeDefinitions=props["AttributeDefinitions"],
-            BillingMode="PAY_PER_REQUEST",
-        )
+        try:
+            dynamodb.create_table(
+                TableName=table,
+                KeySchema=props["KeySchema"],
+                AttributeDefinitions=props["AttributeDefinitions"],
+                BillingMode="PAY_PER_REQUEST",
+            )
+        except dynamodb.exceptions.ResourceInUseException:
+            _check_key_schema(dynamodb, table, props["KeySchema"])
         ttl = props.get("TimeToLiveSpecification")
         if ttl and ttl.get("Enabled"):
-            dynamodb.update_time_to_live(TableName=table, TimeToLiveSpecification=ttl)
+            current = dynamodb.describe_time_to_live(TableName=table)["TimeToLiveDescription"]
+            if current.get("TimeToLiveStatus") not in ("ENABLED", "ENABLING"):
+                dynamodb.update_time_to_live(TableName=table, TimeToLiveSpecification=ttl)
         physical[name] = table
         attributes[(name, "Arn")] = arn("dynamodb", f"table/{table}")
     s3 = clients.client("s3")
     for name in template.of_type("AWS::S3::Bucket"):
         bucket = f"fnserve-local-{name.lower()}"
-        s3.create_bucket(Bucket=bucket)
+        try:
+            s3.create_bucket(Bucket=bucket)
+        except (s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
+            pass  # this emulator's, from an earlier run
         physical[name] = bucket
         attributes[(name, "Arn")] = arn("s3", bucket)
     return physical, attributes
+
+
+def _check_key_schema(dynamodb: Any, table: str, key_schema: list[dict[str, str]]) -> None:
+    """An existing table is reused only if its key is the template's (its items could not be read otherwise)."""
+    existing = dynamodb.describe_table(TableName=table)["Table"]["KeySchema"]
+    if sorted(map(str, existing)) != sorted(map(str, key_schema)):
+        raise ConfigError(
+            f"table {table} exists with key {existing}, not the template's {key_schema}: delete it and start again"
+        )
 
 
 def _queues(
@@ -110,7 +130,13 @@ def _queues(
                     "maxReceiveCount": str(redrive["maxReceiveCount"]),
                 }
             )
-        url = sqs.create_queue(QueueName=f"fnserve-local-{name}", Attributes=attrs)["QueueUrl"]
+        queue_name = f"fnserve-local-{name}"
+        try:
+            url = sqs.create_queue(QueueName=queue_name, Attributes=attrs)["QueueUrl"]
+        except sqs.exceptions.QueueNameExists:  # from an earlier run, with other attributes: this run's apply
+            url = sqs.get_queue_url(QueueName=queue_name)["QueueUrl"]
+            if attrs:
+                sqs.set_queue_attributes(QueueUrl=url, Attributes=attrs)
         physical[name] = url
         queue_arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
         attributes[(name, "Arn")] = queue_arn
