@@ -1,4 +1,4 @@
-"""Every client goes to one endpoint: AWS_ENDPOINT_URL, else LocalStack's, else AWS."""
+"""Endpoints and retries as botocore's configuration chain decides them; LocalStack's when only it is named."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from fnserve.aws import clients
 
 @pytest.fixture(autouse=True)
 def clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_SQS", "AWS_RETRY_MODE", "AWS_MAX_ATTEMPTS"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.delenv("LOCALSTACK_HOST", raising=False)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
@@ -30,6 +32,27 @@ def test_localstack_host_follows_localstack_client(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("LOCALSTACK_HOST", host)
     for service in ("sqs", "dynamodb", "s3"):
         assert clients.endpoint_url(service) == url
+
+
+def test_a_service_endpoint_beside_the_global_one_as_botocore_reads_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:4566")  # LocalStack
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", "http://127.0.0.1:8000")  # DynamoDB Local
+    monkeypatch.setenv("LOCALSTACK_HOST", "localhost")  # named too: the environment's endpoints still win
+    assert clients.client("dynamodb").meta.endpoint_url == "http://127.0.0.1:8000"
+    assert clients.client("sqs").meta.endpoint_url == "http://127.0.0.1:4566"
+    assert clients.endpoint_url("dynamodb") == "http://127.0.0.1:8000"
+
+
+def test_the_environments_retry_settings_hold_except_where_a_budget_bounds_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert clients.client("sqs").meta.config.retries == {"mode": "standard", "total_max_attempts": 4}
+    clients.reset()
+    monkeypatch.setenv("AWS_RETRY_MODE", "adaptive")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "7")
+    assert clients.client("sqs").meta.config.retries == {"mode": "adaptive", "total_max_attempts": 7}
+    request_path = clients.client("dynamodb", clients.Budget(connect_timeout=0.2, read_timeout=0.2, max_attempts=2))
+    assert request_path.meta.config.retries == {"mode": "standard", "total_max_attempts": 2}
 
 
 def test_no_endpoint_means_aws_itself() -> None:

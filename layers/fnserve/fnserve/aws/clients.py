@@ -1,13 +1,15 @@
 """Every boto3 client fnserve uses comes from here: one per service and budget per process, made lazily.
 
-The endpoint is decided once for all services, so a moto server or LocalStack takes all the
-traffic or none of it: ``AWS_ENDPOINT_URL`` if set, else LocalStack's (localstack-client's
-conventions) when ``LOCALSTACK_HOST`` is set, else AWS itself. Against a local emulator, a
-machine with no AWS configuration still works: the region and credentials default to the
-emulator's (any value does), where nothing else provides them.
+Endpoints and retries follow botocore's own configuration chain: ``AWS_ENDPOINT_URL_<SERVICE>``
+(``AWS_ENDPOINT_URL_DYNAMODB``: DynamoDB Local beside LocalStack, say), then ``AWS_ENDPOINT_URL``,
+then the config file; ``AWS_RETRY_MODE`` and ``AWS_MAX_ATTEMPTS``. fnserve adds LocalStack's
+endpoints (localstack-client's conventions) when ``LOCALSTACK_HOST`` is set and nothing else
+names one. Against a local emulator, a machine with no AWS configuration still works: the
+region and credentials default to the emulator's (any value does), where nothing else provides them.
 
 A :class:`Budget` bounds what one call may cost (timeouts and attempts): the result cache's
 reads must stay within milliseconds even when DynamoDB stalls, a batch's writes may take longer.
+The default budget's attempts and retry mode give way to ``AWS_MAX_ATTEMPTS`` and ``AWS_RETRY_MODE``.
 """
 
 from __future__ import annotations
@@ -70,14 +72,23 @@ DEFAULT_BUDGET = Budget()
 
 
 def endpoint_url(service: str) -> str | None:
-    """The endpoint all of fnserve's clients use for ``service``, or None for AWS itself."""
-    url = os.environ.get("AWS_ENDPOINT_URL", "").strip()
+    """The endpoint fnserve's clients use for ``service``, or None for AWS itself."""
+    url = _environment_endpoint(service)
     if url:
         return url
     if os.environ.get("LOCALSTACK_HOST"):
         from localstack_client.config import get_service_endpoint
 
         return get_service_endpoint(service)  # type: ignore[no-any-return]
+    return None
+
+
+def _environment_endpoint(service: str) -> str | None:
+    """The endpoint botocore itself reads for ``service`` from the environment (per service first)."""
+    for name in (f"AWS_ENDPOINT_URL_{service.upper().replace('-', '_')}", "AWS_ENDPOINT_URL"):
+        url = os.environ.get(name, "").strip()
+        if url:
+            return url
     return None
 
 
@@ -100,8 +111,14 @@ def _client(service: str, budget: Budget) -> Any:
         import boto3
         from botocore.config import Config
 
+        retries: dict[str, Any] = {"mode": "standard", "total_max_attempts": budget.max_attempts}
+        if budget == DEFAULT_BUDGET:  # the environment's choices, where it makes them
+            if os.environ.get("AWS_RETRY_MODE"):
+                del retries["mode"]
+            if os.environ.get("AWS_MAX_ATTEMPTS"):
+                del retries["total_max_attempts"]
         config = Config(
-            retries={"mode": "standard", "total_max_attempts": budget.max_attempts},
+            retries=retries or None,
             connect_timeout=budget.connect_timeout,
             read_timeout=budget.read_timeout,
             max_pool_connections=32,
@@ -109,12 +126,14 @@ def _client(service: str, budget: Budget) -> Any:
         endpoint = endpoint_url(service)
         session = boto3.session.Session()
         options: dict[str, Any] = {}
+        if endpoint is not None and _environment_endpoint(service) is None:
+            options["endpoint_url"] = endpoint  # LocalStack's; botocore reads the environment's itself
         if is_local(endpoint):
             if session.region_name is None:
                 options["region_name"] = LOCAL_REGION
             if session.get_credentials() is None:
                 options |= {"aws_access_key_id": "local", "aws_secret_access_key": "local"}
-        return session.client(service, endpoint_url=endpoint, config=config, **options)
+        return session.client(service, config=config, **options)
 
 
 def reset() -> None:
