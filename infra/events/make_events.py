@@ -1,5 +1,7 @@
-"""Write events/*.json: real-shaped Lambda events (as `sam local generate-event` makes them)
-carrying demo-model requests on held-out digits.
+"""Write real-shaped Lambda events (as `sam local generate-event` makes them) carrying demo-model
+requests on held-out digits: events/ holds those of what template.yaml deploys (its HTTP API's
+routes, its queues); tests/events/ those of integrations the handler also accepts that the
+template does not deploy (a REST API, an Application Load Balancer).
 
     python infra/events/make_events.py        (rerun when the demo models change)
 """
@@ -17,6 +19,9 @@ from fnserve.adapters.local.events import ACCOUNT_ID, REGION, http_api_event, re
 REPO = Path(__file__).resolve().parents[2]
 
 EVENTS = REPO / "events"
+OTHER_EVENTS = REPO / "tests" / "events"
+# The template's HTTP API sends every request through one route (template.yaml, HttpApiRoute).
+ROUTE_KEY = "ANY /v2/{proxy+}"
 HOLDOUT = np.load(REPO / "layers" / "models" / "models" / "digits-holdout.npz")
 MODEL = "digits-accurate"
 PATH = f"/v2/models/{MODEL}/infer"
@@ -82,11 +87,11 @@ def http_api(method: str, path: str, body: bytes | None, hdrs: dict[str, str], b
     return http_api_event(
         method,
         path,
-        route_key="POST /v2/models/{name}/infer" if method == "POST" else "GET /v2/models/{name}",
+        route_key=ROUTE_KEY,
         headers=hdrs,
         body=body,
         binary=binary,
-        path_parameters={"name": MODEL},
+        path_parameters={"proxy": path.removeprefix("/v2/")},
         source_ip="192.0.2.10",
         api_id="abcdef1234",
         domain=DOMAIN,
@@ -190,15 +195,19 @@ def main() -> None:
         "api-http-infer.json": http_api("POST", PATH, body, headers(body, "application/json")),
         "api-http-infer-binary.json": http_api("POST", PATH, binary, bin_headers, binary=True),
         "api-http-metadata.json": http_api("GET", f"/v2/models/{MODEL}", None, headers(b"", "application/json")),
-        "api-rest-infer.json": rest_api(body, headers(body, "application/json")),
-        "api-rest-infer-binary.json": rest_api(binary, bin_headers, binary=True),
-        "api-alb-infer.json": alb(body, headers(body, "application/json")),
         "batch-jobs.json": sqs_jobs(),
         "followup-jobs.json": sqs_jobs(followups=True),
     }
-    for name, event in events.items():
-        (EVENTS / name).write_text(json.dumps(event, indent=2) + "\n")
-        print(f"wrote events/{name}")
+    others = {
+        "api-rest-infer.json": rest_api(body, headers(body, "application/json")),
+        "api-rest-infer-binary.json": rest_api(binary, bin_headers, binary=True),
+        "api-alb-infer.json": alb(body, headers(body, "application/json")),
+    }
+    OTHER_EVENTS.mkdir(exist_ok=True)
+    for folder, written in ((EVENTS, events), (OTHER_EVENTS, others)):
+        for name, event in written.items():
+            (folder / name).write_text(json.dumps(event, indent=2) + "\n")
+            print(f"wrote {(folder / name).relative_to(REPO)}")
 
 
 if __name__ == "__main__":

@@ -99,11 +99,37 @@ def test_the_api_requires_iam_by_default() -> None:
 
 def test_every_function_has_sample_events() -> None:
     events = {p.name for p in (REPO / "events").glob("*.json")}
-    assert {"api-http-infer.json", "api-rest-infer.json", "api-alb-infer.json"} <= events  # ApiFunction
+    assert {"api-http-infer.json", "api-http-infer-binary.json", "api-http-metadata.json"} <= events  # ApiFunction
     assert "batch-jobs.json" in events  # BatchFunction
     assert "followup-jobs.json" in events  # FollowupFunction
     for name, function in FUNCTIONS.items():
         assert (REPO / function["Properties"]["CodeUri"] / "app.py").exists(), name
+
+
+def test_the_sample_events_are_what_the_template_deploys_would_send() -> None:
+    """events/ describes the deployed API and queues; other integrations' events live in tests/events/."""
+    import json
+
+    routes = {
+        r["Properties"]["RouteKey"]: r["Properties"]["ApiId"]
+        for r in RESOURCES.values()
+        if r["Type"] == "AWS::ApiGatewayV2::Route"
+    }
+    sqs_functions = {
+        name
+        for name, f in FUNCTIONS.items()
+        if any(e["Type"] == "SQS" for e in f["Properties"].get("Events", {}).values())
+    }
+    for path in sorted((REPO / "events").glob("*.json")):
+        event = json.loads(path.read_text())
+        if "Records" in event:
+            assert all(r["eventSource"] == "aws:sqs" for r in event["Records"]), path.name
+            assert {"BatchFunction", "FollowupFunction"} <= sqs_functions
+            continue
+        assert event.get("version") == "2.0", f"{path.name}: the template deploys an HTTP API (payload 2.0) only"
+        assert event["routeKey"] in routes, f"{path.name}: route {event['routeKey']!r} is not in template.yaml"
+        proxy = event["rawPath"].removeprefix("/v2/")
+        assert event["pathParameters"] == {"proxy": proxy}, path.name
 
 
 def test_functions_that_read_payloads_may_list_their_bucket() -> None:
