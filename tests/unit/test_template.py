@@ -142,3 +142,48 @@ def test_functions_that_read_payloads_may_list_their_bucket() -> None:
             listing = statements["MissingPayloadsReadAsMissing"]
             assert listing["Action"] == "s3:ListBucket", name
             assert listing["Resource"] == {"Fn::GetAtt": ["PayloadBucket", "Arn"]}, name
+
+
+def test_every_function_keeps_its_logs_for_a_set_time() -> None:
+    groups = {
+        r["Properties"]["LogGroupName"]["Fn::Sub"]: r["Properties"]["RetentionInDays"]
+        for r in RESOURCES.values()
+        if r["Type"] == "AWS::Logs::LogGroup" and "LogGroupName" in r["Properties"]
+    }
+    assert groups == {f"/aws/lambda/${{{name}}}": {"Ref": "LogRetentionInDays"} for name in FUNCTIONS}
+    assert RESOURCES["HttpApiAccessLogs"]["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionInDays"}
+
+
+def test_alarms_watch_the_dead_letter_queues_errors_throttles_and_5xx_and_notify_the_optional_topic() -> None:
+    alarms = {name: r["Properties"] for name, r in RESOURCES.items() if r["Type"] == "AWS::CloudWatch::Alarm"}
+    watched = {a.get("MetricName") or a["Metrics"][0]["MetricStat"]["Metric"]["MetricName"] for a in alarms.values()}
+    assert watched == {"ApproximateNumberOfMessagesVisible", "Errors", "Throttles", "5xx"}
+    dlqs = {a["Dimensions"][0]["Value"]["Fn::GetAtt"][0] for a in alarms.values() if a.get("Namespace") == "AWS/SQS"}
+    assert dlqs == {"JobsDeadLetterQueue", "FollowupDeadLetterQueue"}
+    notify = {"Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]}
+    for alarm in alarms.values():
+        assert alarm["AlarmActions"] == notify
+        assert alarm["TreatMissingData"] == "notBreaching"
+
+
+def test_queues_cannot_take_every_concurrent_execution() -> None:
+    for name in ("BatchFunction", "FollowupFunction"):
+        (event,) = FUNCTIONS[name]["Properties"]["Events"].values()
+        assert event["Properties"]["ScalingConfig"] == {"MaximumConcurrency": {"Ref": "JobsMaximumConcurrency"}}
+    assert PARAMETERS["JobsMaximumConcurrency"]["MinValue"] == 2  # SQS's own floor
+
+
+def test_a_new_http_function_version_rolls_out_as_chosen_and_back_on_its_alarms() -> None:
+    preference = FUNCTIONS["ApiFunction"]["Properties"]["DeploymentPreference"]
+    assert preference["Type"] == {"Ref": "DeploymentType"}
+    assert preference["Alarms"] == [{"Ref": "ApiErrorsAlarm"}, {"Ref": "Api5xxAlarm"}]
+    assert PARAMETERS["DeploymentType"]["Default"] == "AllAtOnce"
+    assert "Canary10Percent5Minutes" in PARAMETERS["DeploymentType"]["AllowedValues"]
+
+
+def test_cors_is_a_parameter_off_by_default() -> None:
+    assert PARAMETERS["CorsAllowOrigins"]["Default"] == ""
+    cors = RESOURCES["HttpApi"]["Properties"]["CorsConfiguration"]["Fn::If"]
+    assert cors[0] == "HasCors" and cors[2] == {"Ref": "AWS::NoValue"}
+    assert "inference-header-content-length" in cors[1]["AllowHeaders"]
+    assert {"x-request-id", "server-timing"} <= set(cors[1]["ExposeHeaders"])
