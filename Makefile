@@ -13,7 +13,7 @@ PY312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12
 	$$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$c; break; }; done)
 SAM := SAM_CLI_TELEMETRY=0 PATH="$(dir $(PY312)):$$PATH" $(SAM_VENV)/bin/sam
 
-.PHONY: setup run serve test lint sam-build sam-check bench bench-models models grpc-stubs clean
+.PHONY: setup run serve test lint sam-build sam-check deploy bench bench-models models grpc-stubs clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fnserve needs Python >= 3.11"'
@@ -63,6 +63,11 @@ sam-check: sam-build
 	$(BIN)/cfn-lint template.yaml
 	$(SAM) validate --lint
 	$(PY) -m tests.package.check_package $(PY312)
+
+# Build, then deploy with samconfig.toml's defaults (stack "fnserve", a managed artifact bucket, the
+# change set confirmed first). Needs AWS credentials; parameters as SAM_DEPLOY_ARGS="--parameter-overrides ...".
+deploy: sam-build
+	$(SAM) deploy $(SAM_DEPLOY_ARGS)
 
 test: lint sam-check
 	$(BIN)/pytest

@@ -187,3 +187,15 @@ def test_cors_is_a_parameter_off_by_default() -> None:
     assert cors[0] == "HasCors" and cors[2] == {"Ref": "AWS::NoValue"}
     assert "inference-header-content-length" in cors[1]["AllowHeaders"]
     assert {"x-request-id", "server-timing"} <= set(cors[1]["ExposeHeaders"])
+
+
+def test_samconfig_deploys_without_questions() -> None:
+    import tomllib
+
+    config = tomllib.loads((REPO / "samconfig.toml").read_text())
+    assert config["default"]["global"]["parameters"]["stack_name"] == "fnserve"
+    deploy = config["default"]["deploy"]["parameters"]
+    # A managed artifact bucket, the IAM roles the stack makes, and a change set to confirm.
+    assert deploy["resolve_s3"] is True and "CAPABILITY_IAM" in deploy["capabilities"].split()
+    assert deploy["confirm_changeset"] is True
+    assert "deploy: sam-build" in (REPO / "Makefile").read_text()
