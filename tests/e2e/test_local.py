@@ -148,7 +148,7 @@ def test_a_worker_killed_mid_load_fails_no_request_silently_and_comes_back(local
     for thread in threads:
         thread.join(timeout=120)
     assert len(statuses) == 60 and -1 not in statuses  # every request answered, none hung
-    assert set(statuses) <= {200, 503}
+    assert set(statuses) <= {200, 500}  # the one that died: a function error (Runtime.ExitError on AWS), HTTP API 500
 
     def replaced() -> bool:
         pids = httpx.get(f"{local['url']}/_fnserve/local", timeout=10).json()["functions"]["ApiFunction"]

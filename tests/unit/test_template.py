@@ -199,3 +199,15 @@ def test_samconfig_deploys_without_questions() -> None:
     assert deploy["resolve_s3"] is True and "CAPABILITY_IAM" in deploy["capabilities"].split()
     assert deploy["confirm_changeset"] is True
     assert "deploy: sam-build" in (REPO / "Makefile").read_text()
+
+
+def test_the_follow_up_id_key_is_read_at_run_time_not_put_in_the_environment() -> None:
+    import json
+
+    text = json.dumps(TEMPLATE)
+    assert "resolve:secretsmanager" not in text and '"FNSERVE_RESULT_ID_KEY"' not in text
+    api = FUNCTIONS["ApiFunction"]["Properties"]
+    assert api["Environment"]["Variables"]["FNSERVE_RESULT_ID_KEY_SECRET"] == {"Ref": "ResultIdKey"}
+    statements = [s for p in api["Policies"] if "Statement" in p for s in p["Statement"]]
+    statement = next(s for s in statements if s["Sid"] == "FollowupIdKey")
+    assert statement["Action"] == "secretsmanager:GetSecretValue" and statement["Resource"] == {"Ref": "ResultIdKey"}

@@ -136,9 +136,14 @@ def _fetch_manifest(settings: InferenceSettings) -> Path:
 
 
 def followup_ids(settings: AwsSettings) -> FollowupIds:
-    """The signer of follow-up ids: FNSERVE_RESULT_ID_KEY, else a key derived from the table name."""
+    """The signer of follow-up ids: FNSERVE_RESULT_ID_KEY, else the secret FNSERVE_RESULT_ID_KEY_SECRET names,
+    else a key derived from the table name."""
     if settings.result_id_key is not None:
         return FollowupIds(settings.result_id_key.get_secret_value().encode())
+    if settings.result_id_key_secret:
+        from fnserve.aws.secrets import rotating_keys
+
+        return FollowupIds(rotating_keys(settings.result_id_key_secret))
     return FollowupIds(hashlib.sha256(f"fnserve-result-ids:{settings.results_table}".encode()).digest())
 
 

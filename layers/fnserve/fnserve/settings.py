@@ -152,7 +152,12 @@ class AwsSettings(EnvSettings):
     result_id_key: SecretStr | None = Field(
         default=None,
         description="Key signing follow-up ids; set it (the same in every container) so ids cannot be forged. "
-        "Unset: derived from the results table name, which keeps ids consistent but not secret.",
+        "Unset, and no result_id_key_secret: derived from the results table name, consistent but not secret.",
+    )
+    result_id_key_secret: str | None = Field(
+        default=None,
+        description="Secrets Manager secret (name or ARN) holding that key, read at run time and cached "
+        "for 5 minutes (rotations need no redeploy; ids signed with the previous version stay valid).",
     )
     max_receive_count: int = Field(
         default=5,

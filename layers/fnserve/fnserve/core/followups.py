@@ -16,7 +16,7 @@ import hashlib
 import hmac
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -40,27 +40,32 @@ class FollowupId:
 
 
 class FollowupIds:
-    """Mints and checks signed follow-up ids: ``{p|s}-{created, base 36}-{nonce}-{cascade}-{signature}``."""
+    """Mints and checks signed follow-up ids: ``{p|s}-{created, base 36}-{nonce}-{cascade}-{signature}``.
 
-    def __init__(self, key: bytes) -> None:
-        self._key = key
+    ``key``: the signing key, or a function giving the keys now (the current one first, then
+    any previous one still accepted: a rotated secret's ids keep working until they expire).
+    """
+
+    def __init__(self, key: bytes | Callable[[], Sequence[bytes]]) -> None:
+        self._keys: Callable[[], Sequence[bytes]] = key if callable(key) else (lambda: (key,))
 
     def mint(self, status: Status, cascade: str, now: float | None = None) -> str:
         created = int(time.time() if now is None else now)
         body = f"{status[0]}-{np.base_repr(created, 36).lower()}-{os.urandom(8).hex()}-{cascade}"
-        return f"{body}-{self._sign(body)}"
+        return f"{body}-{_sign(self._keys()[0], body)}"
 
     def parse(self, value: str) -> FollowupId | None:
         """The id's claims, or None for anything this deployment did not mint."""
         body, _, signature = value.rpartition("-")
-        if not body or not hmac.compare_digest(signature, self._sign(body)):
+        if not body or not any(hmac.compare_digest(signature, _sign(key, body)) for key in self._keys()):
             return None
         kind, created, _, cascade = body.split("-", 3)
         status: Status = "pending" if kind == "p" else "skipped"
         return FollowupId(status, int(created, 36), cascade, value)
 
-    def _sign(self, body: str) -> str:
-        return hmac.new(self._key, body.encode(), hashlib.sha256).hexdigest()[:20]
+
+def _sign(key: bytes, body: str) -> str:
+    return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()[:20]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,8 @@
 """The emulator's AWS: an embedded moto server (or the configured endpoint) and the template's resources.
 
 Queues (dead-letter queues first, so redrive policies can name them), tables (with their
-TTL) and buckets are created under local names; the returned maps resolve the template's
-``Ref`` and ``Fn::GetAtt`` to them. Against an endpoint that outlives the emulator
+TTL), buckets and secrets (with a generated value) are created under local names; the
+returned maps resolve the template's ``Ref`` and ``Fn::GetAtt`` to them. Against an endpoint that outlives the emulator
 (LocalStack), a restart finds them there: they are reused, with the template's settings
 applied again, and their data kept.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import socket
 from typing import Any
 
@@ -85,6 +86,9 @@ def create_resources(
                 dynamodb.update_time_to_live(TableName=table, TimeToLiveSpecification=ttl)
         physical[name] = table
         attributes[(name, "Arn")] = arn("dynamodb", f"table/{table}")
+    secrets_manager = clients.client("secretsmanager")
+    for name, resource in template.of_type("AWS::SecretsManager::Secret").items():
+        physical[name] = _secret(secrets_manager, f"fnserve-local-{name}", resource.get("Properties", {}))
     s3 = clients.client("s3")
     for name in template.of_type("AWS::S3::Bucket"):
         bucket = f"fnserve-local-{name.lower()}"
@@ -95,6 +99,20 @@ def create_resources(
         physical[name] = bucket
         attributes[(name, "Arn")] = arn("s3", bucket)
     return physical, attributes
+
+
+def _secret(secrets_manager: Any, name: str, props: dict[str, Any]) -> str:
+    """A secret's ARN (what ``Ref`` gives): made with a generated value as GenerateSecretString asks, or
+    the template's SecretString; one from an earlier run against the same endpoint is reused."""
+    try:
+        return str(secrets_manager.describe_secret(SecretId=name)["ARN"])
+    except secrets_manager.exceptions.ResourceNotFoundException:
+        pass
+    value = props.get("SecretString")
+    if not isinstance(value, str):
+        length = int((props.get("GenerateSecretString") or {}).get("PasswordLength", 32))
+        value = secrets.token_urlsafe(length)[:length]
+    return str(secrets_manager.create_secret(Name=name, SecretString=value)["ARN"])
 
 
 def _check_key_schema(dynamodb: Any, table: str, key_schema: list[dict[str, str]]) -> None:
