@@ -162,6 +162,8 @@ def test_a_worker_killed_mid_load_fails_no_request_silently_and_comes_back(local
 def test_the_lines_fnserve_local_prints_work_verbatim_in_a_shell_without_aws_configuration(
     local: dict[str, Any], tmp_path: Path
 ) -> None:
+    # The gateway answers before the banner is out: it is printed once the lines to try are worked out.
+    wait_for(lambda: "Ctrl-C stops it." in local["log"].read_text(), 60, "the banner")
     banner = local["log"].read_text().splitlines()
     lines = [line.strip() for line in banner if line.startswith(("  try ", "  jobs ", "        AWS_ENDPOINT_URL"))]
     curl, submit, results = (line.removeprefix("try").removeprefix("jobs").strip() for line in lines[:3])

@@ -249,3 +249,28 @@ def test_a_restart_against_the_same_endpoint_reuses_its_resources_and_their_data
         finally:
             second.stop()
             clients.reset()
+
+
+def test_the_banner_offers_the_templates_own_routes_not_the_demos(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fnserve.cli import _local_banner
+
+    (tmp_path / "template.yaml").write_text(TEMPLATE)
+    (tmp_path / "echo").mkdir()
+    (tmp_path / "echo" / "app.py").write_text(APP)
+    port = free_port()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("AWS_ENDPOINT_URL", raising=False)
+        mp.delenv("LOCALSTACK_HOST", raising=False)
+        emulator = Emulator(tmp_path / "template.yaml", port=port)
+        try:
+            local = emulator.start()
+            capsys.readouterr()
+            _local_banner(emulator, local, f"http://127.0.0.1:{port}", 1)
+        finally:
+            emulator.stop()
+            clients.reset()
+    banner = capsys.readouterr().out
+    assert "digits" not in banner and "fnserve submit" not in banner
+    assert f"try   curl -s -X GET http://127.0.0.1:{port}/items/{{id}}" in banner

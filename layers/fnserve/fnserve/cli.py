@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import logging
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
@@ -563,6 +565,7 @@ def local(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     typer.echo("Ctrl-C stops it.")
+    sys.stdout.flush()  # the banner's lines, now, for whoever reads a pipe or a file
     stop.wait()
     emulator.stop()
     raw.close()
@@ -577,17 +580,57 @@ def _local_banner(emulator: Emulator, local_: Local, url: str, workers: int) -> 
         typer.echo(
             f"  SQS   {source.queue_url} -> {source.function} (batch {source.batch_size}, window {source.window:g}s)"
         )
-    typer.echo(
-        f'  try   curl -s {url}/v2/models/digits/infer -d \'{{"inputs":[{{"name":"input","shape":[1,64],'
-        '"datatype":"FP32","data":[' + ",".join(["8"] * 64) + "]}]}'"
-    )
+    example = _served_example(local_)
+    if example is None:  # not an fnserve manifest behind the functions: the template's own routes
+        for route in emulator.routes[:3]:
+            typer.echo(f"  try   curl -s -X {route.method if route.method != 'ANY' else 'GET'} {url}{route.path}")
+        return
+    typer.echo(f"  try   curl -s {url}/v2/models/{example.name}/infer -d '{example.request}'")
     jobs = next((s.queue_url for s in emulator.sources if s.function == "BatchFunction"), None)
     table = next(iter(local_.tables.values()), None)
-    if jobs and table:
+    if jobs and table and example.data is not None:
         typer.echo(
             f"  jobs  AWS_ENDPOINT_URL={local_.endpoint} .venv/bin/fnserve submit "
-            f"layers/models/models/digits-holdout.npz --model digits-accurate --queue {jobs} --ids ids.txt"
+            f"{example.data} --model {example.batch_model} --queue {jobs} --ids ids.txt"
         )
         typer.echo(
             f"        AWS_ENDPOINT_URL={local_.endpoint} .venv/bin/fnserve results ids.txt --table {table} -o out.jsonl"
         )
+
+
+@dataclass(frozen=True)
+class _Example:
+    name: str  # what the try line infers on (the first cascade, else the first model)
+    request: str
+    batch_model: str  # what the jobs lines submit to (the cascade's slow model, else the first model)
+    data: str | None  # a data file beside the manifest, for the jobs lines
+
+
+def _served_example(local_: Local) -> _Example | None:
+    """Lines to try, from the manifest the template's functions serve (None when none serves one)."""
+    from fnserve.core.service import InferenceService
+
+    manifests = (Path(m) for spec in local_.functions.values() if (m := spec.env.get("FNSERVE_MANIFEST")))
+    manifest = next((m for m in manifests if m.is_file()), None)
+    if manifest is None:
+        return None
+    registry_log = logging.getLogger("fnserve.core.registry")
+    level = registry_log.level
+    registry_log.setLevel(logging.WARNING)  # the functions load the models and say so; here, quietly
+    try:
+        service = InferenceService.from_manifest(manifest)
+        cascades = service.registry.manifest.cascades
+        first = service.registry.names()[0]
+        name, fast, batch_model = (cascades[0].name, cascades[0].fast, cascades[0].slow) if cascades else (first,) * 3
+        request = _example_request(service.model_metadata(fast))
+    except FnserveError:
+        return None
+    finally:
+        registry_log.setLevel(level)
+    # A data file beside the manifest for the jobs lines: held-out data first (what the demo ships).
+    files = sorted(manifest.parent.glob("*.npz"), key=lambda f: ("holdout" not in f.name, f.name))
+    data = files[0] if files else None
+    shown = None
+    if data is not None:
+        shown = str(data.relative_to(Path.cwd())) if data.is_relative_to(Path.cwd()) else str(data)
+    return _Example(name, request, batch_model, shown)
