@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -122,16 +123,35 @@ def test_quantize_refuses_to_write_a_slower_model_unless_forced(
     out = tmp_path / "q.onnx"
     result = runner.invoke(app, ["quantize", str(ACCURATE), "-o", str(out)])
     assert result.exit_code == 1
-    assert "slower at batch 1, 64; not writing" in result.output
+    assert "confidently slower at batch 1, 64 (see above); not writing" in result.output
     assert not out.exists()
     result = runner.invoke(app, ["quantize", str(ACCURATE), "-o", str(out), "--force"])
     assert result.exit_code == 0, result.output
-    assert out.exists()
+    assert f"sha256 {hashlib.sha256(out.read_bytes()).hexdigest()}" in result.output
 
 
-def test_slower_means_beyond_the_noise_margin() -> None:
+def test_slower_means_confidently_slower_by_more_than_the_smallest_effect() -> None:
+    rng = np.random.default_rng(1)
+    noise = lambda: 1e-3 * (1 + 0.05 * rng.standard_normal(200))  # noqa: E731 - 5% jitter per run
+    before = noise()
+    cases = {
+        "same speed, noisy": noise(),
+        "5% slower": noise() * 1.05,
+        "1% slower": noise() * 1.01,
+        "10% faster": noise() * 0.9,
+    }
+    verdicts = {}
+    for name, after in cases.items():
+        ratio, low, high = q.paired_ratio_interval(list(before), list(after))
+        assert low <= ratio <= high
+        verdicts[name] = q.Latency(1, 1.0, ratio, ratio, low, high, 200)
+    assert [name for name, lat in verdicts.items() if lat.slower] == ["5% slower"]
+    assert verdicts["10% faster"].verdict().startswith("faster (after/before 0.9")
+    assert "95% CI" in verdicts["same speed, noisy"].verdict()
+    assert "over 200 paired rounds" in verdicts["1% slower"].verdict()
+    # Without an interval (the medians only), beyond 2% is slower.
     report = q.QuantizeReport("dynamic", 2, 1)
-    report.latencies = [q.Latency(1, 1.0, 1.02), q.Latency(64, 1.0, 1.2)]
+    report.latencies = [q.Latency(1, 1.0, 1.01), q.Latency(64, 1.0, 1.2)]
     assert report.slower_at() == [64]
 
 

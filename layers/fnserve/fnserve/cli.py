@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import shutil
 import tempfile
@@ -221,12 +222,13 @@ def quantize(
         slower = report.slower_at()
         if slower and not force:
             raise _fail(
-                f"the quantized model is slower at batch {', '.join(map(str, slower))}; "
+                f"the quantized model is confidently slower at batch {', '.join(map(str, slower))} (see above); "
                 f"not writing {output} (use --force to write it anyway)"
             )
         output.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(candidate, output)
-    typer.echo(f"wrote {output}")
+    digest = hashlib.sha256(output.read_bytes()).hexdigest()
+    typer.echo(f"wrote {output} (sha256 {digest}: the manifest's sha256 for it)")
 
 
 def _quantize_and_compare(

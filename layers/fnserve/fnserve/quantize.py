@@ -1,7 +1,11 @@
 """Quantize ONNX models with onnxruntime.quantization and report what it bought.
 
 The report is honest by construction: latency is measured before and after on the same
-inputs, interleaved so that machine noise hits both alike, and compared as medians.
+inputs, interleaved so that machine noise hits both alike, and compared as medians. Whether
+the quantized model is slower is a statistical decision, not a fixed margin: each round gives
+a paired ratio (after / before, run back to back), and a bootstrap gives the 95% confidence
+interval of their median. The model is "slower" only when the whole interval lies above
+``1 + MIN_EFFECT``: confidently slower, and by more than a difference nobody would notice.
 """
 
 from __future__ import annotations
@@ -22,21 +26,59 @@ import onnxruntime as ort
 from fnserve.datafiles import DataFile
 
 Mode = Literal["dynamic", "static"]
-# A slower result within this margin is noise, not a regression.
-NOISE_MARGIN = 0.03
+# The smallest slow-down worth refusing a model for (2%), once it is statistically certain.
+MIN_EFFECT = 0.02
+CONFIDENCE = 0.95
+BOOTSTRAP_RESAMPLES = 2000
 
 
 @dataclass(frozen=True)
 class Latency:
-    """Median latency of one batch size, before and after, in milliseconds."""
+    """Median latency of one batch size, before and after, in milliseconds; with the paired rounds'
+    median after/before ratio and its confidence interval (``ratio_low``, ``ratio_high``) when measured."""
 
     batch: int
     before_ms: float
     after_ms: float
+    ratio: float | None = None
+    ratio_low: float | None = None
+    ratio_high: float | None = None
+    rounds: int = 0
 
     @property
     def speedup(self) -> float:
         return self.before_ms / self.after_ms
+
+    @property
+    def slower(self) -> bool:
+        """Confidently slower by more than MIN_EFFECT (without an interval: the medians say so)."""
+        low = self.ratio_low if self.ratio_low is not None else self.after_ms / self.before_ms
+        return low > 1 + MIN_EFFECT
+
+    def verdict(self) -> str:
+        """The decision and its basis, in words."""
+        if self.ratio is None or self.ratio_low is None or self.ratio_high is None:
+            return "slower" if self.slower else "not slower"
+        basis = (
+            f"after/before {self.ratio:.3f}, {CONFIDENCE:.0%} CI {self.ratio_low:.3f}-{self.ratio_high:.3f} "
+            f"over {self.rounds} paired rounds"
+        )
+        if self.slower:
+            return f"slower ({basis}: above {1 + MIN_EFFECT:.2f} throughout)"
+        if self.ratio_high < 1:
+            return f"faster ({basis})"
+        return f"not slower ({basis}: within {MIN_EFFECT:.0%} or inconclusive)"
+
+
+def paired_ratio_interval(before_s: list[float], after_s: list[float], seed: int = 0) -> tuple[float, float, float]:
+    """Median of the paired after/before ratios and its bootstrap confidence interval."""
+    ratios = np.asarray(after_s) / np.asarray(before_s)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(ratios), size=(BOOTSTRAP_RESAMPLES, len(ratios)))
+    medians = np.median(ratios[picks], axis=1)
+    tail = (1 - CONFIDENCE) / 2
+    low, high = np.quantile(medians, [tail, 1 - tail])
+    return float(np.median(ratios)), float(low), float(high)
 
 
 @dataclass
@@ -52,8 +94,8 @@ class QuantizeReport:
     agreement: dict[str, str] = field(default_factory=dict)
 
     def slower_at(self) -> list[int]:
-        """Batch sizes at which the quantized model is slower beyond the noise margin."""
-        return [lat.batch for lat in self.latencies if lat.after_ms > lat.before_ms * (1 + NOISE_MARGIN)]
+        """Batch sizes at which the quantized model is confidently slower (see :attr:`Latency.slower`)."""
+        return [lat.batch for lat in self.latencies if lat.slower]
 
     def lines(self) -> list[str]:
         """The report as aligned text lines."""
@@ -65,7 +107,7 @@ class QuantizeReport:
         for lat in self.latencies:
             out.append(
                 f"latency batch {lat.batch:<3} {lat.before_ms:.3f} ms -> {lat.after_ms:.3f} ms "
-                f"({lat.speedup:.2f}x speed-up, medians)"
+                f"({lat.speedup:.2f}x speed-up, medians): {lat.verdict()}"
             )
         if self.accuracy_before is not None and self.accuracy_after is not None:
             out.append(f"accuracy          {self.accuracy_before:.4f} -> {self.accuracy_after:.4f}")
@@ -163,7 +205,16 @@ def measure_latency(
             samples[which].append(time.perf_counter() - t0)
         if tick:
             tick()
-    return Latency(batch, statistics.median(samples[0]) * 1e3, statistics.median(samples[1]) * 1e3)
+    ratio, low, high = paired_ratio_interval(samples[0], samples[1])
+    return Latency(
+        batch,
+        statistics.median(samples[0]) * 1e3,
+        statistics.median(samples[1]) * 1e3,
+        ratio,
+        low,
+        high,
+        rounds,
+    )
 
 
 def compare_outputs(
