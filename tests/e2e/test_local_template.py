@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fnserve.adapters.local.emulator import Emulator
+from fnserve.adapters.local.emulator import Emulator, Local
 from fnserve.adapters.local.template import Resolver, load_template
 from fnserve.aws import clients
 from fnserve.core.errors import HandlerError
@@ -95,9 +96,9 @@ class Console:
 CONSOLE = Console()
 
 
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root = tmp_path_factory.mktemp("sam")
+@contextlib.contextmanager
+def echo_emulator(root: Path, observer: Console | None = None) -> Iterator[tuple[Emulator, Local, int]]:
+    """The echo template's emulator, on its own embedded moto, running until the block ends."""
     (root / "template.yaml").write_text(TEMPLATE)
     (root / "echo").mkdir()
     (root / "echo" / "app.py").write_text(APP)
@@ -105,13 +106,18 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("AWS_ENDPOINT_URL", raising=False)
         mp.delenv("LOCALSTACK_HOST", raising=False)
-        emulator = Emulator(root / "template.yaml", port=port, observer=CONSOLE)
-        emulator.start()
+        emulator = Emulator(root / "template.yaml", port=port, observer=observer)
         try:
-            yield f"http://127.0.0.1:{port}"
+            yield emulator, emulator.start(), port
         finally:
             emulator.stop()
             clients.reset()
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with echo_emulator(tmp_path_factory.mktemp("sam"), CONSOLE) as (_, _, port):
+        yield f"http://127.0.0.1:{port}"
 
 
 def test_http_api_events_are_version_2(emulator: str) -> None:
@@ -256,21 +262,9 @@ def test_the_banner_offers_the_templates_own_routes_not_the_demos(
 ) -> None:
     from fnserve.cli import _local_banner
 
-    (tmp_path / "template.yaml").write_text(TEMPLATE)
-    (tmp_path / "echo").mkdir()
-    (tmp_path / "echo" / "app.py").write_text(APP)
-    port = free_port()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("AWS_ENDPOINT_URL", raising=False)
-        mp.delenv("LOCALSTACK_HOST", raising=False)
-        emulator = Emulator(tmp_path / "template.yaml", port=port)
-        try:
-            local = emulator.start()
-            capsys.readouterr()
-            _local_banner(emulator, local, f"http://127.0.0.1:{port}", 1)
-        finally:
-            emulator.stop()
-            clients.reset()
+    with echo_emulator(tmp_path) as (emulator, local, port):
+        capsys.readouterr()
+        _local_banner(emulator, local, f"http://127.0.0.1:{port}", 1)
     banner = capsys.readouterr().out
     assert "digits" not in banner and "fnserve submit" not in banner
     assert f"try   curl -s -X GET http://127.0.0.1:{port}/items/{{id}}" in banner

@@ -38,6 +38,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
 
 @pytest.fixture
 def settings(aws: Aws, tmp_path: Path) -> Settings:
+    """test_cascade's settings, without access lines."""
     return Settings(
         manifest=write_test_manifest(tmp_path, cascade=True),
         results_table=aws.table,
