@@ -268,3 +268,32 @@ def test_the_banner_offers_the_templates_own_routes_not_the_demos(
     banner = capsys.readouterr().out
     assert "digits" not in banner and "fnserve submit" not in banner
     assert f"try   curl -s -X GET http://127.0.0.1:{port}/items/{{id}}" in banner
+
+
+def test_the_emulator_shows_a_requests_spans_on_its_console(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OTEL_TRACES_EXPORTER=console: the functions' spans appear in the console, in the caller's trace."""
+    from tests.helpers import REPO
+
+    trace_id = "5bf92f3577b34da6a3ce929d0e0e4736"
+    for key, value in {"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "50"}.items():
+        monkeypatch.setenv(key, value)  # the workers inherit it, as `OTEL_TRACES_EXPORTER=console make run` does
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("LOCALSTACK_HOST", raising=False)
+    console = Console()
+    port = free_port()
+    emulator = Emulator(REPO / "template.yaml", port=port, observer=console)
+    try:
+        emulator.start()
+        body = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]}
+        headers = {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
+        response = httpx.post(f"http://127.0.0.1:{port}/v2/models/digits-accurate/infer", json=body, headers=headers)
+        assert response.status_code == 200, response.text
+
+        def spans() -> str:
+            return "\n".join(console.lines)
+
+        wait_for(lambda: spans().count(f'"trace_id": "0x{trace_id}"') >= 4, 30, "the request's spans on the console")
+        assert '"name": "infer digits-accurate"' in spans() and '"name": "decode"' in spans()
+    finally:
+        emulator.stop()
+        clients.reset()
