@@ -104,10 +104,12 @@ def build_dataplane(
     if store is None and service is None:
         store = result_store(settings, for_requests=True)
     service = service or build_service(settings, store)
+    # One signer for the cascades and the results they are looked up by (its key may be a secret to read).
+    ids = followup_ids(settings) if service.registry.manifest.cascades or store is not None else None
     return DataPlane(
         service,
-        cascades=cascade_runner(settings, service),
-        results=result_lookup(settings, service, store),
+        cascades=cascade_runner(settings, service, ids),
+        results=result_lookup(settings, service, store, ids),
         batching=batching,
         max_concurrent_batches=max(1, settings.parallel_workers),
         offload=offload,
@@ -147,21 +149,25 @@ def followup_ids(settings: AwsSettings) -> FollowupIds:
     return FollowupIds(hashlib.sha256(f"fnserve-result-ids:{settings.results_table}".encode()).digest())
 
 
-def cascade_runner(settings: AwsSettings, service: InferenceService) -> CascadeRunner | None:
+def cascade_runner(
+    settings: AwsSettings, service: InferenceService, ids: FollowupIds | None = None
+) -> CascadeRunner | None:
     """The manifest's cascades with an SQS follow-up sender, or None when it declares none."""
     if not service.registry.manifest.cascades:
         return None
     return CascadeRunner(
-        service, followup_ids(settings), SqsFollowups(settings.results_bucket), settings.followup_queue_url
+        service, ids or followup_ids(settings), SqsFollowups(settings.results_bucket), settings.followup_queue_url
     )
 
 
-def result_lookup(settings: AwsSettings, service: InferenceService, store: ResultStore | None) -> ResultLookup | None:
+def result_lookup(
+    settings: AwsSettings, service: InferenceService, store: ResultStore | None, ids: FollowupIds | None = None
+) -> ResultLookup | None:
     """Result ids -> states, reading ``store``; None where no results are stored."""
     if store is None:
         return None
     cascades = {c.name: c for c in service.registry.manifest.cascades}
-    return ResultLookup(store, followup_ids(settings), cascades)
+    return ResultLookup(store, ids or followup_ids(settings), cascades)
 
 
 def job_processor(settings: AwsSettings, store: ResultStore, service: InferenceService) -> JobProcessor:

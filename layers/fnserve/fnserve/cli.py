@@ -33,6 +33,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help=HELP, pretty_
 cascade_app = typer.Typer(no_args_is_help=True, help="Fast-then-accurate model cascades.")
 app.add_typer(cascade_app, name="cascade")
 
+DEFAULT_MANIFEST = Path("manifest.toml")  # in the current directory, when FNSERVE_MANIFEST names none
 ManifestOpt = Annotated[
     Path,
     typer.Option(
@@ -101,7 +102,7 @@ def _fail(message: str) -> typer.Exit:
 
 
 @app.command()
-def models(manifest: ManifestOpt = Path("manifest.toml")) -> None:
+def models(manifest: ManifestOpt = DEFAULT_MANIFEST) -> None:
     """List what a manifest serves: its models (inputs and outputs) and its cascades."""
     from fnserve.core.service import InferenceService
 
@@ -129,7 +130,7 @@ def _echo_tensors(meta: dict[str, Any]) -> None:
 def predict(
     model: Annotated[str, typer.Argument(help="Model name.")],
     data: Annotated[Path, typer.Argument(help=".npy or .npz inputs (an .npz may carry labels).")],
-    manifest: ManifestOpt = Path("manifest.toml"),
+    manifest: ManifestOpt = DEFAULT_MANIFEST,
     version: Annotated[str | None, typer.Option(help="Model version (default: latest).")] = None,
     count: Annotated[int, typer.Option("--count", "-n", min=1, help="Rows to predict.")] = 10,
 ) -> None:
@@ -270,7 +271,7 @@ def _quantize_and_compare(
 
 @app.command()
 def serve(
-    manifest: ManifestOpt = Path("manifest.toml"),
+    manifest: ManifestOpt = DEFAULT_MANIFEST,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
     workers: Annotated[
@@ -467,7 +468,7 @@ def results(
 def cascade_tune(
     cascade: Annotated[str, typer.Argument(help="Cascade name in the manifest.")],
     data: Annotated[Path, typer.Option("--data", exists=True, help="Labelled validation data (.npz).")],
-    manifest: ManifestOpt = Path("manifest.toml"),
+    manifest: ManifestOpt = DEFAULT_MANIFEST,
     target_accuracy: Annotated[float | None, typer.Option(help="Recommend the threshold reaching this.")] = None,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG of accuracy against slow-model share.")] = None,
 ) -> None:

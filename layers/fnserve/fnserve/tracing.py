@@ -63,10 +63,6 @@ def disable() -> None:
     _tracer = None
 
 
-def enabled() -> bool:
-    return _tracer is not None
-
-
 def _provider_from_environment() -> TracerProvider | None:
     otlp = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     console = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "console"

@@ -21,13 +21,12 @@ from fnserve import __version__, tracing
 from fnserve.adapters import logs
 from fnserve.adapters.grpc import codec
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
-from fnserve.adapters.http.app import NoTelemetry, Telemetry
-from fnserve.adapters.http.wire import new_request_id
+from fnserve.adapters.http.app import EXTENSIONS, NoTelemetry, Telemetry
+from fnserve.adapters.http.wire import new_request_id, server_timing
 from fnserve.adapters.logs import logger
 from fnserve.core.dataplane import DataPlane
 from fnserve.core.errors import BadRequest, FnserveError
 
-EXTENSIONS = ["binary_tensor_data"]
 Context = grpc.aio.ServicerContext[Any, Any]
 
 # HTTP status of an fnserve error -> gRPC status. What a client sent wrong is never UNKNOWN or INTERNAL.
@@ -107,9 +106,7 @@ class InferenceServicer:
             if span is not None:
                 span.end(499, error="cancelled")
             raise
-        context.set_trailing_metadata(
-            (("x-request-id", rid), ("server-timing", ", ".join(f"{k};dur={v}" for k, v in timings.items())))
-        )
+        context.set_trailing_metadata((("x-request-id", rid), ("server-timing", server_timing(timings))))
         if self.access_log:
             logs.access(
                 "inference",

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from fnserve import tracing
 from fnserve.adapters import logs
-from fnserve.adapters.http.wire import error_body, request_id
+from fnserve.adapters.http.wire import error_body, request_id, server_timing
 from fnserve.adapters.logs import logger
 from fnserve.core.dataplane import DataPlane
 from fnserve.core.errors import BadRequest, FnserveError, PayloadTooLarge
@@ -200,7 +200,7 @@ class InferenceRoute:
             **answer.timings,
             "encode": round((t3 - t2) * 1e3, 3),
         }
-        headers = {"server-timing": ", ".join(f"{k};dur={v}" for k, v in timings.items())}
+        headers = {"server-timing": server_timing(timings)}
         if answer.cache != "off":
             headers["x-fnserve-cache"] = answer.cache
         if head_length is not None:

@@ -39,5 +39,10 @@ def new_id_prefix() -> None:
     _ID_PREFIX = uuid.uuid4().hex[:12]
 
 
+def server_timing(timings: Mapping[str, float]) -> str:
+    """The Server-Timing value of stage timings (milliseconds): ``decode;dur=0.1, infer;dur=0.3, ...``."""
+    return ", ".join(f"{stage};dur={ms}" for stage, ms in timings.items())
+
+
 def error_body(message: str) -> bytes:
     return orjson.dumps({"error": message})
