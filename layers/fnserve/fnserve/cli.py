@@ -103,7 +103,7 @@ def _fail(message: str) -> typer.Exit:
 
 @app.command()
 def models(manifest: ManifestOpt = DEFAULT_MANIFEST) -> None:
-    """List what a manifest serves: its models (inputs and outputs) and its cascades."""
+    """List what a manifest serves: its models (inputs and outputs), its pipelines and its cascades."""
     from fnserve.core.service import InferenceService
 
     try:
@@ -112,6 +112,10 @@ def models(manifest: ManifestOpt = DEFAULT_MANIFEST) -> None:
             meta = service.model_metadata(name)
             typer.echo(f"{name}  versions {', '.join(meta['versions'])}")
             _echo_tensors(meta)
+        for pipeline in service.registry.manifest.pipelines:
+            steps = " -> ".join([*(s.step for s in pipeline.pre), pipeline.model, *(s.step for s in pipeline.post)])
+            typer.echo(f"{pipeline.name}  pipeline: {steps}")
+            _echo_tensors(service.model_metadata(pipeline.name))
         for cascade in service.registry.manifest.cascades:
             rule = f"{cascade.rule} of {cascade.output!r} ({cascade.scores}) >= {cascade.threshold:g}"
             typer.echo(f"{cascade.name}  cascade: {cascade.fast} at once, {cascade.slow} follows up unless {rule}")

@@ -111,7 +111,7 @@ class ServerMetrics:
         self._plane = plane
         self._pool = pool
         cascades = plane.cascades.cascades if plane.cascades is not None else {}
-        self.known = frozenset([*plane.service.registry.names(), *cascades])
+        self.known = frozenset([*plane.service.registry.names(), *plane.service.pipelines, *cascades])
         for model, batcher in plane.batchers.items():
             batcher.on_batch = self.batch_observer(model)
 

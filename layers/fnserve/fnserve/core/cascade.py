@@ -118,7 +118,11 @@ class CascadeRunner:
             return CascadeAnswer(answer, "unavailable", None)
         followup_id = self.ids.mint("pending", name)
         arrays = {k: np.asarray(v) for k, v in inputs.items()}
-        job = job_message(followup_id, cascade.slow, arrays, version=cascade.slow_version, outputs=list(outputs or []))
+        # Raw bytes (a pipeline's images) have no JSON form: such inputs travel in binary.
+        binary = any(a.dtype == object for a in arrays.values())
+        job = job_message(
+            followup_id, cascade.slow, arrays, version=cascade.slow_version, outputs=list(outputs or []), binary=binary
+        )
         try:
             self.sender.send(queue, job)
         except Exception:  # the fast answer must not be lost to a queue outage

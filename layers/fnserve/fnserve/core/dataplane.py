@@ -1,7 +1,8 @@
 """The data plane: the one entry every transport calls (HTTP, Lambda through HTTP, and later gRPC).
 
-A served name is a plain model, a batched model (adaptive batching wraps its runner) or a
-cascade; :meth:`DataPlane.resolve` turns it into one callable with one signature, and every
+A served name is a plain model, a batched model (adaptive batching wraps its runner), a
+pipeline (steps around a model, batched with it when it is) or a cascade (of models or
+pipelines); :meth:`DataPlane.resolve` turns it into one callable with one signature, and every
 callable gives one answer type. Transports translate their wire format to these calls and
 the :class:`Answer` back; they decide nothing about inference.
 """
@@ -30,10 +31,10 @@ Infer = Callable[[Mapping[str, Any], Sequence[str] | None], Awaitable["Answer"]]
 class Answer:
     """An inference answer, whatever served it.
 
-    ``name`` is the served name (a model's, or a cascade's); ``model`` and ``version`` say which
-    model computed the outputs. ``parameters`` go back to the client (``cache``, and a cascade's
-    ``answered_by`` and ``followup_*``); ``timings`` are milliseconds per stage (``queue`` while
-    waiting for a batch, ``infer`` for the rest).
+    ``name`` is the served name (a model's, a pipeline's or a cascade's); ``model`` and ``version``
+    say which model computed the outputs. ``parameters`` go back to the client (``cache``, and a
+    cascade's ``answered_by`` and ``followup_*``); ``timings`` are milliseconds per stage (a
+    pipeline's ``pre`` and ``post`` steps, ``queue`` while waiting for a batch, ``infer`` for the rest).
     """
 
     name: str
@@ -75,6 +76,12 @@ class DataPlane:
         # Batched requests look the cache up before they join a batch: off the loop if that leaves the process.
         self._offload_cache = offload and service.cache is not None and service.cache.remote
         self.batchers = _batchers(service, max_concurrent_batches) if batching else {}
+        # A pipeline joins the batcher of its model, when it runs the model's default version.
+        self.batched_model = {
+            p.name: p.model
+            for p in service.registry.manifest.pipelines
+            if p.version in (None, service.registry.resolve(p.model).version)
+        }
 
     # -- inference ------------------------------------------------------------------------------
 
@@ -89,8 +96,9 @@ class DataPlane:
         """The answer of whatever ``name`` serves, with its ``infer`` time."""
         started = time.perf_counter()
         answer = await self.resolve(name, version)(inputs, outputs)
-        queued = answer.timings.get("queue", 0.0)
-        answer.timings["infer"] = round((time.perf_counter() - started) * 1e3 - queued, 3)
+        timings = answer.timings
+        spent = timings.get("queue", 0.0) + timings.get("pre", 0.0) + timings.get("post", 0.0) if timings else 0.0
+        timings["infer"] = round((time.perf_counter() - started) * 1e3 - spent, 3)
         return answer
 
     def resolve(self, name: str, version: str | None = None) -> Infer:
@@ -99,7 +107,7 @@ class DataPlane:
             if version is not None:
                 raise ModelNotFound(f"cascade {name!r} has no versions")
             return lambda inputs, outputs: self._cascade(name, inputs, outputs)
-        batcher = self.batchers.get(name) if version is None else None
+        batcher = self.batchers.get(self.batched_model.get(name, name)) if version is None else None
         if batcher is not None:
             return lambda inputs, outputs: self._batched(batcher, name, inputs, outputs)
         return lambda inputs, outputs: self._model(name, version, inputs, outputs)
@@ -194,7 +202,10 @@ class DataPlane:
 
 def _answer(name: str, prediction: Prediction) -> Answer:
     parameters = {} if prediction.cache == "off" else {"cache": prediction.cache}
-    return Answer(name, prediction.model, prediction.version, prediction.outputs, prediction.cache, parameters)
+    answer = Answer(name, prediction.model, prediction.version, prediction.outputs, prediction.cache, parameters)
+    if prediction.timings:
+        answer.timings = {stage: round(ms, 3) for stage, ms in prediction.timings.items()}
+    return answer
 
 
 def _batchers(service: InferenceService, max_concurrent: int) -> dict[str, AdaptiveBatcher]:

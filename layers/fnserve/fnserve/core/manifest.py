@@ -1,4 +1,5 @@
-"""The manifest format: every model version a deployment serves, its tensor overrides and its cascades.
+"""The manifest format: every model version a deployment serves, its tensor overrides, its pipelines
+(steps around a model) and its cascades.
 
 A leaf: it knows pydantic and nothing of the features that read it. TOML is what people
 write; JSON (a TOML-shaped document) is what fnserve writes itself (an s3:// manifest fetched).
@@ -140,15 +141,170 @@ class ModelSettings(BaseModel):
         return self
 
 
+class StepTensor(BaseModel):
+    """A tensor a custom step reads or writes, as V2 metadata shows it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, description="Tensor name.")
+    datatype: str = Field(description="V2 datatype: FP32, INT64, BYTES, ...")
+    shape: list[int] = Field(min_length=1, description="Shape, -1 where it varies; axis 0 is the batch.")
+
+
+class _Step(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TokenizeStep(_Step):
+    """Text (BYTES, one string a row) -> the token tensors the model's graph takes, with `tokenizers`."""
+
+    step: Literal["tokenize"]
+    input: str = Field(default="text", description="The pipeline input holding the text: BYTES [-1].")
+    tokenizer: str = Field(description="A tokenizer.json (Hugging Face tokenizers), relative to the manifest.")
+    max_length: int = Field(default=512, ge=2, description="Longer texts are truncated to this many tokens.")
+    pad_to: Literal["longest", "buckets"] = Field(
+        default="buckets",
+        description="Pad to the batch's longest text, or further up to the model's length_buckets (when it has any).",
+    )
+    ids: str = Field(default="input_ids", description="The model input that takes the token ids.")
+    attention_mask: str = Field(default="attention_mask", description="The model input that takes the mask.")
+    token_type_ids: str = Field(default="token_type_ids", description="The model input that takes the type ids.")
+
+
+class ImageStep(_Step):
+    """Encoded images (JPEG, PNG or WebP bytes, one a row) -> one pixel tensor, with Pillow."""
+
+    step: Literal["image"]
+    input: str = Field(default="image", description="The pipeline input holding the images: BYTES [-1].")
+    output: str = Field(description="The model input that takes the pixels.")
+    mode: Literal["RGB", "L"] = Field(default="RGB", description="RGB (3 channels) or L (grayscale).")
+    resize: list[int] | int | None = Field(
+        default=None, description="[height, width], or the shorter side's length (aspect kept); none: as is."
+    )
+    crop: list[int] | None = Field(default=None, description="[height, width] cut from the centre after resizing.")
+    dtype: Literal["uint8", "float32"] = Field(default="float32", description="Pixel type the model takes.")
+    scale: float = Field(default=1.0 / 255.0, description="float32: pixels (0-255) are multiplied by this first...")
+    mean: list[float] = Field(default_factory=lambda: [0.0], description="...then this is subtracted (per channel)...")
+    std: list[float] = Field(default_factory=lambda: [1.0], description="...and the result divided by this.")
+    layout: Literal["NCHW", "NHWC", "flat"] = Field(
+        default="NCHW", description="NCHW, NHWC, or flat: [N, H*W*C] (a classic model's feature vector)."
+    )
+    max_pixels: int = Field(
+        default=40_000_000, ge=1, description="Larger images are refused (a decompression bomb guard)."
+    )
+
+    @model_validator(mode="after")
+    def _sizes(self) -> ImageStep:
+        for what, size in (("resize", self.resize), ("crop", self.crop)):
+            if isinstance(size, list) and (len(size) != 2 or min(size) < 1):
+                raise ValueError(f"{what} must be [height, width] of positive sizes, got {size}")
+            if isinstance(size, int) and size < 1:
+                raise ValueError(f"{what} must be positive, got {size}")
+        channels = 3 if self.mode == "RGB" else 1
+        for what, values in (("mean", self.mean), ("std", self.std)):
+            if len(values) not in (1, channels):
+                raise ValueError(f"{what} needs 1 or {channels} values for mode {self.mode}, got {len(values)}")
+        if any(v == 0 for v in self.std):
+            raise ValueError("std must not be 0")
+        return self
+
+
+class SoftmaxStep(_Step):
+    """Logits -> probabilities along the last axis."""
+
+    step: Literal["softmax"]
+    input: str = Field(description="The tensor holding the logits.")
+    output: str | None = Field(default=None, description="Where the probabilities go (default: in place).")
+
+
+class TopKStep(_Step):
+    """Scores -> the k best classes per row: their labels (BYTES) and their scores (FP32)."""
+
+    step: Literal["topk"]
+    input: str = Field(description="The tensor holding the scores: [rows, classes].")
+    k: int = Field(default=5, ge=1, description="How many classes per row.")
+    labels: str | None = Field(
+        default=None,
+        description="A text file, one label a line in class order (relative to the manifest); "
+        "none: the class indexes as text.",
+    )
+    labels_output: str = Field(default="labels", description="Output name of the labels: BYTES [rows, k].")
+    scores_output: str = Field(default="scores", description="Output name of the scores: FP32 [rows, k].")
+
+
+class MeanPoolStep(_Step):
+    """Token embeddings -> one embedding per row: the mean over the attention mask, L2-normalised."""
+
+    step: Literal["mean_pool"]
+    input: str = Field(default="token_embeddings", description="The tensor of token embeddings: [rows, tokens, dim].")
+    mask: str = Field(default="attention_mask", description="The mask the tokenize step made: [rows, tokens].")
+    output: str = Field(default="embedding", description="Output name: FP32 [rows, dim].")
+    normalize: bool = Field(default=True, description="Scale each embedding to unit length.")
+
+
+class CustomStep(_Step):
+    """A Python function of the user's: a dict of arrays in (the tensors it reads), a dict of arrays out."""
+
+    step: Literal["custom"]
+    function: str = Field(description="module:function; the module is looked up beside the manifest first.")
+    inputs: list[StepTensor] = Field(min_length=1, description="The tensors it reads.")
+    outputs: list[StepTensor] = Field(min_length=1, description="The tensors it returns.")
+
+    @field_validator("function")
+    @classmethod
+    def _function(cls, value: str) -> str:
+        module, _, attr = value.partition(":")
+        if not module or not attr or not all(p.isidentifier() for p in (*module.split("."), attr)):
+            raise ValueError(f"function must be module:function, got {value!r}")
+        return value
+
+
+Step = Annotated[
+    TokenizeStep | ImageStep | SoftmaxStep | TopKStep | MeanPoolStep | CustomStep, Field(discriminator="step")
+]
+
+
+class PipelineSettings(BaseModel):
+    """Steps around a model, served under a name of their own: raw inputs in, finished outputs out."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Name clients call, like a model's: POST /v2/models/{name}/infer.")
+    model: str = Field(description="The model the steps surround.")
+    version: str | None = Field(default=None, description="Its version (default: latest).")
+    description: str = Field(default="", description="Free text shown in metadata.")
+    pre: list[Step] = Field(default_factory=list, description="Steps from the request's inputs to the model's.")
+    post: list[Step] = Field(default_factory=list, description="Steps from the model's outputs to the answer's.")
+    outputs: list[str] | None = Field(
+        default=None,
+        description="The outputs the pipeline answers with; default: every post step's, and the model's that "
+        "no post step reads.",
+    )
+    cache_ttl_seconds: int | None = Field(
+        default=None, ge=1, description="Cache answers by the raw inputs for this long; off when unset."
+    )
+
+    @field_validator("name", "model")
+    @classmethod
+    def _names(cls, value: str) -> str:
+        return check_name(value, "name")
+
+    @model_validator(mode="after")
+    def _steps(self) -> PipelineSettings:
+        if not self.pre and not self.post:
+            raise ValueError(f"pipeline {self.name!r} has no steps")
+        return self
+
+
 class CascadeSettings(BaseModel):
     """A cascade in the manifest: served as a model of its own name."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(description="Name clients call, like a model's: POST /v2/models/{name}/infer.")
-    fast: str = Field(description="The fast model, which answers at once.")
+    fast: str = Field(description="The fast model (or pipeline), which answers at once.")
     fast_version: str | None = Field(default=None, description="Its version (default: latest).")
-    slow: str = Field(description="The slow, accurate model, run as a follow-up.")
+    slow: str = Field(description="The slow, accurate model (or pipeline), run as a follow-up.")
     slow_version: str | None = Field(default=None, description="Its version (default: latest).")
     output: str = Field(description="The fast model's output the confidence rule reads ([rows, classes]).")
     scores: Literal["probabilities", "logits"] = Field(
@@ -178,11 +334,12 @@ class CascadeSettings(BaseModel):
 
 
 class Manifest(BaseModel):
-    """The model manifest: every model version this deployment serves, and its cascades."""
+    """The model manifest: every model version this deployment serves, its pipelines and its cascades."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     models: list[ModelSettings] = Field(min_length=1, description="Served model versions.")
+    pipelines: list[PipelineSettings] = Field(default_factory=list, description="Steps around models.")
     cascades: list[CascadeSettings] = Field(default_factory=list, description="Fast-then-accurate model pairs.")
     base_dir: Path = Field(default=Path("."), description="Directory relative model paths are resolved against.")
 
@@ -196,12 +353,28 @@ class Manifest(BaseModel):
             seen.add(key)
         models = {m.name for m in self.models}
         taken = set(models)
+        for pipeline in self.pipelines:
+            if pipeline.name in taken:
+                raise ValueError(f"pipeline {pipeline.name!r}: the name is already a model's or a pipeline's")
+            if pipeline.model not in models:
+                raise ValueError(f"pipeline {pipeline.name!r}: its model {pipeline.model!r} is not in the manifest")
+            if pipeline.version is not None and (pipeline.model, pipeline.version) not in seen:
+                raise ValueError(
+                    f"pipeline {pipeline.name!r}: model {pipeline.model!r} has no version {pipeline.version!r}"
+                )
+            taken.add(pipeline.name)
+        served = set(taken)
         for cascade in self.cascades:
             if cascade.name in taken:
-                raise ValueError(f"cascade {cascade.name!r}: the name is already a model's or a cascade's")
+                raise ValueError(
+                    f"cascade {cascade.name!r}: the name is already a model's, a pipeline's or a cascade's"
+                )
             for role, member in (("fast", cascade.fast), ("slow", cascade.slow)):
-                if member not in models:
-                    raise ValueError(f"cascade {cascade.name!r}: its {role} model {member!r} is not in the manifest")
+                if member not in served:
+                    raise ValueError(
+                        f"cascade {cascade.name!r}: its {role} model {member!r} is not in the manifest "
+                        "(as a model or a pipeline)"
+                    )
             taken.add(cascade.name)
         return self
 
@@ -238,7 +411,9 @@ def _describe(exc: ValidationError, data: dict[str, Any]) -> str:
         if isinstance(index, int) and isinstance(entries, list) and index < len(entries):
             name = entries[index].get("name") if isinstance(entries[index], dict) else None
             if isinstance(name, str):
-                kind = {"models": "model", "cascades": "cascade"}.get(str(section), str(section))
+                kind = {"models": "model", "pipelines": "pipeline", "cascades": "cascade"}.get(
+                    str(section), str(section)
+                )
                 where = f"{kind} {name!r} ({section}.{index})" + (f" {'.'.join(loc[2:])}" if loc[2:] else "")
         parts.append(f"{where}: {error['msg']}")
     return "; ".join(parts)
