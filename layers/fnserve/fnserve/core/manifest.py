@@ -182,6 +182,10 @@ class ImageStep(_Step):
         default=None, description="[height, width], or the shorter side's length (aspect kept); none: as is."
     )
     crop: list[int] | None = Field(default=None, description="[height, width] cut from the centre after resizing.")
+    resample: Literal["nearest", "box", "bilinear", "bicubic", "lanczos"] = Field(
+        default="bilinear",
+        description="Pillow's resampling filter (box: the mean of each block, exact on whole ratios).",
+    )
     dtype: Literal["uint8", "float32"] = Field(default="float32", description="Pixel type the model takes.")
     scale: float = Field(default=1.0 / 255.0, description="float32: pixels (0-255) are multiplied by this first...")
     mean: list[float] = Field(default_factory=lambda: [0.0], description="...then this is subtracted (per channel)...")

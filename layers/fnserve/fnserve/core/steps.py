@@ -206,7 +206,8 @@ class DecodeImage(Step):
     """Encoded images -> one pixel tensor: decoded, converted, resized, cropped, scaled and laid out.
 
     JPEG, PNG and WebP only. An image over ``max_pixels`` is refused before it is decoded (its
-    header says its size), so a small file that would decode to gigabytes costs nothing. In a
+    header says its size), so a small file that would decode to gigabytes costs nothing; Pillow's
+    own guard (``Image.MAX_IMAGE_PIXELS``, 89 million pixels) stays in place behind it. In a
     JSON request, where there are no raw bytes, an image is a base64 string.
     """
 
@@ -219,6 +220,7 @@ class DecodeImage(Step):
 
         self.Image = Image
         self.settings = settings
+        self.resample = Image.Resampling[settings.resample.upper()]
         self.name = "image"
         self.input = settings.input
         self.output = settings.output
@@ -271,8 +273,8 @@ class DecodeImage(Step):
                 image = Image.open(io.BytesIO(data), formats=sorted(self.FORMATS))
                 if image.width * image.height > self.settings.max_pixels:
                     raise InvalidInput(
-                        f"{where}: the image is {image.width}x{image.height} pixels, over the limit of "
-                        f"{self.settings.max_pixels}"
+                        f"{where}: the image is over the limit of {self.settings.max_pixels} pixels "
+                        f"({image.width}x{image.height})"
                     )
                 if image.mode not in self.MODES:
                     raise InvalidInput(f"{where}: image mode {image.mode} is not supported (8-bit images only)")
@@ -281,8 +283,10 @@ class DecodeImage(Step):
                 image = self._resized(image)
         except FnserveError:
             raise
-        except (Image.UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-            raise InvalidInput(f"{where}: not a JPEG, PNG or WebP image Pillow can read ({exc})") from None
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning):  # over Pillow's own, higher limit
+            raise InvalidInput(f"{where}: the image is over the limit of {self.settings.max_pixels} pixels") from None
+        except Image.UnidentifiedImageError:
+            raise InvalidInput(f"{where}: not a JPEG, PNG or WebP image Pillow can read") from None
         except (OSError, ValueError, SyntaxError, EOFError) as exc:  # truncated or corrupt data
             raise InvalidInput(f"{where}: the image is corrupt or truncated ({exc})") from None
         pixels = np.asarray(image, dtype=np.uint8)
@@ -300,11 +304,11 @@ class DecodeImage(Step):
     def _resized(self, image: Any) -> Any:
         s = self.settings
         if isinstance(s.resize, list):
-            image = image.resize((s.resize[1], s.resize[0]), self.Image.Resampling.BILINEAR)
+            image = image.resize((s.resize[1], s.resize[0]), self.resample)
         elif isinstance(s.resize, int):
             scale = s.resize / min(image.size)
             size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-            image = image.resize(size, self.Image.Resampling.BILINEAR)
+            image = image.resize(size, self.resample)
         if s.crop is not None:
             height, width = s.crop
             if image.width < width or image.height < height:
@@ -314,21 +318,25 @@ class DecodeImage(Step):
         return image
 
 
+# How each accepted format starts; anything else is read as base64 (JSON carries no raw bytes).
+_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")
+
+
 def _image_bytes(where: str, value: Any) -> bytes:
-    if isinstance(value, bytes):
-        data = value
-    elif isinstance(value, str):  # JSON has no raw bytes: an image in a JSON tensor is base64
-        try:
-            data = binascii.a2b_base64(value, strict_mode=True)
-        except (binascii.Error, ValueError):
-            raise InvalidInput(
-                f"{where}: an image in JSON must be base64 (or send the raw bytes with the binary tensor extension)"
-            ) from None
-    else:
+    data = value.encode() if isinstance(value, str) else value
+    if not isinstance(data, bytes):
         raise InvalidInput(f"{where}: an image must be bytes, got {type(value).__name__}")
     if not data:
         raise InvalidInput(f"{where}: the image is empty")
-    return data
+    if data.startswith(_MAGIC) or (data[:4] == b"RIFF" and data[8:12] == b"WEBP"):
+        return data
+    try:
+        return binascii.a2b_base64(data, strict_mode=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInput(
+            f"{where}: not a JPEG, PNG or WebP image (raw bytes, with the binary tensor extension), "
+            "nor one in base64 (in JSON)"
+        ) from None
 
 
 # -- scores ----------------------------------------------------------------------------------------
