@@ -81,6 +81,7 @@ bench: setup bench-models
 	$(PY) -m tests.bench.bench_serve
 	$(PY) -m tests.bench.bench_grpc
 	$(PY) -m tests.bench.bench_metrics
+	$(PY) -m tests.bench.bench_pipeline
 	$(PY) -m tests.bench.bench_local
 	$(PY) -m tests.bench.bench_sqs
 	$(PY) -m tests.bench.bench_cascade

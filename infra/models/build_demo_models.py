@@ -206,7 +206,7 @@ def minilm_entries(sha: str) -> list[str]:
         'description = "all-MiniLM-L6-v2 encoder (token embeddings), dynamic int8 per-channel"',
         "max_batch_size = 64",
         "max_batch_time_ms = 2.0",
-        "length_buckets = [16, 32, 64, 128, 256]",
+        "length_buckets = [12, 16, 24, 32, 48, 64, 128, 256]",
         'pad_inputs = ["input_ids", "attention_mask", "token_type_ids"]',
         "",
         "[[pipelines]]",

@@ -172,7 +172,7 @@ def test_a_model_that_cannot_load_keeps_the_server_from_starting(tmp_path: Path)
 )
 def test_serve_stops_cleanly_on_sigterm_to_its_process_group(tmp_path: Path, options: list[str], banner: str) -> None:
     log = tmp_path / "serve.log"
-    proc, url = start_server(["-m", str(DEMO_MANIFEST), *options], log, new_session=True)
+    proc, url = start_server(["-m", str(write_test_manifest(tmp_path)), *options], log, new_session=True)
     try:
         response = httpx.post(f"{url}/v2/models/digits-accurate/infer", json=body(DIGITS[:3]), timeout=30)
         assert response.status_code == 200, response.text

@@ -61,13 +61,20 @@ class Service:
         self.registry = Registry(models)
 
 
-def test_the_demo_models_are_served_in_process_one_front_process_per_cpu() -> None:
-    service = InferenceService.from_manifest(DEMO_MANIFEST, eager=True)
+def test_the_digits_models_are_served_in_process_one_front_process_per_cpu(tmp_path: Path) -> None:
+    service = InferenceService.from_manifest(write_test_manifest(tmp_path), eager=True)
     layout = choose_layout(service, cpus=4, process_bytes=100 * MIB, available_bytes=8192 * MIB)
     assert (layout.processes, layout.workers) == (4, 0)
     assert set(layout.batch1_ms) == set(service.registry.names())
     assert all(ms <= IN_PROCESS_MAX_MS for ms in layout.batch1_ms.values())
     assert "well under a worker round trip" in layout.why
+
+
+def test_the_demo_manifest_batches_minilm_so_one_front_process_runs_inference() -> None:
+    service = InferenceService.from_manifest(DEMO_MANIFEST, eager=True)
+    layout = choose_layout(service, cpus=4, process_bytes=100 * MIB, available_bytes=8192 * MIB)
+    assert (layout.processes, layout.workers) == (1, 0)
+    assert "'minilm-l6' batches adaptively" in layout.why
 
 
 def test_a_heavy_model_is_timed_and_named_in_the_reason() -> None:

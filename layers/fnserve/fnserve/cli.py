@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 import shutil
 import tempfile
@@ -379,8 +380,6 @@ def _numpy_name(datatype: str) -> str:
 
 
 def _example_request(meta: dict[str, Any]) -> str:
-    import json
-
     inputs = []
     for spec in meta["inputs"]:
         shape = _one_row(spec["shape"])
@@ -593,6 +592,9 @@ def _local_banner(emulator: Emulator, local_: Local, url: str, workers: int) -> 
             typer.echo(f"  try   curl -s -X {route.method if route.method != 'ANY' else 'GET'} {url}{route.path}")
         return
     typer.echo(f"  try   curl -s {url}/v2/models/{example.name}/infer -d '{example.request}'")
+    for name, tensor in example.text_pipelines:
+        text = {"inputs": [{"name": tensor, "shape": [1], "datatype": "BYTES", "data": ["A warm container answers."]}]}
+        typer.echo(f"  try   curl -s {url}/v2/models/{name}/infer -d '{json.dumps(text)}'")
     jobs = next((s.queue_url for s in emulator.sources if s.function == "BatchFunction"), None)
     table = next(iter(local_.tables.values()), None)
     if jobs and table and example.data is not None:
@@ -611,10 +613,12 @@ class _Example:
     request: str
     batch_model: str  # what the jobs lines submit to (the cascade's slow model, else the first model)
     data: str | None  # a data file beside the manifest, for the jobs lines
+    text_pipelines: tuple[tuple[str, str], ...] = ()  # (pipeline, input) of those whose first step tokenizes
 
 
 def _served_example(local_: Local) -> _Example | None:
     """Lines to try, from the manifest the template's functions serve (None when none serves one)."""
+    from fnserve.core.manifest import TokenizeStep
     from fnserve.core.service import InferenceService
 
     manifests = (Path(m) for spec in local_.functions.values() if (m := spec.env.get("FNSERVE_MANIFEST")))
@@ -630,6 +634,11 @@ def _served_example(local_: Local) -> _Example | None:
         first = service.registry.names()[0]
         name, fast, batch_model = (cascades[0].name, cascades[0].fast, cascades[0].slow) if cascades else (first,) * 3
         request = _example_request(service.model_metadata(fast))
+        texts = tuple(
+            (p.name, p.pre[0].input)
+            for p in service.registry.manifest.pipelines
+            if p.pre and isinstance(p.pre[0], TokenizeStep)
+        )
     except FnserveError:
         return None
     finally:
@@ -640,4 +649,4 @@ def _served_example(local_: Local) -> _Example | None:
     shown = None
     if data is not None:
         shown = str(data.relative_to(Path.cwd())) if data.is_relative_to(Path.cwd()) else str(data)
-    return _Example(name, request, batch_model, shown)
+    return _Example(name, request, batch_model, shown, texts)

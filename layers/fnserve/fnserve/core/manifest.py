@@ -162,10 +162,6 @@ class TokenizeStep(_Step):
     input: str = Field(default="text", description="The pipeline input holding the text: BYTES [-1].")
     tokenizer: str = Field(description="A tokenizer.json (Hugging Face tokenizers), relative to the manifest.")
     max_length: int = Field(default=512, ge=2, description="Longer texts are truncated to this many tokens.")
-    pad_to: Literal["longest", "buckets"] = Field(
-        default="buckets",
-        description="Pad to the batch's longest text, or further up to the model's length_buckets (when it has any).",
-    )
     ids: str = Field(default="input_ids", description="The model input that takes the token ids.")
     attention_mask: str = Field(default="attention_mask", description="The model input that takes the mask.")
     token_type_ids: str = Field(default="token_type_ids", description="The model input that takes the type ids.")

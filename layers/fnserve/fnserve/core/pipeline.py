@@ -137,6 +137,15 @@ class Pipeline:
             timings["post"] = timings.get("post", 0.0) + (time.perf_counter() - started) * 1e3
         return {name: tensors[name] for name in names}
 
+    def order(self, inputs: Arrays, batch: int) -> np.ndarray[Any, Any] | None:
+        """The order to run a batch over the model's ``max_batch_size`` in: rows of like length
+        together (texts sorted by length, so each chunk pads to little more than its own rows), or
+        None to run it as it comes."""
+        if batch <= self.model.settings.max_batch_size or not self.pre:
+            return None
+        key = self.pre[0].sort_key(inputs)
+        return None if key is None else np.argsort(key, kind="stable")
+
     def chunks(self, inputs: Arrays, batch: int) -> list[Arrays]:
         """The inputs in slices of at most the model's ``max_batch_size`` rows (views)."""
         limit = self.model.settings.max_batch_size

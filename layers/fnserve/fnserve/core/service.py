@@ -249,14 +249,23 @@ class InferenceService:
     def _run_pipeline(
         pipeline: Pipeline, raw: Arrays, batch: int, names: Sequence[str], timings: dict[str, float] | None = None
     ) -> Arrays:
-        """Pre steps, model, post steps, chunk by chunk of at most the model's ``max_batch_size`` rows."""
+        """Pre steps, model, post steps, chunk by chunk of at most the model's ``max_batch_size`` rows
+        (rows of like length together, then put back in order)."""
+        order = pipeline.order(raw, batch)
+        if order is not None:
+            raw = {name: array[order] for name, array in raw.items()}
         parts = []
         for chunk in pipeline.chunks(raw, batch):
             staged = pipeline.stage(chunk, timings)
             feed, _ = _validate(pipeline.model, staged.feed)
             run = _run(pipeline.model, pipeline.model_outputs, feed)
             parts.append(pipeline.finish(staged, dict(zip(pipeline.model_outputs, run, strict=True)), names, timings))
-        return concatenate(parts, f"pipeline {pipeline.name!r}")
+        result = concatenate(parts, f"pipeline {pipeline.name!r}")
+        if order is None:
+            return result
+        back = np.empty_like(order)
+        back[order] = np.arange(len(order))
+        return {name: array[back] for name, array in result.items()}
 
     def _target(self, name: str, version: str | None) -> _Target:
         """A model or pipeline, as a batch of jobs runs against it."""

@@ -63,6 +63,10 @@ class Step:
     def __call__(self, tensors: Mapping[str, np.ndarray[Any, Any]]) -> Arrays:
         raise NotImplementedError
 
+    def sort_key(self, tensors: Mapping[str, np.ndarray[Any, Any]]) -> np.ndarray[Any, Any] | None:
+        """A first step may say how to order rows so that chunks pad little (None: keep the order)."""
+        return None
+
 
 def build_step(settings: StepSettings, model: LoadedModel, base_dir: Path) -> Step:
     """The step a manifest entry describes, around ``model`` (whose tensors some steps adapt to)."""
@@ -115,9 +119,9 @@ def _texts(name: str, array: np.ndarray[Any, Any]) -> list[str]:
 class Tokenize(Step):
     """Texts -> token ids, attention mask and token type ids (those of them the model takes).
 
-    Truncated to ``max_length`` tokens; padded to the longest text of the call and then, with
-    ``pad_to = "buckets"``, up to the model's smallest length bucket that fits (so a batcher
-    in front of the model finds the requests of a bucket already the same length).
+    Truncated to ``max_length`` tokens and padded to the longest text of the call; an adaptive
+    batcher in front of the model pads further, to the model's length buckets. Its
+    :meth:`sort_key` (a text's length) lets a pipeline put texts of like lengths in one chunk.
     """
 
     def __init__(self, settings: TokenizeStep, model: LoadedModel, base_dir: Path) -> None:
@@ -144,15 +148,13 @@ class Tokenize(Step):
             raise ConfigError(f"tokenize: model {model.name!r} has no input {settings.ids!r} for the token ids")
         self.ids, self.mask, self.types = wanted
         self.dtypes = {name: taken[name].dtype for name in self.outputs}
-        self.buckets = list(model.settings.length_buckets) if settings.pad_to == "buckets" else []
         self.reads = (spec(settings.input, "BYTES", [-1]),)
         self.writes = tuple(spec(n, "INT64", [-1, -1]) for n in self.outputs)
 
     def __call__(self, tensors: Mapping[str, np.ndarray[Any, Any]]) -> Arrays:
         texts = _texts(self.input, tensors[self.input])
         encodings = self.tokenizer.encode_batch_fast(texts) if texts else []
-        longest = max((len(e.ids) for e in encodings), default=1)
-        length = next((b for b in self.buckets if b >= longest), longest)
+        length = max((len(e.ids) for e in encodings), default=1)
         rows = len(encodings)
         ids = np.full((rows, length), self.pad_id, dtype=np.int64)
         mask = np.zeros((rows, length), dtype=np.int64)
@@ -164,6 +166,10 @@ class Tokenize(Step):
             types[row, :n] = encoding.type_ids
         made = {self.ids: ids, self.mask: mask, self.types: types}
         return {name: made[name].astype(self.dtypes[name], copy=False) for name in self.outputs}
+
+    def sort_key(self, tensors: Mapping[str, np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+        """Each row's text length (characters or bytes): about its token count, without tokenizing."""
+        return np.fromiter((len(v) if isinstance(v, str | bytes) else 0 for v in tensors[self.input].ravel()), np.int64)
 
 
 class MeanPool(Step):
