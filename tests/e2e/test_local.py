@@ -165,8 +165,10 @@ def test_the_lines_fnserve_local_prints_work_verbatim_in_a_shell_without_aws_con
     # The gateway answers before the banner is out: it is printed once the lines to try are worked out.
     wait_for(lambda: "Ctrl-C stops it." in local["log"].read_text(), 60, "the banner")
     banner = local["log"].read_text().splitlines()
-    lines = [line.strip() for line in banner if line.startswith(("  try ", "  jobs ", "        AWS_ENDPOINT_URL"))]
-    curl, submit, results = (line.removeprefix("try").removeprefix("jobs").strip() for line in lines[:3])
+    tries = [line.removeprefix("  try ").strip() for line in banner if line.startswith("  try ")]
+    submit = next(line.removeprefix("  jobs ").strip() for line in banner if line.startswith("  jobs "))
+    results = next(line.strip() for line in banner if line.startswith("        AWS_ENDPOINT_URL"))
+    curl, text_curl = tries  # the cascade, then the pipeline that takes text
     for name in ("layers", ".venv"):  # a directory that looks like the repository: the lines' relative paths hold
         (tmp_path / name).symlink_to(REPO / name)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # no AWS_* variables, no ~/.aws
@@ -176,6 +178,8 @@ def test_the_lines_fnserve_local_prints_work_verbatim_in_a_shell_without_aws_con
 
     answer = shell(curl)
     assert answer.returncode == 0 and json.loads(answer.stdout)["model_name"] == "digits"
+    embedded = shell(text_curl)
+    assert embedded.returncode == 0 and json.loads(embedded.stdout)["outputs"][0]["shape"] == [1, 384]
     sent = shell(submit)
     assert sent.returncode == 0, sent.stderr
     assert "submitted 360 jobs" in sent.stderr and "Traceback" not in sent.stderr

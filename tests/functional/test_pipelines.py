@@ -16,6 +16,7 @@ import re
 import struct
 import threading
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 from PIL import Image
+from tritonclient.utils import InferenceServerException
 
 from fnserve.adapters.http.app import create_app
 from fnserve.adapters.lambda_.sqs import create_handler as create_sqs_handler
@@ -34,10 +36,11 @@ from fnserve.core.errors import FnserveError, InferenceError, InvalidInput, Mode
 from fnserve.core.jobs import job_message
 from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
-from tests.functional.conftest import Aws, start_server
+from tests.functional.conftest import Aws, Served, start_server
 from tests.functional.test_batch import AsgiClient, received_event
 from tests.functional.test_cascade import Get
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
+from tests.moto import free_port
 
 SENTENCES = [line for line in (Path(__file__).parents[1] / "data" / "sentences.txt").read_text().splitlines() if line]
 REFERENCE = np.load(Path(__file__).parents[1] / "data" / "minilm-reference.npz")["embedding"]
@@ -447,12 +450,35 @@ def test_the_digits_cascade_takes_png_bytes(settings: Settings) -> None:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """``fnserve serve`` on the demo manifest: one inference worker (the steps stay in front), and gRPC."""
     log = tmp_path_factory.mktemp("pipelines") / "serve.log"
-    proc, url = start_server(["-m", str(DEMO_MANIFEST), "--workers", "1", "--processes", "1"], log)
-    yield url
+    port = free_port()
+    options = ["-m", str(DEMO_MANIFEST), "--workers", "1", "--processes", "1", "--grpc-port", str(port)]
+    proc, url = start_server(options, log)
+    yield Served(proc, f"127.0.0.1:{port}", log, url)
     proc.terminate()
     proc.wait(timeout=30)
+
+
+def test_text_and_images_over_grpc(served: Served, service: InferenceService) -> None:
+    import tritonclient.grpc as triton_grpc
+
+    with triton_grpc.InferenceServerClient(served.address) as client:
+        assert client.get_model_metadata("minilm-embed").inputs[0].datatype == "BYTES"
+        text = triton_grpc.InferInput("text", [2], "BYTES")
+        text.set_data_from_numpy(strings(SENTENCES[0].encode(), SENTENCES[1].encode()))
+        embedding = client.infer("minilm-embed", [text]).as_numpy("embedding")
+        expected = service.predict("minilm-embed", {"text": strings(*SENTENCES[:2])})["embedding"]
+        assert embedding.shape == (2, 384) and cosine(embedding, expected).min() > 0.98
+        image = triton_grpc.InferInput("image", [1], "BYTES")
+        image.set_data_from_numpy(strings(PNGS[5]))
+        assert client.infer("digits-image", [image]).as_numpy("label").tolist() == [LABELS[5]]
+        bad = triton_grpc.InferInput("text", [1], "BYTES")
+        bad.set_data_from_numpy(strings(b"\xff\xfe"))
+        with pytest.raises(InferenceServerException, match="text must be UTF-8") as raised:
+            client.infer("minilm-embed", [bad])
+        assert raised.value.status() == "StatusCode.INVALID_ARGUMENT"
 
 
 def batches(url: str) -> float:
@@ -461,14 +487,16 @@ def batches(url: str) -> float:
     return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(prefix))
 
 
-def test_concurrent_texts_batch_together_and_each_gets_its_own_answer(served: str, service: InferenceService) -> None:
+def test_concurrent_texts_batch_together_and_each_gets_its_own_answer(
+    served: Served, service: InferenceService
+) -> None:
     chosen = SENTENCES[:40]
     got: dict[int, np.ndarray] = {}
-    before = batches(served)
+    before = batches(served.url)
 
     def post(i: int) -> None:
         body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [chosen[i]]}]}
-        response = httpx.post(f"{served}/v2/models/minilm-embed/infer", json=body, timeout=30)
+        response = httpx.post(f"{served.url}/v2/models/minilm-embed/infer", json=body, timeout=30)
         assert response.status_code == 200, response.text
         got[i] = np.reshape(response.json()["outputs"][0]["data"], (1, 384))
 
@@ -479,11 +507,11 @@ def test_concurrent_texts_batch_together_and_each_gets_its_own_answer(served: st
         thread.join()
     expected = service.predict("minilm-embed", {"text": strings(*chosen)})["embedding"]
     assert cosine(np.concatenate([got[i] for i in range(len(chosen))]), expected).min() > 0.98
-    assert batches(served) - before < len(chosen)  # fewer batches than requests: batched together
+    assert batches(served.url) - before < len(chosen)  # fewer batches than requests: batched together
 
 
-def test_tritonclient_sends_text_and_images_as_bytes(served: str, service: InferenceService) -> None:
-    client = triton.InferenceServerClient(served.removeprefix("http://"))
+def test_tritonclient_sends_text_and_images_as_bytes(served: Served, service: InferenceService) -> None:
+    client = triton.InferenceServerClient(served.url.removeprefix("http://"))
     assert client.get_model_metadata("minilm-embed")["outputs"][0]["shape"] == [-1, 384]
     text = triton.InferInput("text", [2], "BYTES")
     text.set_data_from_numpy(strings(SENTENCES[0].encode(), SENTENCES[1].encode()), binary_data=True)
@@ -498,12 +526,12 @@ def test_tritonclient_sends_text_and_images_as_bytes(served: str, service: Infer
     client.close()
 
 
-def test_a_bad_text_does_not_fail_the_batch_it_would_have_joined(served: str) -> None:
+def test_a_bad_text_does_not_fail_the_batch_it_would_have_joined(served: Served) -> None:
     results: dict[str, httpx.Response] = {}
 
     def post(key: str, data: list[str]) -> None:
         body = {"inputs": [{"name": "text", "shape": [len(data)], "datatype": "BYTES", "data": data}]}
-        results[key] = httpx.post(f"{served}/v2/models/minilm-embed/infer", json=body, timeout=30)
+        results[key] = httpx.post(f"{served.url}/v2/models/minilm-embed/infer", json=body, timeout=30)
 
     threads = [threading.Thread(target=post, args=(f"good-{i}", [SENTENCES[i]])) for i in range(6)]
     threads.append(threading.Thread(target=post, args=("bad", [""])))
