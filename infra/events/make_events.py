@@ -186,15 +186,38 @@ def sqs_jobs(followups: bool = False) -> dict[str, Any]:
     return sqs_event(bodies, queue=queue, id_prefix="059f36b4-87a3-44ab-83d2-66197573")
 
 
+def text_body() -> bytes:
+    texts = ["A warm container answers at once.", "Cold starts cost seconds."]
+    request = {"id": "texts", "inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": texts}]}
+    return json.dumps(request, separators=(",", ":")).encode()
+
+
+def image_body() -> tuple[bytes, int]:
+    """examples/digit-7.png for the digits-image pipeline, unencoded (the binary extension's BYTES element)."""
+    png = (REPO / "examples" / "digit-7.png").read_bytes()
+    element = len(png).to_bytes(4, "little") + png
+    tensor = {"name": "image", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": len(element)}}
+    head = json.dumps({"inputs": [tensor]}, separators=(",", ":")).encode()
+    return head + element, len(head)
+
+
 def main() -> None:
     EVENTS.mkdir(exist_ok=True)
     body = json_body(slice(0, 4))
     binary, head = binary_body(slice(4, 8))
     bin_headers = headers(binary, "application/octet-stream", {"inference-header-content-length": str(head)})
+    image, image_length = image_body()
+    image_head = {"inference-header-content-length": str(image_length)}
     events = {
         "api-http-infer.json": http_api("POST", PATH, body, headers(body, "application/json")),
         "api-http-infer-binary.json": http_api("POST", PATH, binary, bin_headers, binary=True),
         "api-http-metadata.json": http_api("GET", f"/v2/models/{MODEL}", None, headers(b"", "application/json")),
+        "api-http-embed.json": http_api(
+            "POST", "/v2/models/minilm-embed/infer", text_body(), headers(text_body(), "application/json")
+        ),
+        "api-http-image.json": http_api(
+            "POST", "/v2/models/digits-image/infer", image, headers(image, "application/octet-stream", image_head), True
+        ),
         "batch-jobs.json": sqs_jobs(),
         "followup-jobs.json": sqs_jobs(followups=True),
     }

@@ -82,6 +82,19 @@ def test_every_event_type_is_covered() -> None:
     assert {"api-http-infer-binary.json", "api-rest-infer-binary.json"} <= names
 
 
+def test_the_pipeline_events_give_their_answers(handler: Handler) -> None:
+    text = handler(json.loads((REPO / "events" / "api-http-embed.json").read_text()), LambdaContext())
+    assert text["statusCode"] == 200, text["body"]
+    embedding = outputs_of(text)["embedding"]
+    assert embedding.shape == (2, 384)
+    np.testing.assert_allclose(np.linalg.norm(embedding, axis=1), 1.0, rtol=1e-5)
+    image = handler(json.loads((REPO / "events" / "api-http-image.json").read_text()), LambdaContext())
+    assert image["statusCode"] == 200, image["body"]
+    doc = orjson.loads(image["body"])
+    outputs = {o["name"]: o["data"] for o in doc["outputs"]}
+    assert outputs["label"] == [7] and outputs["labels"][0] == "seven"  # examples/digit-7.png
+
+
 @pytest.mark.parametrize("path", [p for p in EVENTS if "infer" in p.name], ids=lambda p: p.name)
 def test_infer_events_give_the_models_predictions(handler: Handler, path: Path) -> None:
     event = json.loads(path.read_text())
