@@ -105,8 +105,8 @@ def main(python312: str, build: Path) -> int:
             ok = good(response)
             failures += not ok
             print(
-                f"{'ok  ' if ok else 'FAIL'} {function} {event}: python {result['python']}, fnserve and onnxruntime from "
-                f"{', '.join(result['loaded_from'])}: {json.dumps(response)[:160]}"
+                f"{'ok  ' if ok else 'FAIL'} {function} {event}: python {result['python']}, fnserve and "
+                f"onnxruntime from {', '.join(result['loaded_from'])}: {json.dumps(response)[:160]}"
             )
     print("\nunzipped sizes (Lambda's limit for a function and its layers together: 250 MB)")
     for name, n in sizes.items():
