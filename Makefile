@@ -13,7 +13,7 @@ PY312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12
 	$$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$c; break; }; done)
 SAM := SAM_CLI_TELEMETRY=0 PATH="$(dir $(PY312)):$$PATH" $(SAM_VENV)/bin/sam
 
-.PHONY: setup run serve test lint sam-build sam-check deploy bench bench-models models minilm grpc-stubs clean
+.PHONY: setup run serve test test-servers lint sam-build sam-check deploy bench bench-models models minilm grpc-stubs clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fnserve needs Python >= 3.11"'
@@ -73,7 +73,15 @@ sam-check: sam-build
 deploy: sam-build
 	$(SAM) deploy $(SAM_DEPLOY_ARGS)
 
-test: lint sam-check
+# The tests start their own servers (moto, redis-server, fnserve) on free loopback ports; redis-server is
+# Debian's package, installed here when it is missing.
+test-servers:
+	@command -v redis-server >/dev/null || { echo "installing redis-server (Debian) for the Redis store's tests"; \
+		(DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server)) >/dev/null 2>&1 || \
+		echo "could not install redis-server (apt-get install redis-server): the Redis tests will fail"; }
+
+test: lint sam-check test-servers
 	$(BIN)/pytest
 
 bench: setup bench-models

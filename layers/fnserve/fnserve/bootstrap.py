@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 from fnserve.aws.clients import Budget
 from fnserve.aws.queue import SqsFollowups
 from fnserve.aws.results import DynamoCacheBackend, DynamoResultStore
-from fnserve.aws.s3 import fetch_model, get_bytes, split_uri
+from fnserve.aws.s3 import fetch_model, get_bytes, put_bytes, split_uri
 from fnserve.core.cache import CircuitBreaker, ResultCache
 from fnserve.core.cascade import CascadeRunner
+from fnserve.core.errors import ConfigError
 from fnserve.core.followups import FollowupIds, ResultLookup
 from fnserve.core.manifest import load_manifest
 from fnserve.core.processor import JobProcessor
@@ -26,19 +27,36 @@ from fnserve.core.registry import ModelRegistry
 from fnserve.core.results import ResultStore
 from fnserve.core.service import InferenceService
 from fnserve.settings import AwsSettings, InferenceSettings, Settings
+from fnserve.stores.redis import RedisCacheBackend, RedisResultStore
 
 if TYPE_CHECKING:
     from fnserve.core.dataplane import DataPlane
     from fnserve.workers.pool import WorkerPool
 
 
-def result_store(settings: AwsSettings, *, for_requests: bool = False) -> DynamoResultStore | None:
-    """The results table's store, when one is configured.
+Store = DynamoResultStore | RedisResultStore
+
+
+def result_store(settings: AwsSettings, *, for_requests: bool = False) -> Store | None:
+    """The store of results and the shared cache tier, when one is configured: Redis (FNSERVE_RESULTS)
+    or the DynamoDB table (FNSERVE_RESULTS_TABLE).
 
     ``for_requests``: the store of a process that answers requests (the cache tier, result
     lookups), whose every call is bounded by the request budget; a batch function's store
     may wait longer rather than fail its records.
     """
+    if settings.results is not None:
+        if settings.results_table is not None:
+            raise ConfigError("set FNSERVE_RESULTS (Redis) or FNSERVE_RESULTS_TABLE (DynamoDB), not both")
+        bucket = settings.results_bucket
+        return RedisResultStore.from_url(
+            settings.results,
+            socket_timeout=settings.request_store_timeout_seconds if for_requests else None,
+            payload_sink=(lambda key, data: put_bytes(bucket, f"fnserve/results/{key.replace('#', '/')}", data))
+            if bucket
+            else None,
+            payload_source=get_bytes,
+        )
     if settings.results_table is None:
         return None
     if not for_requests:
@@ -54,9 +72,7 @@ def result_store(settings: AwsSettings, *, for_requests: bool = False) -> Dynamo
     )
 
 
-def build_service(
-    settings: Settings, store: DynamoResultStore | None = None, pool: WorkerPool | None = None
-) -> InferenceService:
+def build_service(settings: Settings, store: Store | None = None, pool: WorkerPool | None = None) -> InferenceService:
     """The service a process serves with: models from the manifest (s3:// ones fetched from S3), in
     this process, or in ``pool``'s workers; a result cache whose shared tier is ``store``'s table.
 
@@ -78,9 +94,14 @@ def build_service(
         from fnserve.workers.remote import PooledRegistry
 
         registry = PooledRegistry(load_manifest(settings.manifest), pool)
-    backend = DynamoCacheBackend(store) if store is not None else None
+    backend: DynamoCacheBackend | RedisCacheBackend | None = None
+    if isinstance(store, RedisResultStore):
+        backend, where = RedisCacheBackend(store), store.where
+    else:
+        backend = DynamoCacheBackend(store) if store is not None else None
+        where = f"DynamoDB table {settings.results_table}"
     breaker = CircuitBreaker(
-        f"the result cache's DynamoDB table {settings.results_table}",
+        f"the result cache's {where}",
         failures=settings.cache_breaker_failures,
         cooldown=settings.cache_breaker_cooldown_seconds,
     )
@@ -91,7 +112,7 @@ def build_dataplane(
     settings: Settings,
     *,
     service: InferenceService | None = None,
-    store: DynamoResultStore | None = None,
+    store: Store | None = None,
     batching: bool = False,
     offload: bool = False,
 ) -> DataPlane:
@@ -139,14 +160,15 @@ def _fetch_manifest(settings: InferenceSettings) -> Path:
 
 def followup_ids(settings: AwsSettings) -> FollowupIds:
     """The signer of follow-up ids: FNSERVE_RESULT_ID_KEY, else the secret FNSERVE_RESULT_ID_KEY_SECRET names,
-    else a key derived from the table name."""
+    else a key derived from the table's name (or the Redis URL's host part)."""
     if settings.result_id_key is not None:
         return FollowupIds(settings.result_id_key.get_secret_value().encode())
     if settings.result_id_key_secret:
         from fnserve.aws.secrets import rotating_keys
 
         return FollowupIds(rotating_keys(settings.result_id_key_secret))
-    return FollowupIds(hashlib.sha256(f"fnserve-result-ids:{settings.results_table}".encode()).digest())
+    where = settings.results_table or (settings.results or "").split("@")[-1]
+    return FollowupIds(hashlib.sha256(f"fnserve-result-ids:{where}".encode()).digest())
 
 
 def cascade_runner(

@@ -146,6 +146,11 @@ class AwsSettings(EnvSettings):
         default=None,
         description="S3 bucket for results and job inputs too big for a DynamoDB item or an SQS message.",
     )
+    results: str | None = Field(
+        default=None,
+        description="Job results and the shared cache tier in Redis instead of DynamoDB: redis://host:6379/0 "
+        "(rediss:// for TLS; Memorystore on Google Cloud); unset: FNSERVE_RESULTS_TABLE, if any.",
+    )
     followup_queue_url: str | None = Field(
         default=None, description="SQS queue for cascade follow-ups (a cascade may name its own)."
     )

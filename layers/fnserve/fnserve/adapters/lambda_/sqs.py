@@ -47,11 +47,14 @@ def create_handler(
 ) -> SqsHandler:
     """The batch function's handler; build it once, at import."""
     settings = settings or Settings()
-    dynamo = bootstrap.result_store(settings)
-    store = store or dynamo
+    configured = bootstrap.result_store(settings)
+    store = store or configured
     if store is None:
-        raise ConfigError("the batch function needs FNSERVE_RESULTS_TABLE: the table results are written to")
-    processor = bootstrap.job_processor(settings, store, service or bootstrap.build_service(settings, dynamo))
+        raise ConfigError(
+            "the batch function needs FNSERVE_RESULTS_TABLE (or FNSERVE_RESULTS, a Redis URL): "
+            "where its results are written"
+        )
+    processor = bootstrap.job_processor(settings, store, service or bootstrap.build_service(settings, configured))
     metrics = metrics or Metrics(  # what the template sets (Powertools' variables), else fnserve's names
         namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "fnserve",
         service=os.environ.get("POWERTOOLS_SERVICE_NAME") or "fnserve-batch",
