@@ -145,14 +145,7 @@ def main(out: Path) -> None:
 DIGIT_NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
 # The digits models behind image decoding: 8x8 grayscale, pixels 0-255 scaled to the training data's 0-16.
-IMAGE_PIPELINES = [
-    "# Images in: the same models behind Pillow decoding (PNG, JPEG or WebP of a digit, any size).",
-    "[[pipelines]]",
-    'name = "digits-image"',
-    'model = "digits-accurate"',
-    'description = "a digit image (PNG, JPEG, WebP) in; its digit, probabilities and top 3 names out"',
-    'outputs = ["label", "probabilities", "labels", "scores"]',
-    "",
+IMAGE_STEP = [
     "[[pipelines.pre]]",
     'step = "image"',
     'output = "input"',
@@ -162,6 +155,16 @@ IMAGE_PIPELINES = [
     "scale = 0.0627450980392157  # 16/255: the digits data's pixels run from 0 to 16",
     'layout = "flat"',
     "",
+]
+IMAGE_PIPELINES = [
+    "# Images in: the same models behind Pillow decoding (PNG, JPEG or WebP of a digit, any size).",
+    "[[pipelines]]",
+    'name = "digits-image"',
+    'model = "digits-accurate"',
+    'description = "a digit image (PNG, JPEG, WebP) in; its digit, probabilities and top 3 names out"',
+    'outputs = ["label", "probabilities", "labels", "scores"]',
+    "",
+    *IMAGE_STEP,
     "[[pipelines.post]]",
     'step = "topk"',
     'input = "probabilities"',
@@ -173,15 +176,7 @@ IMAGE_PIPELINES = [
     'model = "digits-fast"',
     'description = "a digit image in; digits-fast\'s label and probabilities out"',
     "",
-    "[[pipelines.pre]]",
-    'step = "image"',
-    'output = "input"',
-    'mode = "L"',
-    "resize = [8, 8]",
-    'resample = "box"',
-    "scale = 0.0627450980392157",
-    'layout = "flat"',
-    "",
+    *IMAGE_STEP,
     "# The digits cascade over images: the fast pipeline answers, the accurate one follows up.",
     "[[cascades]]",
     'name = "digits-image-cascade"',

@@ -42,6 +42,7 @@ from fnserve.core._cpus import available_cpus
 from fnserve.core.jobs import job_message
 from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
+from tests.bench._embed import embed, tokenizer_from
 from tests.bench.bench_http import running, wrk
 from tests.helpers import DEMO_MANIFEST, REPO, MemoryStore
 
@@ -127,20 +128,7 @@ def http() -> None:
 
 
 def floor(texts: list[str], tokenizer: Tokenizer, session: ort.InferenceSession) -> np.ndarray:
-    out = []
-    for start in range(0, len(texts), 64):
-        encodings = tokenizer.encode_batch(texts[start : start + 64])
-        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-        feed = {
-            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
-            "attention_mask": mask,
-            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
-        }
-        tokens = session.run(None, feed)[0]
-        weights = mask[..., None].astype(np.float32)
-        pooled = (tokens * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
-        out.append(pooled / np.linalg.norm(pooled, axis=1, keepdims=True))
-    return np.concatenate(out)
+    return np.concatenate([embed(tokenizer, session, texts[start : start + 64]) for start in range(0, len(texts), 64)])
 
 
 def jobs() -> None:
@@ -155,9 +143,7 @@ def jobs() -> None:
     from fnserve.adapters.logs import logger
 
     logger.registered_handler.setStream(open(os.devnull, "w"))  # type: ignore[attr-defined]  # noqa: SIM115
-    tokenizer = Tokenizer.from_file(str(TOKENIZER))
-    tokenizer.enable_truncation(256)
-    tokenizer.enable_padding()
+    tokenizer = tokenizer_from(str(TOKENIZER))
     session = service.registry.get("minilm-l6").session  # the same session, threads and all
     by_length = sorted(texts, key=len)  # what fnserve does to a batch over max_batch_size
     ours, raw, raw_sorted = [], [], []

@@ -59,13 +59,20 @@ def start_server(
     """A ``fnserve serve`` process on a free port, once it answers ready; output goes to ``log``."""
     port = free_port()
     cmd = [sys.executable, "-m", "fnserve", "serve", "--port", str(port), *options]
+    return start_http(cmd, port, log, env=env, new_session=new_session)
+
+
+def start_http(
+    cmd: list[str], port: int, log: Path, env: dict[str, str] | None = None, new_session: bool = False
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Any V2 server process (``cmd``, listening on ``port``), once it answers ready; output goes to ``log``."""
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=new_session)
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()}")
+            raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}:\n{log.read_text()}")
         try:
             return httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200
         except httpx.TransportError:

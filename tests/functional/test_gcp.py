@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from fnserve.core.service import InferenceService
-from tests.functional.conftest import wait_for
+from tests.functional.conftest import start_http
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
 from tests.moto import free_port
 
@@ -28,38 +27,14 @@ def function(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``functions-framework --asgi`` serving functions/gcp_api/main.py on the demo manifest (its pipelines too)."""
     port = free_port()
     log = tmp_path_factory.mktemp("gcp") / "function.log"
-    command = [
-        str(Path(sys.executable).parent / "functions-framework"),
-        "--target",
-        "infer",
-        "--source",
-        str(REPO / "functions" / "gcp_api" / "main.py"),
-        "--signature-type",
-        "http",
-        "--asgi",
-        "--port",
-        str(port),
-    ]
-    env = {**os.environ, "FNSERVE_MANIFEST": str(DEMO_MANIFEST)}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(f"functions-framework exited with {proc.returncode}:\n{log.read_text()}")
-        try:
-            return httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_for(ready, 60, "the function to answer")
-        LOGS[url] = log
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
+    source = REPO / "functions" / "gcp_api" / "main.py"
+    command = [str(Path(sys.executable).parent / "functions-framework"), "--target", "infer", "--source", str(source)]
+    command += ["--signature-type", "http", "--asgi", "--port", str(port)]
+    proc, url = start_http(command, port, log, env={**os.environ, "FNSERVE_MANIFEST": str(DEMO_MANIFEST)})
+    LOGS[url] = log
+    yield url
+    proc.terminate()
+    proc.wait(timeout=15)
 
 
 @pytest.fixture(scope="module")

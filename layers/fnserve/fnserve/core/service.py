@@ -207,9 +207,7 @@ class InferenceService:
     def _infer_pipeline(
         self, pipeline: Pipeline, inputs: Mapping[str, Any], outputs: Sequence[str] | None
     ) -> Prediction:
-        raw, batch = _validate_pipeline(pipeline, inputs)
-        names = pipeline.output_names_for(outputs)
-        key, hit = self._pipeline_lookup(pipeline, raw, names)
+        raw, batch, names, key, hit = self._pipeline_lookup(pipeline, inputs, outputs)
         if hit is not None:
             return Prediction(hit, pipeline.model.name, pipeline.model.version, "hit")
         timings: dict[str, float] = {}
@@ -218,9 +216,7 @@ class InferenceService:
     def _prepare_pipeline(
         self, pipeline: Pipeline, inputs: Mapping[str, Any], outputs: Sequence[str] | None
     ) -> Prepared:
-        raw, batch = _validate_pipeline(pipeline, inputs)
-        names = pipeline.output_names_for(outputs)
-        key, hit = self._pipeline_lookup(pipeline, raw, names)
+        raw, batch, names, key, hit = self._pipeline_lookup(pipeline, inputs, outputs)
         if hit is not None:
             return Prepared(pipeline.model, {}, batch, names, key, hit, pipeline)
         timings: dict[str, float] = {}
@@ -229,12 +225,16 @@ class InferenceService:
         return Prepared(pipeline.model, feed, batch, names, key, None, pipeline, staged, timings)
 
     def _pipeline_lookup(
-        self, pipeline: Pipeline, raw: Arrays, names: Sequence[str]
-    ) -> tuple[str | None, Arrays | None]:
+        self, pipeline: Pipeline, inputs: Mapping[str, Any], outputs: Sequence[str] | None
+    ) -> tuple[Arrays, int, tuple[str, ...], str | None, Arrays | None]:
+        """The validated raw inputs, their batch size, the output names, and the cache key and hit
+        (None, None: the pipeline does not cache)."""
+        raw, batch = _validate_pipeline(pipeline, inputs)
+        names = pipeline.output_names_for(outputs)
         if pipeline.settings.cache_ttl_seconds is None or self.cache is None:
-            return None, None
+            return raw, batch, names, None, None
         key = cache_key(pipeline.name, pipeline.version_key, raw, names)
-        return key, self.cache.get_many([key]).get(key)
+        return raw, batch, names, key, self.cache.get_many([key]).get(key)
 
     def _store_pipeline(
         self, pipeline: Pipeline, key: str | None, result: Arrays, timings: dict[str, float] | None
