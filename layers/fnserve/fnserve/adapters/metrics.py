@@ -1,10 +1,10 @@
 """Prometheus metrics of ``fnserve serve`` on ``GET /metrics`` (prometheus-client), across its processes.
 
 Per request, from each transport's telemetry record (HTTP and gRPC): a count by model,
-version, transport and status, and a latency histogram per stage (decode, queue, infer,
-encode) and in total. Per batch, from the adaptive batchers: its rows. At each scrape, from
-the process's own state: batcher queue depth, inference workers busy and idle, worker
-respawns, cache lookups by tier and result, cache backend errors.
+version, transport and status, and a latency histogram per stage (decode, a pipeline's pre,
+queue, infer, a pipeline's post, encode) and in total. Per batch, from the adaptive batchers:
+its rows. At each scrape, from the process's own state: batcher queue depth, inference
+workers busy and idle, worker respawns, cache lookups by tier and result, cache backend errors.
 
 Several front processes (``--processes``) share one port and each may answer a scrape: the
 server points ``PROMETHEUS_MULTIPROC_DIR`` at a directory of its own before any process
@@ -61,7 +61,8 @@ class ServerMetrics:
         )
         self.stages = Histogram(
             "fnserve_stage_duration_seconds",
-            "Time in each stage of an inference request: decode, queue (waiting for a batch), infer, encode.",
+            "Time in each stage of an inference request: decode, a pipeline's pre steps, queue (waiting for a batch), "
+            "infer, a pipeline's post steps, encode.",
             ["model", "stage"],
             buckets=LATENCY_BUCKETS,
             registry=r,

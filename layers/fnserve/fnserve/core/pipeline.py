@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from fnserve.core.datatypes import Arrays
-from fnserve.core.errors import ConfigError, InferenceError, InvalidInput
+from fnserve.core.errors import ConfigError, InferenceError
 from fnserve.core.manifest import PipelineSettings
-from fnserve.core.registry import LoadedModel, TensorSpec
+from fnserve.core.registry import LoadedModel, TensorSpec, requested_outputs
 from fnserve.core.steps import Step, build_step, run_step
 
 
@@ -103,12 +103,7 @@ class Pipeline:
 
     def output_names_for(self, outputs: Sequence[str] | None) -> tuple[str, ...]:
         """The outputs a request gets (all when it names none), or the 422 for names the pipeline lacks."""
-        if not outputs:
-            return self.output_names
-        unknown = [name for name in outputs if name not in self.output_set]
-        if unknown:
-            raise InvalidInput(f"pipeline {self.name!r} has no outputs {unknown}; it has {list(self.output_names)}")
-        return tuple(dict.fromkeys(outputs))
+        return requested_outputs("pipeline", self.name, self.output_names, self.output_set, outputs)
 
     def stage(self, inputs: Mapping[str, np.ndarray[Any, Any]], timings: dict[str, float] | None = None) -> Staged:
         """The pre steps over validated pipeline inputs: the model's feed, and the tensors kept for the post steps."""

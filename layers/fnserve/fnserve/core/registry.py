@@ -15,7 +15,7 @@ import onnxruntime as ort
 
 from fnserve.core._cpus import default_intra_op_threads
 from fnserve.core.datatypes import ORT_TO_V2, V2_TO_NUMPY
-from fnserve.core.errors import ModelLoadError, ModelNotFound
+from fnserve.core.errors import InvalidInput, ModelLoadError, ModelNotFound
 from fnserve.core.manifest import Manifest, ModelSettings, TensorOverride
 
 logger = logging.getLogger(__name__)
@@ -72,6 +72,19 @@ class LoadedModel:
     @property
     def version(self) -> str:
         return self.settings.version
+
+
+def requested_outputs(
+    kind: str, name: str, output_names: tuple[str, ...], output_set: frozenset[str], outputs: Sequence[str] | None
+) -> tuple[str, ...]:
+    """The outputs a request gets from a model or pipeline (all when it names none, each once), or the
+    422 for names it lacks."""
+    if not outputs:
+        return output_names
+    unknown = [o for o in outputs if o not in output_set]
+    if unknown:
+        raise InvalidInput(f"{kind} {name!r} has no outputs {unknown}; it has {list(output_names)}")
+    return tuple(dict.fromkeys(outputs))
 
 
 def _version_key(version: str) -> tuple[int, int, str]:

@@ -26,7 +26,7 @@ from fnserve.core.errors import (
 )
 from fnserve.core.manifest import load_manifest
 from fnserve.core.pipeline import Pipeline, Staged, concatenate
-from fnserve.core.registry import Fetcher, LoadedModel, ModelRegistry, TensorSpec
+from fnserve.core.registry import Fetcher, LoadedModel, ModelRegistry, TensorSpec, requested_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -166,8 +166,9 @@ class InferenceService:
         outputs: Sequence[str] | None = None,
     ) -> Prediction:
         """:meth:`predict`, through the result cache when the model opts in; says which version and cache."""
-        if model in self.pipelines:
-            return self._infer_pipeline(self.pipeline(model, version), inputs, outputs)  # type: ignore[arg-type]
+        pipeline = self.pipeline(model, version)
+        if pipeline is not None:
+            return self._infer_pipeline(pipeline, inputs, outputs)
         loaded = self.registry.get(model, version)
         feed, batch, names, key, hit = self._lookup(loaded, inputs, outputs)
         if hit is not None:
@@ -460,13 +461,9 @@ class InferenceService:
 
     def model_ready(self, model: str, version: str | None = None) -> bool:
         """Whether the model (or pipeline) can serve; loads it if needed. Unknown models raise 404."""
-        if model not in self.pipelines:
-            self.registry.resolve(model, version)
         try:
-            if model in self.pipelines:
-                self.pipeline(model, version)
-            else:
-                self.registry.get(model, version)
+            if self.pipeline(model, version) is None:
+                self.registry.get(model, version)  # an unknown model or version: 404, raised
         except ModelNotReady as exc:
             logger.warning("model not ready: %s", exc.message)
             return False
@@ -560,16 +557,9 @@ def _strings(spec: TensorSpec, kind: str, name: str, array: np.ndarray[Any, Any]
 
 
 def _output_names(model: LoadedModel, outputs: Sequence[str] | None) -> tuple[str, ...]:
-    return model.output_names if outputs is None else _check_outputs(model, outputs)
-
-
-def _check_outputs(model: LoadedModel, outputs: Sequence[str]) -> tuple[str, ...]:
-    unknown = [name for name in outputs if name not in model.output_set]
-    if unknown:
-        raise InvalidInput(f"model {model.name!r} has no outputs {unknown}; it has {list(model.output_names)}")
-    if not outputs:
+    if outputs is None:
         return model.output_names
-    return tuple(dict.fromkeys(outputs))
+    return requested_outputs("model", model.name, model.output_names, model.output_set, outputs)
 
 
 def _run_batched(model: LoadedModel, names: Sequence[str], feed: Arrays, batch: int) -> Arrays:
