@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from fnserve.aws import clients as aws_clients
 from tests.helpers import slow_model, write_test_manifest
@@ -63,9 +65,16 @@ def start_server(
 
 
 def start_http(
-    cmd: list[str], port: int, log: Path, env: dict[str, str] | None = None, new_session: bool = False
+    cmd: list[str],
+    port: int,
+    log: Path,
+    env: dict[str, str] | None = None,
+    new_session: bool = False,
+    ready_path: str = "/v2/health/ready",
+    ready_status: int = 200,
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """Any V2 server process (``cmd``, listening on ``port``), once it answers ready; output goes to ``log``."""
+    """Any HTTP server process (``cmd``, listening on ``port``), once GET ``ready_path`` answers
+    ``ready_status`` (a V2 server's readiness by default); output goes to ``log``."""
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=new_session)
     url = f"http://127.0.0.1:{port}"
@@ -74,7 +83,7 @@ def start_http(
         if proc.poll() is not None:
             raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}:\n{log.read_text()}")
         try:
-            return httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200
+            return httpx.get(f"{url}{ready_path}", timeout=1).status_code == ready_status
         except httpx.TransportError:
             return False
 
@@ -194,3 +203,71 @@ def log_stream() -> Iterator[io.StringIO]:
     old = handler.setStream(stream)
     yield stream
     handler.setStream(old)
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.fail("redis-server is not installed: `make test` installs it (apt-get install redis-server)")
+    port = free_port()
+    directory = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(directory),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port)
+
+    def up() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+    try:
+        wait_for(up, 10, "redis-server to answer")
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@dataclass(frozen=True)
+class Gcs:
+    url: str  # STORAGE_EMULATOR_HOST
+    bucket: str  # gs://payloads, created empty
+
+
+@pytest.fixture(scope="session")
+def gcs() -> Iterator[Gcs]:
+    """A Cloud Storage server (gcp-storage-emulator: its JSON API, in memory) on a free loopback port."""
+    from gcp_storage_emulator.server import create_server
+
+    port = free_port()
+    server = create_server("127.0.0.1", port, in_memory=True, default_bucket="payloads")
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    previous = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = url  # this process's clients too
+    try:
+        yield Gcs(url, "gs://payloads")
+    finally:
+        server.stop()
+        if previous is None:
+            os.environ.pop("STORAGE_EMULATOR_HOST", None)
+        else:
+            os.environ["STORAGE_EMULATOR_HOST"] = previous

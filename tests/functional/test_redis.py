@@ -6,8 +6,6 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,54 +24,13 @@ from fnserve.core.results import ResultRecord, job_key
 from fnserve.settings import Settings
 from fnserve.stores import redis as redis_store
 from fnserve.stores.redis import RedisCacheBackend, RedisResultStore
-from tests.functional.conftest import Aws, wait_for
+from tests.functional.conftest import Aws
 from tests.functional.test_batch import AsgiClient
 from tests.functional.test_cascade import Get
 from tests.helpers import DEMO_HOLDOUT, write_test_manifest
 from tests.moto import free_port
 
 DIGITS = np.load(DEMO_HOLDOUT)["input"]
-
-
-@pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.fail("redis-server is not installed: `make test` installs it (apt-get install redis-server)")
-    port = free_port()
-    directory = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [
-            server,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(directory),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port)
-
-    def up() -> bool:
-        try:
-            return bool(client.ping())
-        except redis.ConnectionError:
-            return False
-
-    try:
-        wait_for(up, 10, "redis-server to answer")
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        client.close()
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture

@@ -7,12 +7,13 @@ import asyncio
 import numpy as np
 import pytest
 
-from fnserve.aws.queue import job_body
 from fnserve.core.cache import ResultCache
 from fnserve.core.dataplane import DataPlane
 from fnserve.core.errors import ConfigError, ModelNotFound, ResultNotFound
 from fnserve.core.followups import FollowupIds, ResultLookup
+from fnserve.core.jobs import MAX_MESSAGE_BYTES
 from fnserve.core.service import InferenceService
+from fnserve.stores.objects import job_body
 from tests.helpers import ManifestWriter, MemoryStore, model_bytes
 
 
@@ -54,4 +55,4 @@ def test_unknown_results_and_a_plane_without_results_are_not_found(plane: DataPl
 def test_a_job_over_the_message_limit_without_a_bucket_is_a_configuration_error() -> None:
     job = {"id": "big", "model": "m", "inputs": [{"name": "x", "data": [0.0] * 400_000}]}
     with pytest.raises(ConfigError, match="no bucket is set"):
-        job_body(job, bucket=None)
+        job_body(job, bucket=None, limit=MAX_MESSAGE_BYTES)

@@ -11,12 +11,11 @@ import hashlib
 import json
 import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fnserve.aws.clients import Budget
 from fnserve.aws.queue import SqsFollowups
 from fnserve.aws.results import DynamoCacheBackend, DynamoResultStore
-from fnserve.aws.s3 import fetch_model, get_bytes, put_bytes, split_uri
 from fnserve.core.cache import CircuitBreaker, ResultCache
 from fnserve.core.cascade import CascadeRunner
 from fnserve.core.errors import ConfigError
@@ -27,6 +26,7 @@ from fnserve.core.registry import ModelRegistry
 from fnserve.core.results import ResultStore
 from fnserve.core.service import InferenceService
 from fnserve.settings import AwsSettings, InferenceSettings, Settings
+from fnserve.stores import objects
 from fnserve.stores.redis import RedisCacheBackend, RedisResultStore
 
 if TYPE_CHECKING:
@@ -52,10 +52,10 @@ def result_store(settings: AwsSettings, *, for_requests: bool = False) -> Store 
         return RedisResultStore.from_url(
             settings.results,
             socket_timeout=settings.request_store_timeout_seconds if for_requests else None,
-            payload_sink=(lambda key, data: put_bytes(bucket, f"fnserve/results/{key.replace('#', '/')}", data))
+            payload_sink=(lambda key, data: objects.put_bytes(bucket, f"fnserve/results/{key.replace('#', '/')}", data))
             if bucket
             else None,
-            payload_source=get_bytes,
+            payload_source=objects.get_bytes,
         )
     if settings.results_table is None:
         return None
@@ -73,11 +73,12 @@ def result_store(settings: AwsSettings, *, for_requests: bool = False) -> Store 
 
 
 def build_service(settings: Settings, store: Store | None = None, pool: WorkerPool | None = None) -> InferenceService:
-    """The service a process serves with: models from the manifest (s3:// ones fetched from S3), in
-    this process, or in ``pool``'s workers; a result cache whose shared tier is ``store``'s table.
+    """The service a process serves with: models from the manifest (s3:// and gs:// ones fetched from
+    their bucket), in this process, or in ``pool``'s workers; a result cache whose shared tier is
+    ``store``'s table.
 
-    A manifest at an s3:// URI is fetched first; its relative model paths then name objects
-    beside it in the same bucket.
+    A manifest at an s3:// or gs:// URI is fetched first; its relative model paths then name
+    objects beside it in the same bucket.
     """
     settings = with_local_manifest(settings)
     if pool is None:
@@ -86,7 +87,7 @@ def build_service(settings: Settings, store: Store | None = None, pool: WorkerPo
             workers=settings.inference_processes,
             intra_op_threads=settings.intra_op_threads,
             cache_dir=settings.model_cache_dir,
-            fetchers={"s3": fetch_model},
+            fetchers={scheme: objects.fetch_model for scheme in objects.SCHEMES},
         )
         if settings.eager_load:
             registry.load_all()
@@ -138,20 +139,20 @@ def build_dataplane(
 
 
 def with_local_manifest(settings: Settings) -> Settings:
-    """The settings with an s3:// manifest fetched to a local file (its relative model paths made s3:// URIs)."""
-    if not settings.manifest.startswith("s3://"):
+    """The settings with an s3:// or gs:// manifest fetched to a local file (its relative model paths made
+    URIs in the same bucket)."""
+    if not settings.manifest.startswith(tuple(f"{scheme}://" for scheme in objects.SCHEMES)):
         return settings
     return settings.model_copy(update={"manifest": str(_fetch_manifest(settings))})
 
 
 def _fetch_manifest(settings: InferenceSettings) -> Path:
-    bucket, key = split_uri(settings.manifest)
-    prefix = key.rpartition("/")[0]
-    manifest = tomllib.loads(get_bytes(settings.manifest).decode())
+    where = settings.manifest.rpartition("/")[0]  # scheme://bucket[/prefix]
+    manifest = tomllib.loads(objects.get_bytes(settings.manifest).decode())
     for model in manifest.get("models", []):
         path = str(model.get("path", ""))
         if "://" not in path and not path.startswith("/"):
-            model["path"] = f"s3://{bucket}/{prefix + '/' if prefix else ''}{path}"
+            model["path"] = f"{where}/{path}"
     target = settings.model_cache_dir / "manifest.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(manifest))
@@ -171,15 +172,30 @@ def followup_ids(settings: AwsSettings) -> FollowupIds:
     return FollowupIds(hashlib.sha256(f"fnserve-result-ids:{where}".encode()).digest())
 
 
+class Followups:
+    """Sends cascade follow-ups to their destination: a Pub/Sub topic (``projects/P/topics/T``), else an SQS queue."""
+
+    def __init__(self, bucket: str | None) -> None:
+        self.bucket = bucket
+        self.sqs = SqsFollowups(bucket)
+
+    def send(self, destination: str, job: dict[str, Any]) -> None:
+        from fnserve.gcp import pubsub
+
+        if pubsub.is_topic(destination):
+            pubsub.PubsubFollowups(self.bucket).send(destination, job)
+        else:
+            self.sqs.send(destination, job)
+
+
 def cascade_runner(
-    settings: AwsSettings, service: InferenceService, ids: FollowupIds | None = None
+    settings: Settings, service: InferenceService, ids: FollowupIds | None = None
 ) -> CascadeRunner | None:
-    """The manifest's cascades with an SQS follow-up sender, or None when it declares none."""
+    """The manifest's cascades with a follow-up sender (SQS or Pub/Sub), or None when it declares none."""
     if not service.registry.manifest.cascades:
         return None
-    return CascadeRunner(
-        service, ids or followup_ids(settings), SqsFollowups(settings.results_bucket), settings.followup_queue_url
-    )
+    destination = settings.followup_topic or settings.followup_queue_url
+    return CascadeRunner(service, ids or followup_ids(settings), Followups(settings.results_bucket), destination)
 
 
 def result_lookup(
@@ -193,11 +209,11 @@ def result_lookup(
 
 
 def job_processor(settings: AwsSettings, store: ResultStore, service: InferenceService) -> JobProcessor:
-    """The batch job processor of the SQS functions: inputs by reference come from S3."""
+    """The batch job processor of the SQS and Pub/Sub functions: inputs by reference come from S3 or GCS."""
     return JobProcessor(
         service,
         store,
         ttl_seconds=settings.result_ttl_seconds,
-        load_payload=get_bytes,
+        load_payload=objects.get_bytes,
         max_receive_count=settings.max_receive_count,
     )

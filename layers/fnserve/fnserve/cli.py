@@ -392,11 +392,19 @@ def _example_request(meta: dict[str, Any]) -> str:
 @app.command()
 def submit(
     data: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Inputs: .npy, .npz or .jsonl.")],
-    queue: Annotated[str, typer.Option("--queue", envvar="FNSERVE_JOBS_QUEUE", help="SQS queue URL.")],
     model: Annotated[str, typer.Option("--model", help="Model to run.")],
+    queue: Annotated[str | None, typer.Option("--queue", envvar="FNSERVE_JOBS_QUEUE", help="SQS queue URL.")] = None,
+    topic: Annotated[
+        str | None,
+        typer.Option("--topic", envvar="FNSERVE_JOBS_TOPIC", help="Pub/Sub topic (projects/P/topics/T), instead."),
+    ] = None,
     version: Annotated[str | None, typer.Option(help="Model version (default: latest).")] = None,
     bucket: Annotated[
-        str | None, typer.Option(envvar="FNSERVE_RESULTS_BUCKET", help="S3 bucket for jobs over SQS's size limit.")
+        str | None,
+        typer.Option(
+            envvar="FNSERVE_RESULTS_BUCKET",
+            help="Bucket for jobs over the message size limit: an S3 bucket's name, or gs://name.",
+        ),
     ] = None,
     input_name: Annotated[str, typer.Option(help="Input name for a .npy file.")] = "input",
     rows_per_job: Annotated[int, typer.Option(min=1, help="Rows of .npy/.npz data in each job.")] = 1,
@@ -411,10 +419,13 @@ def submit(
         ),
     ] = False,
 ) -> None:
-    """Enqueue inference jobs (10 per SendMessageBatch) and list their ids."""
+    """Enqueue inference jobs (SQS: 10 per SendMessageBatch; Pub/Sub: batched publishes) and list their ids."""
     from rich.progress import Progress
 
     from fnserve import jobsclient
+
+    if (queue is None) == (topic is None):
+        raise _fail("give the jobs' queue (--queue, an SQS queue URL) or topic (--topic, a Pub/Sub topic), not both")
 
     jobs = list(
         jobsclient.jobs_from_file(
@@ -430,9 +441,11 @@ def submit(
     try:
         with Progress(transient=True) as progress:
             task = progress.add_task("submitting", total=len(jobs))
-            report = jobsclient.submit(
-                queue, iter(jobs), bucket=bucket, progress=functools.partial(progress.advance, task)
-            )
+            advance = functools.partial(progress.advance, task)
+            if topic is not None:
+                report = jobsclient.publish(topic, iter(jobs), bucket=bucket, progress=advance)
+            else:
+                report = jobsclient.submit(queue or "", iter(jobs), bucket=bucket, progress=advance)
     except FnserveError as exc:
         raise _fail(exc.message) from None
     if ids_file:
@@ -440,7 +453,7 @@ def submit(
     else:
         for job_id in report.ids:
             typer.echo(job_id)
-    typer.echo(f"submitted {len(report.ids)} jobs ({report.by_reference} by S3 reference)", err=True)
+    typer.echo(f"submitted {len(report.ids)} jobs ({report.by_reference} by reference to the bucket)", err=True)
     if report.failed:
         for job_id, reason in report.failed.items():
             typer.echo(f"not sent: {job_id}: {reason}", err=True)
@@ -450,14 +463,25 @@ def submit(
 @app.command()
 def results(
     ids_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Job ids, one per line.")],
-    table: Annotated[str, typer.Option("--table", envvar="FNSERVE_RESULTS_TABLE", help="DynamoDB results table.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Write results to .npy, .npz or .jsonl.")],
+    table: Annotated[
+        str | None, typer.Option("--table", envvar="FNSERVE_RESULTS_TABLE", help="DynamoDB results table.")
+    ] = None,
+    results_url: Annotated[
+        str | None,
+        typer.Option("--results", envvar="FNSERVE_RESULTS", help="Redis URL of the results (redis://host:6379/0)."),
+    ] = None,
 ) -> None:
     """Fetch stored results of jobs; say which are done, failed or still pending."""
     from fnserve import jobsclient
 
+    if (table is None) == (results_url is None):
+        raise _fail("give where the results are: --table (DynamoDB) or --results (a Redis URL), not both")
     ids = [line.strip() for line in ids_file.read_text().splitlines() if line.strip()]
-    found = jobsclient.fetch_results(table, ids)
+    try:
+        found = jobsclient.fetch_results(jobsclient.open_store(table or results_url or ""), ids)
+    except FnserveError as exc:
+        raise _fail(exc.message) from None
     try:
         jobsclient.write_results(found, ids, output)
     except FnserveError as exc:

@@ -1,4 +1,5 @@
-"""Client side of batch jobs: enqueue inputs as jobs (SendMessageBatch), read their results back."""
+"""Client side of batch jobs: enqueue inputs as jobs (SQS SendMessageBatch, or a Pub/Sub topic), read their
+results back (DynamoDB, or Redis)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,11 @@ import numpy as np
 import orjson
 
 from fnserve.aws.clients import client
-from fnserve.aws.queue import job_body
-from fnserve.aws.results import DynamoResultStore
 from fnserve.core.errors import InvalidInput
-from fnserve.core.jobs import job_message
-from fnserve.core.results import job_key
+from fnserve.core.jobs import MAX_MESSAGE_BYTES, job_message
+from fnserve.core.results import ResultStore, job_key
 from fnserve.datafiles import LABEL_KEYS
+from fnserve.stores.objects import job_body
 
 SEND_BATCH = 10
 
@@ -105,13 +105,26 @@ def submit(
         batch.clear()
 
     for job in jobs:
-        body, by_reference = job_body(job, bucket)
+        body, by_reference = job_body(job, bucket, MAX_MESSAGE_BYTES)
         report.by_reference += by_reference
         batch.append({"Id": str(len(batch)), "MessageBody": body})
         if len(batch) == SEND_BATCH:
             flush()
     flush()
     return report
+
+
+def publish(
+    topic: str,
+    jobs: Iterator[dict[str, Any]],
+    *,
+    bucket: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> SubmitReport:
+    """Publish jobs to a Pub/Sub topic (``projects/P/topics/T``); bodies over its limit go to the bucket."""
+    from fnserve.gcp import pubsub
+
+    return pubsub.submit(topic, jobs, SubmitReport(), bucket=bucket, progress=progress)
 
 
 @dataclass
@@ -121,9 +134,24 @@ class Results:
     pending: list[str] = field(default_factory=list)
 
 
-def fetch_results(table: str, ids: Sequence[str], *, store: DynamoResultStore | None = None) -> Results:
-    """Every job's state: done (with outputs), failed (with the reason), or pending."""
-    store = store or DynamoResultStore(table)
+def open_store(where: str) -> ResultStore:
+    """The result store ``where`` names: a Redis URL (redis:// or rediss://), else a DynamoDB table."""
+    if where.startswith(("redis://", "rediss://", "unix://")):
+        from fnserve.stores import objects
+        from fnserve.stores.redis import RedisResultStore
+
+        return RedisResultStore.from_url(where, payload_source=objects.get_bytes)
+    from fnserve.aws.results import DynamoResultStore
+
+    return DynamoResultStore(where)
+
+
+def fetch_results(where: str | ResultStore, ids: Sequence[str]) -> Results:
+    """Every job's state: done (with outputs), failed (with the reason), or pending.
+
+    ``where``: the store, or what names it (:func:`open_store`).
+    """
+    store = open_store(where) if isinstance(where, str) else where
     records = store.get(job_key(i) for i in ids)
     results = Results()
     for job_id in ids:

@@ -193,7 +193,25 @@ class AwsSettings(EnvSettings):
     )
 
 
-class Settings(ServerSettings, HttpSettings, AwsSettings, InferenceSettings):
+class GcpSettings(EnvSettings):
+    """What only Google Cloud's functions use: the follow-up topic, and how the Pub/Sub job function batches."""
+
+    followup_topic: str | None = Field(
+        default=None,
+        description="Pub/Sub topic for cascade follow-ups (projects/P/topics/T), instead of followup_queue_url; "
+        "a cascade's own queue_url may be a topic too.",
+    )
+    jobs_gather_ms: float = Field(
+        default=5.0,
+        ge=0,
+        le=1000,
+        description="The Pub/Sub job function's gathering window: the jobs an instance receives within it (and "
+        "while the previous batch runs) are run as one batch, same-shaped ones in one runtime call.",
+    )
+    jobs_max_batch: int = Field(default=1000, ge=1, description="Most jobs the Pub/Sub job function runs as one batch.")
+
+
+class Settings(ServerSettings, HttpSettings, GcpSettings, AwsSettings, InferenceSettings):
     """Every setting of a process, as the composition root (:mod:`fnserve.bootstrap`) reads them."""
 
     @model_validator(mode="after")

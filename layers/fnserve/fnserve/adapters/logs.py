@@ -4,6 +4,10 @@
 ``logging``: Powertools' formatter (a LogRecord, the caller's frame, strftime, the keys
 merged per record) cost ~60 µs a request on the Lambda hot path; one dict and one orjson
 call cost a tenth of that.
+
+On Google Cloud (:func:`cloud_logging`) the same lines take Cloud Logging's special fields:
+``severity`` for ``level`` and an RFC 3339 ``time`` for ``timestamp``, so the log viewer shows
+each line's level and time (and its trace, which the GCP adapters add per request).
 """
 
 from __future__ import annotations
@@ -16,9 +20,27 @@ from typing import Any
 import orjson
 from aws_lambda_powertools import Logger
 
+_cloud = False  # lines in Cloud Logging's shape
 
-def _dumps(record: object) -> str:
-    return orjson.dumps(record, default=str).decode()
+
+def cloud_logging(on: bool = True) -> None:
+    """Write every line in Cloud Logging's structured shape from now on (or Powertools' again)."""
+    global _cloud
+    _cloud = on
+
+
+def _cloud_entry(line: dict[str, Any]) -> dict[str, Any]:
+    """A line with Cloud Logging's field names: ``severity`` first, ``time`` in RFC 3339."""
+    entry = {"severity": line.pop("level", "INFO"), "message": line.pop("message", "")}
+    stamp = line.pop("timestamp", None)
+    if isinstance(stamp, str):  # Powertools' '2026-11-22 23:43:44,123+0000'
+        entry["time"] = stamp.replace(" ", "T", 1).replace(",", ".").replace("+0000", "Z")
+    entry.update(line)
+    return entry
+
+
+def _dumps(record: dict[str, Any]) -> str:
+    return orjson.dumps(_cloud_entry(record) if _cloud else record, default=str).decode()
 
 
 # The service name the template sets (POWERTOOLS_SERVICE_NAME), else fnserve's.
@@ -44,6 +66,8 @@ def access(message: str, fields: dict[str, Any]) -> None:
         line["xray_trace_id"] = trace.partition("Root=")[2].partition(";")[0] or trace
     line |= logger.thread_safe_get_current_keys()
     line |= fields
+    if _cloud:
+        line = _cloud_entry(line)
     handler = logger.registered_handler
     stream = getattr(handler, "stream", None)
     if stream is None:  # not a stream handler: the slow, general path

@@ -1,6 +1,7 @@
 """Job messages on SQS: one body format for `fnserve submit` and cascade follow-ups.
 
-A body over SQS's limit is stored in S3 and sent as a reference (see fnserve.core.jobs).
+A body over SQS's limit is stored in the results bucket and sent as a reference (see
+fnserve.core.jobs and :func:`fnserve.stores.objects.job_body`).
 """
 
 from __future__ import annotations
@@ -8,30 +9,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import orjson
-
 from fnserve import tracing
-from fnserve.aws import s3
 from fnserve.aws.clients import client
-from fnserve.core.errors import ConfigError
 from fnserve.core.jobs import MAX_MESSAGE_BYTES
-
-
-def job_body(job: dict[str, Any], bucket: str | None) -> tuple[str, bool]:
-    """The message body of ``job``, and whether its inputs went to S3 by reference."""
-    body = orjson.dumps(job)
-    if len(body) <= MAX_MESSAGE_BYTES - 1024:
-        return body.decode(), False
-    if bucket is None:
-        # The deployment's fault, not the job's: it has no bucket for inputs sent by reference.
-        raise ConfigError(
-            f"job {job['id']} is {len(body)} bytes, over SQS's limit, and no bucket is set for it "
-            "(FNSERVE_RESULTS_BUCKET, or --bucket)"
-        )
-    request = {k: v for k, v in job.items() if k not in ("id", "model", "version")}
-    uri = s3.put_bytes(bucket, f"fnserve/jobs/{job['id']}.json", orjson.dumps(request))
-    ref = {k: job[k] for k in ("id", "model", "version") if k in job} | {"payload": {"uri": uri}}
-    return orjson.dumps(ref).decode(), True
+from fnserve.stores.objects import job_body
 
 
 class SqsFollowups:
@@ -47,7 +28,7 @@ class SqsFollowups:
         self.bucket = bucket
 
     def send(self, queue_url: str, job: dict[str, Any]) -> None:
-        body, _ = job_body(job, self.bucket)
+        body, _ = job_body(job, self.bucket, MAX_MESSAGE_BYTES)
         extra: dict[str, Any] = {}
         traceparent = tracing.current_traceparent()
         if traceparent is not None:

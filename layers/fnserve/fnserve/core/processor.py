@@ -12,9 +12,10 @@ has nowhere to store its reason, so it is reported until SQS moves it to the dea
 queue. Same-shaped jobs are stacked into one runtime call; if a stacked run fails, its jobs
 are run one by one to find the one at fault.
 
-Idempotency: queues deliver at least once. A redelivered job (receive count above 1) whose
-result is already stored is neither recomputed nor written again; the check is one batched
-read per 100 redelivered jobs. (Powertools' idempotency utility was weighed and not used: it
+Idempotency: queues deliver at least once. A redelivered job (receive count above 1, or 0:
+not known, as from a Pub/Sub subscription without a dead-letter policy) whose result is
+already stored is neither recomputed nor written again; the check is one batched read per
+100 redelivered jobs. (Powertools' idempotency utility was weighed and not used: it
 makes a conditional write per record, where this path batches every read and write.)
 """
 
@@ -123,8 +124,9 @@ class JobProcessor:
         self.load_payload = load_payload
         self.max_receive_count = max_receive_count
 
-    def process(self, records: Sequence[tuple[str, str, int]]) -> Outcome:
-        """``records``: (message id, body, delivery count) of each message of the batch."""
+    def process(self, records: Sequence[tuple[str, str | bytes, int]]) -> Outcome:
+        """``records``: (message id, body, delivery count) of each message of the batch; a count of 0 means
+        not known (checked as a redelivery, and never the last delivery)."""
         # A batch allocates tens of thousands of short-lived, acyclic objects: without this,
         # the cyclic collector runs over them again and again (it tripled the parse time).
         paused = gc.isenabled()
@@ -135,7 +137,7 @@ class JobProcessor:
             if paused:
                 gc.enable()
 
-    def _process(self, records: Sequence[tuple[str, str, int]]) -> Outcome:
+    def _process(self, records: Sequence[tuple[str, str | bytes, int]]) -> Outcome:
         outcome = Outcome(failures=[])
         out = _Results(self, outcome)
         groups, singles = parse_jobs([body for _, body, _ in records], self.load_payload)
@@ -158,7 +160,7 @@ class JobProcessor:
             alone[unit_key].job_ids.append(parsed.id)
             alone[unit_key].jobs.append(parsed)  # type: ignore[union-attr]
         work += alone.values()
-        redelivered = {records[i][0] for i in range(len(records)) if records[i][2] > 1}
+        redelivered = {records[i][0] for i in range(len(records)) if records[i][2] != 1}
         work = self._without_stored(work, redelivered, outcome)
         receive_counts = {message_id: count for message_id, _, count in records}
         for unit in work:
@@ -191,7 +193,7 @@ class JobProcessor:
 
     def final(self, receive_count: int) -> bool:
         """Whether this is a message's last delivery (the queue's maxReceiveCount)."""
-        return self.max_receive_count is not None and receive_count >= self.max_receive_count
+        return self.max_receive_count is not None and 0 < self.max_receive_count <= receive_count
 
     def _without_stored(self, work: list[_Work], redelivered: set[str], outcome: Outcome) -> list[_Work]:
         """Drop redelivered jobs whose result is already stored (neither recomputed nor rewritten)."""

@@ -4,7 +4,8 @@ functions-framework (``--asgi``, or ``functions_framework.aio``) routes every pa
 function and hands it a Starlette request. The function returns a response that *is* the
 V2 app: Starlette calls it with the request's own ASGI scope, receive and send, so fnserve's
 app reads the body and writes the answer itself (binary tensors untouched, streaming as it
-likes), with no request or response translated in between.
+likes), with no request or response translated in between. Logs are Cloud Logging's
+structured JSON, each line carrying the request's trace (:mod:`fnserve.adapters.gcp.logs`).
 
     functions-framework --target infer --source functions/gcp_api/main.py --signature-type http --asgi
 """
@@ -18,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from fnserve import bootstrap, tracing
+from fnserve.adapters.gcp.logs import bind_trace, use_cloud_logging
 from fnserve.adapters.http.app import create_app
 from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
@@ -32,6 +34,7 @@ class AppResponse(Response):
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        bind_trace(scope)
         await self.app(scope, receive, send)
 
 
@@ -40,6 +43,7 @@ def create_function(
 ) -> Callable[[Request], Awaitable[Response]]:
     """The HTTP function; build it once per instance, at import (warm globals)."""
     settings = settings or Settings()
+    use_cloud_logging()
     store = bootstrap.result_store(settings, for_requests=True)
     service = service or bootstrap.build_service(settings, store)
     # An instance may take concurrent requests: calls that leave the process wait in threads.

@@ -1,0 +1,172 @@
+"""The batch-job function on Google Cloud: Pub/Sub message-published CloudEvents in, results stored.
+
+Each event is one Pub/Sub message (as Eventarc delivers them) whose ``data`` is base64 of one
+job, in the SQS job format (:mod:`fnserve.core.jobs`). An instance takes many events at once
+(Cloud Run's concurrency): the events that arrive within ``FNSERVE_JOBS_GATHER_MS`` of the first,
+and those arriving while a batch runs, are gathered and run as one delivery through the job
+processor, so same-shaped jobs become one vectorised runtime call, as an SQS batch does.
+
+What each event's answer means to Pub/Sub:
+
+- 200 (acknowledged): the job's result is stored, or it was refused (its own fault: stored as
+  ``failed`` with the reason, never retried), or its result was already stored (a redelivery,
+  skipped: nothing computed or written twice).
+- 503 (not acknowledged): a fault that may heal (an S3/GCS/Redis outage, a crashed worker), or a
+  message without a job id (nowhere to store its reason). Pub/Sub redelivers with the
+  subscription's backoff; on the delivery that reaches ``FNSERVE_MAX_RECEIVE_COUNT`` (set it to
+  the dead-letter policy's max delivery attempts) the job is also stored as ``failed`` with the
+  reason, and Pub/Sub moves the message to the dead-letter topic, as SQS does to its DLQ.
+  Without a dead-letter policy Pub/Sub sends no delivery attempt: every delivery is then
+  checked for a stored result, and none is the last.
+
+    functions-framework --target jobs --source functions/gcp_jobs/main.py --signature-type cloudevent
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import itertools
+from collections.abc import Awaitable, Callable
+
+import orjson
+from cloudevents.abstract import CloudEvent
+from starlette.exceptions import HTTPException
+
+from fnserve import bootstrap, tracing
+from fnserve.adapters.gcp.logs import use_cloud_logging
+from fnserve.adapters.logs import logger
+from fnserve.core.errors import ConfigError
+from fnserve.core.processor import JobProcessor, Outcome
+from fnserve.core.results import ResultStore
+from fnserve.core.service import InferenceService
+from fnserve.settings import Settings
+
+Record = tuple[str, bytes | str, int]  # what the job processor takes: (message id, body, delivery attempt)
+
+
+def record_of(event: CloudEvent) -> Record:
+    """(message id, job body, delivery attempt) of a Pub/Sub message-published event.
+
+    An event that is not one (no ``message``, data that is not base64) gives an empty body,
+    which the processor refuses like any message that is not a job.
+    """
+    data = event.get_data()
+    if isinstance(data, bytes | str):
+        try:
+            data = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            data = None
+    message = data.get("message") if isinstance(data, dict) else None
+    if not isinstance(message, dict):
+        return str(event["id"]), b"", 0
+    message_id = message.get("messageId") or message.get("message_id") or event["id"]
+    try:
+        body = base64.b64decode(message.get("data") or b"", validate=True)
+    except (binascii.Error, TypeError, ValueError):
+        body = b""
+    attempt = data.get("deliveryAttempt") if isinstance(data, dict) else None
+    return str(message_id), body, attempt if isinstance(attempt, int) and attempt > 0 else 0
+
+
+class Gatherer:
+    """Gathers concurrent events into batches for the job processor, one batch running at a time.
+
+    A batch is due ``window`` seconds after its first event arrived (at once when ``max_jobs``
+    are waiting) and starts when due and the previous batch has ended; it runs in a thread, so
+    the event loop keeps taking events. Each event learns whether its message is to be
+    redelivered. (Jobs are not latency-bound: a few milliseconds of gathering buy batches of
+    tens of jobs, one vectorised runtime call and one store round trip each.)
+    """
+
+    def __init__(self, processor: JobProcessor, *, window: float, max_jobs: int) -> None:
+        self.processor = processor
+        self.window = window
+        self.max_jobs = max_jobs
+        self._waiting: list[tuple[Record, asyncio.Future[bool]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._due = False
+        self._running: asyncio.Task[None] | None = None
+        self._serial = itertools.count()
+
+    async def redeliver(self, record: Record) -> bool:
+        """Whether ``record``'s message must be redelivered (False: acknowledge it)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        # A message id may come twice at once (a redelivery while the first is still here): keep them apart.
+        self._waiting.append(((f"{record[0]}#{next(self._serial)}", record[1], record[2]), future))
+        if len(self._waiting) >= self.max_jobs:
+            self._due = True
+            self._start()
+        elif self._timer is None and not self._due:
+            self._timer = loop.call_later(self.window, self._expire)
+        return await future
+
+    def _expire(self) -> None:
+        self._timer = None
+        self._due = True
+        self._start()
+
+    def _start(self) -> None:
+        if self._running is not None or not self._waiting or not self._due:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._waiting = self._waiting[: self.max_jobs], self._waiting[self.max_jobs :]
+        self._due = bool(self._waiting)  # what is left over a full batch has waited long enough
+        self._running = asyncio.get_running_loop().create_task(self._run(batch))
+
+    async def _run(self, batch: list[tuple[Record, asyncio.Future[bool]]]) -> None:
+        try:
+            outcome = await asyncio.to_thread(self.processor.process, [record for record, _ in batch])
+        except Exception as exc:  # a bug, not a job's fault: every message of the batch is redelivered
+            logger.exception("job batch failed")
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+        else:
+            failures = set(outcome.failures)
+            for record, future in batch:
+                if not future.done():  # its request may have gone (the client hung up)
+                    future.set_result(record[0] in failures)
+            logger.info(
+                "batch",
+                extra={
+                    "records": len(batch),
+                    "done": outcome.done,
+                    "refused": outcome.refused,
+                    "failed": len(outcome.failures),
+                    "skipped": outcome.skipped,
+                },
+            )
+        finally:
+            self._running = None
+            self._start()  # what came meanwhile, if it is due (else its timer starts it)
+
+
+def create_function(
+    service: InferenceService | None = None, settings: Settings | None = None, store: ResultStore | None = None
+) -> Callable[[CloudEvent], Awaitable[None]]:
+    """The CloudEvent function; build it once per instance, at import (warm globals)."""
+    settings = settings or Settings()
+    use_cloud_logging()
+    configured = bootstrap.result_store(settings)
+    store = store or configured
+    if store is None:
+        raise ConfigError(
+            "the job function needs FNSERVE_RESULTS (a Redis URL: Memorystore) or FNSERVE_RESULTS_TABLE: "
+            "where its results are written"
+        )
+    processor = bootstrap.job_processor(settings, store, service or bootstrap.build_service(settings, configured))
+    gatherer = Gatherer(processor, window=settings.jobs_gather_ms / 1000, max_jobs=settings.jobs_max_batch)
+    tracing.configure()
+
+    async def jobs(event: CloudEvent) -> None:
+        record = record_of(event)
+        if await gatherer.redeliver(record):
+            # Not acknowledged: Pub/Sub redelivers it (the reason is in the job's own log line).
+            raise HTTPException(503, f"message {record[0]}: not done, to be redelivered")
+
+    return jobs

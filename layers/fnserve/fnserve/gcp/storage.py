@@ -1,0 +1,85 @@
+"""Cloud Storage: models fetched once per process (``gs://`` paths in the manifest), and job inputs or
+results too big for a message or a Redis value, by reference.
+
+The client honours ``STORAGE_EMULATOR_HOST`` (a local emulator, as the tests use) and
+Application Default Credentials (the function's service account on Google Cloud).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fnserve.core.errors import ConfigError, FnserveError, InvalidInput, StoreUnavailable
+
+if TYPE_CHECKING:
+    from google.cloud.storage import Client
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """``gs://bucket/key`` -> (bucket, key), or a 422 naming the bad URI."""
+    if not uri.startswith("gs://"):
+        raise InvalidInput(f"{uri!r} is not a gs:// URI")
+    bucket, _, key = uri[5:].partition("/")
+    if not bucket or not key:
+        raise InvalidInput(f"{uri!r} must be gs://bucket/object")
+    return bucket, key
+
+
+@functools.cache
+def client() -> Client:
+    """One client per process (it pools its connections)."""
+    from google.cloud import storage
+
+    return storage.Client()
+
+
+def fetch_model(uri: str, target: Path) -> Path:
+    """The registry's fetcher for ``gs://`` model paths (the registry verifies the sha256)."""
+    bucket, key = split_uri(uri)
+    partial = target.with_suffix(".partial")
+    try:
+        client().bucket(bucket).blob(key).download_to_filename(str(partial))
+    except Exception as exc:
+        partial.unlink(missing_ok=True)
+        raise storage_error(exc, f"{uri} cannot be read") from exc
+    partial.replace(target)  # never leave a half-written model where a later load would find it
+    return target
+
+
+def get_bytes(uri: str) -> bytes:
+    """An object's bytes: a missing or forbidden object is a 422 naming it; an outage a 503, which may heal."""
+    bucket, key = split_uri(uri)
+    try:
+        return client().bucket(bucket).blob(key).download_as_bytes()  # type: ignore[no-any-return]
+    except Exception as exc:
+        raise storage_error(exc, f"{uri} cannot be read") from exc
+
+
+def put_bytes(bucket: str, key: str, data: bytes) -> str:
+    """Store ``data``; returns its gs:// URI."""
+    try:
+        client().bucket(bucket).blob(key).upload_from_string(data, content_type="application/octet-stream")
+    except Exception as exc:
+        raise storage_error(exc, f"gs://{bucket}/{key} cannot be written") from exc
+    return f"gs://{bucket}/{key}"
+
+
+def storage_error(exc: BaseException, what: str) -> FnserveError:
+    """A Cloud Storage call's failure as fnserve's error: the reference's own fault (422), missing
+    credentials (a configuration error), or a service that may heal (503)."""
+    from google.api_core import exceptions as api
+    from google.auth.exceptions import DefaultCredentialsError
+
+    if isinstance(exc, FnserveError):
+        return exc
+    if isinstance(exc, DefaultCredentialsError):
+        return ConfigError(f"{what}: no Google Cloud credentials were found (Application Default Credentials)")
+    if isinstance(exc, api.NotFound):
+        return InvalidInput(f"{what}: it does not exist")
+    if isinstance(exc, api.Forbidden | api.Unauthorized):
+        return InvalidInput(f"{what}: access denied")
+    if isinstance(exc, api.BadRequest):
+        return InvalidInput(f"{what}: {getattr(exc, 'message', exc)}")
+    return StoreUnavailable(f"{what}: {type(exc).__name__}, try again later")
