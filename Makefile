@@ -94,6 +94,7 @@ bench: setup bench-models
 	$(PY) -m tests.bench.bench_grpc
 	$(PY) -m tests.bench.bench_metrics
 	$(PY) -m tests.bench.bench_pipeline
+	$(PY) -m tests.bench.bench_gcp
 	$(PY) -m tests.bench.bench_local
 	$(PY) -m tests.bench.bench_sqs
 	$(PY) -m tests.bench.bench_cascade

@@ -388,3 +388,48 @@ def test_concurrent_events_run_as_one_batch_and_one_runtime_call() -> None:
     assert Counting.batches == [40, 40, 20]  # full batches at once, the rest after the window
     assert len(runtime_calls) == 3  # each batch's same-shaped jobs stacked: one runtime call
     assert sorted(processor.store.records) == sorted(f"job#g-{i}" for i in range(100))
+
+
+def test_the_deploy_script_stages_sources_that_serve_and_deploys_least_privilege(tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    command = ["bash", str(REPO / "infra" / "gcp" / "deploy.sh"), "--project", PROJECT, "--redis"]
+    command += ["redis://10.0.0.3:6379/0", "--bucket", "gs://payloads", "--vpc-connector", "fnserve", "--dry-run"]
+    done = subprocess.run(command, env={**os.environ, "BUILD": str(build)}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    commands = done.stdout.splitlines()
+    deploys = [line for line in commands if line.startswith("gcloud functions deploy")]
+    assert [line.split()[3] for line in deploys] == ["fnserve-api", "fnserve-jobs", "fnserve-followups"]
+    assert all("--retry" in line and "--trigger-topic" in line for line in deploys[1:])
+    assert all("--vpc-connector fnserve" in line and "FNSERVE_RESULT_ID_KEY=" in line for line in deploys)
+    assert any(
+        "subscriptions update SUBSCRIPTION-OF-fnserve-jobs --dead-letter-topic fnserve-dead-letter" in line
+        and "--max-delivery-attempts 5" in line
+        for line in commands
+    )
+    roles = [line.split("--role ")[1] for line in commands if "--role" in line]
+    assert "roles/editor" not in roles and "roles/owner" not in roles
+    refused = subprocess.run(command[:4] + ["--dry-run"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--redis is required" in refused.stderr
+    # The staged source is what Cloud Functions builds: it serves on functions-framework, fnserve from it.
+    api = build / "api"
+    assert sorted(p.name for p in api.iterdir()) == ["fnserve", "main.py", "models", "requirements.txt"]
+    env = {**os.environ, "PYTHONPATH": str(api), "FNSERVE_MANIFEST": str(api / "models" / "manifest.toml")}
+    where = subprocess.run(
+        [sys.executable, "-c", "import fnserve; print(fnserve.__file__)"],
+        env=env,
+        cwd=api,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert where.stdout.strip() == str(api / "fnserve" / "__init__.py")
+    port = free_port()
+    serve = [FUNCTIONS_FRAMEWORK, "--target", "infer", "--source", str(api / "main.py"), "--port", str(port)]
+    proc, url = start_http(serve + ["--host", "127.0.0.1"], port, tmp_path / "staged.log", env=env)
+    try:
+        body = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": DIGITS[0].tolist()}]}
+        assert httpx.post(f"{url}/v2/models/digits-fast/infer", json=body).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+    assert f"from {api / 'models'}" in (tmp_path / "staged.log").read_text()

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import onnxruntime as ort
@@ -94,6 +94,8 @@ def _version_key(version: str) -> tuple[int, int, str]:
 
 class ModelRegistry:
     """Every model of a manifest; sessions are created lazily (or eagerly) and kept for the process."""
+
+    in_process: ClassVar[bool] = True  # whether inference runs in this process (no waiting on another)
 
     def __init__(
         self,

@@ -47,6 +47,8 @@ class PoolSession:
 class PooledRegistry(ModelRegistry):
     """The manifest's models, served by ``pool``: specs from the workers, sessions that forward to them."""
 
+    in_process = False
+
     def __init__(self, manifest: Manifest, pool: WorkerPool) -> None:
         super().__init__(manifest)
         self.pool = pool

@@ -38,7 +38,7 @@ from fnserve import bootstrap, tracing
 from fnserve.adapters.gcp.logs import use_cloud_logging
 from fnserve.adapters.logs import logger
 from fnserve.core.errors import ConfigError
-from fnserve.core.processor import JobProcessor, Outcome
+from fnserve.core.processor import JobProcessor
 from fnserve.core.results import ResultStore
 from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
