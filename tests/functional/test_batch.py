@@ -377,11 +377,16 @@ def test_the_job_functions_handle_their_sample_events(
 
 
 def test_the_batch_function_refuses_to_start_without_a_results_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fnserve.adapters import logs
+    from fnserve.adapters.gcp.jobs import create_function
     from fnserve.core.errors import ConfigError
 
     monkeypatch.delenv("FNSERVE_RESULTS_TABLE", raising=False)
-    with pytest.raises(ConfigError, match="needs FNSERVE_RESULTS_TABLE"):
-        create_handler(settings=Settings(manifest=DEMO_MANIFEST))
+    monkeypatch.delenv("FNSERVE_RESULTS", raising=False)
+    monkeypatch.setattr(logs, "_cloud", False)  # the GCP function turns Cloud Logging's shape on: back after
+    for create in (create_handler, create_function):  # the SQS and the Pub/Sub functions alike
+        with pytest.raises(ConfigError, match=r"needs FNSERVE_RESULTS \(a Redis URL.*or FNSERVE_RESULTS_TABLE"):
+            create(settings=Settings(manifest=DEMO_MANIFEST))
 
 
 def test_a_bad_value_inside_a_uniform_group_fails_only_its_job(aws: Aws, manifest: Path) -> None:

@@ -208,6 +208,19 @@ def result_lookup(
     return ResultLookup(store, ids or followup_ids(settings), cascades)
 
 
+def batch_processor(settings: Settings, service: InferenceService | None, store: ResultStore | None) -> JobProcessor:
+    """The job processor of a batch function (SQS or Pub/Sub), with the configured store unless ``store``
+    is given; a function with nowhere to write its results is a configuration error."""
+    configured = result_store(settings)
+    store = store or configured
+    if store is None:
+        raise ConfigError(
+            "a batch function needs FNSERVE_RESULTS (a Redis URL: Memorystore) or FNSERVE_RESULTS_TABLE "
+            "(DynamoDB): where its results are written"
+        )
+    return job_processor(settings, store, service or build_service(settings, configured))
+
+
 def job_processor(settings: AwsSettings, store: ResultStore, service: InferenceService) -> JobProcessor:
     """The batch job processor of the SQS and Pub/Sub functions: inputs by reference come from S3 or GCS."""
     return JobProcessor(

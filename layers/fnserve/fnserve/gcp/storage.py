@@ -12,19 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fnserve.core.errors import ConfigError, FnserveError, InvalidInput, StoreUnavailable
+from fnserve.stores.objects import split_uri
 
 if TYPE_CHECKING:
     from google.cloud.storage import Client
-
-
-def split_uri(uri: str) -> tuple[str, str]:
-    """``gs://bucket/key`` -> (bucket, key), or a 422 naming the bad URI."""
-    if not uri.startswith("gs://"):
-        raise InvalidInput(f"{uri!r} is not a gs:// URI")
-    bucket, _, key = uri[5:].partition("/")
-    if not bucket or not key:
-        raise InvalidInput(f"{uri!r} must be gs://bucket/object")
-    return bucket, key
 
 
 @functools.cache
@@ -37,7 +28,7 @@ def client() -> Client:
 
 def fetch_model(uri: str, target: Path) -> Path:
     """The registry's fetcher for ``gs://`` model paths (the registry verifies the sha256)."""
-    bucket, key = split_uri(uri)
+    bucket, key = split_uri(uri, "gs")
     partial = target.with_suffix(".partial")
     try:
         client().bucket(bucket).blob(key).download_to_filename(str(partial))
@@ -50,7 +41,7 @@ def fetch_model(uri: str, target: Path) -> Path:
 
 def get_bytes(uri: str) -> bytes:
     """An object's bytes: a missing or forbidden object is a 422 naming it; an outage a 503, which may heal."""
-    bucket, key = split_uri(uri)
+    bucket, key = split_uri(uri, "gs")
     try:
         return client().bucket(bucket).blob(key).download_as_bytes()  # type: ignore[no-any-return]
     except Exception as exc:

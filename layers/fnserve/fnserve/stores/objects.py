@@ -17,6 +17,15 @@ from fnserve.core.errors import ConfigError, InvalidInput
 SCHEMES = ("s3", "gs")
 
 
+def split_uri(uri: str, scheme: str) -> tuple[str, str]:
+    """``scheme://bucket/key`` -> (bucket, key), or a 422 naming the bad URI."""
+    prefix = f"{scheme}://"
+    bucket, _, key = uri.removeprefix(prefix).partition("/")
+    if not uri.startswith(prefix) or not bucket or not key:
+        raise InvalidInput(f"{uri!r} must be {prefix}bucket/key")
+    return bucket, key
+
+
 def get_bytes(uri: str) -> bytes:
     """An object's bytes (a 422 for a bad or missing reference, a 503 for an outage)."""
     if uri.startswith("gs://"):

@@ -37,7 +37,6 @@ from starlette.exceptions import HTTPException
 from fnserve import bootstrap, tracing
 from fnserve.adapters.gcp.logs import use_cloud_logging
 from fnserve.adapters.logs import logger
-from fnserve.core.errors import ConfigError
 from fnserve.core.processor import JobProcessor
 from fnserve.core.results import ResultStore
 from fnserve.core.service import InferenceService
@@ -152,14 +151,7 @@ def create_function(
     """The CloudEvent function; build it once per instance, at import (warm globals)."""
     settings = settings or Settings()
     use_cloud_logging()
-    configured = bootstrap.result_store(settings)
-    store = store or configured
-    if store is None:
-        raise ConfigError(
-            "the job function needs FNSERVE_RESULTS (a Redis URL: Memorystore) or FNSERVE_RESULTS_TABLE: "
-            "where its results are written"
-        )
-    processor = bootstrap.job_processor(settings, store, service or bootstrap.build_service(settings, configured))
+    processor = bootstrap.batch_processor(settings, service, store)
     gatherer = Gatherer(processor, window=settings.jobs_gather_ms / 1000, max_jobs=settings.jobs_max_batch)
     tracing.configure()
 

@@ -20,7 +20,6 @@ from aws_lambda_powertools.metrics import MetricUnit
 from fnserve import bootstrap, tracing
 from fnserve.adapters.lambda_ import snapstart
 from fnserve.adapters.logs import logger
-from fnserve.core.errors import ConfigError
 from fnserve.core.results import ResultStore
 from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
@@ -47,14 +46,7 @@ def create_handler(
 ) -> SqsHandler:
     """The batch function's handler; build it once, at import."""
     settings = settings or Settings()
-    configured = bootstrap.result_store(settings)
-    store = store or configured
-    if store is None:
-        raise ConfigError(
-            "the batch function needs FNSERVE_RESULTS_TABLE (or FNSERVE_RESULTS, a Redis URL): "
-            "where its results are written"
-        )
-    processor = bootstrap.job_processor(settings, store, service or bootstrap.build_service(settings, configured))
+    processor = bootstrap.batch_processor(settings, service, store)
     metrics = metrics or Metrics(  # what the template sets (Powertools' variables), else fnserve's names
         namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "fnserve",
         service=os.environ.get("POWERTOOLS_SERVICE_NAME") or "fnserve-batch",
