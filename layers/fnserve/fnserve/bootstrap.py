@@ -176,16 +176,15 @@ class Followups:
     """Sends cascade follow-ups to their destination: a Pub/Sub topic (``projects/P/topics/T``), else an SQS queue."""
 
     def __init__(self, bucket: str | None) -> None:
-        self.bucket = bucket
+        from fnserve.gcp.pubsub import PubsubFollowups  # the client library itself loads on first publish
+
         self.sqs = SqsFollowups(bucket)
+        self.pubsub = PubsubFollowups(bucket)
 
     def send(self, destination: str, job: dict[str, Any]) -> None:
-        from fnserve.gcp import pubsub
+        from fnserve.gcp.pubsub import is_topic
 
-        if pubsub.is_topic(destination):
-            pubsub.PubsubFollowups(self.bucket).send(destination, job)
-        else:
-            self.sqs.send(destination, job)
+        (self.pubsub if is_topic(destination) else self.sqs).send(destination, job)
 
 
 def cascade_runner(

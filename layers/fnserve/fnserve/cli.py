@@ -478,7 +478,7 @@ def results(
     if (table is None) == (results_url is None):
         raise _fail("give where the results are: --table (DynamoDB) or --results (a Redis URL), not both")
     ids = [line.strip() for line in ids_file.read_text().splitlines() if line.strip()]
-    found = jobsclient.fetch_results(jobsclient.open_store(table or results_url or ""), ids)
+    found = jobsclient.fetch_results(table or results_url or "", ids)
     try:
         jobsclient.write_results(found, ids, output)
     except FnserveError as exc:

@@ -45,6 +45,10 @@ class Outcome:
     skipped: int = 0
     cache_hits: int = 0
 
+    def counts(self) -> dict[str, int]:
+        """What the batch log line reports of it."""
+        return {"done": self.done, "refused": self.refused, "failed": len(self.failures), "skipped": self.skipped}
+
 
 @dataclass(frozen=True, slots=True)
 class _Work:

@@ -57,15 +57,14 @@ def record_of(event: CloudEvent) -> Record:
             data = orjson.loads(data)
         except orjson.JSONDecodeError:
             data = None
-    message = data.get("message") if isinstance(data, dict) else None
-    if not isinstance(message, dict):
+    if not isinstance(data, dict) or not isinstance(message := data.get("message"), dict):
         return str(event["id"]), b"", 0
     message_id = message.get("messageId") or message.get("message_id") or event["id"]
     try:
         body = base64.b64decode(message.get("data") or b"", validate=True)
     except (binascii.Error, TypeError, ValueError):
         body = b""
-    attempt = data.get("deliveryAttempt") if isinstance(data, dict) else None
+    attempt = data.get("deliveryAttempt")
     return str(message_id), body, attempt if isinstance(attempt, int) and attempt > 0 else 0
 
 
@@ -130,16 +129,7 @@ class Gatherer:
             for record, future in batch:
                 if not future.done():  # its request may have gone (the client hung up)
                     future.set_result(record[0] in failures)
-            logger.info(
-                "batch",
-                extra={
-                    "records": len(batch),
-                    "done": outcome.done,
-                    "refused": outcome.refused,
-                    "failed": len(outcome.failures),
-                    "skipped": outcome.skipped,
-                },
-            )
+            logger.info("batch", extra={"records": len(batch), **outcome.counts()})
         finally:
             self._running = None
             self._start()  # what came meanwhile, if it is due (else its timer starts it)

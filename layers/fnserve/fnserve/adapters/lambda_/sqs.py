@@ -69,16 +69,7 @@ def create_handler(
         metrics.add_metric(name="JobsSkipped", unit=MetricUnit.Count, value=outcome.skipped)
         metrics.add_metric(name="CacheHits", unit=MetricUnit.Count, value=outcome.cache_hits)
         metrics.flush_metrics()
-        logger.info(
-            "batch",
-            extra={
-                "records": len(records),
-                "done": outcome.done,
-                "refused": outcome.refused,
-                "failed": len(outcome.failures),
-                "skipped": outcome.skipped,
-            },
-        )
+        logger.info("batch", extra={"records": len(records), **outcome.counts()})
         return {"batchItemFailures": [{"itemIdentifier": m} for m in outcome.failures]}
 
     return handler
