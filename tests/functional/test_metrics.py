@@ -120,8 +120,8 @@ def test_batches_workers_and_respawns_are_counted(tmp_path: Path) -> None:
         assert value(scrape, "fnserve_batch_size_sum", model="digits-accurate") == sum(rows)
         assert 1 <= batches < 30  # concurrent requests shared batches
         assert value(scrape, "fnserve_batch_queue_depth", model="digits-accurate") == 0
-        assert value(scrape, "fnserve_inference_workers", state="idle") == 1
-        assert value(scrape, "fnserve_inference_workers", state="busy") == 0
+        assert value(scrape, "fnserve_inference_workers", device="workers", state="idle") == 1
+        assert value(scrape, "fnserve_inference_workers", device="workers", state="busy") == 0
         assert value(scrape, "fnserve_worker_respawns_total") == 0
 
         worker = next(

@@ -5,6 +5,7 @@ import re
 import shutil
 from pathlib import Path
 
+import onnxruntime as ort
 import pytest
 
 from fnserve.core.errors import ConfigError, ModelLoadError, ModelNotFound
@@ -66,7 +67,7 @@ def test_missing_file_is_refused(write_manifest: ManifestWriter) -> None:
 
 def test_a_file_that_is_not_onnx_is_refused(write_manifest: ManifestWriter) -> None:
     reg = registry(write_manifest({"data": b"this is not a protobuf"}))
-    with pytest.raises(ModelLoadError, match=r"model 'scale' version '1': .*model.onnx is not a valid ONNX model"):
+    with pytest.raises(ModelLoadError, match=r"model 'scale' version '1': .*model.onnx cannot be loaded"):
         reg.get("scale")
 
 
@@ -152,16 +153,34 @@ def test_unknown_execution_providers_are_refused(write_manifest: ManifestWriter)
         reg.get("scale")
 
 
-def test_unavailable_providers_fall_back_to_cpu(
+def test_a_gpu_provider_this_onnxruntime_lacks_stops_the_load(write_manifest: ManifestWriter) -> None:
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has the CUDA provider")
+    reg = registry(
+        write_manifest(
+            {"data": model_bytes(), "execution_providers": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
+        )
+    )
+    with pytest.raises(ModelLoadError, match=r"\['CUDAExecutionProvider'\] are not in this build.*cpu_fallback = true"):
+        reg.get("scale")
+
+
+def test_cpu_fallback_runs_on_the_cpu_and_says_so(
     write_manifest: ManifestWriter, caplog: pytest.LogCaptureFixture
 ) -> None:
+    if "TensorrtExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has the TensorRT provider")
     reg = registry(
         write_manifest(
             {
                 "data": model_bytes(),
-                "execution_providers": ["TensorrtExecutionProvider", "CPUExecutionProvider"],
+                "execution_providers": [{"name": "TensorrtExecutionProvider", "fp16": True}, "CPUExecutionProvider"],
+                "cpu_fallback": True,
             }
         )
     )
-    assert reg.get("scale").session.get_providers() == ["CPUExecutionProvider"]
-    assert "TensorrtExecutionProvider" in caplog.text
+    loaded = reg.get("scale")
+    assert loaded.session.get_providers() == ["CPUExecutionProvider"]
+    assert loaded.placement.device == "cpu"
+    assert loaded.placement.fallback is not None and "TensorrtExecutionProvider" in loaded.placement.fallback
+    assert "TensorrtExecutionProvider" in caplog.text and "running on ['CPUExecutionProvider']" in caplog.text

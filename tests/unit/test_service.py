@@ -123,6 +123,7 @@ def test_metadata_comes_from_the_graph(service: InferenceService) -> None:
             {"name": "y", "datatype": "FP32", "shape": [-1, 3]},
             {"name": "k1", "datatype": "INT64", "shape": [-1]},
         ],
+        "parameters": {"providers": ["CPUExecutionProvider"], "device": "cpu"},
     }
 
 

@@ -50,13 +50,15 @@ def test_before_the_snapshot_every_model_is_loaded_and_run_once(monkeypatch: pyt
     names = registry.names()
     assert not any(registry.is_loaded(name) for name in names)  # Lambda loads lazily
     runs: list[str] = []
-    real = registry_module._warm_up
+    real = registry_module.warm_up
 
-    def counted(session: object, inputs: object, where: str) -> None:
+    def counted(
+        session: object, settings: object, inputs: object, outputs: object, placement: object, where: str
+    ) -> None:
         runs.append(where)
-        real(session, inputs, where)  # type: ignore[arg-type]
+        real(session, settings, inputs, outputs, placement, where)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(registry_module, "_warm_up", counted)
+    monkeypatch.setattr(registry_module, "warm_up", counted)
     registry.warm_all()
     assert all(registry.is_loaded(name) for name in names)
     # Loaded models are run again, once each, whatever their manifest's warmup setting says.

@@ -32,6 +32,7 @@ from fnserve.stores.redis import RedisCacheBackend, RedisResultStore
 if TYPE_CHECKING:
     from fnserve.core.dataplane import DataPlane
     from fnserve.workers.pool import WorkerPool
+    from fnserve.workers.remote import Overflow
 
 
 Store = DynamoResultStore | RedisResultStore
@@ -72,10 +73,12 @@ def result_store(settings: AwsSettings, *, for_requests: bool = False) -> Store 
     )
 
 
-def build_service(settings: Settings, store: Store | None = None, pool: WorkerPool | None = None) -> InferenceService:
+def build_service(
+    settings: Settings, store: Store | None = None, pool: WorkerPool | Overflow | None = None
+) -> InferenceService:
     """The service a process serves with: models from the manifest (s3:// and gs:// ones fetched from
-    their bucket), in this process, or in ``pool``'s workers; a result cache whose shared tier is
-    ``store``'s table.
+    their bucket), in this process, or in ``pool``'s workers (a GPU pool overflowing to CPU workers); a
+    result cache whose shared tier is ``store``'s table.
 
     A manifest at an s3:// or gs:// URI is fetched first; its relative model paths then name
     objects beside it in the same bucket.

@@ -107,6 +107,18 @@ class ServerSettings(EnvSettings):
         description="Front processes of a long-running server (sharing its port), each with its own "
         "parallel_workers; more than one pays when HTTP and JSON, not the model, use the CPU (tiny models).",
     )
+    gpu_workers: int = Field(
+        default=0,
+        ge=0,
+        description="Inference worker processes on the GPU (each model on its manifest providers). With "
+        "parallel_workers CPU workers beside them (none unless set), calls past gpu_capacity overflow to the CPU.",
+    )
+    gpu_capacity: int | None = Field(
+        default=None,
+        ge=1,
+        description="Calls in flight on the GPU workers before calls overflow to CPU workers; default: two per "
+        "GPU worker (one running, one ready to start).",
+    )
     inference_timeout_seconds: float = Field(
         default=60.0,
         gt=0,

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 if TYPE_CHECKING:
     from fnserve.core.dataplane import DataPlane
-    from fnserve.workers.pool import WorkerPool
+    from fnserve.workers.remote import Overflow
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 UNKNOWN = "_unknown"
@@ -83,9 +83,24 @@ class ServerMetrics:
         )
         self.workers = Gauge(
             "fnserve_inference_workers",
-            "Inference worker processes by state (busy: running a call; idle).",
-            ["state"],
+            "Inference worker processes by device group (gpu, cpu, or workers) and state (busy: running a call; idle).",
+            ["device", "state"],
             multiprocess_mode="livesum",
+            registry=r,
+        )
+        self.device_calls = Counter(
+            "fnserve_device_calls",
+            "Inference calls (a batch, or a request) sent to each device group of the worker pool: a mixed pool's "
+            "overflow to the CPU shows here.",
+            ["device"],
+            registry=r,
+        )
+        self.placement = Gauge(
+            "fnserve_model_placement",
+            "1 for each model version's placement: its execution providers, device, and whether a GPU provider "
+            "asked for fell back to the CPU (cpu_fallback).",
+            ["model", "version", "providers", "device", "fallback"],
+            multiprocess_mode="max",
             registry=r,
         )
         self.respawns = Counter("fnserve_worker_respawns", "Inference workers replaced after dying.", registry=r)
@@ -102,15 +117,30 @@ class ServerMetrics:
         )
         self.known: frozenset[str] | None = None  # the served names; any other is counted as UNKNOWN
         self._plane: DataPlane | None = None
-        self._pool: WorkerPool | None = None
+        self._pool: Overflow | None = None
         self._seen: dict[str, int] = {}
         self.pending: list[tuple[str, str, str, int, dict[str, float]]] = []  # records not yet in the series
         self._flusher: asyncio.Task[None] | None = None
 
-    def watch(self, plane: DataPlane, pool: WorkerPool | None = None) -> None:
-        """Count ``plane``'s batches, and read its batchers, its cache and ``pool`` at each scrape."""
+    def watch(self, plane: DataPlane, pool: Overflow | None = None) -> None:
+        """Count ``plane``'s batches, say where each loaded model runs, and read its batchers, its cache and
+        ``pool`` at each scrape."""
         self._plane = plane
         self._pool = pool
+        registry = plane.service.registry
+        for name in registry.names():
+            for version in registry.versions(name):
+                if registry.is_loaded(name, version):
+                    loaded = registry.get(name, version)
+                    placement = loaded.placement
+                    device = placement.device if pool is None else "+".join(g.device for g in pool.groups)
+                    self.placement.labels(
+                        name,
+                        version,
+                        ",".join(placement.providers),
+                        device,
+                        str(placement.fallback is not None).lower(),
+                    ).set(1)
         cascades = plane.cascades.cascades if plane.cascades is not None else {}
         self.known = frozenset([*plane.service.registry.names(), *plane.service.pipelines, *cascades])
         for model, batcher in plane.batchers.items():
@@ -185,9 +215,13 @@ class ServerMetrics:
                 self._advance(self.cache_lookups.labels("all", "miss"), "misses", stats.misses)
                 self._advance(self.cache_errors, "errors", stats.errors)
         if self._pool is not None:
-            busy = self._pool.busy()
-            self.workers.labels("busy").set(busy)
-            self.workers.labels("idle").set(len(self._pool.worker_pids()) - busy)
+            for group in self._pool.groups:
+                busy = group.pool.busy()
+                self.workers.labels(group.device, "busy").set(busy)
+                self.workers.labels(group.device, "idle").set(len(group.pool.worker_pids()) - busy)
+                self._advance(
+                    self.device_calls.labels(group.device), f"calls-{group.device}", self._pool.runs[group.device]
+                )
             self._advance(self.respawns, "respawns", self._pool.respawns)
 
     def _advance(self, counter: Counter, key: str, total: int) -> None:

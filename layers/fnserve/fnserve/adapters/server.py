@@ -34,10 +34,12 @@ from fnserve.core._cpus import available_cpus
 from fnserve.core._heap import freeze_heap
 from fnserve.core.dataplane import DataPlane
 from fnserve.core.errors import ConfigError
+from fnserve.core.providers import DEVICE_ENV
 from fnserve.core.registry import LoadedModel, zeros_feed
 from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
 from fnserve.workers.pool import FunctionSpec, WorkerPool
+from fnserve.workers.remote import Group, Overflow
 
 
 def serve(
@@ -89,7 +91,10 @@ def _serve(
         "access_log": False,
         "log_level": "warning",
     }
-    auto = not {"parallel_workers", "server_processes"} & settings.model_fields_set
+    if settings.gpu_workers and "parallel_workers" not in settings.model_fields_set:
+        # GPU workers alone, unless CPU workers to overflow to are asked for.
+        settings = settings.model_copy(update={"parallel_workers": 0})
+    auto = not {"parallel_workers", "server_processes", "gpu_workers"} & settings.model_fields_set
     checked: InferenceService | None = None
     if auto or settings.server_processes > 1:
         # Every model is loaded here once: one that cannot load stops the start with its reason,
@@ -117,7 +122,7 @@ def _serve(
             uvicorn.run(f"{__name__}:app_factory", factory=True, workers=settings.server_processes, **options)
             return
     # One front process: running inference itself, it serves the models loaded (and timed) above.
-    loaded = checked if settings.parallel_workers == 0 else None
+    loaded = checked if not pooled(settings) else None
     del checked
     app = front(settings, loaded)
     try:
@@ -246,7 +251,7 @@ def app_factory() -> V2App:
 def front(settings: Settings, service: InferenceService | None = None) -> V2App:
     """A front process's app, with its inference workers started (none with ``parallel_workers = 0``);
     ``service``: one already loaded in this process, for inference here."""
-    pool = inference_pool(settings) if settings.parallel_workers else None
+    pool = inference_pool(settings) if pooled(settings) else None
     try:
         app = build_app(settings, pool, service)
     except BaseException:
@@ -257,12 +262,18 @@ def front(settings: Settings, service: InferenceService | None = None) -> V2App:
     return app
 
 
+def pooled(settings: Settings) -> bool:
+    """Whether models run in inference workers (CPU or GPU ones), not in the front process."""
+    return bool(settings.parallel_workers or settings.gpu_workers)
+
+
 def settings_env(settings: Settings) -> dict[str, str]:
     """What a child process (a front process, an inference worker) needs of the settings, as FNSERVE_*."""
     env = {
         "FNSERVE_MANIFEST": settings.manifest,
         "FNSERVE_PARALLEL_WORKERS": str(settings.parallel_workers),
         "FNSERVE_SERVER_PROCESSES": str(settings.server_processes),
+        "FNSERVE_GPU_WORKERS": str(settings.gpu_workers),
         "FNSERVE_EAGER_LOAD": "true",
         "FNSERVE_ACCESS_LOG": "true" if settings.access_log else "false",
         "FNSERVE_MODEL_CACHE_DIR": str(settings.model_cache_dir),
@@ -271,22 +282,42 @@ def settings_env(settings: Settings) -> dict[str, str]:
     }
     if settings.intra_op_threads is not None:
         env["FNSERVE_INTRA_OP_THREADS"] = str(settings.intra_op_threads)
+    if settings.gpu_capacity is not None:
+        env["FNSERVE_GPU_CAPACITY"] = str(settings.gpu_capacity)
     if settings.grpc_port is not None:
         env["FNSERVE_GRPC_PORT"] = str(settings.grpc_port)
         env["FNSERVE_GRPC_HOST"] = settings.grpc_host
     return env
 
 
-def inference_pool(settings: Settings) -> WorkerPool:
-    """``parallel_workers`` warm inference workers; the settings they need cross as environment variables."""
-    spec = FunctionSpec(
-        name="inference",
-        code_dir=os.getcwd(),
-        handler="fnserve.workers.inference.handler",
-        env=settings_env(settings),
-        timeout=settings.inference_timeout_seconds,
-    )
-    return WorkerPool(spec, settings.parallel_workers).start()
+def inference_pool(settings: Settings) -> Overflow:
+    """The inference workers: ``parallel_workers`` of them; or ``gpu_workers`` on the GPU, filled up to
+    ``gpu_capacity`` calls in flight, then overflowing to ``parallel_workers`` CPU workers. The settings they
+    need cross as environment variables; CPU workers get ``FNSERVE_DEVICE=cpu`` (CPU providers alone)."""
+    env = settings_env(settings)
+    groups: list[tuple[str, int, dict[str, str], int | None]] = []
+    if settings.gpu_workers:
+        groups.append(("gpu", settings.gpu_workers, {}, settings.gpu_capacity or 2 * settings.gpu_workers))
+        if settings.parallel_workers:
+            groups.append(("cpu", settings.parallel_workers, {DEVICE_ENV: "cpu"}, None))
+    else:
+        groups.append(("workers", settings.parallel_workers, {}, None))
+    started: list[Group] = []
+    try:
+        for device, workers, extra, capacity in groups:
+            spec = FunctionSpec(
+                name=f"inference-{device}",
+                code_dir=os.getcwd(),
+                handler="fnserve.workers.inference.handler",
+                env=env | extra,
+                timeout=settings.inference_timeout_seconds,
+            )
+            started.append(Group(device, WorkerPool(spec, workers).start(), capacity))
+    except BaseException:
+        for group in started:
+            group.pool.close()
+        raise
+    return Overflow(started)
 
 
 def grpc_server(settings: Settings, plane: DataPlane, telemetry: Telemetry | None = None) -> Companion:
@@ -308,7 +339,7 @@ def grpc_server(settings: Settings, plane: DataPlane, telemetry: Telemetry | Non
     )
 
 
-def build_app(settings: Settings, pool: WorkerPool | None = None, service: InferenceService | None = None) -> V2App:
+def build_app(settings: Settings, pool: Overflow | None = None, service: InferenceService | None = None) -> V2App:
     """The server's app: models in ``pool``'s workers, or in this process when there is no pool (``service``,
     when they are loaded already)."""
     store = bootstrap.result_store(settings, for_requests=True)

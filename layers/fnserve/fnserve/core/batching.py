@@ -4,7 +4,9 @@ Requests queue per model and length bucket. A batch closes when it holds ``max_b
 rows or when ``max_batch_time`` has passed since its *first* request (not since the last
 one: a steady trickle cannot hold a batch open). Inputs are concatenated along axis 0,
 variable-length inputs padded up to their bucket's length so that padding stays small;
-outputs are split back by each request's rows, with a check that they split exactly. An
+outputs are split back by each request's rows, with a check that they split exactly. With
+``batch_buckets``, a batch's rows are padded up to the next bucket (rows of zeros, whose outputs
+are dropped), so that a GPU sees a few batch shapes, each warmed at start. An
 error fails every request of its batch, and nothing else. Up to ``max_concurrent`` batches
 of a length bucket run at once (one per worker process); while all are busy, requests queue,
 and the next batch takes whatever has queued, up to ``max_batch_size``, without waiting further. A request
@@ -27,6 +29,7 @@ import numpy as np
 from fnserve.core._rows import split_rows
 from fnserve.core.datatypes import Arrays
 from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
+from fnserve.core.providers import RAN_ON, RanOn
 
 Runner = Callable[[Arrays], Awaitable[Arrays]]
 
@@ -36,6 +39,7 @@ class _Pending:
     inputs: Arrays
     rows: int
     future: asyncio.Future[tuple[Arrays, float]]
+    ran_on: RanOn | None  # the request's: told which device ran its batch
     arrived: float = field(default_factory=time.monotonic)
 
 
@@ -49,6 +53,7 @@ class AdaptiveBatcher:
         max_batch_size: int,
         max_batch_time: float,
         buckets: Sequence[int] = (),
+        batch_buckets: Sequence[int] = (),
         pad_inputs: Sequence[str] = (),
         pad_value: float = 0.0,
         max_queue: int = 10_000,
@@ -60,6 +65,7 @@ class AdaptiveBatcher:
         self.max_batch_size = max_batch_size
         self.max_batch_time = max_batch_time
         self.buckets = sorted(buckets)
+        self.batch_buckets = sorted(batch_buckets)
         self.pad_inputs = tuple(pad_inputs)
         self.pad_value = pad_value
         self.max_queue = max_queue
@@ -82,7 +88,7 @@ class AdaptiveBatcher:
             queue = self._queues[bucket] = asyncio.Queue(self.max_queue)
             self._tasks[bucket] = asyncio.get_running_loop().create_task(self._loop(queue, bucket))
         future: asyncio.Future[tuple[Arrays, float]] = asyncio.get_running_loop().create_future()
-        await queue.put(_Pending(arrays, rows.pop(), future))
+        await queue.put(_Pending(arrays, rows.pop(), future, RAN_ON.get()))
         return await future
 
     def queued(self) -> int:
@@ -142,15 +148,23 @@ class AdaptiveBatcher:
     async def _execute(self, batch: list[_Pending], bucket: int) -> None:
         started = time.monotonic()
         self.batches += 1
+        ran_on = RanOn()
+        RAN_ON.set(ran_on)  # this batch's task: the runner's thread says which device ran it
         try:
             names = list(batch[0].inputs)
+            rows = [p.rows for p in batch]
+            padding = self._batch_padding(sum(rows))
             stacked = {
-                name: np.concatenate([self._padded(p.inputs[name], name, bucket) for p in batch]) for name in names
+                name: np.concatenate(
+                    [self._padded(p.inputs[name], name, bucket) for p in batch]
+                    + self._filler(batch, name, bucket, padding)
+                )
+                for name in names
             }
             if self.on_batch is not None:
-                self.on_batch(sum(p.rows for p in batch))
+                self.on_batch(sum(rows))
             outputs = await self._run(stacked)
-            parts = split_rows(outputs, [p.rows for p in batch], "batched inference")
+            parts = split_rows(outputs, rows + [padding] if padding else rows, "batched inference")[: len(batch)]
         except Exception as exc:  # one failure answers every request of the batch, and only them
             error = exc if isinstance(exc, FnserveError) else InferenceError(f"batched inference failed: {exc}")
             for pending in batch:
@@ -158,8 +172,21 @@ class AdaptiveBatcher:
                     pending.future.set_exception(error)
             return
         for pending, part in zip(batch, parts, strict=True):
+            if pending.ran_on is not None:
+                pending.ran_on.device = ran_on.device
             if not pending.future.done():
                 pending.future.set_result((part, started - pending.arrived))
+
+    def _batch_padding(self, rows: int) -> int:
+        """Rows of zeros that bring a batch up to its batch bucket (none past the largest)."""
+        i = bisect.bisect_left(self.batch_buckets, rows)
+        return self.batch_buckets[i] - rows if i < len(self.batch_buckets) else 0
+
+    def _filler(self, batch: list[_Pending], name: str, bucket: int, padding: int) -> list[np.ndarray[Any, Any]]:
+        if not padding:
+            return []
+        like = self._padded(batch[0].inputs[name], name, bucket)
+        return [np.full((padding, *like.shape[1:]), b"" if like.dtype == object else 0, dtype=like.dtype)]
 
     def _padded(self, array: np.ndarray[Any, Any], name: str, bucket: int) -> np.ndarray[Any, Any]:
         if not bucket or name not in self.pad_inputs or array.ndim < 2 or array.shape[1] == bucket:

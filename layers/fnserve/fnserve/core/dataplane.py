@@ -21,6 +21,7 @@ from fnserve.core.datatypes import Arrays
 from fnserve.core.errors import ModelNotFound, ResultNotFound
 from fnserve.core.followups import ResultLookup, ResultState
 from fnserve.core.manifest import CascadeSettings
+from fnserve.core.providers import RAN_ON, RanOn
 from fnserve.core.service import InferenceService, Prediction
 
 T = TypeVar("T")
@@ -34,7 +35,8 @@ class Answer:
     ``name`` is the served name (a model's, a pipeline's or a cascade's); ``model`` and ``version``
     say which model computed the outputs. ``parameters`` go back to the client (``cache``, and a
     cascade's ``answered_by`` and ``followup_*``); ``timings`` are milliseconds per stage (a
-    pipeline's ``pre`` and ``post`` steps, ``queue`` while waiting for a batch, ``infer`` for the rest).
+    pipeline's ``pre`` and ``post`` steps, ``queue`` while waiting for a batch, ``infer`` for the rest);
+    ``device`` says which device computed them, where that is worth saying (a GPU, a mixed-device pool).
     """
 
     name: str
@@ -44,6 +46,7 @@ class Answer:
     cache: str
     parameters: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    device: str | None = None
 
 
 class DataPlane:
@@ -98,7 +101,10 @@ class DataPlane:
     ) -> Answer:
         """The answer of whatever ``name`` serves, with its ``infer`` time."""
         started = time.perf_counter()
+        ran_on = RanOn()
+        RAN_ON.set(ran_on)  # this request's task (and the threads it waits on) say which device ran it
         answer = await self.resolve(name, version)(inputs, outputs)
+        answer.device = ran_on.device
         timings = answer.timings
         spent = timings.get("queue", 0.0) + timings.get("pre", 0.0) + timings.get("post", 0.0) if timings else 0.0
         timings["infer"] = round((time.perf_counter() - started) * 1e3 - spent, 3)
@@ -231,6 +237,7 @@ def _batchers(service: InferenceService, max_concurrent: int) -> dict[str, Adapt
             max_batch_size=settings.max_batch_size,
             max_batch_time=settings.max_batch_time_ms / 1000,
             buckets=settings.length_buckets,
+            batch_buckets=settings.batch_buckets,
             pad_inputs=settings.pad_inputs,
             pad_value=settings.pad_value,
             max_concurrent=max_concurrent,

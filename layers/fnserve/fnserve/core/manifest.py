@@ -33,6 +33,60 @@ class TensorOverride(BaseModel):
     )
 
 
+class CudaProvider(BaseModel):
+    """ONNX Runtime's CUDA execution provider, with its options."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Literal["CUDAExecutionProvider"]
+    device_id: int = Field(default=0, ge=0, description="The GPU this model runs on.")
+    memory_limit_mb: int | None = Field(
+        default=None, ge=1, description="Most GPU memory the session's arena may take; none: no limit."
+    )
+    cudnn_conv_algo_search: Literal["EXHAUSTIVE", "HEURISTIC", "DEFAULT"] = Field(
+        default="EXHAUSTIVE",
+        description="How cuDNN picks convolution algorithms: EXHAUSTIVE measures each (once per shape, at "
+        "warm-up), HEURISTIC guesses.",
+    )
+    copy_streams: bool = Field(
+        default=True, description="Copies to and from the GPU on their own streams, overlapping compute."
+    )
+
+
+class TensorrtProvider(BaseModel):
+    """ONNX Runtime's TensorRT execution provider, with its options."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Literal["TensorrtExecutionProvider"]
+    device_id: int = Field(default=0, ge=0, description="The GPU this model runs on.")
+    fp16: bool = Field(default=False, description="Let TensorRT run layers in FP16.")
+    int8: bool = Field(default=False, description="Let TensorRT run layers in INT8 (a QDQ or calibrated model).")
+    cache_dir: str | None = Field(
+        default=None, description="Where built engines and the timing cache are kept, so later starts skip the build."
+    )
+    max_workspace_mb: int | None = Field(default=None, ge=1, description="TensorRT's workspace limit.")
+    min_shapes: dict[str, list[int]] = Field(default_factory=dict, description="Shape profile: smallest shapes.")
+    opt_shapes: dict[str, list[int]] = Field(default_factory=dict, description="Shape profile: shapes tuned for.")
+    max_shapes: dict[str, list[int]] = Field(default_factory=dict, description="Shape profile: largest shapes.")
+
+    @model_validator(mode="after")
+    def _profile(self) -> TensorrtProvider:
+        profiles = (self.min_shapes, self.opt_shapes, self.max_shapes)
+        if any(profiles) and not all(p.keys() == self.min_shapes.keys() for p in profiles):
+            raise ValueError("min_shapes, opt_shapes and max_shapes must name the same inputs")
+        for name in self.min_shapes:
+            low, opt, high = (p[name] for p in profiles)
+            if not len(low) == len(opt) == len(high) or any(
+                not 1 <= a <= b <= c for a, b, c in zip(low, opt, high, strict=True)
+            ):
+                raise ValueError(f"input {name!r}: the shape profile must have min <= opt <= max, all positive")
+        return self
+
+
+Provider = Annotated[CudaProvider | TensorrtProvider, Field(discriminator="name")] | str
+
+
 class ModelSettings(BaseModel):
     """One model version in the manifest."""
 
@@ -60,10 +114,16 @@ class ModelSettings(BaseModel):
         description="ONNX Runtime intra-op threads; default: available CPUs / worker processes.",
     )
     inter_op_threads: int = Field(default=1, ge=1, description="ONNX Runtime inter-op threads.")
-    execution_providers: list[str] = Field(
-        default_factory=lambda: ["CPUExecutionProvider"],
+    execution_providers: list[Provider] = Field(
+        default_factory=lambda: list[Provider](["CPUExecutionProvider"]),
         min_length=1,
-        description="ONNX Runtime execution providers in order of preference.",
+        description="ONNX Runtime execution providers in order of preference: a name, or a table with the name "
+        "and its options (CUDAExecutionProvider, TensorrtExecutionProvider).",
+    )
+    cpu_fallback: bool = Field(
+        default=False,
+        description="Run on the CPU, with a warning, when a GPU provider asked for cannot be created; "
+        "otherwise that stops the start.",
     )
     graph_optimization: Literal["disable", "basic", "extended", "all"] = Field(
         default="all", description="ONNX Runtime graph optimisation level."
@@ -77,6 +137,11 @@ class ModelSettings(BaseModel):
     length_buckets: list[int] = Field(
         default_factory=list,
         description="Sequence lengths that batched variable-length inputs are padded up to (sorted, positive).",
+    )
+    batch_buckets: list[int] = Field(
+        default_factory=list,
+        description="Batch sizes that adaptive batches are padded up to (sorted, positive): a GPU then sees a few "
+        "shapes, each warmed at start (cuDNN's algorithm search, TensorRT's engine).",
     )
     pad_inputs: list[str] = Field(default_factory=list, description="Inputs padded along axis 1 to their bucket.")
     pad_value: float = Field(default=0.0, description="Value the padding is filled with.")
@@ -126,8 +191,16 @@ class ModelSettings(BaseModel):
             raise ValueError(f"length_buckets must be positive and ascending, got {self.length_buckets}")
         if self.pad_inputs and not self.length_buckets:
             raise ValueError("pad_inputs needs length_buckets to pad up to")
-        if (self.length_buckets or self.pad_inputs) and self.max_batch_time_ms is None:
-            raise ValueError("length_buckets and pad_inputs only apply with max_batch_time_ms (adaptive batching)")
+        if any(b < 1 for b in self.batch_buckets) or self.batch_buckets != sorted(set(self.batch_buckets)):
+            raise ValueError(f"batch_buckets must be positive and ascending, got {self.batch_buckets}")
+        if self.batch_buckets and self.batch_buckets[-1] > self.max_batch_size:
+            raise ValueError(
+                f"batch_buckets go up to {self.batch_buckets[-1]}, over max_batch_size {self.max_batch_size}"
+            )
+        if (self.length_buckets or self.pad_inputs or self.batch_buckets) and self.max_batch_time_ms is None:
+            raise ValueError(
+                "length_buckets, batch_buckets and pad_inputs only apply with max_batch_time_ms (adaptive batching)"
+            )
         return self
 
     @model_validator(mode="after")

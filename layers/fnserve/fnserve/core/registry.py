@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -17,6 +18,7 @@ from fnserve.core._cpus import default_intra_op_threads
 from fnserve.core.datatypes import ORT_TO_V2, V2_TO_NUMPY
 from fnserve.core.errors import InvalidInput, ModelLoadError, ModelNotFound
 from fnserve.core.manifest import Manifest, ModelSettings, TensorOverride
+from fnserve.core.providers import CPU, Placement, check, ort_providers
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ class LoadedModel:
     output_names: tuple[str, ...]
     output_set: frozenset[str]
     path: Path
+    placement: Placement = Placement((CPU,), "cpu")
 
     @property
     def name(self) -> str:
@@ -187,7 +190,8 @@ class ModelRegistry:
         """
         for name, version in self._entries:
             model = self.get(name, version)
-            _warm_up(model.session, model.inputs, f"model {name!r} version {version!r}")
+            where = f"model {name!r} version {version!r}"
+            warm_up(model.session, model.settings, model.inputs, model.output_names, model.placement, where)
 
     def _load(self, settings: ModelSettings) -> LoadedModel:
         where = f"model {settings.name!r} version {settings.version!r}"
@@ -205,22 +209,25 @@ class ModelRegistry:
         options.intra_op_num_threads = settings.intra_op_threads or self._threads
         options.inter_op_num_threads = settings.inter_op_threads
         options.graph_optimization_level = _OPT_LEVELS[settings.graph_optimization]
-        providers = self._providers(settings, where)
+        providers, fallback = ort_providers(settings, where)
         try:
             # Loading from the verified bytes, not the path, so the file cannot change in between.
             session = ort.InferenceSession(data, sess_options=options, providers=providers)
         except Exception as exc:  # ORT raises its own pybind exception types
-            raise ModelLoadError(f"{where}: {path} is not a valid ONNX model: {exc}") from exc
+            raise ModelLoadError(f"{where}: {path} cannot be loaded: {exc}") from exc
+        placement = check(session, settings, where, fallback)
         inputs = _specs(session.get_inputs(), settings.inputs, where, "input")
         outputs = _specs(session.get_outputs(), settings.outputs, where, "output")
         if settings.warmup:
-            _warm_up(session, inputs, where)
+            warm_up(session, settings, inputs, [o.name for o in outputs], placement, where)
         logger.info(
-            "loaded %s from %s (%d threads, providers %s)",
+            "loaded %s from %s (%d threads, providers %s, device %s)%s",
             where,
             path,
             options.intra_op_num_threads,
-            session.get_providers(),
+            list(placement.providers),
+            placement.device,
+            f"; CPU FALL BACK: {placement.fallback}" if placement.fallback else "",
         )
         return LoadedModel(
             settings=settings,
@@ -230,6 +237,7 @@ class ModelRegistry:
             output_names=tuple(o.name for o in outputs),
             output_set=frozenset(o.name for o in outputs),
             path=path,
+            placement=placement,
         )
 
     def _local_path(self, settings: ModelSettings) -> Path:
@@ -253,37 +261,65 @@ class ModelRegistry:
                 raise ModelLoadError(f"model {settings.name!r}: cannot fetch {settings.path}: {exc}") from exc
         return target
 
-    @staticmethod
-    def _providers(settings: ModelSettings, where: str) -> list[str]:
-        available = set(ort.get_available_providers())
-        unknown = [p for p in settings.execution_providers if p not in ort.get_all_providers()]
-        if unknown:
-            raise ModelLoadError(f"{where}: unknown execution providers {unknown}")
-        chosen = [p for p in settings.execution_providers if p in available]
-        if len(chosen) < len(settings.execution_providers):
-            logger.warning(
-                "%s: providers %s are not available here; using %s",
-                where,
-                [p for p in settings.execution_providers if p not in available],
-                chosen or ["CPUExecutionProvider"],
-            )
-        return chosen or ["CPUExecutionProvider"]
 
-
-def zeros_feed(inputs: Sequence[TensorSpec]) -> dict[str, np.ndarray[Any, Any]]:
-    """One row of zeros (empty strings for BYTES) for each input: free dimensions taken as 1."""
+def zeros_feed(
+    inputs: Sequence[TensorSpec], rows: int = 1, length: int = 1, padded: Collection[str] = ()
+) -> dict[str, np.ndarray[Any, Any]]:
+    """Zeros (empty strings for BYTES) for each input: ``rows`` along a free first dimension, ``length`` along
+    axis 1 of the ``padded`` inputs, 1 for every other free dimension."""
     feed = {}
     for spec in inputs:
         shape = [1 if d == -1 else d for d in spec.shape]
+        if spec.shape and spec.shape[0] == -1:
+            shape[0] = rows
+        if spec.name in padded and len(spec.shape) > 1 and spec.shape[1] == -1:
+            shape[1] = length
         feed[spec.name] = np.full(shape, b"" if spec.datatype == "BYTES" else 0, dtype=spec.dtype)
     return feed
 
 
-def _warm_up(session: ort.InferenceSession, inputs: Sequence[TensorSpec], where: str) -> None:
+# A GPU model is warmed at every batch size the batcher can form; past this many, at powers of two only.
+MAX_WARM_SIZES = 64
+
+
+def warm_shapes(settings: ModelSettings, placement: Placement) -> list[tuple[int, int]]:
+    """(rows, length) of every warm-up run: one on a CPU; on a GPU, every batch size the batcher can form
+    (its ``batch_buckets``, else 1 to ``max_batch_size``) at every length bucket, so that no request pays for
+    cuDNN's algorithm search or a TensorRT engine build."""
+    if placement.device == "cpu":
+        return [(1, 1)]
+    sizes = settings.batch_buckets or list(range(1, settings.max_batch_size + 1))
+    if len(sizes) > MAX_WARM_SIZES:
+        sizes = sorted({*(2**i for i in range(settings.max_batch_size.bit_length())), settings.max_batch_size})
+        logger.warning(
+            "model %r: %d batch sizes are too many to warm; warming %s (set batch_buckets to pad batches to these)",
+            settings.name,
+            settings.max_batch_size,
+            sizes,
+        )
+    lengths = settings.length_buckets or [1]
+    return [(rows, length) for rows in sizes for length in lengths]
+
+
+def warm_up(
+    session: Session,
+    settings: ModelSettings,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[str],
+    placement: Placement,
+    where: str,
+) -> None:
+    """Run the session on zeros at each of :func:`warm_shapes`' shapes (a model that rejects zeros still serves)."""
+    shapes = warm_shapes(settings, placement)
+    started = time.perf_counter()
     try:
-        session.run(None, zeros_feed(inputs))
+        for rows, length in shapes:
+            session.run(outputs, zeros_feed(inputs, rows, length, settings.pad_inputs))
     except Exception as exc:  # a model may reject zeros (e.g. indices); it still serves
         logger.info("%s: warm-up run skipped: %s", where, exc)
+        return
+    if len(shapes) > 1:
+        logger.info("%s: warmed %d shapes in %.1f s", where, len(shapes), time.perf_counter() - started)
 
 
 def _specs(

@@ -26,6 +26,7 @@ from fnserve.core.errors import (
 )
 from fnserve.core.manifest import load_manifest
 from fnserve.core.pipeline import Pipeline, Staged, concatenate
+from fnserve.core.providers import note_device
 from fnserve.core.registry import Fetcher, LoadedModel, ModelRegistry, TensorSpec, requested_outputs
 
 logger = logging.getLogger(__name__)
@@ -457,6 +458,7 @@ class InferenceService:
             "platform": "onnxruntime_onnx",
             "inputs": [spec.to_metadata() for spec in loaded.inputs],
             "outputs": [spec.to_metadata() for spec in loaded.outputs],
+            "parameters": loaded.placement.to_metadata(),
         }
 
     def model_ready(self, model: str, version: str | None = None) -> bool:
@@ -610,6 +612,8 @@ def _run_group(
 
 
 def _run(model: LoadedModel, names: Sequence[str], feed: Arrays) -> list[np.ndarray[Any, Any]]:
+    if model.placement.device != "cpu":
+        note_device(model.placement.device)
     try:
         return model.session.run(names, feed)
     except InvalidArgument as exc:

@@ -160,6 +160,11 @@ class WorkerPool:
             os.close(self._wake_r)
             os.close(self._wake_w)
 
+    @property
+    def size(self) -> int:
+        """How many workers the pool keeps."""
+        return self._size
+
     def worker_pids(self) -> list[int]:
         return [w.process.pid for w in self._workers if not w.broken]
 

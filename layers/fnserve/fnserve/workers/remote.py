@@ -7,11 +7,19 @@ loads no model: its :class:`PooledRegistry` knows each model's tensors from the 
 description, and its sessions send :class:`RunModel` to whichever worker is free.
 Everything above the session (:class:`~fnserve.core.service.InferenceService`, the
 batcher, the data plane) is the same code in both modes. :func:`handle` is what a worker answers.
+
+A mixed-device pool is two pools: the GPU's workers (the manifest's providers) and CPU
+workers (``FNSERVE_DEVICE=cpu``: CPU providers alone). :class:`Overflow` fills the GPU up to a
+number of calls in flight, then sends calls to CPU workers while one is idle; when both are
+full, calls queue for the GPU, the faster device.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,24 +28,86 @@ import numpy as np
 from fnserve.core.datatypes import V2_TO_NUMPY, Arrays
 from fnserve.core.errors import BadRequest, ModelNotReady
 from fnserve.core.manifest import Manifest, ModelSettings
+from fnserve.core.providers import Placement, note_device
 from fnserve.core.registry import LoadedModel, ModelRegistry, TensorSpec
 from fnserve.core.service import InferenceService
 from fnserve.workers.messages import Describe, Described, RunModel
 from fnserve.workers.pool import WorkerPool
 
 
+@dataclass(frozen=True)
+class Group:
+    """Workers of one device: their pool, the label requests see (``gpu``, ``cpu``), and how many calls they
+    take in flight before calls overflow to the next group (``None``: as many as they have workers)."""
+
+    device: str
+    pool: WorkerPool
+    capacity: int | None = None
+
+    @property
+    def limit(self) -> int:
+        return self.capacity if self.capacity is not None else self.pool.size
+
+
+class Overflow:
+    """Where each call goes: the first group (the GPU) until it has ``capacity`` calls in flight, then the
+    next group with room (the CPU workers); when every group is full, the first. Counts calls per device."""
+
+    def __init__(self, groups: list[Group]) -> None:
+        if not groups:
+            raise ValueError("a pool needs at least one group of workers")
+        self.groups = groups
+        self.in_flight = [0] * len(groups)
+        self.runs = {group.device: 0 for group in groups}  # calls sent to each device, for metrics
+        self._lock = threading.Lock()
+
+    @property
+    def mixed(self) -> bool:
+        return len(self.groups) > 1
+
+    def invoke(self, request: Any) -> tuple[Future[Any], str]:
+        """Send ``request`` to a group's pool: its future, and the device that runs it."""
+        with self._lock:
+            index = next((i for i, g in enumerate(self.groups) if self.in_flight[i] < g.limit), 0)
+            self.in_flight[index] += 1
+            group = self.groups[index]
+            self.runs[group.device] += 1
+        future = group.pool.invoke(request)
+        future.add_done_callback(lambda _: self._done(index))
+        return future, group.device
+
+    def _done(self, index: int) -> None:
+        with self._lock:
+            self.in_flight[index] -= 1
+
+    def worker_pids(self) -> list[int]:
+        return [pid for group in self.groups for pid in group.pool.worker_pids()]
+
+    @property
+    def respawns(self) -> int:
+        """Workers replaced after dying, over every group."""
+        return sum(group.pool.respawns for group in self.groups)
+
+    def close(self) -> None:
+        for group in self.groups:
+            group.pool.close()
+
+
 class PoolSession:
     """A session whose ``run`` happens in a pool worker (blocks the calling thread until it is done)."""
 
-    def __init__(self, pool: WorkerPool, model: str, version: str, providers: Sequence[str]) -> None:
-        self._pool = pool
+    def __init__(self, workers: Overflow, model: str, version: str, providers: list[str]) -> None:
+        self._workers = workers
         self._model = model
         self._version = version
-        self._providers = list(providers)
+        self._providers = providers
 
     def run(self, names: Sequence[str], feed: Mapping[str, np.ndarray[Any, Any]]) -> list[np.ndarray[Any, Any]]:
         request = RunModel(self._model, self._version, list(names), dict(feed))
-        outputs: Arrays = self._pool.invoke(request).result()
+        future, device = self._workers.invoke(request)
+        if self._workers.mixed:
+            note_device(device)
+        outputs: Arrays = future.result()
         return [outputs[name] for name in names]
 
     def get_providers(self) -> list[str]:
@@ -45,14 +115,15 @@ class PoolSession:
 
 
 class PooledRegistry(ModelRegistry):
-    """The manifest's models, served by ``pool``: specs from the workers, sessions that forward to them."""
+    """The manifest's models, served by ``workers`` (a pool, or a GPU pool with CPU workers to overflow to):
+    specs from the first group's workers, sessions that forward to whichever group :class:`Overflow` picks."""
 
     in_process = False
 
-    def __init__(self, manifest: Manifest, pool: WorkerPool) -> None:
+    def __init__(self, manifest: Manifest, workers: WorkerPool | Overflow) -> None:
         super().__init__(manifest)
-        self.pool = pool
-        described: Described = pool.invoke(Describe()).result()
+        self.workers = workers if isinstance(workers, Overflow) else Overflow([Group("worker", workers)])
+        described: Described = self.workers.groups[0].pool.invoke(Describe()).result()
         self._described = {(m["name"], m["version"]): m for m in described.models}
 
     def _load(self, settings: ModelSettings) -> LoadedModel:
@@ -61,14 +132,17 @@ class PooledRegistry(ModelRegistry):
             raise ModelNotReady(f"model {settings.name!r} version {settings.version!r} is not loaded in the workers")
         inputs = tuple(_spec(s) for s in described["inputs"])
         outputs = tuple(_spec(s) for s in described["outputs"])
+        placement = described["placement"]
         return LoadedModel(
             settings=settings,
-            session=PoolSession(self.pool, settings.name, settings.version, described["providers"]),
+            session=PoolSession(self.workers, settings.name, settings.version, placement["providers"]),
             inputs=inputs,
             outputs=outputs,
             output_names=tuple(o.name for o in outputs),
             output_set=frozenset(o.name for o in outputs),
             path=Path(settings.path),
+            # The device is the group's, told per call: the session's own (cpu: nothing said) is not used.
+            placement=Placement(tuple(placement["providers"]), "cpu", placement.get("cpu_fallback")),
         )
 
 
@@ -86,7 +160,7 @@ def handle(service: InferenceService, event: RunModel | Describe) -> Arrays | De
                     {
                         "name": name,
                         "version": version,
-                        "providers": loaded.session.get_providers(),
+                        "placement": loaded.placement.to_metadata(),
                         "inputs": [spec.to_metadata() for spec in loaded.inputs],
                         "outputs": [spec.to_metadata() for spec in loaded.outputs],
                     }

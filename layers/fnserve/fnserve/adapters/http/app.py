@@ -200,14 +200,16 @@ class InferenceRoute:
             **answer.timings,
             "encode": round((t3 - t2) * 1e3, 3),
         }
-        headers = {"server-timing": server_timing(timings)}
+        headers = {"server-timing": server_timing(timings, answer.device)}
         if answer.cache != "off":
             headers["x-fnserve-cache"] = answer.cache
         if head_length is not None:
             headers[JSON_HEADER] = str(head_length)
         if self.access_log:
             logs.access(
-                "inference", {"model": name, "version": answer.version, "status": 200, "cache": answer.cache, **timings}
+                "inference",
+                {"model": name, "version": answer.version, "status": 200, "cache": answer.cache, **timings}
+                | ({"device": answer.device} if answer.device else {}),
             )
         self.telemetry.record(name, 200, timings, answer.cache, answer.version)
         if span is not None:

@@ -124,6 +124,15 @@ SERVER_METADATA: dict[int | str, Any] = {
         "Server metadata",
     )
 }
+# Where a model runs (in its metadata's parameters and its readiness).
+_PLACEMENT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "providers": {"type": "array", "items": {"type": "string"}, "description": "ONNX Runtime's providers"},
+        "device": {"type": "string", "description": "cuda:N or cpu"},
+        "cpu_fallback": {"type": "string", "description": "Why a GPU provider asked for is not in use"},
+    },
+}
 MODEL_METADATA: dict[int | str, Any] = {
     200: _json(
         {
@@ -134,6 +143,7 @@ MODEL_METADATA: dict[int | str, Any] = {
                 "platform": {"type": "string"},
                 "inputs": {"type": "array", "items": _METADATA_TENSOR},
                 "outputs": {"type": "array", "items": _METADATA_TENSOR},
+                "parameters": _PLACEMENT,
             },
             "required": ["name", "platform"],
         },
@@ -142,7 +152,10 @@ MODEL_METADATA: dict[int | str, Any] = {
     **_ERRORS,
     503: _json(_ERROR, "The model cannot load"),
 }
-_MODEL_READY = {"type": "object", "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}}}
+_MODEL_READY = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}, **_PLACEMENT["properties"]},
+}
 MODEL_READY: dict[int | str, Any] = {
     200: _json(_MODEL_READY, "The model can serve"),
     503: _json(_MODEL_READY, "The model cannot serve"),

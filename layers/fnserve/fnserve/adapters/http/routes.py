@@ -116,7 +116,10 @@ class V2Routes:
 
     async def model_ready(self, name: str, version: str | None = None) -> Response:
         is_ready = self.plane.model_ready(name, version)
-        return json_response({"name": name, "ready": is_ready}, 200 if is_ready else 503)
+        body: dict[str, object] = {"name": name, "ready": is_ready}
+        if is_ready:  # where it runs: its providers and device (and a CPU fall back's reason)
+            body.update(self.plane.metadata(name, version).get("parameters", {}))
+        return json_response(body, 200 if is_ready else 503)
 
     async def result(
         self,

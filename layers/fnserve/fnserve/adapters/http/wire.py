@@ -39,9 +39,11 @@ def new_id_prefix() -> None:
     _ID_PREFIX = uuid.uuid4().hex[:12]
 
 
-def server_timing(timings: Mapping[str, float]) -> str:
-    """The Server-Timing value of stage timings (milliseconds): ``decode;dur=0.1, infer;dur=0.3, ...``."""
-    return ", ".join(f"{stage};dur={ms}" for stage, ms in timings.items())
+def server_timing(timings: Mapping[str, float], device: str | None = None) -> str:
+    """The Server-Timing value of stage timings (milliseconds): ``decode;dur=0.1, infer;dur=0.3, ...``, and
+    ``device;desc=cuda:0`` where a device is named."""
+    value = ", ".join(f"{stage};dur={ms}" for stage, ms in timings.items())
+    return f'{value}, device;desc="{device}"' if device else value
 
 
 def error_body(message: str) -> bytes:

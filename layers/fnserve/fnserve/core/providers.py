@@ -1,0 +1,171 @@
+"""Execution providers: the manifest's choice of CUDA, TensorRT or CPU, made into ONNX Runtime's, and checked.
+
+A model lists its providers in order of preference, each a name or a table of options
+(:class:`~fnserve.core.manifest.CudaProvider`, :class:`~fnserve.core.manifest.TensorrtProvider`).
+ONNX Runtime quietly runs a session on the CPU when a GPU provider cannot be created (it
+prints "EP Error ... Falling back"): :func:`check` turns that into a :class:`ModelLoadError`
+with the reason, unless the model opts into ``cpu_fallback``, when it becomes a warning and
+the model's metadata says so. Never a silent fall back.
+
+``FNSERVE_DEVICE=cpu`` makes a process run every model on its CPU providers alone (the CPU
+workers of a mixed-device pool): that is a placement, not a fall back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import onnxruntime as ort
+
+from fnserve.core.errors import ModelLoadError
+from fnserve.core.manifest import CudaProvider, ModelSettings, Provider, TensorrtProvider
+
+logger = logging.getLogger(__name__)
+
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+TENSORRT = "TensorrtExecutionProvider"
+GPU_PROVIDERS = frozenset({CUDA, TENSORRT})
+DEVICE_ENV = "FNSERVE_DEVICE"
+
+OrtProvider = str | tuple[str, dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a session runs: the providers ONNX Runtime registered, its device, and a fall back's reason."""
+
+    providers: tuple[str, ...]
+    device: str  # "cuda:0", or "cpu"
+    fallback: str | None = None  # why a GPU provider asked for is not among them (cpu_fallback = true)
+
+    def to_metadata(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {"providers": list(self.providers), "device": self.device}
+        if self.fallback is not None:
+            meta["cpu_fallback"] = self.fallback
+        return meta
+
+
+class RanOn:
+    """Which device computed a request's outputs: set where the session ran, read by the transport.
+
+    A request's data plane call puts one in :data:`RAN_ON`; its context reaches the thread the model
+    runs in (``asyncio.to_thread`` copies it), and the adaptive batcher copies a batch's device to
+    each of its requests.
+    """
+
+    __slots__ = ("device",)
+
+    def __init__(self) -> None:
+        self.device: str | None = None
+
+
+RAN_ON: ContextVar[RanOn | None] = ContextVar("fnserve_ran_on", default=None)
+
+
+def note_device(device: str) -> None:
+    """Say which device ran the current request's model (nothing when no request is listening)."""
+    ran_on = RAN_ON.get()
+    if ran_on is not None:
+        ran_on.device = device
+
+
+def name_of(provider: Provider) -> str:
+    return provider if isinstance(provider, str) else provider.name
+
+
+def requested(settings: ModelSettings) -> list[Provider]:
+    """The providers this process should ask for: the manifest's, or its CPU ones alone in a CPU worker."""
+    if os.environ.get(DEVICE_ENV, "").lower() == "cpu":
+        cpu_only = [p for p in settings.execution_providers if name_of(p) not in GPU_PROVIDERS]
+        return cpu_only or [CPU]
+    return list(settings.execution_providers)
+
+
+def ort_providers(settings: ModelSettings, where: str) -> tuple[list[OrtProvider], str | None]:
+    """ONNX Runtime's provider list (names with their options) for a model, and the fall back's reason when a
+    GPU provider is not in this build of ONNX Runtime (a :class:`ModelLoadError` unless ``cpu_fallback``)."""
+    wanted = requested(settings)
+    names = [name_of(p) for p in wanted]
+    unknown = [n for n in names if n not in ort.get_all_providers()]
+    if unknown:
+        raise ModelLoadError(f"{where}: unknown execution providers {unknown}")
+    available = set(ort.get_available_providers())
+    missing = [n for n in names if n not in available]
+    reason = None
+    if missing:
+        reason = (
+            f"execution providers {missing} are not in this build of onnxruntime (it has {sorted(available)}); "
+            "install fnserve[gpu] (onnxruntime-gpu, never beside onnxruntime) on a machine with CUDA"
+        )
+        if any(n in GPU_PROVIDERS for n in missing) and not settings.cpu_fallback:
+            raise ModelLoadError(f"{where}: {reason}, or set cpu_fallback = true to run it on the CPU")
+        logger.warning("%s: %s; running on %s", where, reason, [n for n in names if n in available] or [CPU])
+    chosen = [_with_options(p) for p in wanted if name_of(p) in available]
+    return chosen or [CPU], reason
+
+
+def check(session: Any, settings: ModelSettings, where: str, fallback: str | None) -> Placement:
+    """Where ``session`` really runs; a GPU provider asked for and not registered is a :class:`ModelLoadError`
+    unless ``cpu_fallback`` (then a warning, and the placement says why)."""
+    got = tuple(session.get_providers())
+    lost = [n for n in (name_of(p) for p in requested(settings)) if n in GPU_PROVIDERS and n not in got]
+    if lost and fallback is None:
+        fallback = f"{lost} could not be created (see onnxruntime's 'EP Error' above); the session runs on {list(got)}"
+        if not settings.cpu_fallback:
+            raise ModelLoadError(f"{where}: execution provider {fallback}; set cpu_fallback = true to allow it")
+        logger.warning("%s: %s", where, fallback)
+    return Placement(got, device_of(got, session), fallback)
+
+
+def device_of(providers: Sequence[str], session: Any = None) -> str:
+    """``cuda:N`` for a session on a GPU provider (N its device id), else ``cpu``."""
+    for name in providers:
+        if name in GPU_PROVIDERS:
+            options = session.get_provider_options().get(name, {}) if session is not None else {}
+            return f"cuda:{options.get('device_id', 0)}"
+    return "cpu"
+
+
+def _with_options(provider: Provider) -> OrtProvider:
+    if isinstance(provider, CudaProvider):
+        options: dict[str, Any] = {
+            "device_id": provider.device_id,
+            "cudnn_conv_algo_search": provider.cudnn_conv_algo_search,
+            # Copies on their own streams, overlapping compute, unless asked to share the compute stream.
+            "do_copy_in_default_stream": not provider.copy_streams,
+            "arena_extend_strategy": "kSameAsRequested",
+        }
+        if provider.memory_limit_mb is not None:
+            options["gpu_mem_limit"] = provider.memory_limit_mb * 2**20
+        return CUDA, options
+    if isinstance(provider, TensorrtProvider):
+        options = {
+            "device_id": provider.device_id,
+            "trt_fp16_enable": provider.fp16,
+            "trt_int8_enable": provider.int8,
+        }
+        if provider.max_workspace_mb is not None:
+            options["trt_max_workspace_size"] = provider.max_workspace_mb * 2**20
+        if provider.cache_dir is not None:
+            # Engines and timings built once, reused by every later start (and every worker).
+            options.update(
+                trt_engine_cache_enable=True,
+                trt_engine_cache_path=provider.cache_dir,
+                trt_timing_cache_enable=True,
+                trt_timing_cache_path=provider.cache_dir,
+            )
+        for key, shapes in (
+            ("trt_profile_min_shapes", provider.min_shapes),
+            ("trt_profile_opt_shapes", provider.opt_shapes),
+            ("trt_profile_max_shapes", provider.max_shapes),
+        ):
+            if shapes:
+                options[key] = ",".join(f"{name}:{'x'.join(map(str, dims))}" for name, dims in shapes.items())
+        return TENSORRT, options
+    return provider
