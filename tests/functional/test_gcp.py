@@ -32,11 +32,12 @@ from fnserve.core.service import InferenceService
 from fnserve.gcp import pubsub
 from fnserve.gcp import storage as gcs_storage
 from fnserve.settings import Settings
-from tests.functional.conftest import Gcs, start_http
+from tests.functional.conftest import Gcs
 from tests.functional.test_cascade import CORRECTED, LABELS, SLOW_LABEL
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
 from tests.moto import free_port
 from tests.pubsub import Message, Topics, cloud_event, deliver
+from tests.servers import start_http
 
 DIGITS = np.load(DEMO_HOLDOUT)["input"]
 PROJECT = "fnserve-test"

@@ -25,6 +25,7 @@ from tests.helpers import BAD_NUMBERS, DEMO_HOLDOUT, DEMO_MANIFEST, write_test_m
 
 DIGITS = np.load(DEMO_HOLDOUT)["input"]
 ACCURATE = DEMO_MANIFEST.parent / "digits-accurate" / "1" / "model.onnx"
+FAST = DEMO_MANIFEST.parent / "digits-fast" / "1" / "model.onnx"
 
 
 def body(x: np.ndarray) -> dict[str, object]:
@@ -192,3 +193,27 @@ def test_serve_stops_cleanly_on_sigterm_to_its_process_group(tmp_path: Path, opt
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert "Traceback" not in log.read_text()
+
+
+def test_a_mixed_pool_overflows_past_the_gpu_capacity_and_says_which_device_answered(batched_manifest: Path) -> None:
+    # Without a GPU, the "gpu" group is CPU workers too: what is tested is the dispatch, the labels and the answers.
+    settings = Settings(
+        manifest=str(batched_manifest), gpu_workers=1, gpu_capacity=1, parallel_workers=1, access_log=False
+    )
+    overflow = inference_pool(settings)
+    try:
+        assert [(g.device, g.pool.size, g.limit) for g in overflow.groups] == [("gpu", 1, 1), ("cpu", 1, 1)]
+        assert overflow.groups[1].pool.spec.env["FNSERVE_DEVICE"] == "cpu"  # CPU providers alone there
+        app = build_app(settings, overflow)
+        responses = post_all(app, [body(DIGITS[i : i + 1]) for i in range(40)], "digits-fast")
+        session = ort.InferenceSession(str(FAST))
+        devices = []
+        for i, response in enumerate(responses):
+            assert response.status_code == 200, response.text
+            label = {o["name"]: o["data"] for o in response.json()["outputs"]}["label"]
+            assert label == session.run(["label"], {"input": DIGITS[i : i + 1]})[0].tolist()
+            devices.append(re.search(r'device;desc="(\w+)"', response.headers["server-timing"]).group(1))  # type: ignore[union-attr]
+        assert set(devices) == {"gpu", "cpu"}, devices  # calls past the GPU's one in flight went to the CPU worker
+        assert overflow.runs == {"gpu": devices.count("gpu"), "cpu": devices.count("cpu")}
+    finally:
+        overflow.close()

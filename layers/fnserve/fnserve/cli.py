@@ -277,15 +277,31 @@ def _quantize_and_compare(
 @app.command()
 def serve(
     manifest: ManifestOpt = DEFAULT_MANIFEST,
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    host: Annotated[str, typer.Option(help="Address to listen on.", envvar="FNSERVE_HOST")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.", envvar="FNSERVE_PORT")] = 8080,
     workers: Annotated[
         int | None,
         typer.Option(
             min=0,
-            help="Inference worker processes, each with every model (default FNSERVE_PARALLEL_WORKERS); "
-            "0 runs inference in the server process, best for tiny models. Without this and --processes, "
-            "the layout is chosen at start from the models' batch-1 time, and the log says why.",
+            help="Inference worker processes, each with every model (default FNSERVE_PARALLEL_WORKERS, or "
+            "SageMaker's SAGEMAKER_MODEL_SERVER_WORKERS); 0 runs inference in the server process, best for tiny "
+            "models. Without this and --processes, the layout is chosen at start from the models' batch-1 time, "
+            "and the log says why. With --gpu-workers: CPU workers that take the GPU's overflow.",
+        ),
+    ] = None,
+    gpu_workers: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Inference workers on the GPU, each model on its manifest providers (default FNSERVE_GPU_WORKERS).",
+        ),
+    ] = None,
+    gpu_capacity: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Calls in flight on the GPU workers before calls overflow to the --workers CPU workers "
+            "(default FNSERVE_GPU_CAPACITY, else two per GPU worker).",
         ),
     ] = None,
     processes: Annotated[
@@ -315,11 +331,15 @@ def serve(
     from pydantic import ValidationError
 
     from fnserve.adapters.server import serve as run_server
-    from fnserve.settings import Settings
+    from fnserve.settings import Settings, sagemaker_settings
 
-    overrides: dict[str, Any] = {"manifest": str(manifest.resolve())}
+    overrides: dict[str, Any] = {"manifest": str(manifest.resolve()), **sagemaker_settings(os.environ)}
     if workers is not None:
         overrides["parallel_workers"] = workers
+    if gpu_workers is not None:
+        overrides["gpu_workers"] = gpu_workers
+    if gpu_capacity is not None:
+        overrides["gpu_capacity"] = gpu_capacity
     if processes is not None:
         overrides["server_processes"] = processes
     if grpc_port is not None:
@@ -343,6 +363,10 @@ def _serve_banner(host: str, port: int, service: InferenceService, settings: Set
     name = service.registry.names()[0]
     meta = service.model_metadata(name)
     where = f"{settings.parallel_workers} inference worker(s)" if settings.parallel_workers else "in-process"
+    if settings.gpu_workers:
+        where = f"{settings.gpu_workers} GPU worker(s)" + (
+            f" overflowing to {settings.parallel_workers} CPU worker(s)" if settings.parallel_workers else ""
+        )
     if settings.server_processes > 1:
         where = f"{settings.server_processes} server processes, each {where}"
     typer.echo(f"fnserve: {len(service.registry.names())} models on {url}, {where}; Ctrl-C stops.")

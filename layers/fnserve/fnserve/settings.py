@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -238,3 +239,16 @@ class Settings(ServerSettings, HttpSettings, GcpSettings, AwsSettings, Inference
                 f"{cpus} CPUs are available; lower one of them"
             )
         return self
+
+
+def sagemaker_settings(environ: Mapping[str, str]) -> dict[str, Any]:
+    """What SageMaker's hosting variables say, where the FNSERVE_* ones do not: its model server's workers
+    (``SAGEMAKER_MODEL_SERVER_WORKERS``) and timeout (``SAGEMAKER_MODEL_SERVER_TIMEOUT``, seconds)."""
+    found: dict[str, Any] = {}
+    for sagemaker, field in (
+        ("SAGEMAKER_MODEL_SERVER_WORKERS", "parallel_workers"),
+        ("SAGEMAKER_MODEL_SERVER_TIMEOUT", "inference_timeout_seconds"),
+    ):
+        if (value := environ.get(sagemaker)) and not environ.get(_PREFIX + field.upper()):
+            found[field] = value
+    return found

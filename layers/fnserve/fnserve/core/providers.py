@@ -13,6 +13,7 @@ workers of a mixed-device pool): that is a placement, not a fall back.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -87,11 +88,25 @@ def requested(settings: ModelSettings) -> list[Provider]:
     return list(settings.execution_providers)
 
 
+@functools.cache
+def preload_cuda() -> None:
+    """Load the CUDA and cuDNN libraries that pip installed (onnxruntime-gpu[cuda,cudnn]), once per process:
+    the dynamic loader does not look in site-packages, and without them the CUDA provider cannot be created."""
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        try:
+            preload()
+        except Exception as exc:  # noqa: BLE001 - libraries from the system (a CUDA image) still load
+            logger.info("onnxruntime.preload_dlls: %s", exc)
+
+
 def ort_providers(settings: ModelSettings, where: str) -> tuple[list[OrtProvider], str | None]:
     """ONNX Runtime's provider list (names with their options) for a model, and the fall back's reason when a
     GPU provider is not in this build of ONNX Runtime (a :class:`ModelLoadError` unless ``cpu_fallback``)."""
     wanted = requested(settings)
     names = [name_of(p) for p in wanted]
+    if any(n in GPU_PROVIDERS for n in names) and any(n in GPU_PROVIDERS for n in ort.get_available_providers()):
+        preload_cuda()
     unknown = [n for n in names if n not in ort.get_all_providers()]
     if unknown:
         raise ModelLoadError(f"{where}: unknown execution providers {unknown}")

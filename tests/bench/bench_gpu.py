@@ -1,0 +1,226 @@
+"""``fnserve serve`` on a GPU beside raw onnxruntime CUDA capacity on the same GPU, in the same run.
+
+    FNSERVE_GPU_MODELS=DIR python -m tests.bench.bench_gpu   (DIR from infra/models/export_gpu_models.py)
+
+Skipped where onnxruntime has no CUDA provider or no GPU answers. For MiniLM fp32 and fp16
+(64 tokens) and ResNet-50 fp16:
+
+- raw capacity: ``session.run`` on the CUDA provider back to back, at batch 1 and at the
+  largest batch bucket (rows/s), and the same with IO binding (outputs left on the GPU and
+  copied once), to show whether binding saves anything here;
+- ``fnserve serve`` (in-process session, ``--workers 0``) under closed-loop load of batch-1
+  requests (the binary tensor extension) from :mod:`tests.bench._load`: adaptive batching off
+  and on, at concurrency 1 and 64. Targets: batching on reaches >= 0.8x the raw batch-1
+  capacity, and >= 3x the unbatched throughput at concurrency 64;
+- the mixed-device pool (MiniLM fp32, batching off): one GPU worker alone against the same
+  worker with CPU workers to overflow to, at concurrency 64, with the share each device ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from tests.bench import _load
+
+SECONDS = float(os.environ.get("BENCH_LOAD_SECONDS", "8"))
+RAW_SECONDS = float(os.environ.get("BENCH_RAW_SECONDS", "3"))
+CLIENT_PROCESSES = int(os.environ.get("BENCH_CLIENT_PROCESSES", "4"))
+CUDA = "CUDAExecutionProvider"
+BATCHING = re.compile(r"(max_batch_time_ms|batch_buckets|length_buckets|pad_inputs) =")
+
+
+def gpu_models() -> Path | None:
+    """The exported models' folder, where a GPU and onnxruntime's CUDA provider are both here."""
+    folder = os.environ.get("FNSERVE_GPU_MODELS")
+    if not folder or CUDA not in ort.get_available_providers() or shutil.which("nvidia-smi") is None:
+        return None
+    return Path(folder)
+
+
+def feed_of(name: str, rows: int) -> dict[str, np.ndarray[Any, Any]]:
+    if name.startswith("minilm"):
+        ids = np.random.default_rng(0).integers(1000, 20000, size=(rows, 64), dtype=np.int64)
+        ids[:, 0], ids[:, -1] = 101, 102
+        return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    return {"pixels": np.random.default_rng(0).standard_normal((rows, 3, 224, 224), dtype=np.float32)}
+
+
+def raw(path: Path, feed: dict[str, np.ndarray[Any, Any]], binding: bool = False) -> float:
+    """Calls per second of one session on the CUDA provider, back to back for RAW_SECONDS."""
+    session = ort.InferenceSession(str(path), providers=[CUDA, "CPUExecutionProvider"])
+    outputs = [o.name for o in session.get_outputs()]
+    if binding:
+        bound = session.io_binding()
+
+        def call() -> None:
+            for name, array in feed.items():
+                bound.bind_cpu_input(name, array)
+            for name in outputs:
+                bound.bind_output(name, "cuda")
+            session.run_with_iobinding(bound)
+            bound.copy_outputs_to_cpu()
+
+    else:
+
+        def call() -> None:
+            session.run(outputs, feed)
+
+    for _ in range(20):
+        call()
+    calls, began = 0, time.perf_counter()
+    while time.perf_counter() - began < RAW_SECONDS:
+        call()
+        calls += 1
+    return calls / (time.perf_counter() - began)
+
+
+def request(name: str, feed: dict[str, np.ndarray[Any, Any]], port: int) -> bytes:
+    """A batch-1 V2 request with its tensors in the binary tensor extension."""
+    inputs, blobs = [], []
+    for tensor, array in feed.items():
+        datatype = "INT64" if array.dtype == np.int64 else "FP32"
+        raw_bytes = np.ascontiguousarray(array).tobytes()
+        inputs.append(
+            {
+                "name": tensor,
+                "shape": list(array.shape),
+                "datatype": datatype,
+                "parameters": {"binary_data_size": len(raw_bytes)},
+            }
+        )
+        blobs.append(raw_bytes)
+    head = json.dumps(
+        {
+            "inputs": inputs,
+            "outputs": [{"name": "embedding" if "minilm" in name else "logits", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))}
+    return _load.request_bytes("127.0.0.1", port, f"/v2/models/{name}/infer", head + b"".join(blobs), headers)
+
+
+def manifest(models: Path, directory: Path, name: str, batching: bool) -> Path:
+    """A manifest of one model of the export's, with its batching lines or without them."""
+    text = (models / "manifest.toml").read_text()
+    entry = next(e for e in text.split("[[models]]")[1:] if f'name = "{name}"' in e)
+    if not batching:
+        entry = "\n".join(
+            line
+            for line in entry.splitlines()
+            if not re.match(r"(max_batch_time_ms|batch_buckets|length_buckets|pad_inputs)", line)
+        )
+    entry = entry.replace(f'path = "{name}/', f'path = "{models.resolve()}/{name}/')
+    path = directory / f"{name}-{'batched' if batching else 'plain'}.toml"
+    path.write_text("[[models]]" + entry + "\n")
+    return path
+
+
+@contextmanager
+def serving(path: Path, *options: str) -> Iterator[int]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cmd = [sys.executable, "-m", "fnserve", "serve", "-m", str(path), "--port", str(port), *options]
+    log = open(path.with_suffix(f".{port}.log"), "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300  # warm-up builds every shape: cuDNN's search takes a while
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"fnserve serve exited: {path.with_suffix(f'.{port}.log').read_text()[-3000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+                    conn.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+                    if conn.recv(64).startswith(b"HTTP/1.1 200"):
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("fnserve serve did not become ready")
+            time.sleep(0.2)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+
+
+def load(port: int, body: bytes, connections: int) -> _load.Load:
+    _load.run("127.0.0.1", port, body, connections=connections, seconds=1.5, processes=CLIENT_PROCESSES)  # warm-up
+    return _load.run("127.0.0.1", port, body, connections=connections, seconds=SECONDS, processes=CLIENT_PROCESSES)
+
+
+def main() -> None:
+    models = gpu_models()
+    if models is None:
+        print("bench_gpu skipped: no GPU, no CUDA provider in onnxruntime, or FNSERVE_GPU_MODELS unset")
+        return
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    print(f"\nGPU: {gpu.stdout.strip()}; onnxruntime {ort.__version__}; load generator: {CLIENT_PROCESSES} processes")
+    tmp = Path(tempfile.mkdtemp(prefix="fnserve-bench-gpu-"))
+    figures: dict[str, Any] = {}
+    for name, largest in (("minilm-fp32", 64), ("minilm-fp16", 64), ("resnet50-fp16", 32)):
+        path = models / name / "1" / "model.onnx"
+        one = raw(path, feed_of(name, 1))
+        many = raw(path, feed_of(name, largest)) * largest
+        bound = raw(path, feed_of(name, largest), binding=True) * largest
+        print(
+            f"\n{name}: raw ORT CUDA, batch 1 {one:8.0f}/s ({1e3 / one:.3f} ms); batch {largest} {many:8.0f} rows/s "
+            f"({many / one:.1f}x); with IO binding {bound:8.0f} rows/s ({bound / many:.2f}x run())"
+        )
+        body = request(name, feed_of(name, 1), 0)
+        row: dict[str, Any] = {"raw_batch1": one, f"raw_batch{largest}_rows": many, "raw_iobinding_rows": bound}
+        for batching in (False, True):
+            with serving(manifest(models, tmp, name, batching), "--workers", "0") as port:
+                body = request(name, feed_of(name, 1), port)
+                for connections in (1, 64):
+                    result = load(port, body, connections)
+                    label = f"batching {'on ' if batching else 'off'}, concurrency {connections:>2}"
+                    print(
+                        f"    serve, {label}: {result.rate:8.0f} req/s  {result.rate / one:5.2f}x raw batch 1   "
+                        f"p50 {result.p50:7.2f} ms  p99 {result.p99:7.2f} ms  statuses {dict(result.statuses)}"
+                    )
+                    row[f"serve_{'batched' if batching else 'plain'}_c{connections}"] = result.rate
+        ratio = row["serve_batched_c64"] / row["serve_plain_c64"]
+        print(
+            f"    adaptive batching at concurrency 64: {ratio:.2f}x unbatched (target >= 3); "
+            f"{row['serve_batched_c64'] / one:.2f}x raw batch-1 capacity (target >= 0.8)"
+        )
+        figures[name] = row
+    # The mixed pool: the GPU filled to its capacity, the rest to CPU workers.
+    path = manifest(models, tmp, "minilm-fp32", False)
+    for options in (["--gpu-workers", "1"], ["--gpu-workers", "1", "--gpu-capacity", "2", "--workers", "8"]):
+        with serving(path, *options) as port:
+            result = load(port, request("minilm-fp32", feed_of("minilm-fp32", 1), port), 64)
+        print(
+            f"\nmixed pool, minilm-fp32 unbatched, concurrency 64, {' '.join(options)}: {result.rate:8.0f} req/s  "
+            f"p50 {result.p50:7.2f} ms  p99 {result.p99:7.2f} ms  devices {dict(result.devices)}"
+        )
+        figures[" ".join(options)] = {
+            "rate": result.rate,
+            "p50": result.p50,
+            "p99": result.p99,
+            "devices": dict(result.devices),
+        }
+    out = Path(os.environ.get("BENCH_GPU_JSON", tmp / "bench_gpu.json"))
+    out.write_text(json.dumps(figures, indent=2))
+    print(f"\nfigures: {out}")
+
+
+if __name__ == "__main__":
+    main()
