@@ -74,6 +74,11 @@ class InferenceSettings(EnvSettings):
 class HttpSettings(EnvSettings):
     """The HTTP API, in Lambda and in the server alike."""
 
+    default_model: str | None = Field(
+        default=None,
+        description="The model SageMaker's POST /invocations serves when a request names none (no "
+        "X-Amzn-SageMaker-Target-Model or model=NAME custom attribute); unset: the manifest's only one.",
+    )
     access_log: bool = Field(
         default=True, description="One structured log line per inference request, with stage timings."
     )

@@ -181,6 +181,11 @@ class DataPlane:
             cascade.slow, cascade.slow_version
         )
 
+    def served_names(self) -> list[str]:
+        """Every name a request may call: models, pipelines, cascades."""
+        cascades = list(self.cascades.cascades) if self.cascades is not None else []
+        return [*self.service.registry.names(), *self.service.pipelines, *cascades]
+
     def ready(self) -> bool:
         """Whether every model can serve."""
         return self.service.ready()

@@ -124,6 +124,7 @@ class InferenceRoute:
         self.limit = settings.max_request_bytes
         self.access_log = settings.access_log
         self.max_wait = settings.max_wait_seconds
+        self.default_model = settings.default_model
 
     async def infer_asgi(
         self, scope: ASGIMessage, receive: Receive, send: Send, name: str, version: str | None

@@ -218,3 +218,39 @@ RESULT: dict[int | str, Any] = {
     400: _json(_ERROR, "A bad 'wait'"),
     404: _json(_ERROR, "No such result"),
 }
+
+PING: dict[int | str, Any] = {
+    200: _json({"type": "object", "properties": {"ready": {"type": "boolean"}}}, "Every model is loaded and warm"),
+    503: _json({"type": "object", "properties": {"ready": {"type": "boolean"}}}, "Not every model can serve yet"),
+}
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+INVOCATIONS: dict[str, Any] = {
+    "summary": "SageMaker's inference route",
+    "description": "A V2 request (JSON or the binary tensor extension), a .npy array (the model's one input) or a "
+    ".npz of arrays by input name, for the model named by X-Amzn-SageMaker-Target-Model or 'model=NAME' in "
+    "X-Amzn-SageMaker-Custom-Attributes (else FNSERVE_DEFAULT_MODEL, else the only one). Accept "
+    "application/x-npy or application/x-npz for NumPy answers.",
+    "responses": {
+        200: {
+            "description": "Inference result",
+            "content": {
+                "application/json": {"schema": INFERENCE_RESPONSE},
+                "application/octet-stream": _BINARY,
+                "application/x-npy": _BINARY,
+                "application/x-npz": _BINARY,
+            },
+        },
+        **{code: doc for code, doc in _INFER["responses"].items() if code != 200},
+    },
+    "openapi_extra": {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": INFERENCE_REQUEST},
+                "application/octet-stream": _BINARY,
+                "application/x-npy": _BINARY,
+                "application/x-npz": _BINARY,
+            },
+        }
+    },
+}

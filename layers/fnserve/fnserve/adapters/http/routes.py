@@ -18,6 +18,7 @@ from fnserve import __version__
 from fnserve.adapters.http import openapi
 from fnserve.adapters.http.app import EXTENSIONS, Companion, InferenceRoute, read_body
 from fnserve.adapters.http.middleware import RequestContext, install_error_handlers, json_response
+from fnserve.adapters.http.sagemaker import SageMakerRoutes
 from fnserve.core.followups import ResultState
 from fnserve.core.tensors import JSON_HEADER, json_tensor
 
@@ -72,6 +73,9 @@ def build(
         app.get(prefix, tags=["metadata"], responses=openapi.MODEL_METADATA)(routes.model_metadata)
         app.get(f"{prefix}/ready", tags=["health"], responses=openapi.MODEL_READY)(routes.model_ready)
     app.get("/v2/results/{result_id}", tags=["results"], responses=openapi.RESULT)(routes.result)
+    sagemaker = SageMakerRoutes(inference)  # SageMaker's hosting contract, beside the V2 routes
+    app.get("/ping", tags=["sagemaker"], responses=openapi.PING)(sagemaker.ping)
+    app.post("/invocations", tags=["sagemaker"], **openapi.INVOCATIONS)(sagemaker.invocations)
     if metrics is not None:
 
         async def scrape() -> Response:

@@ -1,0 +1,133 @@
+"""SageMaker's hosting contract on the server's port: ``GET /ping`` and ``POST /invocations``.
+
+So the container image runs unchanged as a SageMaker real-time or asynchronous endpoint
+(``docker run IMAGE serve``, port 8080, models under /opt/ml/model). The V2 routes stay on the
+same port. ``/invocations`` takes what SageMaker clients send:
+
+- ``application/json``: a V2 request; ``application/octet-stream`` with
+  ``Inference-Header-Content-Length``: the binary tensor extension. Both answer as the V2 route does.
+- ``application/x-npy``: one array, for the model's only input (or the input named by
+  ``input=NAME`` in the custom attributes); ``application/x-npz``: arrays by input name.
+  These answer with V2 JSON, or with ``Accept: application/x-npy`` (the one output, or the one
+  named by ``output=NAME``) or ``application/x-npz`` (every output).
+
+The model: ``X-Amzn-SageMaker-Target-Model`` (a multi-model endpoint's ``name.tar.gz`` or
+``name/version.tar.gz``), else ``model=NAME[,version=V]`` in ``X-Amzn-SageMaker-Custom-Attributes``,
+else ``FNSERVE_DEFAULT_MODEL``, else the manifest's only served name.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import orjson
+from fastapi import Request
+from fastapi.responses import Response
+
+from fnserve.adapters.http.app import JSON, InferenceRoute, read_body
+from fnserve.adapters.http.middleware import json_response
+from fnserve.adapters.http.wire import server_timing
+from fnserve.core.errors import BadRequest, InvalidInput
+from fnserve.core.tensors import JSON_HEADER, json_tensor
+
+NPY = "application/x-npy"
+NPZ = "application/x-npz"
+TARGET_MODEL = "x-amzn-sagemaker-target-model"
+CUSTOM_ATTRIBUTES = "x-amzn-sagemaker-custom-attributes"
+
+
+class SageMakerRoutes:
+    """``/ping`` and ``/invocations`` over the V2 routes' data plane."""
+
+    def __init__(self, inference: InferenceRoute) -> None:
+        self.inference = inference
+        self.plane = inference.plane
+        self.default_model = inference.default_model
+
+    async def ping(self) -> Response:
+        """200 once every model is loaded (and warmed, at start), else 503: SageMaker sends no traffic before."""
+        ready = self.plane.ready()
+        return json_response({"ready": ready}, 200 if ready else 503)
+
+    async def invocations(self, request: Request) -> Response:
+        headers = request.headers
+        attributes = custom_attributes(headers.get(CUSTOM_ATTRIBUTES, ""))
+        name, version = self.model(headers.get(TARGET_MODEL), attributes)
+        body = read_body(request.stream(), headers.get("content-length"), self.inference.limit)
+        media = headers.get("content-type", JSON).split(";")[0].strip().lower()
+        if media not in (NPY, NPZ):
+            payload, media_type, extra = await self.inference.answer(
+                name, version, body, headers.get(JSON_HEADER), headers.get("traceparent")
+            )
+            return Response(payload, media_type=media_type, headers=extra)
+        inputs = self.arrays(name, version, media, await body, attributes)
+        answer = await self.plane.infer(name, inputs, version=version)
+        extra = {"server-timing": server_timing(answer.timings, answer.device)}
+        accept = headers.get("accept", JSON).split(";")[0].strip().lower()
+        if accept == NPY:
+            output = attributes.get("output") or _only(list(answer.outputs), "output", name)
+            if output not in answer.outputs:
+                raise InvalidInput(f"model {name!r} has no output {output!r}; it has {list(answer.outputs)}")
+            buffer = io.BytesIO()
+            np.save(buffer, answer.outputs[output], allow_pickle=False)
+            return Response(buffer.getvalue(), media_type=NPY, headers=extra)
+        if accept == NPZ:
+            buffer = io.BytesIO()
+            np.savez(buffer, **answer.outputs)  # type: ignore[arg-type]  # numpy types the keywords as its own
+            return Response(buffer.getvalue(), media_type=NPZ, headers=extra)
+        document = {
+            "model_name": answer.name,
+            "model_version": answer.version,
+            "outputs": [json_tensor(k, v) for k, v in answer.outputs.items()],
+        }
+        return Response(orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY), media_type=JSON, headers=extra)
+
+    def model(self, target: str | None, attributes: Mapping[str, str]) -> tuple[str, str | None]:
+        """The served name (and version) a request is for, from SageMaker's headers or the default."""
+        if target:
+            stem = target.removesuffix(".tar.gz").strip("/")
+            name, _, version = stem.partition("/")
+            return name, version or None
+        if "model" in attributes:
+            return attributes["model"], attributes.get("version")
+        if self.default_model:
+            return self.default_model, None
+        served = self.plane.served_names()
+        if len(served) == 1:
+            return served[0], None
+        raise BadRequest(
+            f"say which model: X-Amzn-SageMaker-Target-Model, 'model=NAME' in X-Amzn-SageMaker-Custom-Attributes, "
+            f"or FNSERVE_DEFAULT_MODEL; this endpoint serves {served}"
+        )
+
+    def arrays(
+        self, name: str, version: str | None, media: str, body: bytes, attributes: Mapping[str, str]
+    ) -> dict[str, np.ndarray[Any, Any]]:
+        """The request's tensors from a .npy (the model's one input) or .npz (by input name) body."""
+        try:
+            if media == NPY:
+                array = np.load(io.BytesIO(body), allow_pickle=False)
+                names = [spec["name"] for spec in self.plane.metadata(name, version)["inputs"]]
+                return {attributes.get("input") or _only(names, "input", name): array}
+            with np.load(io.BytesIO(body), allow_pickle=False) as npz:
+                return {key: npz[key] for key in npz.files}
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+            raise BadRequest(f"the body is not a valid {media} document: {exc}") from None
+
+
+def custom_attributes(value: str) -> dict[str, str]:
+    """``key=value`` pairs of X-Amzn-SageMaker-Custom-Attributes, separated by commas or semicolons."""
+    pairs = (part.partition("=") for part in value.replace(";", ",").split(","))
+    return {key.strip(): val.strip() for key, sep, val in pairs if sep and key.strip()}
+
+
+def _only(names: list[str], kind: str, model: str) -> str:
+    if len(names) != 1:
+        raise BadRequest(
+            f"model {model!r} has {kind}s {names}: name one with '{kind}=NAME' in X-Amzn-SageMaker-Custom-Attributes"
+        )
+    return names[0]
