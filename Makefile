@@ -13,7 +13,7 @@ PY312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12
 	$$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$c; break; }; done)
 SAM := SAM_CLI_TELEMETRY=0 PATH="$(dir $(PY312)):$$PATH" $(SAM_VENV)/bin/sam
 
-.PHONY: setup run serve test test-servers lint sam-build sam-check deploy bench bench-models models minilm grpc-stubs clean
+.PHONY: setup run serve test test-gpu gpu-models test-servers lint sam-build sam-check deploy bench bench-models models minilm grpc-stubs clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fnserve needs Python >= 3.11"'
@@ -36,6 +36,7 @@ lint: setup
 	$(BIN)/ruff check layers/fnserve functions tests infra
 	$(BIN)/ruff format --check layers/fnserve functions tests infra
 	$(BIN)/mypy
+	$(BIN)/hadolint --config infra/container/.hadolint.yaml infra/container/Dockerfile
 
 # The SAM CLI lives in its own virtualenv: it pins versions of its own.
 $(SAM_VENV)/.installed:
@@ -64,7 +65,7 @@ sam-build: setup $(SAM_VENV)/.installed
 # The deploy checks that run without Docker or an AWS account: lint, validate, build, and the
 # built functions run under python3.12 with only their built layers.
 sam-check: sam-build
-	$(BIN)/cfn-lint template.yaml
+	$(BIN)/cfn-lint template.yaml infra/container/sagemaker.yaml
 	$(SAM) validate --lint
 	$(PY) -m tests.package.check_package $(PY312)
 
@@ -149,3 +150,15 @@ grpc-stubs: setup
 
 clean:
 	rm -rf $(VENV) $(SAM_VENV) $(EXPORT_VENV) .bench .aws-sam .pytest_cache .mypy_cache .ruff_cache
+
+# The GPU suite and benchmark, on a machine with an NVIDIA GPU and fnserve[gpu] (onnxruntime-gpu, not onnxruntime).
+# Their models are exported by torch in the export environment (.venv-export, made here when missing).
+# (torchvision for ResNet-50's architecture, without its dependencies: torch is the export environment's own).
+GPU_MODELS ?= .bench/gpu
+gpu-models: setup $(EXPORT_VENV)/.installed
+	$(EXPORT_VENV)/bin/pip install -q --no-deps torchvision
+	$(EXPORT_VENV)/bin/python infra/models/export_gpu_models.py $(GPU_MODELS)
+
+test-gpu: setup
+	FNSERVE_GPU_MODELS=$(GPU_MODELS) $(BIN)/pytest tests/gpu -rs
+	FNSERVE_GPU_MODELS=$(GPU_MODELS) $(PY) -m tests.bench.bench_gpu

@@ -61,10 +61,13 @@ def test_readme_manifest_examples_are_valid() -> None:
     from fnserve.core.manifest import CascadeSettings, Manifest, PipelineSettings, Step
 
     blocks = [tomllib.loads(b) for b in re.findall(r"```toml\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)]
-    models = next(b for b in blocks if "models" in b)
-    manifest = Manifest.model_validate(models)
+    manifests = {b["models"][0]["name"]: Manifest.model_validate(b) for b in blocks if "models" in b}
+    manifest = manifests["digits-accurate"]
     assert manifest.models[0].cache_ttl_seconds == 3600
     assert manifest.models[0].inputs["input"].shape == [-1, 64]
+    gpu = manifests["minilm"].models[0]  # the GPU section's: providers with their options
+    assert [type(p).__name__ for p in gpu.execution_providers] == ["TensorrtProvider", "CudaProvider", "str"]
+    assert gpu.batch_buckets[-1] == gpu.max_batch_size
     cascades = [CascadeSettings.model_validate(c) for b in blocks for c in b.get("cascades", [])]
     assert [c.name for c in cascades] == ["digits"] and cascades[0].threshold == 0.65
     listed = [b["pipelines"] for b in blocks if isinstance(b.get("pipelines"), list)]
