@@ -189,7 +189,8 @@ def test_cascade_metadata_and_readiness(settings: Settings) -> None:
     meta = get("/v2/models/digits").json()
     assert meta["name"] == "digits" and meta["platform"] == "fnserve_cascade"
     assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 64]}]
-    assert get("/v2/models/digits/ready").json() == {"name": "digits", "ready": True}
+    ready = get("/v2/models/digits/ready").json()
+    assert ready["name"] == "digits" and ready["ready"] is True and ready["device"] == "cpu"
 
 
 def test_follow_up_failures_are_stored_as_failed_on_the_last_delivery(settings: Settings, tmp_path: Path) -> None:

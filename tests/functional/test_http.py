@@ -37,7 +37,12 @@ def test_model_metadata_and_readiness(client: httpx.Client) -> None:
     meta = client.get("/v2/models/digits-accurate").json()
     assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 64]}]
     assert client.get("/v2/models/digits-accurate/versions/1").json() == meta
-    assert client.get("/v2/models/digits-accurate/ready").json() == {"name": "digits-accurate", "ready": True}
+    assert client.get("/v2/models/digits-accurate/ready").json() == {
+        "name": "digits-accurate",
+        "ready": True,
+        "providers": ["CPUExecutionProvider"],  # where it runs, as its metadata's parameters say
+        "device": "cpu",
+    }
     assert client.get("/v2/models/digits-accurate/versions/1/ready").status_code == 200
 
 
