@@ -24,22 +24,14 @@ from pathlib import Path
 
 import onnx
 import torch
+
+# The same graph as the serving benchmark's: mean pooling and L2 normalisation inside it (run as a script,
+# infra/models is on the path).
+from export_minilm import SentenceEmbedding
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from onnxruntime.transformers.float16 import convert_float_to_float16
 
 OPSET = 17
-
-
-class SentenceEmbedding(torch.nn.Module):
-    def __init__(self, bert: torch.nn.Module) -> None:
-        super().__init__()
-        self.bert = bert
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        tokens = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        mask = attention_mask.unsqueeze(-1).to(tokens.dtype)
-        pooled = (tokens * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-        return torch.nn.functional.normalize(pooled, p=2.0, dim=1)
 
 
 def minilm(source: Path, out: Path) -> None:
