@@ -141,8 +141,8 @@ class PooledRegistry(ModelRegistry):
             output_names=tuple(o.name for o in outputs),
             output_set=frozenset(o.name for o in outputs),
             path=Path(settings.path),
-            # The device is the group's, told per call: the session's own (cpu: nothing said) is not used.
-            placement=Placement(tuple(placement["providers"]), "cpu", placement.get("cpu_fallback")),
+            # Where the first group's workers run it; in a mixed pool each call also says which group ran it.
+            placement=Placement(tuple(placement["providers"]), placement["device"], placement.get("cpu_fallback")),
         )
 
 
