@@ -130,17 +130,11 @@ class ServerMetrics:
         registry = plane.service.registry
         for name in registry.names():
             for version in registry.versions(name):
-                if registry.is_loaded(name, version):
-                    loaded = registry.get(name, version)
-                    placement = loaded.placement
-                    device = placement.device if pool is None else "+".join(g.device for g in pool.groups)
-                    self.placement.labels(
-                        name,
-                        version,
-                        ",".join(placement.providers),
-                        device,
-                        str(placement.fallback is not None).lower(),
-                    ).set(1)
+                if registry.in_process and not registry.is_loaded(name, version):
+                    continue  # loaded on first use; models in workers are described, loaded or not here
+                placement = registry.get(name, version).placement
+                fallback = str(placement.fallback is not None).lower()
+                self.placement.labels(name, version, ",".join(placement.providers), placement.device, fallback).set(1)
         cascades = plane.cascades.cascades if plane.cascades is not None else {}
         self.known = frozenset([*plane.service.registry.names(), *plane.service.pipelines, *cascades])
         for model, batcher in plane.batchers.items():

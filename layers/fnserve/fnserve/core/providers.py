@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -135,15 +134,14 @@ def check(session: Any, settings: ModelSettings, where: str, fallback: str | Non
         if not settings.cpu_fallback:
             raise ModelLoadError(f"{where}: execution provider {fallback}; set cpu_fallback = true to allow it")
         logger.warning("%s: %s", where, fallback)
-    return Placement(got, device_of(got, session), fallback)
+    return Placement(got, device_of(session), fallback)
 
 
-def device_of(providers: Sequence[str], session: Any = None) -> str:
+def device_of(session: Any) -> str:
     """``cuda:N`` for a session on a GPU provider (N its device id), else ``cpu``."""
-    for name in providers:
+    for name in session.get_providers():
         if name in GPU_PROVIDERS:
-            options = session.get_provider_options().get(name, {}) if session is not None else {}
-            return f"cuda:{options.get('device_id', 0)}"
+            return f"cuda:{session.get_provider_options().get(name, {}).get('device_id', 0)}"
     return "cpu"
 
 
