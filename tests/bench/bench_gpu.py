@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -36,12 +35,12 @@ import numpy as np
 import onnxruntime as ort
 
 from tests.bench import _load
+from tests.gpu.models import BATCHING_KEYS, one_model_manifest, pixels, tokens
 
 SECONDS = float(os.environ.get("BENCH_LOAD_SECONDS", "8"))
 RAW_SECONDS = float(os.environ.get("BENCH_RAW_SECONDS", "3"))
 CLIENT_PROCESSES = int(os.environ.get("BENCH_CLIENT_PROCESSES", "4"))
 CUDA = "CUDAExecutionProvider"
-BATCHING = re.compile(r"(max_batch_time_ms|batch_buckets|length_buckets|pad_inputs) =")
 
 
 def gpu_models() -> Path | None:
@@ -53,11 +52,7 @@ def gpu_models() -> Path | None:
 
 
 def feed_of(name: str, rows: int) -> dict[str, np.ndarray[Any, Any]]:
-    if name.startswith("minilm"):
-        ids = np.random.default_rng(0).integers(1000, 20000, size=(rows, 64), dtype=np.int64)
-        ids[:, 0], ids[:, -1] = 101, 102
-        return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-    return {"pixels": np.random.default_rng(0).standard_normal((rows, 3, 224, 224), dtype=np.float32)}
+    return tokens(rows, 64) if name.startswith("minilm") else pixels(rows)
 
 
 def raw(path: Path, feed: dict[str, np.ndarray[Any, Any]], binding: bool = False) -> float:
@@ -114,22 +109,6 @@ def request(name: str, feed: dict[str, np.ndarray[Any, Any]], port: int) -> byte
     return _load.request_bytes("127.0.0.1", port, f"/v2/models/{name}/infer", head + b"".join(blobs), headers)
 
 
-def manifest(models: Path, directory: Path, name: str, batching: bool) -> Path:
-    """A manifest of one model of the export's, with its batching lines or without them."""
-    text = (models / "manifest.toml").read_text()
-    entry = next(e for e in text.split("[[models]]")[1:] if f'name = "{name}"' in e)
-    if not batching:
-        entry = "\n".join(
-            line
-            for line in entry.splitlines()
-            if not re.match(r"(max_batch_time_ms|batch_buckets|length_buckets|pad_inputs)", line)
-        )
-    entry = entry.replace(f'path = "{name}/', f'path = "{models.resolve()}/{name}/')
-    path = directory / f"{name}-{'batched' if batching else 'plain'}.toml"
-    path.write_text("[[models]]" + entry + "\n")
-    return path
-
-
 @contextmanager
 def serving(path: Path, *options: str) -> Iterator[int]:
     with socket.socket() as probe:
@@ -183,10 +162,11 @@ def main() -> None:
             f"\n{name}: raw ORT CUDA, batch 1 {one:8.0f}/s ({1e3 / one:.3f} ms); batch {largest} {many:8.0f} rows/s "
             f"({many / one:.1f}x); with IO binding {bound:8.0f} rows/s ({bound / many:.2f}x run())"
         )
-        body = request(name, feed_of(name, 1), 0)
         row: dict[str, Any] = {"raw_batch1": one, f"raw_batch{largest}_rows": many, "raw_iobinding_rows": bound}
         for batching in (False, True):
-            with serving(manifest(models, tmp, name, batching), "--workers", "0") as port:
+            with serving(
+                one_model_manifest(models, tmp, name, () if batching else BATCHING_KEYS), "--workers", "0"
+            ) as port:
                 body = request(name, feed_of(name, 1), port)
                 for connections in (1, 64):
                     result = load(port, body, connections)
@@ -203,7 +183,7 @@ def main() -> None:
         )
         figures[name] = row
     # The mixed pool: the GPU filled to its capacity, the rest to CPU workers.
-    path = manifest(models, tmp, "minilm-fp32", False)
+    path = one_model_manifest(models, tmp, "minilm-fp32", BATCHING_KEYS)
     for options in (["--gpu-workers", "1"], ["--gpu-workers", "1", "--gpu-capacity", "2", "--workers", "8"]):
         with serving(path, *options) as port:
             result = load(port, request("minilm-fp32", feed_of("minilm-fp32", 1), port), 64)

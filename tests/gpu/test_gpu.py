@@ -25,23 +25,11 @@ import pytest
 from fnserve.core.errors import ModelLoadError
 from fnserve.core.manifest import load_manifest
 from fnserve.core.registry import ModelRegistry
+from tests.gpu.models import one_model_manifest, pixels, tokens
 from tests.servers import start_server
 
 CUDA = ["CUDAExecutionProvider", "CPUExecutionProvider"]
 CPU = ["CPUExecutionProvider"]
-
-
-def tokens(rows: int, length: int, seed: int = 0) -> dict[str, np.ndarray[Any, Any]]:
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(1000, 20000, size=(rows, length), dtype=np.int64)
-    ids[:, 0], ids[:, -1] = 101, 102
-    mask = np.ones_like(ids)
-    mask[0, length // 2 :] = 0  # one row padded: the pooling must ignore it
-    return {"input_ids": ids, "attention_mask": mask}
-
-
-def pixels(rows: int) -> dict[str, np.ndarray[Any, Any]]:
-    return {"pixels": np.random.default_rng(1).standard_normal((rows, 3, 224, 224), dtype=np.float32)}
 
 
 def run(path: Path, providers: list[str], feed: dict[str, np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
@@ -88,22 +76,6 @@ def test_resnet_on_cuda_matches_the_cpu(gpu_models: Path, name: str, limit: floa
     cpu = run(model(gpu_models, "resnet50-fp32"), CPU, feed)
     assert np.isfinite(gpu).all() and gpu.shape == (2, 1000)
     assert relative(gpu, cpu) <= limit
-
-
-def one_model_manifest(gpu_models: Path, directory: Path, name: str, **changes: str) -> Path:
-    """The export's manifest entry of ``name`` alone, with absolute paths and some lines changed."""
-    text = (gpu_models / "manifest.toml").read_text()
-    entry = next(e for e in text.split("[[models]]")[1:] if f'name = "{name}"' in e)
-    entry = entry.replace(f'path = "{name}/', f'path = "{gpu_models.resolve()}/{name}/')
-    for key, value in changes.items():
-        entry = (
-            re.sub(rf"(?m)^{key} = .*$", f"{key} = {value}", entry)
-            if f"\n{key} = " in entry
-            else entry + (f"{key} = {value}\n")
-        )
-    path = directory / f"{name}.toml"
-    path.write_text("[[models]]" + entry)
-    return path
 
 
 def test_the_registry_puts_models_on_the_gpu_and_says_so(gpu_models: Path, tmp_path: Path) -> None:
