@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from fnserve.aws.clients import Budget
 from fnserve.aws.queue import SqsFollowups
 from fnserve.aws.results import DynamoCacheBackend, DynamoResultStore
+from fnserve.core._cpus import AFFINITY_DIR_ENV, pin_process
 from fnserve.core.cache import CircuitBreaker, ResultCache
 from fnserve.core.cascade import CascadeRunner
 from fnserve.core.errors import ConfigError
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
 
 
 Store = DynamoResultStore | RedisResultStore
+logger = logging.getLogger(__name__)
 
 
 def result_store(settings: AwsSettings, *, for_requests: bool = False) -> Store | None:
@@ -139,6 +143,21 @@ def build_dataplane(
         max_concurrent_batches=max(1, settings.parallel_workers),
         offload=offload,
     )
+
+
+def pin_inference(settings: Settings) -> tuple[int, list[int]] | None:
+    """With ``cpu_affinity``, pin this process, which runs inference, to its share of the server's CPUs
+    (see :func:`fnserve.core._cpus.pin_process`); the slot and CPUs it got, or None when not pinned.
+
+    The server that started this process named the directory of slot locks its processes share.
+    """
+    directory = os.environ.get(AFFINITY_DIR_ENV)
+    if not settings.cpu_affinity or not directory:
+        return None
+    slots = settings.server_processes * max(1, settings.parallel_workers + settings.gpu_workers)
+    slot, cpus = pin_process(directory, slots, sorted(os.sched_getaffinity(0)))
+    logger.info(f"inference process {os.getpid()} pinned to CPUs {cpus} (slot {slot} of {slots})")
+    return slot, cpus
 
 
 def with_local_manifest(settings: Settings) -> Settings:

@@ -321,6 +321,13 @@ def serve(
             "off when unset). Needs fnserve[grpc].",
         ),
     ] = None,
+    cpu_affinity: Annotated[
+        bool,
+        typer.Option(
+            "--cpu-affinity",
+            help="Pin each process running inference to its share of the CPUs (default FNSERVE_CPU_AFFINITY).",
+        ),
+    ] = False,
     access_log: Annotated[
         bool, typer.Option("--access-log", help="One structured log line per request (costly at high rates).")
     ] = False,
@@ -344,6 +351,8 @@ def serve(
         overrides["server_processes"] = processes
     if grpc_port is not None:
         overrides["grpc_port"] = grpc_port
+    if cpu_affinity:
+        overrides["cpu_affinity"] = True
     if access_log or "FNSERVE_ACCESS_LOG" not in os.environ:
         overrides["access_log"] = access_log
     try:

@@ -125,6 +125,12 @@ class ServerSettings(EnvSettings):
         description="Calls in flight on the GPU workers before calls overflow to CPU workers; default: two per "
         "GPU worker (one running, one ready to start).",
     )
+    cpu_affinity: bool = Field(
+        default=False,
+        description="Pin each process that runs inference (an inference worker, or a front process with "
+        "parallel_workers = 0) to its own CPUs: the available CPUs split evenly between them, in order. "
+        "Threads then stay on one core's caches and processes stop migrating; measure it (fnserve bench).",
+    )
     inference_timeout_seconds: float = Field(
         default=60.0,
         gt=0,

@@ -30,7 +30,7 @@ from typing import Any
 from fnserve import bootstrap, tracing
 from fnserve.adapters.http.app import Companion, Telemetry, V2App, create_app
 from fnserve.adapters.logs import logger
-from fnserve.core._cpus import available_cpus
+from fnserve.core._cpus import AFFINITY_DIR_ENV, available_cpus
 from fnserve.core._heap import freeze_heap
 from fnserve.core.dataplane import DataPlane
 from fnserve.core.errors import ConfigError
@@ -55,12 +55,17 @@ def serve(
     outright (their pipe to it closes). With ``server_processes > 1``, uvicorn runs that many
     front processes on the port, each building its own app (:func:`app_factory`).
     """
-    made = metrics_dir() if settings.metrics else None
+    made: list[str | None] = [metrics_dir() if settings.metrics else None]
+    if settings.cpu_affinity:  # the slot locks of the processes pinned to CPUs (bootstrap.pin_inference)
+        locks = tempfile.mkdtemp(prefix="fnserve-cpus-")
+        made.append(locks)
+        os.environ[AFFINITY_DIR_ENV] = locks
     try:
         _serve(settings, host, port, on_ready)
     finally:
-        if made is not None:
-            shutil.rmtree(made, ignore_errors=True)
+        for path in made:
+            if path is not None:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def metrics_dir() -> str | None:
@@ -258,6 +263,8 @@ def front(settings: Settings, service: InferenceService | None = None) -> V2App:
         if pool is not None:
             pool.close()
         raise
+    if pool is None:
+        bootstrap.pin_inference(settings)
     freeze_heap()
     return app
 
@@ -284,6 +291,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
         env["FNSERVE_INTRA_OP_THREADS"] = str(settings.intra_op_threads)
     if settings.gpu_capacity is not None:
         env["FNSERVE_GPU_CAPACITY"] = str(settings.gpu_capacity)
+    if settings.cpu_affinity:
+        env["FNSERVE_CPU_AFFINITY"] = "true"
+        env[AFFINITY_DIR_ENV] = os.environ[AFFINITY_DIR_ENV]
     if settings.grpc_port is not None:
         env["FNSERVE_GRPC_PORT"] = str(settings.grpc_port)
         env["FNSERVE_GRPC_HOST"] = settings.grpc_host

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from fnserve.bootstrap import build_service
+from fnserve.bootstrap import build_service, pin_inference
 from fnserve.core._heap import freeze_heap
 from fnserve.settings import Settings
 from fnserve.workers.messages import Describe, RunModel
 from fnserve.workers.remote import handle
 
-SERVICE = build_service(Settings())  # no result cache tier: the front process caches
+SETTINGS = Settings()
+SERVICE = build_service(SETTINGS)  # no result cache tier: the front process caches
+pin_inference(SETTINGS)  # after the load: every thread of ORT's pools is pinned with the process
 freeze_heap()
 
 
