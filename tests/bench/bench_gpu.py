@@ -9,7 +9,7 @@ Skipped where onnxruntime has no CUDA provider or no GPU answers. For MiniLM fp3
   largest batch bucket (rows/s), and the same with IO binding (outputs left on the GPU and
   copied once), to show whether binding saves anything here;
 - ``fnserve serve`` (in-process session, ``--workers 0``) under closed-loop load of batch-1
-  requests (the binary tensor extension) from :mod:`tests.bench._load`: adaptive batching off
+  requests (the binary tensor extension) from :mod:`fnserve.bench.load`: adaptive batching off
   and on, at concurrency 1 and 64. Targets: batching on reaches >= 0.8x the raw batch-1
   capacity, and >= 3x the unbatched throughput at concurrency 64;
 - the mixed-device pool (MiniLM fp32, batching off): one GPU worker alone against the same
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from tests.bench import _load
+from fnserve.bench import load as _load
 from tests.gpu.models import BATCHING_KEYS, one_model_manifest, pixels, tokens
 
 SECONDS = float(os.environ.get("BENCH_LOAD_SECONDS", "8"))
@@ -141,7 +141,9 @@ def serving(path: Path, *options: str) -> Iterator[int]:
 
 def load(port: int, body: bytes, connections: int) -> _load.Load:
     _load.run("127.0.0.1", port, body, connections=connections, seconds=1.5, processes=CLIENT_PROCESSES)  # warm-up
-    return _load.run("127.0.0.1", port, body, connections=connections, seconds=SECONDS, processes=CLIENT_PROCESSES)
+    return _load.run(
+        "127.0.0.1", port, body, connections=connections, seconds=SECONDS, processes=CLIENT_PROCESSES, timings=True
+    )
 
 
 def main() -> None:
@@ -173,7 +175,7 @@ def main() -> None:
                     label = f"batching {'on ' if batching else 'off'}, concurrency {connections:>2}"
                     print(
                         f"    serve, {label}: {result.rate:8.0f} req/s  {result.rate / one:5.2f}x raw batch 1   "
-                        f"p50 {result.p50:7.2f} ms  p99 {result.p99:7.2f} ms  statuses {dict(result.statuses)}"
+                        f"p50 {result.p50:7.2f} ms  p99 {result.p99:7.2f} ms  errors {result.errors}"
                     )
                     row[f"serve_{'batched' if batching else 'plain'}_c{connections}"] = result.rate
         ratio = row["serve_batched_c64"] / row["serve_plain_c64"]

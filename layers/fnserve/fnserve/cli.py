@@ -521,6 +521,102 @@ def results(
         typer.echo(f"  failed {job_id}: {reason}")
 
 
+@app.command()
+def bench(
+    manifest: Annotated[
+        Path,
+        typer.Argument(
+            envvar="FNSERVE_MANIFEST", help="Model manifest (default FNSERVE_MANIFEST, else manifest.toml)."
+        ),
+    ] = DEFAULT_MANIFEST,
+    model: Annotated[str | None, typer.Option("--model", help="Model or pipeline (default: the only model).")] = None,
+    data: Annotated[
+        Path | None, typer.Option("--data", exists=True, dir_okay=False, help="Requests' inputs: .npy or .npz.")
+    ] = None,
+    request: Annotated[
+        list[Path] | None,
+        typer.Option("--request", exists=True, dir_okay=False, help="A V2 JSON request file (repeatable)."),
+    ] = None,
+    rows: Annotated[int, typer.Option(min=1, help="Rows per request made from metadata or --data.")] = 1,
+    p99_ms: Annotated[
+        float | None, typer.Option("--p99-ms", help="Latency budget: recommend the most throughput within it.")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Directory for bench.json, the snippet, the plots, the profile.")] = Path(
+        "fnserve-bench"
+    ),
+    sweep: Annotated[bool, typer.Option(help="Sweep server configurations (--no-sweep: profile or size only).")] = True,
+    stages: Annotated[str, typer.Option(help="Sweep stages, comma-separated.")] = "layout,threads,batching",
+    seconds: Annotated[float, typer.Option(min=0.2, help="Seconds of load at each concurrency level.")] = 2.0,
+    max_concurrency: Annotated[int, typer.Option(min=1, help="Highest concurrency tried.")] = 64,
+    generator: Annotated[str, typer.Option(help="Load generator: auto (wrk when installed), wrk, built-in.")] = "auto",
+    confirm_seconds: Annotated[
+        float, typer.Option(min=0, help="Seconds of the confirming run of the recommendation (0: none).")
+    ] = 5.0,
+    floor_seconds: Annotated[
+        float, typer.Option(min=0.01, help="Seconds of raw onnxruntime runs per batch size and thread count.")
+    ] = 0.5,
+    profile: Annotated[
+        bool, typer.Option("--profile", help="Profile the recommended configuration under load with py-spy.")
+    ] = False,
+    profile_seconds: Annotated[float, typer.Option(min=1, help="Seconds the profile samples.")] = 10.0,
+    lambda_: Annotated[
+        bool, typer.Option("--lambda", help="Emulate Lambda memory sizes (CPU quotas): latency and cost per size.")
+    ] = False,
+    memory: Annotated[
+        str, typer.Option(help="Lambda memory sizes in MB, comma-separated.")
+    ] = "512,1024,1769,2048,3008",
+    lambda_seconds: Annotated[float, typer.Option(min=0.1, help="Seconds of invocations per Lambda size.")] = 3.0,
+    price_gb_second: Annotated[
+        float, typer.Option(help="Lambda's price per GB-second (x86, us-east-1).")
+    ] = 0.0000166667,
+    price_per_million: Annotated[float, typer.Option(help="Lambda's price per million requests.")] = 0.20,
+) -> None:
+    """Measure the raw onnxruntime floor, sweep server layouts, threads, pinning and batching under load on
+    loopback, and recommend the fastest configuration; --profile writes a flame graph, --lambda sizes Lambda."""
+    from fnserve.bench.main import Options
+    from fnserve.bench.main import bench as run_bench
+    from fnserve.bench.sweep import LoadOptions
+    from fnserve.bench.tuner import STAGES
+
+    chosen = tuple(s.strip() for s in stages.split(",") if s.strip())
+    if unknown := [s for s in chosen if s not in STAGES]:
+        raise _fail(f"unknown --stages {unknown}; they are {', '.join(STAGES)}")
+    if generator not in ("auto", "wrk", "built-in"):
+        raise _fail(f"--generator is auto, wrk or built-in, not {generator!r}")
+    if generator == "wrk" and shutil.which("wrk") is None:
+        raise _fail("--generator wrk: wrk is not installed")
+    try:
+        sizes = tuple(int(m) for m in memory.split(",") if m.strip()) if lambda_ else ()
+    except ValueError:
+        raise _fail(f"--memory takes sizes in MB separated by commas, not {memory!r}") from None
+    if any(not 128 <= m <= 10240 for m in sizes):
+        raise _fail("Lambda memory sizes are 128 to 10240 MB")
+    options = Options(
+        manifest=manifest,
+        model=model,
+        data=data,
+        request_files=tuple(request or ()),
+        rows=rows,
+        p99_ms=p99_ms,
+        out=out,
+        sweep=sweep,
+        stages=chosen,
+        load=LoadOptions(seconds=seconds, max_concurrency=max_concurrency, generator=generator),
+        confirm_seconds=confirm_seconds,
+        floor_seconds=floor_seconds,
+        profile=profile,
+        profile_seconds=profile_seconds,
+        lambda_sizes=sizes,
+        lambda_seconds=lambda_seconds,
+        price_gb_second=price_gb_second,
+        price_per_million=price_per_million,
+    )
+    try:
+        run_bench(options)
+    except FnserveError as exc:
+        raise _fail(exc.message) from None
+
+
 @cascade_app.command("tune")
 def cascade_tune(
     cascade: Annotated[str, typer.Argument(help="Cascade name in the manifest.")],
