@@ -190,7 +190,9 @@ def test_while_every_slot_is_busy_the_backlog_forms_the_next_batch() -> None:
         first = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
         await until(lambda: model.running == 1)
         backlog = [asyncio.create_task(batcher.predict({"x": np.ones((1, 1))})) for _ in range(3)]
-        await until(lambda: batcher._queues[0].qsize() == 3)  # all three wait behind the running batch
+        await until(
+            lambda: next(iter(batcher._queues.values())).qsize() == 3
+        )  # all three wait behind the running batch
         model.open.set()
         await asyncio.gather(first, *backlog)
         await batcher.close()
@@ -215,7 +217,7 @@ def test_a_request_whose_caller_went_away_is_not_computed() -> None:
             await asyncio.sleep(0)
         gone = asyncio.create_task(batcher.predict({"x": np.full((1, 1), 2.0)}))
         kept = asyncio.create_task(batcher.predict({"x": np.full((1, 1), 3.0)}))
-        while batcher._queues[0].qsize() < 2:
+        while next(iter(batcher._queues.values())).qsize() < 2:
             await asyncio.sleep(0)
         gone.cancel()  # its deadline passed, say
         gate.set()
@@ -228,3 +230,42 @@ def test_a_request_whose_caller_went_away_is_not_computed() -> None:
     assert cancelled
     np.testing.assert_array_equal(out["y"], [[6.0]])
     assert [b["x"].ravel().tolist() for b in batches] == [[1.0], [3.0]]  # 2.0 never ran
+
+
+def test_requests_of_other_shapes_never_share_a_batch_without_buckets() -> None:
+    """Variable-length inputs with no length_buckets: each shape batches with its own kind, and none fails."""
+    seen: list[tuple[int, ...]] = []
+
+    async def model(feed: Arrays) -> Arrays:
+        seen.append(feed["x"].shape)
+        return {"y": feed["x"].sum(axis=1)}
+
+    async def main() -> list[tuple[Arrays, float]]:
+        batcher = AdaptiveBatcher(model, max_batch_size=100, max_batch_time=0.05)
+        lengths = [3, 11, 3, 4, 11, 3]
+        results = await asyncio.gather(*(batcher.predict({"x": np.ones((1, n))}) for n in lengths))
+        await batcher.close()
+        return results
+
+    results = run(main())
+    assert sorted(seen) == [(1, 4), (2, 11), (3, 3)]
+    assert [float(r[0]["y"][0]) for r in results] == [3, 11, 3, 4, 11, 3]
+
+
+def test_a_shapes_queue_is_dropped_when_idle(monkeypatch: Any) -> None:
+    import fnserve.core.batching as batching
+
+    monkeypatch.setattr(batching, "IDLE_SECONDS", 0.01)
+
+    async def main() -> None:
+        batcher = AdaptiveBatcher(Recorder(), max_batch_size=4, max_batch_time=0.0)
+        await batcher.predict({"x": np.ones((1, 3))})
+        assert len(batcher._queues) == 1
+        task = next(iter(batcher._tasks.values()))
+        await task  # it ends on its own once idle
+        assert not batcher._queues and not batcher._tasks
+        out, _ = await batcher.predict({"x": np.ones((1, 3))})  # the shape comes back: a new queue
+        np.testing.assert_array_equal(out["y"], np.full((1, 3), 2.0))
+        await batcher.close()
+
+    run(main())

@@ -1,6 +1,9 @@
 """Adaptive batching: concurrent requests to one model, run as one call (long-lived processes only).
 
-Requests queue per model and length bucket. A batch closes when it holds ``max_batch_size``
+Requests queue per model and shape: their length bucket, and the other dimensions of every
+input once padded, so that only requests that stack share a batch (a request of another
+length without buckets waits in its own queue, never failing a batch it cannot join; a
+shape's queue goes after ``IDLE_SECONDS`` unused). A batch closes when it holds ``max_batch_size``
 rows or when ``max_batch_time`` has passed since its *first* request (not since the last
 one: a steady trickle cannot hold a batch open). Inputs are concatenated along axis 0,
 variable-length inputs padded up to their bucket's length so that padding stays small;
@@ -32,6 +35,8 @@ from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
 from fnserve.core.providers import RAN_ON, RanOn
 
 Runner = Callable[[Arrays], Awaitable[Arrays]]
+_Key = tuple[int, tuple[tuple[str, tuple[int, ...]], ...]]  # length bucket, and each input's padded row shape
+IDLE_SECONDS = 300.0  # a shape's queue (and its task) is dropped after this long without a request
 
 
 @dataclass
@@ -70,8 +75,8 @@ class AdaptiveBatcher:
         self.pad_value = pad_value
         self.max_queue = max_queue
         self.max_concurrent = max_concurrent
-        self._queues: dict[int, asyncio.Queue[_Pending]] = {}
-        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._queues: dict[_Key, asyncio.Queue[_Pending]] = {}
+        self._tasks: dict[_Key, asyncio.Task[None]] = {}
         self._running: set[asyncio.Task[None]] = set()
         self.batches = 0  # how many runs, for tests and metrics
         self.on_batch: Callable[[int], None] | None = None  # called with each batch's rows (metrics)
@@ -83,10 +88,11 @@ class AdaptiveBatcher:
         if len(rows) != 1:
             raise InvalidInput("batched inputs must agree on their first dimension")
         bucket = self._bucket(arrays)
-        queue = self._queues.get(bucket)
+        key = (bucket, tuple((name, self._padded(a, name, bucket).shape[1:]) for name, a in sorted(arrays.items())))
+        queue = self._queues.get(key)
         if queue is None:  # created here, inside the running loop
-            queue = self._queues[bucket] = asyncio.Queue(self.max_queue)
-            self._tasks[bucket] = asyncio.get_running_loop().create_task(self._loop(queue, bucket))
+            queue = self._queues[key] = asyncio.Queue(self.max_queue)
+            self._tasks[key] = asyncio.get_running_loop().create_task(self._loop(queue, key))
         future: asyncio.Future[tuple[Arrays, float]] = asyncio.get_running_loop().create_future()
         await queue.put(_Pending(arrays, rows.pop(), future, RAN_ON.get()))
         return await future
@@ -110,7 +116,8 @@ class AdaptiveBatcher:
         i = bisect.bisect_left(self.buckets, length)
         return self.buckets[i] if i < len(self.buckets) else length  # longer than every bucket: alone
 
-    async def _loop(self, queue: asyncio.Queue[_Pending], bucket: int) -> None:
+    async def _loop(self, queue: asyncio.Queue[_Pending], key: _Key) -> None:
+        bucket = key[0]
         slots = asyncio.Semaphore(self.max_concurrent)
         carried: _Pending | None = None  # the request that would have overflowed the last batch
 
@@ -120,7 +127,16 @@ class AdaptiveBatcher:
 
         while True:
             await slots.acquire()  # a batch is formed only when it can run at once
-            first = carried or await queue.get()
+            if carried is None and queue.empty():
+                try:
+                    carried = await asyncio.wait_for(queue.get(), IDLE_SECONDS)
+                except TimeoutError:  # a shape nobody sends any more: its queue and this task go
+                    slots.release()
+                    if queue.empty():  # no await since the check: no request can join it now
+                        del self._queues[key], self._tasks[key]
+                        return
+                    continue
+            first = carried or queue.get_nowait()
             carried = None
             while first.future.done():  # its caller went away (a deadline, a disconnect): not computed
                 first = await queue.get()
