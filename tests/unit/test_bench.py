@@ -131,7 +131,8 @@ def test_each_configuration_serves_its_target_alone_without_a_result_cache(tmp_p
     batching = Config(batch_time_ms=1, batch_size=16)
     batched = json.loads(sweep.variant_manifest(manifest, "p", batching, tmp_path).read_text())
     (model,) = batched["models"]
-    assert model["name"] == "a" and "cache_ttl_seconds" not in model and "length_buckets" not in model
+    assert model["name"] == "a" and "cache_ttl_seconds" not in model
+    assert model["length_buckets"] == [8, 16]  # the manifest's padding, kept for the configuration's batching
     assert model["max_batch_time_ms"] == 1 and model["max_batch_size"] == 8  # never over the model's own
     assert [p["name"] for p in batched["pipelines"]] == ["p"] and "cache_ttl_seconds" not in batched["pipelines"][0]
 
@@ -141,9 +142,11 @@ def test_each_configuration_serves_its_target_alone_without_a_result_cache(tmp_p
     assert "max_batch_time_ms" not in unbatched["models"][0]
 
 
-def test_the_variant_manifest_of_a_demo_pipeline_loads(tmp_path: Path) -> None:
+def test_the_variant_manifest_of_a_demo_pipeline_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     before = DEMO_MANIFEST.read_bytes()
-    path = sweep.variant_manifest(DEMO_MANIFEST, "digits-image", Config(batch_time_ms=2, batch_size=16), tmp_path)
+    monkeypatch.chdir(DEMO_MANIFEST.parents[3])  # the manifest named relative to the working directory
+    relative = DEMO_MANIFEST.relative_to(DEMO_MANIFEST.parents[3])
+    path = sweep.variant_manifest(relative, "digits-image", Config(batch_time_ms=2, batch_size=16), tmp_path)
     loaded = load_manifest(path)
     assert [m.name for m in loaded.models] == ["digits-accurate"] and loaded.models[0].max_batch_time_ms == 2
     assert [p.name for p in loaded.pipelines] == ["digits-image"]

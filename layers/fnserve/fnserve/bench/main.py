@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fnserve.bench import requests as made
 from fnserve.bench import sizing
+from fnserve.bench.load import wrk_script
 from fnserve.bench.profile import profile
 from fnserve.bench.report import summary, table, write
 from fnserve.bench.sweep import Config, LoadOptions
@@ -16,6 +17,8 @@ from fnserve.bench.tuner import run as run_sweep
 from fnserve.core._cpus import available_cpus
 from fnserve.core.errors import InvalidInput
 from fnserve.core.service import InferenceService
+
+WRK_SCRIPT = "requests.lua"
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,10 @@ def bench(options: Options) -> list[Path]:
             console.print(table(report))
             console.print(summary(report, options.manifest), highlight=False, markup=False)
             written += write(report, options.manifest, options.out)
+            if all(r.headers.get("Content-Type") == "application/json" for r in requests):
+                script = options.out / WRK_SCRIPT  # the same requests, for a run of wrk by hand
+                script.write_text(wrk_script([r.body for r in requests]))
+                written.append(script)
             if report.recommended is not None and (point := report.recommended_point()) is not None:
                 config, concurrency = report.recommended.config, point.concurrency
             bar.start()
@@ -90,7 +97,8 @@ def bench(options: Options) -> list[Path]:
             bar.stop()
             console.print(
                 f"\nprofile of {config.label()} at concurrency {concurrency}: {found.point.rate:,.0f} req/s, "
-                f"p50 {found.point.p50:.2f} ms; mean Server-Timing stages per answer:",
+                f"p50 {found.point.p50:.2f} ms (under py-spy, which takes CPU itself); mean Server-Timing stages per "
+                "answer:",
                 highlight=False,
             )
             for stage, ms, share in found.split():

@@ -67,8 +67,9 @@ def table(report: Report) -> Any:
         out.add_column(column, justify=justify)  # type: ignore[arg-type]
     for row, result in zip(rows(report), report.results, strict=True):
         mark = " *" if result is report.recommended else (" ^" if result is report.fastest else "")
-        if "rate" not in row:
-            out.add_row(row["stage"], row["config"] + mark, "", "", "", "", "", row["error"] or "no answer")
+        if "rate" not in row:  # the error's last line (bench.json has all of it)
+            reason = (row["error"] or "no answer without errors").strip().splitlines()[-1]
+            out.add_row(row["stage"], row["config"] + mark, "", "", "", "", "", reason)
             continue
         p99 = f"{row['p99']:.2f}" + (" (over)" if row["over_budget"] else "")
         out.add_row(
@@ -176,6 +177,8 @@ def plot(report: Report, out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     measured = [r for r in report.results if r.points]
+    if not measured:
+        return []
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for result in measured:
         style = "-" if result is report.recommended else "--"

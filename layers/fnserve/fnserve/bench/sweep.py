@@ -153,15 +153,19 @@ def variant_manifest(manifest: Path, target: str, config: Config, directory: Pat
     models = [dict(m) for m in data.get("models", []) if m.get("name") == model]
     for entry in (*models, *pipelines):
         entry.pop("cache_ttl_seconds", None)
-    if not config.manifest_batching:
-        for entry in models:
+    for entry in models:
+        if config.batch_time_ms is not None:  # the manifest's padding (length and batch buckets) is kept
+            entry["max_batch_time_ms"] = config.batch_time_ms
+            entry["max_batch_size"] = min(config.batch_size or 1, int(entry.get("max_batch_size", 1024)))
+            buckets = [b for b in entry.pop("batch_buckets", []) if b <= entry["max_batch_size"]]
+            if buckets:
+                entry["batch_buckets"] = buckets
+        elif not config.manifest_batching:  # batching off, and what only applies with it
             for key in _BATCH_KEYS:
                 entry.pop(key, None)
-            if config.batch_time_ms is not None:
-                entry["max_batch_time_ms"] = config.batch_time_ms
-                entry["max_batch_size"] = min(config.batch_size or 1, int(entry.get("max_batch_size", 1024)))
-    base = Path(data.get("base_dir", manifest.parent))
-    base = base if base.is_absolute() else (manifest.parent / base).resolve()
+    home = manifest.resolve().parent
+    base = Path(data.get("base_dir", home))
+    base = base if base.is_absolute() else (home / base).resolve()
     variant = {"models": models, "pipelines": pipelines, "base_dir": str(base)}
     path = directory / "manifest.json"
     path.write_text(json.dumps(variant))
