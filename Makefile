@@ -13,7 +13,7 @@ PY312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12
 	$$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$c; break; }; done)
 SAM := SAM_CLI_TELEMETRY=0 PATH="$(dir $(PY312)):$$PATH" $(SAM_VENV)/bin/sam
 
-.PHONY: setup run serve test test-gpu gpu-models test-servers lint sam-build sam-check deploy bench bench-models models minilm grpc-stubs clean
+.PHONY: setup run serve test test-gpu gpu-models test-servers lint sam-build sam-check deploy bench bench-models tune models minilm grpc-stubs clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fnserve needs Python >= 3.11"'
@@ -84,6 +84,13 @@ test-servers:
 
 test: lint sam-check test-servers
 	$(BIN)/pytest
+
+# fnserve bench on the demo's digits model and on MiniLM (the sentence-embedding pipeline): the sweep, its
+# recommendation and plots in fnserve-bench/ (README: "Tuning a deployment").
+tune: setup
+	@command -v wrk >/dev/null || apt-get install -y -qq wrk >/dev/null 2>&1 || echo "wrk not installed: fnserve's own load generator is used"
+	$(BIN)/fnserve bench $(MANIFEST) --model digits-accurate --out fnserve-bench/digits
+	$(BIN)/fnserve bench $(MANIFEST) --model minilm-embed --p99-ms 100 --profile --out fnserve-bench/minilm
 
 bench: setup bench-models
 	@command -v wrk >/dev/null || { echo "installing wrk (Debian) for the HTTP load benchmark"; \
