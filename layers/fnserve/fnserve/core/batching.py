@@ -88,7 +88,7 @@ class AdaptiveBatcher:
         if len(rows) != 1:
             raise InvalidInput("batched inputs must agree on their first dimension")
         bucket = self._bucket(arrays)
-        key = (bucket, tuple((name, self._padded(a, name, bucket).shape[1:]) for name, a in sorted(arrays.items())))
+        key = (bucket, tuple((name, self._row_shape(a, name, bucket)) for name, a in sorted(arrays.items())))
         queue = self._queues.get(key)
         if queue is None:  # created here, inside the running loop
             queue = self._queues[key] = asyncio.Queue(self.max_queue)
@@ -201,11 +201,21 @@ class AdaptiveBatcher:
     def _filler(self, batch: list[_Pending], name: str, bucket: int, padding: int) -> list[np.ndarray[Any, Any]]:
         if not padding:
             return []
-        like = self._padded(batch[0].inputs[name], name, bucket)
-        return [np.full((padding, *like.shape[1:]), b"" if like.dtype == object else 0, dtype=like.dtype)]
+        like = batch[0].inputs[name]
+        shape = (padding, *self._row_shape(like, name, bucket))
+        return [np.full(shape, b"" if like.dtype == object else 0, dtype=like.dtype)]
+
+    def _pads(self, array: np.ndarray[Any, Any], name: str, bucket: int) -> bool:
+        return bool(bucket) and name in self.pad_inputs and array.ndim >= 2 and array.shape[1] != bucket
+
+    def _row_shape(self, array: np.ndarray[Any, Any], name: str, bucket: int) -> tuple[int, ...]:
+        """The shape of one row of ``array`` once padded to ``bucket`` (without padding it)."""
+        if not self._pads(array, name, bucket):
+            return tuple(array.shape[1:])
+        return (bucket, *array.shape[2:])
 
     def _padded(self, array: np.ndarray[Any, Any], name: str, bucket: int) -> np.ndarray[Any, Any]:
-        if not bucket or name not in self.pad_inputs or array.ndim < 2 or array.shape[1] == bucket:
+        if not self._pads(array, name, bucket):
             return array
         width = [(0, 0)] * array.ndim
         width[1] = (0, bucket - array.shape[1])
