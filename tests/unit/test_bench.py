@@ -54,8 +54,9 @@ def test_the_layout_stage_measures_one_process_then_one_per_cpu() -> None:
 
 def test_the_threads_stage_tries_fewer_threads_for_one_process_and_pinning_for_several() -> None:
     assert sweep.tunings(Config(1, 0), 4) == [Config(1, 0, threads=1), Config(1, 0, threads=2)]
-    assert sweep.tunings(Config(2, 0), 2) == [Config(2, 0, pin=True)]
-    assert sweep.tunings(Config(1, 0), 1) == []  # one CPU: nothing to tune
+    assert sweep.pinning(Config(2, 0), 2) == [Config(2, 0, pin=True)]
+    assert sweep.pinning(Config(1, 0, threads=1), 2) == [Config(1, 0, threads=1, pin=True)]
+    assert sweep.tunings(Config(1, 0), 1) == [] and sweep.pinning(Config(1, 0), 1) == []  # one CPU: nothing to tune
 
 
 def test_the_batching_stage_keeps_to_the_models_largest_batch_and_tries_the_manifests_own() -> None:

@@ -344,16 +344,19 @@ def layouts(cpus: int) -> list[Config]:
 
 
 def tunings(best: Config, cpus: int) -> list[Config]:
-    """Stage 2: fewer intra-op threads for a one-process layout (powers of two below the CPUs); pinning."""
+    """Stage 2: fewer intra-op threads for a one-process layout (powers of two below the CPUs)."""
     found = []
     if best.inference_processes == 1:
         threads = 1
         while threads < cpus:
             found.append(replace(best, threads=threads))
             threads *= 2
-    if best.inference_processes > 1 or (best.threads or cpus) < cpus:
-        found.append(replace(best, pin=True))
     return found
+
+
+def pinning(best: Config, cpus: int) -> list[Config]:
+    """Stage 2, then: the best so far pinned, where there is more than one share of the CPUs to pin to."""
+    return [replace(best, pin=True)] if best.inference_processes > 1 or (best.threads or cpus) < cpus else []
 
 
 def batchings(best: Config, max_batch_size: int, manifest_batches: bool) -> list[Config]:

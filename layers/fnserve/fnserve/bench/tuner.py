@@ -28,6 +28,7 @@ from fnserve.bench.sweep import (
     best_config,
     layouts,
     measure_point,
+    pinning,
     saturate,
     serving,
     tunings,
@@ -146,11 +147,9 @@ def run(plan: Plan, target: Target, progress: Callable[[str], None] = lambda _: 
         for stage in plan.stages:
             configs = stage_configs[stage](best)
             if stage == "threads":  # threads first, then pinning on the best of them
-                pin = [c for c in configs if c.pin]
-                _sweep(plan, report, stage, [c for c in configs if not c.pin], workdir, progress)
+                _sweep(plan, report, stage, configs, workdir, progress)
                 best = _best(report, best)
-                configs = [replace(best, pin=True)] if pin or best.threads else []
-                configs = [c for c in configs if c.inference_processes > 1 or (c.threads or cpus) < cpus]
+                configs = pinning(best, cpus)
             _sweep(plan, report, stage, configs, workdir, progress)
             best = _best(report, best)
         report.recommended = best_config(report.results, plan.p99_ms)
