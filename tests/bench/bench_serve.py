@@ -22,19 +22,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import shutil
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
+from fnserve.bench.floor import parallel_rate
 from fnserve.core._cpus import available_cpus
 from tests.bench.bench_http import running, wrk
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
@@ -91,36 +89,9 @@ def models() -> list[Model]:
 # -- raw onnxruntime --------------------------------------------------------------------------
 
 
-def _raw_worker(path: str, threads: int, feed: dict[str, Any], seconds: float, start: Any, out: Any) -> None:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    session = ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
-    for _ in range(20):
-        session.run(None, feed)
-    start.wait()
-    done, deadline = 0, time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        session.run(None, feed)
-        done += 1
-    out.put(done)
-
-
 def raw_rate(model: Model, processes: int, threads: int, feed: dict[str, Any]) -> float:
     """Runs per second of ``processes`` processes of ``threads`` threads each, running back to back."""
-    context = multiprocessing.get_context("spawn")
-    start, out = context.Event(), context.Queue()
-    workers = [
-        context.Process(target=_raw_worker, args=(str(model.path), threads, feed, RAW_SECONDS, start, out))
-        for _ in range(processes)
-    ]
-    for worker in workers:
-        worker.start()
-    time.sleep(2.0)  # let every process load and warm up before the clock starts
-    start.set()
-    total = sum(out.get(timeout=RAW_SECONDS + 60) for _ in workers)
-    for worker in workers:
-        worker.join()
-    return total / RAW_SECONDS
+    return parallel_rate(model.path, feed, processes, RAW_SECONDS, threads)
 
 
 # -- fnserve serve ----------------------------------------------------------------------------

@@ -74,8 +74,8 @@ def _timed(session: Any, feed: Arrays, seconds: float) -> tuple[float, float]:
     return len(times) / (time.perf_counter() - began), float(np.median(times)) * 1e3
 
 
-def _per_core(path: str, feed: Arrays, seconds: float, start: Any, out: Any) -> None:
-    session = _session(Path(path), 1)
+def _parallel(path: str, threads: int, feed: Arrays, seconds: float, start: Any, out: Any) -> None:
+    session = _session(Path(path), threads)
     for _ in range(3):
         session.run(None, feed)
     out.put(("ready", 0))
@@ -88,11 +88,12 @@ def _per_core(path: str, feed: Arrays, seconds: float, start: Any, out: Any) -> 
     out.put(("done", done))
 
 
-def per_core_rate(path: Path, feed: Arrays, processes: int, seconds: float) -> float:
-    """Runs per second of ``processes`` single-threaded sessions, one process each, together."""
+def parallel_rate(path: Path, feed: Arrays, processes: int, seconds: float, threads: int = 1) -> float:
+    """Runs per second of ``processes`` sessions of ``threads`` intra-op threads, one process each, together."""
     context = multiprocessing.get_context("spawn")
     start, out = context.Event(), context.Queue()
-    workers = [context.Process(target=_per_core, args=(str(path), feed, seconds, start, out)) for _ in range(processes)]
+    args = (str(path), threads, feed, seconds, start, out)
+    workers = [context.Process(target=_parallel, args=args) for _ in range(processes)]
     for worker in workers:
         worker.start()
     try:
@@ -130,6 +131,6 @@ def measure(
     if cpus > 1:
         if progress is not None:
             progress(f"raw onnxruntime: batch {batch}, {cpus} processes x 1 thread")
-        rate = per_core_rate(path, feed, cpus, seconds * 2)
+        rate = parallel_rate(path, feed, cpus, seconds * 2)
         points.append(FloorPoint(batch, 1, cpus, rate * batch, float("nan")))
     return Floor(points, batch)
