@@ -573,6 +573,7 @@ def bench(
 ) -> None:
     """Measure the raw onnxruntime floor, sweep server layouts, threads, pinning and batching under load on
     loopback, and recommend the fastest configuration; --profile writes a flame graph, --lambda sizes Lambda."""
+    from fnserve.bench.load import have_wrk
     from fnserve.bench.main import Options
     from fnserve.bench.main import bench as run_bench
     from fnserve.bench.sweep import LoadOptions
@@ -583,7 +584,7 @@ def bench(
         raise _fail(f"unknown --stages {unknown}; they are {', '.join(STAGES)}")
     if generator not in ("auto", "wrk", "built-in"):
         raise _fail(f"--generator is auto, wrk or built-in, not {generator!r}")
-    if generator == "wrk" and shutil.which("wrk") is None:
+    if generator == "wrk" and not have_wrk():
         raise _fail("--generator wrk: wrk is not installed")
     try:
         sizes = tuple(int(m) for m in memory.split(",") if m.strip()) if lambda_ else ()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fnserve.bench import requests as made
 from fnserve.bench import sizing
@@ -17,6 +18,9 @@ from fnserve.bench.tuner import run as run_sweep
 from fnserve.core._cpus import available_cpus
 from fnserve.core.errors import InvalidInput
 from fnserve.core.service import InferenceService
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 WRK_SCRIPT = "requests.lua"
 
@@ -138,14 +142,12 @@ def _requests(options: Options, target: made.Target) -> list[made.Request]:
     return made.synthetic(target, options.rows)
 
 
-def _show_sizes(console: object, sizes: Sequence[sizing.Size] | str, options: Options) -> list[Path]:
+def _show_sizes(console: Console, sizes: Sequence[sizing.Size] | str, options: Options) -> list[Path]:
     import json
     from dataclasses import asdict
 
-    from rich.console import Console
     from rich.table import Table
 
-    assert isinstance(console, Console)
     if isinstance(sizes, str):
         console.print(sizes)
         return []

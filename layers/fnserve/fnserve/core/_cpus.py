@@ -71,8 +71,7 @@ def pin_process(directory: str | Path, slots: int, cpus: Sequence[int]) -> tuple
         slot = candidate
         break
     chosen = slot_cpus(cpus, slots, slot)
-    for task in Path("/proc/self/task").iterdir():
+    for task in Path("/proc/self/task").iterdir():  # this thread among them
         with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
             os.sched_setaffinity(int(task.name), chosen)
-    os.sched_setaffinity(0, chosen)
     return slot, chosen
