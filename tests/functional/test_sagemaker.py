@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
 
 import httpx
@@ -10,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from fnserve.adapters.metrics import FLUSH_SECONDS
 from fnserve.settings import sagemaker_settings
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
 from tests.servers import start_server
@@ -28,6 +30,15 @@ def npy(array: np.ndarray) -> bytes:
 def invoke(url: str, body: bytes, content_type: str, **headers: str) -> httpx.Response:
     headers = {"content-type": content_type, **{k.replace("_", "-"): v for k, v in headers.items()}}
     return httpx.post(f"{url}/invocations", content=body, headers=headers, timeout=30)
+
+
+def answered(url: str, model: str, status: str) -> float:
+    """fnserve_requests_total of ``model`` at ``status``, over versions and transports."""
+    total = 0.0
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("fnserve_requests_total{") and f'model="{model}"' in line and f'status="{status}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def test_ping_answers_once_every_model_is_loaded(server: str) -> None:
@@ -50,9 +61,21 @@ def test_a_v2_json_request_for_the_model_in_the_custom_attributes(server: str) -
 
 def test_npy_in_for_the_target_model_and_npy_or_npz_out(server: str) -> None:
     target = {"x_amzn_sagemaker_target_model": "digits-accurate.tar.gz"}
+    before = answered(server, "digits-accurate", "200"), answered(server, "digits-accurate", "422")
     as_json = invoke(server, npy(DIGITS), "application/x-npy", **target)
     assert as_json.status_code == 200, as_json.text
     assert {o["name"]: o["data"] for o in as_json.json()["outputs"]}["label"] == LABELS.tolist()
+    # Timed, counted and refused as any V2 request is.
+    assert all(f"{stage};dur=" in as_json.headers["server-timing"] for stage in ("decode", "infer", "encode"))
+    assert invoke(server, npy(DIGITS[:, :3]), "application/x-npy", **target).status_code == 422
+    # Every front process flushes its counts within FLUSH_SECONDS: wait for both to show.
+    deadline = time.monotonic() + 5 * FLUSH_SECONDS
+    while True:
+        after = answered(server, "digits-accurate", "200"), answered(server, "digits-accurate", "422")
+        if (after[0] - before[0], after[1] - before[1]) == (1, 1) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
 
     one = invoke(
         server,

@@ -24,9 +24,9 @@ from fnserve import tracing
 from fnserve.adapters import logs
 from fnserve.adapters.http.wire import error_body, request_id, server_timing
 from fnserve.adapters.logs import logger
-from fnserve.core.dataplane import DataPlane
+from fnserve.core.dataplane import Answer, DataPlane
 from fnserve.core.errors import BadRequest, FnserveError, PayloadTooLarge
-from fnserve.core.tensors import JSON_HEADER, decode_request, encode_response
+from fnserve.core.tensors import JSON_HEADER, InferenceRequest, decode_request, encode_response
 from fnserve.settings import Settings
 
 if TYPE_CHECKING:
@@ -171,19 +171,32 @@ class InferenceRoute:
         json_length: str | None,
         traceparent: str | None = None,
     ) -> tuple[bytes, str, dict[str, str]]:
-        """One inference, whatever carried it: (payload, media type, headers); a refusal is logged, recorded, raised.
+        """One V2 inference (JSON, or the binary tensor extension): (payload, media type, headers)."""
+        return await self.serve(
+            name, version, body, lambda raw: decode_request(raw, _json_length(json_length)), encode_v2, traceparent
+        )
+
+    async def serve(
+        self,
+        name: str,
+        version: str | None,
+        body: Awaitable[bytes],
+        decode: Callable[[bytes], InferenceRequest],
+        encode: Encoder,
+        traceparent: str | None = None,
+    ) -> tuple[bytes, str, dict[str, str]]:
+        """One inference, whatever carried it and however its body is written: decoded, inferred, encoded, timed,
+        logged and recorded; a refusal is logged, recorded, raised.
 
         Traced (when tracing is on) in the caller's trace when ``traceparent`` says which."""
         span = tracing.start_request(name, "http", traceparent)
         try:
             t0 = time.perf_counter()
-            decoded = decode_request(await body, _json_length(json_length))
+            decoded = decode(await body)
             t1 = time.perf_counter()
             answer = await self.plane.infer(name, decoded.inputs, version=version, outputs=decoded.outputs)
             t2 = time.perf_counter()
-            payload, head_length = encode_response(
-                answer.name, answer.version, answer.outputs, decoded, answer.parameters
-            )
+            payload, media_type, encoded = encode(answer, decoded)
             t3 = time.perf_counter()
         except FnserveError as exc:
             if self.access_log:
@@ -201,11 +214,9 @@ class InferenceRoute:
             **answer.timings,
             "encode": round((t3 - t2) * 1e3, 3),
         }
-        headers = {"server-timing": server_timing(timings, answer.device)}
+        headers = {"server-timing": server_timing(timings, answer.device), **encoded}
         if answer.cache != "off":
             headers["x-fnserve-cache"] = answer.cache
-        if head_length is not None:
-            headers[JSON_HEADER] = str(head_length)
         if self.access_log:
             logs.access(
                 "inference",
@@ -215,7 +226,19 @@ class InferenceRoute:
         self.telemetry.record(name, 200, timings, answer.cache, answer.version)
         if span is not None:
             span.end(200, timings)
-        return payload, BINARY if head_length is not None else JSON, headers
+        return payload, media_type, headers
+
+
+# How an answer is written: (payload, media type, headers of its own).
+Encoder = Callable[[Answer, InferenceRequest], tuple[bytes, str, dict[str, str]]]
+
+
+def encode_v2(answer: Answer, request: InferenceRequest) -> tuple[bytes, str, dict[str, str]]:
+    """A V2 answer: JSON, or JSON then binary tensors (with the JSON part's length in a header)."""
+    payload, head_length = encode_response(answer.name, answer.version, answer.outputs, request, answer.parameters)
+    if head_length is None:
+        return payload, JSON, {}
+    return payload, BINARY, {JSON_HEADER: str(head_length)}
 
 
 class _Disconnected(Exception):

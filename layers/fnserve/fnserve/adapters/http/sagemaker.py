@@ -24,15 +24,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import orjson
 from fastapi import Request
 from fastapi.responses import Response
 
-from fnserve.adapters.http.app import JSON, InferenceRoute, read_body
+from fnserve.adapters.http.app import JSON, InferenceRoute, encode_v2, read_body
 from fnserve.adapters.http.middleware import json_response
-from fnserve.adapters.http.wire import server_timing
+from fnserve.core.dataplane import Answer
 from fnserve.core.errors import BadRequest, InvalidInput
-from fnserve.core.tensors import JSON_HEADER, json_tensor
+from fnserve.core.tensors import JSON_HEADER, InferenceRequest
 
 NPY = "application/x-npy"
 NPZ = "application/x-npz"
@@ -64,27 +63,32 @@ class SageMakerRoutes:
                 name, version, body, headers.get(JSON_HEADER), headers.get("traceparent")
             )
             return Response(payload, media_type=media_type, headers=extra)
-        inputs = self.arrays(name, version, media, await body, attributes)
-        answer = await self.plane.infer(name, inputs, version=version)
-        extra = {"server-timing": server_timing(answer.timings, answer.device)}
         accept = headers.get("accept", JSON).split(";")[0].strip().lower()
+        payload, media_type, extra = await self.inference.serve(
+            name,
+            version,
+            body,
+            lambda raw: InferenceRequest(self.arrays(name, version, media, raw, attributes)),
+            lambda answer, request: self.encode(answer, request, accept, attributes),
+            headers.get("traceparent"),
+        )
+        return Response(payload, media_type=media_type, headers=extra)
+
+    def encode(
+        self, answer: Answer, request: InferenceRequest, accept: str, attributes: Mapping[str, str]
+    ) -> tuple[bytes, str, dict[str, str]]:
+        """A NumPy request's answer: .npy (one output), .npz (every output), or V2 JSON."""
+        buffer = io.BytesIO()
         if accept == NPY:
-            output = attributes.get("output") or _only(list(answer.outputs), "output", name)
+            output = attributes.get("output") or _only(list(answer.outputs), "output", answer.name)
             if output not in answer.outputs:
-                raise InvalidInput(f"model {name!r} has no output {output!r}; it has {list(answer.outputs)}")
-            buffer = io.BytesIO()
+                raise InvalidInput(f"model {answer.name!r} has no output {output!r}; it has {list(answer.outputs)}")
             np.save(buffer, answer.outputs[output], allow_pickle=False)
-            return Response(buffer.getvalue(), media_type=NPY, headers=extra)
+            return buffer.getvalue(), NPY, {}
         if accept == NPZ:
-            buffer = io.BytesIO()
             np.savez(buffer, **answer.outputs)  # type: ignore[arg-type]  # numpy types the keywords as its own
-            return Response(buffer.getvalue(), media_type=NPZ, headers=extra)
-        document = {
-            "model_name": answer.name,
-            "model_version": answer.version,
-            "outputs": [json_tensor(k, v) for k, v in answer.outputs.items()],
-        }
-        return Response(orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY), media_type=JSON, headers=extra)
+            return buffer.getvalue(), NPZ, {}
+        return encode_v2(answer, request)
 
     def model(self, target: str | None, attributes: Mapping[str, str]) -> tuple[str, str | None]:
         """The served name (and version) a request is for, from SageMaker's headers or the default."""
