@@ -94,9 +94,11 @@ batch_buckets = [1, 2, 4, 8, 16, 32, 64]
 length_buckets = [16, 32, 64, 128]
 pad_inputs = ["input_ids", "attention_mask"]
 """
+# A CNN on CUDA rebuilds its cuDNN plans at each change of batch shape (~200 ms): one session per shape.
 RESNET_BATCHING = """max_batch_size = 32
 max_batch_time_ms = 2
 batch_buckets = [1, 2, 4, 8, 16, 32]
+session_per_shape = true
 """
 CUDA = '[{name = "CUDAExecutionProvider", cudnn_conv_algo_search = "EXHAUSTIVE"}, "CPUExecutionProvider"]'
 

@@ -41,6 +41,10 @@ SECONDS = float(os.environ.get("BENCH_LOAD_SECONDS", "8"))
 RAW_SECONDS = float(os.environ.get("BENCH_RAW_SECONDS", "3"))
 CLIENT_PROCESSES = int(os.environ.get("BENCH_CLIENT_PROCESSES", "4"))
 CUDA = "CUDAExecutionProvider"
+GRAPHS = {
+    "execution_providers": f'[{{name = "{CUDA}", cuda_graph = true}}, "CPUExecutionProvider"]',
+    "session_per_shape": "false",
+}
 
 
 def gpu_models() -> Path | None:
@@ -178,6 +182,20 @@ def main() -> None:
                         f"p50 {result.p50:7.2f} ms  p99 {result.p99:7.2f} ms  errors {result.errors}"
                     )
                     row[f"serve_{'batched' if batching else 'plain'}_c{connections}"] = result.rate
+        if name.startswith("resnet"):
+            # A CNN on CUDA rebuilds its cuDNN plans at every change of batch shape: the export's manifest keeps
+            # one session per shape; against it, one session for all shapes, and one CUDA graph per shape.
+            for label, change in (("one session", {"session_per_shape": "false"}), ("CUDA graphs", GRAPHS)):
+                with serving(one_model_manifest(models, tmp, name, **change), "--workers", "0") as port:
+                    body = request(name, feed_of(name, 1), port)
+                    for connections in (1, 64):
+                        result = load(port, body, connections)
+                        print(
+                            f"    serve, batching on, {label}, concurrency {connections:>2}: {result.rate:8.0f} req/s  "
+                            f"{result.rate / one:5.2f}x raw batch 1   p50 {result.p50:7.2f} ms  "
+                            f"p99 {result.p99:7.2f} ms  errors {result.errors}"
+                        )
+                        row[f"serve_batched_{label.replace(' ', '_')}_c{connections}"] = result.rate
         ratio = row["serve_batched_c64"] / row["serve_plain_c64"]
         print(
             f"    adaptive batching at concurrency 64: {ratio:.2f}x unbatched (target >= 3); "

@@ -68,6 +68,7 @@ def test_readme_manifest_examples_are_valid() -> None:
     gpu = manifests["minilm"].models[0]  # the GPU section's: providers with their options
     assert [type(p).__name__ for p in gpu.execution_providers] == ["TensorrtProvider", "CudaProvider", "str"]
     assert gpu.batch_buckets[-1] == gpu.max_batch_size
+    assert manifests["resnet50"].models[0].session_per_shape  # the CNN's: one session per batch shape
     cascades = [CascadeSettings.model_validate(c) for b in blocks for c in b.get("cascades", [])]
     assert [c.name for c in cascades] == ["digits"] and cascades[0].threshold == 0.65
     listed = [b["pipelines"] for b in blocks if isinstance(b.get("pipelines"), list)]

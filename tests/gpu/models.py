@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-BATCHING_KEYS = ("max_batch_time_ms", "batch_buckets", "length_buckets", "pad_inputs")
+BATCHING_KEYS = ("max_batch_time_ms", "batch_buckets", "length_buckets", "pad_inputs", "session_per_shape")
 
 
 def tokens(rows: int, length: int, seed: int = 0) -> dict[str, np.ndarray[Any, Any]]:

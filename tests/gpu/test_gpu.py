@@ -122,6 +122,34 @@ def test_warm_up_leaves_no_first_request_spike(gpu_models: Path, tmp_path: Path)
             assert first <= 3 * statistics.median(later) + 0.002, (rows, length, first, later)
 
 
+GRAPHS = '[{name = "CUDAExecutionProvider", cuda_graph = true}, "CPUExecutionProvider"]'
+
+
+@pytest.mark.parametrize(
+    "mode", [{"session_per_shape": "true"}, {"execution_providers": GRAPHS, "session_per_shape": "false"}]
+)
+def test_a_cnn_changes_batch_shape_without_a_spike(gpu_models: Path, tmp_path: Path, mode: dict[str, str]) -> None:
+    # One plain session pays ~200 ms at each change of shape (cuDNN's plans rebuilt); these keep one per shape.
+    manifest = one_model_manifest(gpu_models, tmp_path, "resnet50-fp16", batch_buckets="[1, 4, 16]", **mode)
+    loaded = ModelRegistry(load_manifest(manifest)).get("resnet50-fp16")
+    assert loaded.placement.device == "cuda:0"
+    feeds = {rows: pixels(rows) for rows in (1, 4, 16)}
+    expected = {rows: run(model(gpu_models, "resnet50-fp32"), CPU, f) for rows, f in feeds.items()}
+    took = []
+    for rows in (1, 4, 16, 1, 16, 4, 1):
+        began = time.perf_counter()
+        (logits,) = loaded.session.run(["logits"], feeds[rows])
+        took.append(time.perf_counter() - began)
+        assert relative(logits, expected[rows]) <= 2e-2, rows
+    assert max(took) < 0.05, took  # each call a few ms, never a rebuild
+
+
+def test_cuda_graphs_of_a_graph_with_cpu_nodes_are_refused_with_the_reason(gpu_models: Path, tmp_path: Path) -> None:
+    manifest = one_model_manifest(gpu_models, tmp_path, "minilm-fp32", execution_providers=GRAPHS)
+    with pytest.raises(ModelLoadError, match="graph capture"):
+        ModelRegistry(load_manifest(manifest)).get("minilm-fp32")
+
+
 def test_serve_answers_from_the_gpu(gpu_models: Path, tmp_path: Path) -> None:
     manifest = one_model_manifest(
         gpu_models, tmp_path, "minilm-fp16", batch_buckets="[1, 2, 4, 8]", length_buckets="[16, 32]"

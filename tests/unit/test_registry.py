@@ -4,13 +4,17 @@ import hashlib
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import onnxruntime as ort
 import pytest
 
 from fnserve.core.errors import ConfigError, ModelLoadError, ModelNotFound
 from fnserve.core.manifest import load_manifest
+from fnserve.core.providers import Placement, cuda_graphs, ort_providers
 from fnserve.core.registry import ModelRegistry
+from fnserve.core.shaped import GraphSession, ShapeSessions, shape_key
 from tests.helpers import ManifestWriter, model_bytes
 
 
@@ -194,3 +198,89 @@ def test_a_cpu_worker_of_a_mixed_pool_runs_a_gpu_model_on_its_cpu_providers(
     loaded = registry(write_manifest({"data": model_bytes(), "execution_providers": providers})).get("scale")
     assert loaded.session.get_providers() == ["CPUExecutionProvider"]
     assert loaded.placement.device == "cpu" and loaded.placement.fallback is None  # placed there, not fallen back
+
+
+def shaped_manifest(write_manifest: ManifestWriter, **settings: object) -> Path:
+    return write_manifest(
+        {"data": model_bytes(), "max_batch_size": 8, "max_batch_time_ms": 1, "batch_buckets": [1, 4], **settings}
+    )
+
+
+def feed(rows: int, seed: int) -> dict[str, np.ndarray[Any, Any]]:
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((rows, 3), dtype=np.float32), "k": rng.integers(0, 9, rows, dtype=np.int64)}
+
+
+def test_a_session_per_shape_runs_each_batch_shape_on_its_own_session(
+    write_manifest: ManifestWriter, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO")
+    loaded = registry(shaped_manifest(write_manifest, session_per_shape=True)).get("scale")
+    assert isinstance(loaded.session, ShapeSessions) and len(loaded.session) == 2
+    assert "2 sessions, one per shape" in caplog.text
+    assert loaded.session.get_providers() == ["CPUExecutionProvider"]  # what the placement checks read
+    used: list[int] = []
+
+    class Recording:
+        def __init__(self, session: Any) -> None:
+            self.session = session
+
+        def run(self, names: list[str], f: dict[str, Any]) -> list[Any]:
+            used.append(id(self.session))
+            return self.session.run(names, f)  # type: ignore[no-any-return]
+
+    sessions = loaded.session._sessions
+    first = sessions[shape_key(feed(1, 0), ["x", "k"])]
+    loaded.session._first = Recording(first)
+    sessions.update({key: loaded.session._first if s is first else Recording(s) for key, s in sessions.items()})
+    for rows in (1, 4, 1, 3):  # 3 is no bucket: it still runs, on the first session
+        f = feed(rows, rows)
+        y, k1 = loaded.session.run(["y", "k1"], f)
+        np.testing.assert_array_equal(y, 2 * f["x"])
+        np.testing.assert_array_equal(k1, f["k"] + 1)
+    assert len(set(used)) == 2 and used[0] == used[2] == used[3] != used[1]
+
+
+def test_a_graph_session_replays_fixed_buffers_without_mixing_calls(write_manifest: ManifestWriter) -> None:
+    # The CUDA graph path's buffers and bindings, on the CPU provider (which ignores the graph ids).
+    plain = registry(write_manifest({"data": model_bytes()})).get("scale").session
+    keys = [shape_key(feed(rows, 0), ["x", "k"]) for rows in (1, 4)]
+    graphs = GraphSession(plain, keys, "cpu")
+    answers = []
+    for seed, rows in enumerate((4, 1, 4, 4, 2)):
+        f = feed(rows, seed)
+        answers.append((f, graphs.run(["y", "k1"], f)))
+    assert len(graphs) == 2  # shapes 4 and 1 captured once each; 2 ran without capture
+    for f, (y, k1) in answers:  # each answer is its own, not the buffer a later call overwrote
+        np.testing.assert_array_equal(y, 2 * f["x"])
+        np.testing.assert_array_equal(k1, f["k"] + 1)
+    (k1_only,) = graphs.run(["k1"], feed(1, 9))
+    np.testing.assert_array_equal(k1_only, feed(1, 9)["k"] + 1)
+
+
+@pytest.mark.parametrize(
+    ("settings", "error"),
+    [
+        ({"session_per_shape": True, "batch_buckets": []}, "session_per_shape needs batch_buckets"),
+        ({"cuda": True, "batch_buckets": []}, "cuda_graph needs batch_buckets"),
+        ({"cuda": True, "session_per_shape": True}, "cuda_graph already keeps one graph per shape"),
+    ],
+)
+def test_per_shape_settings_need_fixed_shapes(
+    write_manifest: ManifestWriter, settings: dict[str, Any], error: str
+) -> None:
+    if settings.pop("cuda", False):
+        cuda = {"name": "CUDAExecutionProvider", "cuda_graph": True}
+        settings["execution_providers"] = [cuda, "CPUExecutionProvider"]
+    with pytest.raises(ConfigError, match=error):
+        load_manifest(shaped_manifest(write_manifest, **settings))
+
+
+def test_cuda_graph_asks_onnxruntime_for_graph_capture(write_manifest: ManifestWriter) -> None:
+    providers = [{"name": "CUDAExecutionProvider", "cuda_graph": True}, "CPUExecutionProvider"]
+    settings = load_manifest(shaped_manifest(write_manifest, execution_providers=providers)).models[0]
+    chosen, _ = ort_providers(settings.model_copy(update={"cpu_fallback": True}), "here")
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        assert chosen[0][1]["enable_cuda_graph"] == "1"  # type: ignore[index]
+    assert not cuda_graphs(settings, Placement(("CPUExecutionProvider",), "cpu"))
+    assert cuda_graphs(settings, Placement(("CUDAExecutionProvider", "CPUExecutionProvider"), "cuda:0"))

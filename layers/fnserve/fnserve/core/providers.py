@@ -137,6 +137,13 @@ def check(session: Any, settings: ModelSettings, where: str, fallback: str | Non
     return Placement(got, device_of(session), fallback)
 
 
+def cuda_graphs(settings: ModelSettings, placement: Placement) -> bool:
+    """Whether this session was created with CUDA graph capture: its CUDA provider asks, and it got that provider."""
+    return CUDA in placement.providers and any(
+        isinstance(p, CudaProvider) and p.cuda_graph for p in requested(settings)
+    )
+
+
 def device_of(session: Any) -> str:
     """``cuda:N`` for a session on a GPU provider (N its device id), else ``cpu``."""
     for name in session.get_providers():
@@ -154,6 +161,8 @@ def _with_options(provider: Provider) -> OrtProvider:
             "do_copy_in_default_stream": not provider.copy_streams,
             "arena_extend_strategy": "kSameAsRequested",
         }
+        if provider.cuda_graph:
+            options["enable_cuda_graph"] = "1"  # the graphs themselves: core.shaped.GraphSession
         if provider.memory_limit_mb is not None:
             options["gpu_mem_limit"] = provider.memory_limit_mb * 2**20
         return CUDA, options

@@ -18,7 +18,8 @@ from fnserve.core._cpus import default_intra_op_threads
 from fnserve.core.datatypes import ORT_TO_V2, V2_TO_NUMPY
 from fnserve.core.errors import InvalidInput, ModelLoadError, ModelNotFound
 from fnserve.core.manifest import Manifest, ModelSettings, TensorOverride
-from fnserve.core.providers import CPU, Placement, check, ort_providers
+from fnserve.core.providers import CPU, Placement, check, cuda_graphs, ort_providers
+from fnserve.core.shaped import GraphSession, ShapeSessions, shape_key
 
 logger = logging.getLogger(__name__)
 
@@ -210,23 +211,40 @@ class ModelRegistry:
         options.inter_op_num_threads = settings.inter_op_threads
         options.graph_optimization_level = _OPT_LEVELS[settings.graph_optimization]
         providers, fallback = ort_providers(settings, where)
-        try:
-            # Loading from the verified bytes, not the path, so the file cannot change in between.
-            session = ort.InferenceSession(data, sess_options=options, providers=providers)
-        except Exception as exc:  # ORT raises its own pybind exception types
-            raise ModelLoadError(f"{where}: {path} cannot be loaded: {exc}") from exc
-        placement = check(session, settings, where, fallback)
-        inputs = _specs(session.get_inputs(), settings.inputs, where, "input")
-        outputs = _specs(session.get_outputs(), settings.outputs, where, "output")
+
+        def create() -> Any:
+            try:
+                # Loading from the verified bytes, not the path, so the file cannot change in between.
+                return ort.InferenceSession(data, sess_options=options, providers=providers)
+            except Exception as exc:  # ORT raises its own pybind exception types
+                raise ModelLoadError(f"{where}: {path} cannot be loaded: {exc}") from exc
+
+        first = create()
+        placement = check(first, settings, where, fallback)
+        inputs = _specs(first.get_inputs(), settings.inputs, where, "input")
+        outputs = _specs(first.get_outputs(), settings.outputs, where, "output")
+        session: Session = first
+        shaped = ""
+        if settings.session_per_shape or cuda_graphs(settings, placement):
+            names = [spec.name for spec in inputs]
+            keys = [shape_key(zeros_feed(inputs, r, n, settings.pad_inputs), names) for r, n in batch_shapes(settings)]
+            if settings.session_per_shape:
+                session = ShapeSessions({key: first if i == 0 else create() for i, key in enumerate(keys)}, first)
+                shaped = f", {len(keys)} sessions, one per shape"
+            else:
+                device, _, device_id = placement.device.partition(":")
+                session = GraphSession(first, keys, device, int(device_id or 0))
+                shaped = f", a CUDA graph per shape ({len(keys)})"
         if settings.warmup:
             warm_up(session, settings, inputs, [o.name for o in outputs], placement, where)
         logger.info(
-            "loaded %s from %s (%d threads, providers %s, device %s)%s",
+            "loaded %s from %s (%d threads, providers %s, device %s%s)%s",
             where,
             path,
             options.intra_op_num_threads,
             list(placement.providers),
             placement.device,
+            shaped,
             f"; CPU FALL BACK: {placement.fallback}" if placement.fallback else "",
         )
         return LoadedModel(
@@ -283,11 +301,17 @@ MAX_WARM_SIZES = 64
 
 
 def warm_shapes(settings: ModelSettings, placement: Placement) -> list[tuple[int, int]]:
-    """(rows, length) of every warm-up run: one on a CPU; on a GPU, every batch size the batcher can form
-    (its ``batch_buckets``, else 1 to ``max_batch_size``) at every length bucket, so that no request pays for
-    cuDNN's algorithm search or a TensorRT engine build."""
-    if placement.device == "cpu":
+    """(rows, length) of every warm-up run: one on a CPU; on a GPU, or with a session per shape, every shape
+    of :func:`batch_shapes`, so that no request pays for cuDNN's algorithm search, a TensorRT engine build,
+    a CUDA graph's capture or a fresh session's first run."""
+    if placement.device == "cpu" and not settings.session_per_shape:
         return [(1, 1)]
+    return batch_shapes(settings)
+
+
+def batch_shapes(settings: ModelSettings) -> list[tuple[int, int]]:
+    """(rows, length) of every batch the batcher can form: each batch size (its ``batch_buckets``, else 1 to
+    ``max_batch_size``, or powers of two past :data:`MAX_WARM_SIZES` of them) at each length bucket."""
     sizes = settings.batch_buckets or list(range(1, settings.max_batch_size + 1))
     if len(sizes) > MAX_WARM_SIZES:
         sizes = sorted({*(2**i for i in range(settings.max_batch_size.bit_length())), settings.max_batch_size})
