@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from fnserve.adapters.local.emulator import Emulator, Local
+from fnserve.adapters.local.functions import collect
 from fnserve.adapters.local.template import Resolver, load_template
 from fnserve.aws import clients
 from fnserve.core.errors import HandlerError
@@ -31,15 +32,40 @@ Globals:
     Runtime: python3.12
     Handler: app.handler
     Timeout: 5
+    Layers: [!Ref SharedLayer]
     Environment:
       Variables:
         GREETING: !If [Loud, shouting, !Sub "${Greeting} from ${AWS::Region}"]
 Resources:
+  SharedLayer:
+    Type: AWS::Serverless::LayerVersion
+    Properties:
+      ContentUri: shared
+  ExtraLayer:
+    Type: AWS::Serverless::LayerVersion
+    Properties:
+      ContentUri: extra
+  Hog:
+    Type: AWS::Serverless::Function
+    Properties:
+      CodeUri: hog
+      MemorySize: 256
+      Events:
+        Take:
+          Type: HttpApi
+          Properties:
+            Path: /hog/{mb}
+            Method: GET
   Echo:
     Type: AWS::Serverless::Function
     Properties:
       CodeUri: echo
+      Layers: [!Ref ExtraLayer]  # after the Globals' SharedLayer, as SAM merges lists
       Events:
+        Nightly:
+          Type: Schedule
+          Properties:
+            Schedule: rate(1 day)
         V2:
           Type: HttpApi
           Properties:
@@ -54,6 +80,9 @@ Resources:
 
 APP = """
 import base64, json, os
+
+import extra_words  # from ExtraLayer's python/lib/python3.12/site-packages
+import shared_words  # from SharedLayer's python/
 
 
 def handler(event, context):
@@ -71,10 +100,31 @@ def handler(event, context):
         "body": body,
         "greeting": os.environ["GREETING"],
         "request_id": context.aws_request_id,
+        "layers": [shared_words.WORD, extra_words.WORD],
     }
     headers = {"content-type": "application/json", "x-echo": "1"}
     return {"statusCode": 201, "headers": headers, "body": json.dumps(answer)}
 """
+
+
+HOG = """
+def handler(event, context):
+    taken = b"x" * (int(event["pathParameters"]["mb"]) * 2**20)  # written, so resident
+    return {"statusCode": 200, "body": str(len(taken))}
+"""
+
+
+def write_app(root: Path, app: str = APP) -> None:
+    """The echo template, its functions' code and its layers' modules, in ``root``."""
+    (root / "template.yaml").write_text(TEMPLATE)
+    for folder, name, text in (
+        ("echo", "app.py", app),
+        ("hog", "app.py", HOG),
+        ("shared/python", "shared_words.py", "WORD = 'shared'\n"),
+        ("extra/python/lib/python3.12/site-packages", "extra_words.py", "WORD = 'extra'\n"),
+    ):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        (root / folder / name).write_text(text)
 
 
 class Console:
@@ -99,9 +149,7 @@ CONSOLE = Console()
 @contextlib.contextmanager
 def echo_emulator(root: Path, observer: Console | None = None) -> Iterator[tuple[Emulator, Local, int]]:
     """The echo template's emulator, on its own embedded moto, running until the block ends."""
-    (root / "template.yaml").write_text(TEMPLATE)
-    (root / "echo").mkdir()
-    (root / "echo" / "app.py").write_text(APP)
+    write_app(root)
     port = free_port()
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("AWS_ENDPOINT_URL", raising=False)
@@ -126,6 +174,7 @@ def test_http_api_events_are_version_2(emulator: str) -> None:
     doc = response.json()
     assert doc["version"] == "2.0" and doc["params"] == {"id": "42"} and doc["method"] == "GET"
     assert doc["greeting"] == "hello from us-east-1"
+    assert doc["layers"] == ["shared", "extra"]  # both layers' python/ folders are importable
     assert httpx.post(f"{emulator}/items/42", timeout=30).status_code == 404  # GET only
 
 
@@ -141,7 +190,7 @@ def test_rest_api_events_are_version_1_with_binary_bodies(emulator: str) -> None
 def test_the_resolver_follows_parameters_conditions_and_dynamic_references(tmp_path: Path) -> None:
     (tmp_path / "t.yaml").write_text(TEMPLATE)
     template = load_template(tmp_path / "t.yaml")
-    variables = template.globals["Function"]["Environment"]["Variables"]
+    variables = template.document["Globals"]["Function"]["Environment"]["Variables"]
     assert Resolver(template, {}, {}).resolve(variables) == {"GREETING": "hello from us-east-1"}
     assert Resolver(template, {}, {}, {"Greeting": "HELLO"}).resolve(variables) == {"GREETING": "shouting"}
     resolver = Resolver(template, {"Q": "http://q"}, {("Q", "Arn"): "arn:q"})
@@ -153,9 +202,7 @@ def test_the_resolver_follows_parameters_conditions_and_dynamic_references(tmp_p
 
 
 def test_a_function_whose_init_fails_stops_the_emulator_with_its_error(tmp_path: Path) -> None:
-    (tmp_path / "template.yaml").write_text(TEMPLATE)
-    (tmp_path / "echo").mkdir()
-    (tmp_path / "echo" / "app.py").write_text("raise ImportError('no module named torch')\n")
+    write_app(tmp_path, "raise ImportError('no module named torch')\n")
     port = free_port()
     before = set(multiprocessing.active_children())  # the module's emulator, still running
     with pytest.MonkeyPatch.context() as mp:
@@ -188,6 +235,36 @@ def test_a_handler_error_is_api_gateways_generic_answer_and_its_traceback_goes_t
     seen_text = "\n".join(CONSOLE.lines)
     assert "[ERROR] ValueError: kaboom in handler" in seen_text and "Traceback (most recent call last)" in seen_text
     assert 'raise ValueError("kaboom in handler' in seen_text
+
+
+def test_globals_merge_as_sam_merges_them_and_unemulated_events_are_named(tmp_path: Path) -> None:
+    write_app(tmp_path)
+    template = load_template(tmp_path / "template.yaml")
+    app = collect(template, Resolver(template, {}, {}), tmp_path, 1)
+    echo, hog = app.functions["Echo"], app.functions["Hog"]
+    # Lists in Globals come before the function's own (SAM's translator), maps are merged.
+    assert echo.paths == [
+        str(tmp_path / "shared/python"),
+        str(tmp_path / "extra/python/lib/python3.12/site-packages"),
+        str(tmp_path / "extra/python"),
+    ]
+    assert hog.paths == [str(tmp_path / "shared/python")]
+    assert echo.env["GREETING"] == hog.env["GREETING"] == "hello from us-east-1"
+    assert (echo.memory_mb, hog.memory_mb, echo.timeout) == (128, 256, 5.0)
+    assert app.warnings == [
+        "function Echo: event Nightly (Schedule) is not emulated; only HttpApi, Api, SQS events are. "
+        "Deployed, it would invoke Echo."
+    ]
+
+
+def test_a_function_over_its_memory_size_is_stopped_as_lambda_stops_it(emulator: str) -> None:
+    assert httpx.get(f"{emulator}/hog/1", timeout=30).text == str(2**20)
+    CONSOLE.lines.clear()
+    response = httpx.get(f"{emulator}/hog/400", timeout=30)  # 400 MB in a 256 MB function
+    assert (response.status_code, response.json()) == (500, {"message": "Internal Server Error"})
+    wait_for(lambda: any("Runtime.OutOfMemory" in line for line in CONSOLE.lines), 10, "the out-of-memory line")
+    assert any("function Hog used" in line and "MemorySize of 256 MB" in line for line in CONSOLE.lines)
+    assert httpx.get(f"{emulator}/hog/1", timeout=30).status_code == 200  # a fresh worker answers
 
 
 @pytest.mark.parametrize(("path", "status"), [("/items/plain", 200), ("/legacy/plain", 502)])

@@ -737,6 +737,8 @@ def _local_banner(emulator: Emulator, local_: Local, url: str, workers: int) -> 
         typer.echo(
             f"  SQS   {source.queue_url} -> {source.function} (batch {source.batch_size}, window {source.window:g}s)"
         )
+    for warning in emulator.app.warnings:
+        typer.echo(f"  warn  {warning}")
     example = _served_example(local_)
     if example is None:  # not an fnserve manifest behind the functions: the template's own routes
         for route in emulator.routes[:3]:

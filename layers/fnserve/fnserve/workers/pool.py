@@ -47,6 +47,8 @@ class FunctionSpec:
     timeout: float = 3.0
     memory_mb: int = 128
     console: bool = False  # send its output and each invocation's usage to the pool's observer
+    paths: list[str] = field(default_factory=list)  # import paths after code_dir (a Lambda function's layers)
+    memory_limit: bool = False  # stop the worker, as Lambda stops a function, when it uses over memory_mb
 
 
 class Observer(Protocol):

@@ -18,6 +18,9 @@ from fnserve.adapters.local.sqs import SqsSource
 from fnserve.adapters.local.template import Resolver, Template
 from fnserve.workers.pool import FunctionSpec
 
+# Event sources the emulator runs; any other is named in a warning at start, never skipped in silence.
+EMULATED_EVENTS = ("HttpApi", "Api", "SQS")
+
 
 @dataclass
 class Application:
@@ -26,20 +29,18 @@ class Application:
     functions: dict[str, FunctionSpec] = field(default_factory=dict)
     routes: list[HttpRoute] = field(default_factory=list)
     sources: list[SqsSource] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what the template declares that the emulator does not run
 
 
 def collect(template: Template, resolver: Resolver, root: Path, workers: int) -> Application:
     """Every function of the template with its routes (SAM events and raw HTTP API routes) and event sources."""
     app = Application()
-    defaults = resolver.resolve(template.globals.get("Function", {}))
     layers = template.of_type("AWS::Serverless::LayerVersion")
     layer_roots = {name: root / layer["Properties"]["ContentUri"] for name, layer in layers.items()}
-    for name, resource in template.of_type("AWS::Serverless::Function").items():
-        props = {**defaults, **resolver.resolve(resource.get("Properties", {}))}
-        env = {**defaults.get("Environment", {}).get("Variables", {})}
-        env |= props.get("Environment", {}).get("Variables", {})
+    for name in template.of_type("AWS::Serverless::Function"):
+        props = resolver.resolve(template.properties(name))  # its Globals merged in, as SAM merges them
         roots = [layer_roots[layer] for layer in props.get("Layers", []) if layer in layer_roots]
-        env = {k: _opt(str(v), roots) for k, v in env.items()}
+        env = {k: _opt(str(v), roots) for k, v in props.get("Environment", {}).get("Variables", {}).items()}
         env |= {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
         env["FNSERVE_PARALLEL_WORKERS"] = str(workers)
         app.functions[name] = FunctionSpec(
@@ -49,11 +50,29 @@ def collect(template: Template, resolver: Resolver, root: Path, workers: int) ->
             env=env,
             timeout=float(props.get("Timeout", 3)),
             memory_mb=int(props.get("MemorySize", 128)),
+            paths=_layer_paths(roots, str(props.get("Runtime", ""))),
+            memory_limit=True,
         )
-        for event in (props.get("Events") or {}).values():
-            _event(app, name, event, resolver)
+        for event_name, event in (props.get("Events") or {}).items():
+            if event.get("Type") in EMULATED_EVENTS:
+                _event(app, name, event, resolver)
+            else:
+                app.warnings.append(
+                    f"function {name}: event {event_name} ({event.get('Type')}) is not emulated; only "
+                    f"{', '.join(EMULATED_EVENTS)} events are. Deployed, it would invoke {name}."
+                )
     app.routes += _raw_http_routes(template, resolver)
     return app
+
+
+def _layer_paths(roots: list[Path], runtime: str) -> list[str]:
+    """Where Lambda's Python finds a layer's modules: /opt/python/lib/pythonX.Y/site-packages, then /opt/python."""
+    paths = []
+    for root in roots:
+        if runtime:
+            paths.append(root / "python" / "lib" / runtime / "site-packages")
+        paths.append(root / "python")
+    return [str(path) for path in paths if path.is_dir()]
 
 
 def _opt(value: str, layers: list[Path]) -> str:

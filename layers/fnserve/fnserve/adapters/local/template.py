@@ -1,4 +1,10 @@
-"""Reading a SAM/CloudFormation template for the local emulator: tags, parameters, conditions, references."""
+"""Reading a SAM/CloudFormation template for the local emulator: parameters, conditions, references.
+
+The template is read as cfn-lint reads it (YAML or JSON, short-form tags such as ``!Ref`` made into
+their long forms), and each resource's properties get its Globals as SAM's own translator merges
+them (maps merged, lists such as ``Layers`` prepended to the resource's): the semantics come from
+the libraries that define them, not from a parser of the emulator's own.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from fnserve.adapters.local.events import ACCOUNT_ID, REGION
 
@@ -23,70 +27,45 @@ PSEUDO = {
 NO_VALUE = object()  # AWS::NoValue: the property disappears
 
 
-class _Loader(yaml.SafeLoader):
-    """YAML with CloudFormation's short-form tags (!Ref, !GetAtt, !Sub, ...)."""
-
-
-def _tag(name: str) -> None:
-    function = "Ref" if name == "Ref" else f"Fn::{name}"
-
-    def construct(loader: _Loader, node: yaml.Node) -> dict[str, Any]:
-        if isinstance(node, yaml.ScalarNode):
-            value: Any = loader.construct_scalar(node)
-            if name == "GetAtt":
-                value = value.split(".", 1)
-        elif isinstance(node, yaml.SequenceNode):
-            value = loader.construct_sequence(node, deep=True)
-        elif isinstance(node, yaml.MappingNode):
-            value = loader.construct_mapping(node, deep=True)
-        else:
-            raise yaml.constructor.ConstructorError(None, None, f"!{name} cannot take this node", node.start_mark)
-        return {function: value}
-
-    _Loader.add_constructor(f"!{name}", construct)
-
-
-for _name in (
-    "Ref",
-    "GetAtt",
-    "Sub",
-    "If",
-    "Equals",
-    "Not",
-    "And",
-    "Or",
-    "Join",
-    "Select",
-    "Split",
-    "FindInMap",
-    "ImportValue",
-    "Base64",
-    "Condition",
-    "GetAZs",
-):
-    _tag(_name)
-
-
 @dataclass
 class Template:
     path: Path
     parameters: dict[str, Any]
     conditions: dict[str, Any]
     resources: dict[str, dict[str, Any]]
-    globals: dict[str, Any] = field(default_factory=dict)
+    document: dict[str, Any] = field(default_factory=dict)  # the whole template, Globals included
 
     def of_type(self, kind: str) -> dict[str, dict[str, Any]]:
         return {name: r for name, r in self.resources.items() if r.get("Type") == kind}
 
+    def properties(self, name: str) -> dict[str, Any]:
+        """A resource's properties with the template's Globals merged in, as SAM merges them."""
+        from samtranslator.plugins.globals.globals import Globals, InvalidGlobalsSectionException
+
+        resource = self.resources[name]
+        own = dict(resource.get("Properties") or {})
+        if not self.document.get("Globals"):
+            return own
+        try:
+            merged: dict[str, Any] = Globals(self.document).merge(resource["Type"], own)
+        except InvalidGlobalsSectionException as exc:
+            raise ValueError(f"{self.path}: {exc.message}") from None
+        return merged
+
 
 def load_template(path: Path) -> Template:
-    doc = yaml.load(path.read_text(), Loader=_Loader)  # noqa: S506 - SafeLoader with CloudFormation tags
+    from cfnlint.decode import decode_str
+
+    doc, errors = decode_str(path.read_text())
+    if errors or not isinstance(doc, dict):
+        reason = errors[0].message if errors else "it is not a mapping"
+        raise ValueError(f"{path} is not a template the emulator can read: {reason}")
     return Template(
         path=path,
         parameters=doc.get("Parameters") or {},
         conditions=doc.get("Conditions") or {},
         resources=doc.get("Resources") or {},
-        globals=doc.get("Globals") or {},
+        document=doc,
     )
 
 
