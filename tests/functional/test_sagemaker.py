@@ -41,6 +41,20 @@ def answered(url: str, model: str, status: str) -> float:
     return total
 
 
+def settled(url: str, model: str) -> tuple[float, float]:
+    """``model``'s 200 and 422 counts once every process has flushed what earlier tests sent: the same in two
+    scrapes a flush interval apart (the server is shared, and another process may still hold records)."""
+    last = answered(url, model, "200"), answered(url, model, "422")
+    deadline = time.monotonic() + 10 * FLUSH_SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(1.2 * FLUSH_SECONDS)
+        now = answered(url, model, "200"), answered(url, model, "422")
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"{model}'s request counts kept changing: {last}")
+
+
 def test_ping_answers_once_every_model_is_loaded(server: str) -> None:
     response = httpx.get(f"{server}/ping")
     assert response.status_code == 200 and response.json() == {"ready": True}
@@ -61,7 +75,7 @@ def test_a_v2_json_request_for_the_model_in_the_custom_attributes(server: str) -
 
 def test_npy_in_for_the_target_model_and_npy_or_npz_out(server: str) -> None:
     target = {"x_amzn_sagemaker_target_model": "digits-accurate.tar.gz"}
-    before = answered(server, "digits-accurate", "200"), answered(server, "digits-accurate", "422")
+    before = settled(server, "digits-accurate")
     as_json = invoke(server, npy(DIGITS), "application/x-npy", **target)
     assert as_json.status_code == 200, as_json.text
     assert {o["name"]: o["data"] for o in as_json.json()["outputs"]}["label"] == LABELS.tolist()
