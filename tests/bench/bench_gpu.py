@@ -35,16 +35,13 @@ import numpy as np
 import onnxruntime as ort
 
 from fnserve.bench import load as _load
-from tests.gpu.models import BATCHING_KEYS, one_model_manifest, pixels, tokens
+from tests.gpu.models import BATCHING_KEYS, CUDA_GRAPHS, one_model_manifest, pixels, tokens
 
 SECONDS = float(os.environ.get("BENCH_LOAD_SECONDS", "8"))
 RAW_SECONDS = float(os.environ.get("BENCH_RAW_SECONDS", "3"))
 CLIENT_PROCESSES = int(os.environ.get("BENCH_CLIENT_PROCESSES", "4"))
 CUDA = "CUDAExecutionProvider"
-GRAPHS = {
-    "execution_providers": f'[{{name = "{CUDA}", cuda_graph = true}}, "CPUExecutionProvider"]',
-    "session_per_shape": "false",
-}
+GRAPHS = {"execution_providers": CUDA_GRAPHS, "session_per_shape": "false"}
 
 
 def gpu_models() -> Path | None:

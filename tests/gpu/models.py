@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+# The CUDA provider capturing one CUDA graph per batch shape (one_model_manifest's execution_providers).
+CUDA_GRAPHS = '[{name = "CUDAExecutionProvider", cuda_graph = true}, "CPUExecutionProvider"]'
 BATCHING_KEYS = ("max_batch_time_ms", "batch_buckets", "length_buckets", "pad_inputs", "session_per_shape")
 
 

@@ -25,7 +25,7 @@ import pytest
 from fnserve.core.errors import ModelLoadError
 from fnserve.core.manifest import load_manifest
 from fnserve.core.registry import ModelRegistry
-from tests.gpu.models import one_model_manifest, pixels, tokens
+from tests.gpu.models import CUDA_GRAPHS, one_model_manifest, pixels, tokens
 from tests.servers import start_server
 
 CUDA = ["CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -122,11 +122,8 @@ def test_warm_up_leaves_no_first_request_spike(gpu_models: Path, tmp_path: Path)
             assert first <= 3 * statistics.median(later) + 0.002, (rows, length, first, later)
 
 
-GRAPHS = '[{name = "CUDAExecutionProvider", cuda_graph = true}, "CPUExecutionProvider"]'
-
-
 @pytest.mark.parametrize(
-    "mode", [{"session_per_shape": "true"}, {"execution_providers": GRAPHS, "session_per_shape": "false"}]
+    "mode", [{"session_per_shape": "true"}, {"execution_providers": CUDA_GRAPHS, "session_per_shape": "false"}]
 )
 def test_a_cnn_changes_batch_shape_without_a_spike(gpu_models: Path, tmp_path: Path, mode: dict[str, str]) -> None:
     # One plain session pays ~200 ms at each change of shape (cuDNN's plans rebuilt); these keep one per shape.
@@ -145,7 +142,7 @@ def test_a_cnn_changes_batch_shape_without_a_spike(gpu_models: Path, tmp_path: P
 
 
 def test_cuda_graphs_of_a_graph_with_cpu_nodes_are_refused_with_the_reason(gpu_models: Path, tmp_path: Path) -> None:
-    manifest = one_model_manifest(gpu_models, tmp_path, "minilm-fp32", execution_providers=GRAPHS)
+    manifest = one_model_manifest(gpu_models, tmp_path, "minilm-fp32", execution_providers=CUDA_GRAPHS)
     with pytest.raises(ModelLoadError, match="graph capture"):
         ModelRegistry(load_manifest(manifest)).get("minilm-fp32")
 

@@ -241,6 +241,23 @@ def test_a_session_per_shape_runs_each_batch_shape_on_its_own_session(
     assert len(set(used)) == 2 and used[0] == used[2] == used[3] != used[1]
 
 
+def test_length_buckets_that_pad_nothing_make_no_extra_sessions(
+    write_manifest: ManifestWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    created = []
+    session_class = ort.InferenceSession
+
+    def counted(*args: Any, **kwargs: Any) -> ort.InferenceSession:
+        created.append(1)
+        return session_class(*args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", counted)
+    manifest = shaped_manifest(write_manifest, session_per_shape=True, length_buckets=[8, 16])
+    loaded = registry(manifest).get("scale")
+    assert isinstance(loaded.session, ShapeSessions) and len(loaded.session) == 2
+    assert len(created) == 2  # batch 1 and 4, once each: the lengths change no shape of this model
+
+
 def test_a_graph_session_replays_fixed_buffers_without_mixing_calls(write_manifest: ManifestWriter) -> None:
     # The CUDA graph path's buffers and bindings, on the CPU provider (which ignores the graph ids).
     plain = registry(write_manifest({"data": model_bytes()})).get("scale").session

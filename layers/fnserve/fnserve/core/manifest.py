@@ -196,6 +196,11 @@ class ModelSettings(BaseModel):
             raise ValueError("path must not be empty")
         return value
 
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether its CUDA provider asks for one CUDA graph per batch shape."""
+        return any(isinstance(p, CudaProvider) and p.cuda_graph for p in self.execution_providers)
+
     @model_validator(mode="after")
     def _batching(self) -> ModelSettings:
         if any(b < 1 for b in self.length_buckets) or self.length_buckets != sorted(set(self.length_buckets)):
@@ -208,7 +213,7 @@ class ModelSettings(BaseModel):
             raise ValueError(
                 f"batch_buckets go up to {self.batch_buckets[-1]}, over max_batch_size {self.max_batch_size}"
             )
-        graphs = any(isinstance(p, CudaProvider) and p.cuda_graph for p in self.execution_providers)
+        graphs = self.cuda_graphs
         for wanted, what in ((self.session_per_shape, "session_per_shape"), (graphs, "cuda_graph")):
             if wanted and not self.batch_buckets:
                 raise ValueError(f"{what} needs batch_buckets: the fixed batch shapes it keeps one of each for")

@@ -138,10 +138,9 @@ def check(session: Any, settings: ModelSettings, where: str, fallback: str | Non
 
 
 def cuda_graphs(settings: ModelSettings, placement: Placement) -> bool:
-    """Whether this session was created with CUDA graph capture: its CUDA provider asks, and it got that provider."""
-    return CUDA in placement.providers and any(
-        isinstance(p, CudaProvider) and p.cuda_graph for p in requested(settings)
-    )
+    """Whether this session was created with CUDA graph capture: its CUDA provider asks, and it got that provider
+    (a CPU worker of a mixed pool asks for none)."""
+    return CUDA in placement.providers and settings.cuda_graphs
 
 
 def device_of(session: Any) -> str:

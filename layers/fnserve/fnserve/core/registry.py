@@ -227,7 +227,13 @@ class ModelRegistry:
         shaped = ""
         if settings.session_per_shape or cuda_graphs(settings, placement):
             names = [spec.name for spec in inputs]
-            keys = [shape_key(zeros_feed(inputs, r, n, settings.pad_inputs), names) for r, n in batch_shapes(settings)]
+            # Distinct: a length bucket changes no shape when no input is padded to it.
+            keys = list(
+                dict.fromkeys(
+                    shape_key(zeros_feed(inputs, rows, length, settings.pad_inputs), names)
+                    for rows, length in batch_shapes(settings)
+                )
+            )
             if settings.session_per_shape:
                 session = ShapeSessions({key: first if i == 0 else create() for i, key in enumerate(keys)}, first)
                 shaped = f", {len(keys)} sessions, one per shape"

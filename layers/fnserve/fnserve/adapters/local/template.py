@@ -8,6 +8,7 @@ the libraries that define them, not from a parser of the emulator's own.
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 from collections.abc import Mapping
@@ -40,17 +41,24 @@ class Template:
 
     def properties(self, name: str) -> dict[str, Any]:
         """A resource's properties with the template's Globals merged in, as SAM merges them."""
-        from samtranslator.plugins.globals.globals import Globals, InvalidGlobalsSectionException
-
         resource = self.resources[name]
         own = dict(resource.get("Properties") or {})
-        if not self.document.get("Globals"):
+        if self._globals is None:
             return own
+        merged: dict[str, Any] = self._globals.merge(resource["Type"], own)
+        return merged
+
+    @functools.cached_property
+    def _globals(self) -> Any:
+        """SAM's reading of the Globals section (None without one), parsed once."""
+        from samtranslator.plugins.globals.globals import Globals, InvalidGlobalsSectionException
+
+        if not self.document.get("Globals"):
+            return None
         try:
-            merged: dict[str, Any] = Globals(self.document).merge(resource["Type"], own)
+            return Globals(self.document)
         except InvalidGlobalsSectionException as exc:
             raise ValueError(f"{self.path}: {exc.message}") from None
-        return merged
 
 
 def load_template(path: Path) -> Template:
