@@ -21,7 +21,7 @@ from fnserve.aws.results import DynamoCacheBackend, DynamoResultStore
 from fnserve.core._cpus import AFFINITY_DIR_ENV, pin_process
 from fnserve.core.cache import CircuitBreaker, ResultCache
 from fnserve.core.cascade import CascadeRunner
-from fnserve.core.errors import ConfigError
+from fnserve.core.errors import ConfigError, InvalidInput
 from fnserve.core.followups import FollowupIds, ResultLookup
 from fnserve.core.manifest import load_manifest
 from fnserve.core.processor import JobProcessor
@@ -33,6 +33,8 @@ from fnserve.stores import objects
 from fnserve.stores.redis import RedisCacheBackend, RedisResultStore
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from fnserve.core.dataplane import DataPlane
     from fnserve.workers.pool import WorkerPool
     from fnserve.workers.remote import Overflow
@@ -177,8 +179,35 @@ def _fetch_manifest(settings: InferenceSettings) -> Path:
             model["path"] = f"{where}/{path}"
     target = settings.model_cache_dir / "manifest.json"
     target.parent.mkdir(parents=True, exist_ok=True)
+    # The files pipeline steps read (tokenizers, labels, custom steps' modules) come from beside it too.
+    for relative, required in _step_files(manifest):
+        local = target.parent / relative
+        try:
+            data = objects.get_bytes(f"{where}/{relative}")
+        except InvalidInput:
+            if required:
+                raise
+            continue  # a custom step's module that is installed, not shipped beside the manifest
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(data)
     target.write_text(json.dumps(manifest))
     return target
+
+
+def _step_files(manifest: dict[str, Any]) -> Iterator[tuple[str, bool]]:
+    """The relative files a fetched manifest's steps name, and whether each must exist (a custom step's
+    module may be installed instead); paths that climb out of the manifest's folder are refused."""
+    for pipeline in manifest.get("pipelines", []):
+        for step in (*pipeline.get("pre", []), *pipeline.get("post", [])):
+            named = [(step.get("tokenizer"), True), (step.get("labels"), True)]
+            if isinstance(step.get("function"), str):
+                named.append((step["function"].partition(":")[0].replace(".", "/") + ".py", False))
+            for path, required in named:
+                if not isinstance(path, str):
+                    continue
+                if path.startswith("/") or ".." in path.split("/"):
+                    raise ConfigError(f"{path}: a step's file in a fetched manifest must be relative, below it")
+                yield path, required
 
 
 def followup_ids(settings: AwsSettings) -> FollowupIds:

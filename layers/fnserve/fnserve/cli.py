@@ -33,6 +33,10 @@ HELP = (
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=HELP, pretty_exceptions_enable=False)
 cascade_app = typer.Typer(no_args_is_help=True, help="Fast-then-accurate model cascades.")
 app.add_typer(cascade_app, name="cascade")
+models_app = typer.Typer(help="What a manifest serves, and publishing its files to a bucket.")
+app.add_typer(models_app, name="models")
+manifest_app = typer.Typer(no_args_is_help=True, help="Edit a model manifest.")
+app.add_typer(manifest_app, name="manifest")
 
 DEFAULT_MANIFEST = Path("manifest.toml")  # in the current directory, when FNSERVE_MANIFEST names none
 ManifestOpt = Annotated[
@@ -102,9 +106,11 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(code=1)
 
 
-@app.command()
-def models(manifest: ManifestOpt = DEFAULT_MANIFEST) -> None:
+@models_app.callback(invoke_without_command=True)
+def models(ctx: typer.Context, manifest: ManifestOpt = DEFAULT_MANIFEST) -> None:
     """List what a manifest serves: its models (inputs and outputs), its pipelines and its cascades."""
+    if ctx.invoked_subcommand is not None:
+        return
     from fnserve.core.service import InferenceService
 
     try:
@@ -129,6 +135,75 @@ def _echo_tensors(meta: dict[str, Any]) -> None:
     for kind in ("inputs", "outputs"):
         for spec in meta[kind]:
             typer.echo(f"    {kind[:-1]:<6} {spec['name']:<16} {spec['datatype']:<6} {spec['shape']}")
+
+
+@models_app.command("push")
+def models_push(
+    destination: Annotated[str, typer.Argument(help="s3://bucket[/prefix] or gs://bucket[/prefix].")],
+    manifest: ManifestOpt = DEFAULT_MANIFEST,
+) -> None:
+    """Upload a manifest's models and step files to a bucket, and a manifest there naming them by URI.
+
+    Files already there with the same sha256 are not sent again. Serve it with FNSERVE_MANIFEST set to
+    the printed URI (on SAM: the ModelBucket and ModelManifestKey parameters).
+    """
+    from fnserve.publish import push
+
+    try:
+        pushed = push(manifest, destination)
+    except FnserveError as exc:
+        raise _fail(exc.message) from None
+    for uri in pushed.uploaded:
+        typer.echo(f"uploaded   {uri}")
+    for uri in pushed.unchanged:
+        typer.echo(f"unchanged  {uri}")
+    bucket, _, key = pushed.manifest_uri.partition("://")[2].partition("/")
+    typer.echo(f"\nserve it with FNSERVE_MANIFEST={pushed.manifest_uri}")
+    if pushed.manifest_uri.startswith("s3://"):
+        overrides = f"ModelBucket={bucket} ModelManifestKey={key}"
+        typer.echo(f"or deploy: make deploy SAM_DEPLOY_ARGS='--parameter-overrides {overrides}'")
+
+
+@manifest_app.command("add")
+def manifest_add(
+    model: Annotated[Path, typer.Argument(help="The ONNX file.")],
+    name: Annotated[str, typer.Option("--name", "-n", help="The name it is served under.")],
+    manifest: ManifestOpt = DEFAULT_MANIFEST,
+    version: Annotated[
+        str | None, typer.Option(help="Its version (default: one above the name's highest, else 1).")
+    ] = None,
+    description: Annotated[str | None, typer.Option(help="A line saying what it is.")] = None,
+    max_batch_size: Annotated[int | None, typer.Option(min=1, help="Bigger batches run in chunks of this.")] = None,
+    copy: Annotated[
+        bool,
+        typer.Option(
+            "--copy/--no-copy",
+            help="Copy a file from outside the manifest's folder to NAME/VERSION/model.onnx beside it "
+            "(--no-copy: name it by its absolute path).",
+        ),
+    ] = True,
+) -> None:
+    """Add a model to a manifest (created if missing): its sha256 computed, its graph loaded and shown."""
+    from fnserve.publish import add_model
+
+    try:
+        added = add_model(
+            manifest,
+            model,
+            name,
+            version=version,
+            description=description,
+            max_batch_size=max_batch_size,
+            copy=copy,
+        )
+    except FnserveError as exc:
+        raise _fail(exc.message) from None
+    if added.copied:
+        typer.echo(f"copied {model} to {added.model_file}")
+    entry = added.entry
+    typer.echo(f"added {entry['name']} version {entry['version']} to {manifest} (sha256 {entry['sha256']})")
+    inputs, outputs = ([s.to_metadata() for s in specs] for specs in (added.inputs, added.outputs))
+    _echo_tensors({"inputs": inputs, "outputs": outputs})
 
 
 @app.command()

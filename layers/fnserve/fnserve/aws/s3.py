@@ -36,3 +36,21 @@ def put_bytes(bucket: str, key: str, data: bytes) -> str:
     """Store ``data``; returns its s3:// URI."""
     client("s3").put_object(Bucket=bucket, Key=key, Body=data)
     return f"s3://{bucket}/{key}"
+
+
+def upload_file(path: Path, uri: str, sha256: str) -> None:
+    """Upload ``path`` as ``uri`` (multipart when big), its sha256 in the object's metadata."""
+    bucket, key = split_uri(uri, "s3")
+    client("s3").upload_file(str(path), bucket, key, ExtraArgs={"Metadata": {"sha256": sha256}})
+
+
+def stored_sha256(uri: str) -> str | None:
+    """The sha256 :func:`upload_file` recorded for ``uri``, or None when the object does not exist."""
+    bucket, key = split_uri(uri, "s3")
+    try:
+        head = client("s3").head_object(Bucket=bucket, Key=key)
+    except Exception as exc:
+        if getattr(exc, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise
+    return head.get("Metadata", {}).get("sha256")  # type: ignore[no-any-return]

@@ -221,8 +221,8 @@ class ModelRegistry:
 
         first = create()
         placement = check(first, settings, where, fallback)
-        inputs = _specs(first.get_inputs(), settings.inputs, where, "input")
-        outputs = _specs(first.get_outputs(), settings.outputs, where, "output")
+        inputs = tensor_specs(first.get_inputs(), settings.inputs, where, "input")
+        outputs = tensor_specs(first.get_outputs(), settings.outputs, where, "output")
         session: Session = first
         shaped = ""
         if settings.session_per_shape or cuda_graphs(settings, placement):
@@ -352,12 +352,13 @@ def warm_up(
         logger.info("%s: warmed %d shapes in %.1f s", where, len(shapes), time.perf_counter() - started)
 
 
-def _specs(
+def tensor_specs(
     args: Sequence[ort.NodeArg],
     overrides: Mapping[str, TensorOverride],
     where: str,
     kind: str,
 ) -> tuple[TensorSpec, ...]:
+    """A graph's inputs or outputs (``kind``) as V2 specs, with the manifest's shape ``overrides``."""
     names = {a.name for a in args}
     unknown = sorted(set(overrides) - names)
     if unknown:

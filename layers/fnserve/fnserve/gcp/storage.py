@@ -57,6 +57,27 @@ def put_bytes(bucket: str, key: str, data: bytes) -> str:
     return f"gs://{bucket}/{key}"
 
 
+def upload_file(path: Path, uri: str, sha256: str) -> None:
+    """Upload ``path`` as ``uri`` (resumable when big), its sha256 in the object's metadata."""
+    bucket, key = split_uri(uri, "gs")
+    try:
+        blob = client().bucket(bucket).blob(key)
+        blob.metadata = {"sha256": sha256}
+        blob.upload_from_filename(str(path), content_type="application/octet-stream")
+    except Exception as exc:
+        raise storage_error(exc, f"{uri} cannot be written") from exc
+
+
+def stored_sha256(uri: str) -> str | None:
+    """The sha256 :func:`upload_file` recorded for ``uri``, or None when the object does not exist."""
+    bucket, key = split_uri(uri, "gs")
+    try:
+        blob = client().bucket(bucket).get_blob(key)
+    except Exception as exc:
+        raise storage_error(exc, f"{uri} cannot be read") from exc
+    return None if blob is None else (blob.metadata or {}).get("sha256")
+
+
 def storage_error(exc: BaseException, what: str) -> FnserveError:
     """A Cloud Storage call's failure as fnserve's error: the reference's own fault (422), missing
     credentials (a configuration error), or a service that may heal (503)."""

@@ -61,6 +61,29 @@ def fetch_model(uri: str, target: Path) -> Path:
     return s3.fetch_model(uri, target)
 
 
+def upload_file(path: Path, uri: str, sha256: str) -> None:
+    """Upload a file (in parts when it is big) as ``uri``, its sha256 kept in the object's metadata."""
+    _backend(uri).upload_file(path, uri, sha256)
+
+
+def stored_sha256(uri: str) -> str | None:
+    """The sha256 :func:`upload_file` recorded for ``uri``; None when there is no such object (or it has none)."""
+    digest: str | None = _backend(uri).stored_sha256(uri)
+    return digest
+
+
+def _backend(uri: str) -> Any:
+    if uri.startswith("gs://"):
+        from fnserve.gcp import storage
+
+        return storage
+    if uri.startswith("s3://"):
+        from fnserve.aws import s3
+
+        return s3
+    raise InvalidInput(f"{uri!r} is not an s3:// or gs:// URI")
+
+
 def job_body(job: dict[str, Any], bucket: str | None, limit: int) -> tuple[str, bool]:
     """The message body of ``job`` for a queue or topic taking at most ``limit`` bytes, and whether its
     inputs went to ``bucket`` by reference (see :mod:`fnserve.core.jobs`)."""

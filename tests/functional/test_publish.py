@@ -1,0 +1,165 @@
+"""``fnserve manifest add`` and ``fnserve models push``: entries nobody types by hand, served from a bucket."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from typer.testing import CliRunner
+
+from fnserve.aws import clients
+from fnserve.bootstrap import build_service
+from fnserve.cli import app
+from fnserve.core.manifest import load_manifest
+from fnserve.settings import Settings
+from tests.functional.conftest import Aws, Gcs
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
+
+runner = CliRunner()
+MODELS = DEMO_MANIFEST.parent
+ACCURATE = MODELS / "digits-accurate" / "1" / "model.onnx"
+DIGITS = np.load(DEMO_HOLDOUT)["input"][:8]
+
+
+def fnserve(*args: str) -> str:
+    result = runner.invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def refused(*args: str) -> str:
+    result = runner.invoke(app, list(args))
+    assert result.exit_code == 1, result.output
+    return result.output
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Path:
+    """A copy of the demo models' folder (manifest, models, tokenizer, labels): its manifest."""
+    shutil.copytree(MODELS, tmp_path / "models")
+    return tmp_path / "models" / "manifest.toml"
+
+
+def test_add_appends_an_entry_and_leaves_the_rest_of_the_file_as_it_was(demo: Path, tmp_path: Path) -> None:
+    before = demo.read_text()
+    outside = tmp_path / "exported.onnx"
+    shutil.copyfile(ACCURATE, outside)
+    output = fnserve("manifest", "add", str(outside), "--name", "mine", "-m", str(demo), "--max-batch-size", "64")
+    assert "input  input            FP32   [-1, 64]" in output and "output probabilities    FP32   [-1, 10]" in output
+    assert demo.read_text().startswith(before)  # comments and order kept: the entry is appended
+    copied = demo.parent / "mine" / "1" / "model.onnx"
+    assert copied.read_bytes() == ACCURATE.read_bytes()
+
+    mine = next(m for m in load_manifest(demo).models if m.name == "mine")
+    assert (mine.version, mine.path, mine.max_batch_size) == ("1", "mine/1/model.onnx", 64)
+    assert mine.sha256 == hashlib.sha256(ACCURATE.read_bytes()).hexdigest()
+    # A second add is the next version; a file already beside the manifest is named where it is.
+    fnserve("manifest", "add", str(demo.parent / "digits-fast" / "1" / "model.onnx"), "-n", "mine", "-m", str(demo))
+    second = next(m for m in load_manifest(demo).models if m.name == "mine" and m.version == "2")
+    assert second.path == "digits-fast/1/model.onnx"
+    assert not (demo.parent / "mine" / "2").exists()
+
+    served = build_service(Settings(manifest=str(demo)))
+    expected = ort.InferenceSession(str(ACCURATE)).run(["label"], {"input": DIGITS})[0]
+    np.testing.assert_array_equal(served.predict("mine", {"input": DIGITS}, version="1")["label"], expected)
+
+
+def test_add_creates_a_manifest_and_no_copy_names_the_file_where_it_is(tmp_path: Path) -> None:
+    manifest = tmp_path / "new" / "manifest.toml"
+    manifest.parent.mkdir()
+    fnserve("manifest", "add", str(ACCURATE), "-n", "accurate", "-m", str(manifest), "--no-copy", "--version", "7")
+    (entry,) = load_manifest(manifest).models
+    assert (entry.name, entry.version, entry.path) == ("accurate", "7", str(ACCURATE))
+    assert manifest.read_text().startswith("# fnserve model manifest")
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["--name", "digits-fast", "--version", "1"], "already has model 'digits-fast' version '1'"),
+        (["--name", "bad name"], "model name 'bad name' is not allowed"),
+        (["--name", "digits"], "already a model's"),  # the cascade's name
+    ],
+)
+def test_add_refuses_clearly_and_changes_nothing(demo: Path, args: list[str], reason: str) -> None:
+    before = sorted(p for p in demo.parent.rglob("*"))
+    text = demo.read_text()
+    output = refused("manifest", "add", str(ACCURATE), *args, "-m", str(demo))
+    assert reason in output
+    assert demo.read_text() == text and sorted(demo.parent.rglob("*")) == before
+
+
+def test_add_refuses_a_file_that_is_not_a_model(demo: Path) -> None:
+    text = demo.read_text()
+    assert "is not a model onnxruntime can load" in refused("manifest", "add", str(demo), "-n", "x", "-m", str(demo))
+    assert "does not exist" in refused("manifest", "add", "nope.onnx", "-n", "x", "-m", str(demo))
+    assert demo.read_text() == text
+
+
+def test_push_uploads_every_file_and_the_bucket_manifest_serves_models_and_pipelines(
+    aws: Aws, demo: Path, tmp_path: Path
+) -> None:
+    s3 = clients.client("s3")
+    destination = f"s3://{aws.bucket}/models/v1"
+    output = fnserve("models", "push", destination, "-m", str(demo))
+    assert f"FNSERVE_MANIFEST={destination}/manifest.toml" in output
+    assert f"ModelBucket={aws.bucket} ModelManifestKey=models/v1/manifest.toml" in output
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=aws.bucket, Prefix="models/")["Contents"]}
+    assert {
+        "models/v1/manifest.toml",
+        "models/v1/digits-accurate/1/model.onnx",
+        "models/v1/minilm-l6/1/model.onnx",
+        "models/v1/minilm-l6/tokenizer.json",
+        "models/v1/digits-labels.txt",
+    } <= keys
+
+    published = s3.get_object(Bucket=aws.bucket, Key="models/v1/manifest.toml")["Body"].read().decode()
+    assert f'path = "{destination}/digits-fast/1/model.onnx"' in published
+    service = build_service(Settings(manifest=f"{destination}/manifest.toml", model_cache_dir=tmp_path / "cache"))
+    service.load_all()  # every model fetched and checked, every pipeline built from its fetched files
+    local = build_service(Settings(manifest=str(demo)))
+    text = np.array([b"a sentence to embed"], dtype=object)
+    np.testing.assert_allclose(
+        service.predict("minilm-embed", {"text": text})["embedding"],
+        local.predict("minilm-embed", {"text": text})["embedding"],
+        atol=1e-6,
+    )
+    np.testing.assert_array_equal(
+        service.predict("digits-accurate", {"input": DIGITS})["label"],
+        local.predict("digits-accurate", {"input": DIGITS})["label"],
+    )
+
+    # Pushed again unchanged: only the manifest is sent.
+    again = fnserve("models", "push", destination, "-m", str(demo))
+    assert again.count("uploaded") == 1 and f"uploaded   {destination}/manifest.toml" in again
+    assert f"unchanged  {destination}/minilm-l6/1/model.onnx" in again
+
+
+def test_push_refuses_a_model_that_does_not_match_its_sha256_before_uploading_anything(aws: Aws, demo: Path) -> None:
+    (demo.parent / "digits-fast" / "1" / "model.onnx").write_bytes(ACCURATE.read_bytes())
+    output = refused("models", "push", f"s3://{aws.bucket}/models", "-m", str(demo))
+    assert "model 'digits-fast' version '1'" in output and "but the manifest says" in output
+    assert "Contents" not in clients.client("s3").list_objects_v2(Bucket=aws.bucket, Prefix="models/")
+
+
+def test_push_refuses_a_destination_that_is_not_a_bucket(demo: Path) -> None:
+    output = refused("models", "push", "/tmp/x", "-m", str(demo))
+    assert "must be s3://bucket[/prefix] or gs://bucket[/prefix]" in output
+
+
+def test_push_to_cloud_storage_then_served_from_there(gcs: Gcs, demo: Path, tmp_path: Path) -> None:
+    from fnserve.gcp import storage
+
+    bucket = storage.client().create_bucket(f"models-{uuid.uuid4().hex[:8]}").name
+    fnserve("models", "push", f"gs://{bucket}", "-m", str(demo))
+    again = fnserve("models", "push", f"gs://{bucket}", "-m", str(demo))
+    assert again.count("uploaded") == 1 and f"unchanged  gs://{bucket}/digits-labels.txt" in again
+    service = build_service(Settings(manifest=f"gs://{bucket}/manifest.toml", model_cache_dir=tmp_path / "cache"))
+    service.load_all()
+    expected = ort.InferenceSession(str(ACCURATE)).run(["label"], {"input": DIGITS})[0]
+    np.testing.assert_array_equal(service.predict("digits-accurate", {"input": DIGITS})["label"], expected)
