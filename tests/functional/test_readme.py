@@ -1,17 +1,24 @@
-"""The README's Python examples run as written (against a real server where they need one)."""
+"""The README runs as written: its Python examples, its curl lines and its transcripts (against a real server
+where they need one), and every other shell block names the test that proves it."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.functional.conftest import start_server
 from tests.helpers import DEMO_MANIFEST, REPO
 
-BLOCKS = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
+README = (REPO / "README.md").read_text()
+BLOCKS = re.findall(r"```python\n(.*?)```", README, re.DOTALL)
 
 
 def test_readme_has_python_examples() -> None:
@@ -78,3 +85,77 @@ def test_readme_manifest_examples_are_valid() -> None:
     alone = [b["pipelines"]["pre"] for b in blocks if isinstance(b.get("pipelines"), dict)]
     steps = [TypeAdapter(Step).validate_python(step) for entries in alone for step in entries]
     assert [step.step for step in steps] == ["custom"]
+
+
+# The README's shell blocks. Each runs here against the demo server, or names where it is proven instead:
+# a command the README adds must be run or accounted for, or this module fails.
+SHELL = {
+    README.count("\n", 0, m.start()) + 1: m.group(1)
+    for m in re.finditer(r"```(?:sh|bash)\n(.*?)```", README, re.DOTALL)
+}
+RUN_AGAINST_THE_DEMO_SERVER = "curl -s localhost:8080"  # the blocks run below, `make serve` being the fixture
+ELSEWHERE = {  # a block's first command -> why it does not run here, and what proves it instead
+    "make run": "the emulator with the demo: tests/e2e/test_local.py runs `fnserve local` on template.yaml",
+    ".venv/bin/fnserve local": "the emulator's options: tests/e2e/test_local*.py",
+    "grpcurl": "not installed here; tests/functional/test_grpc.py makes the same reflection and health calls",
+    "redis-server": "functions-framework with Redis: tests/functional/test_gcp.py runs both functions so",
+    "infra/gcp/deploy.sh": "needs gcloud and a project; tests/functional/test_gcp.py checks its --dry-run",
+    "fnserve submit": "needs a queue: tests/functional/test_batch.py submits and fetches results on moto",
+    "make sam-check": "make test runs sam-check; deploying needs an AWS account",
+    ".venv/bin/fnserve models push": "tests/functional/test_publish.py pushes to moto and Cloud Storage",
+    ".venv/bin/fnserve submit": "needs the deployed stack's queue: tests/functional/test_batch.py on moto",
+    ".venv/bin/fnserve manifest add": "tests/functional/test_publish.py",
+    ".venv/bin/fnserve quantize": "a usage line; the transcript below it runs in test_readme_transcripts_run",
+    ".venv/bin/fnserve bench": "minutes of load: tests/functional/test_bench_cli.py runs a short sweep",
+}
+
+
+def starts(block: str, command: str) -> bool:
+    return re.match(re.escape(command) + r"(\s|$)", block.lstrip()) is not None
+
+
+def test_every_shell_block_runs_here_or_says_where_it_is_proven() -> None:
+    for line, block in SHELL.items():
+        if starts(block, "make serve") and RUN_AGAINST_THE_DEMO_SERVER in block:
+            continue
+        assert any(starts(block, command) for command in ELSEWHERE), f"README.md:{line}: {block.splitlines()[0]}"
+    unused = [command for command in ELSEWHERE if not any(starts(b, command) for b in SHELL.values())]
+    assert not unused, f"no README block starts with {unused}"
+
+
+@pytest.mark.parametrize("line", [line for line, block in SHELL.items() if starts(block, "make serve")])
+def test_readme_curl_examples_answer_as_shown(line: int, demo_server: str, tmp_path: Path) -> None:
+    block = SHELL[line]
+    script = "\n".join(block.splitlines()[1:]).replace("localhost:8080", demo_server.removeprefix("http://"))
+    # Each curl's answer on its own line, so that each can be read back.
+    script = script.replace("curl -s", "curl -s -w '\\n'")
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    answers = [json.loads(text) for text in done.stdout.splitlines() if text.strip()]
+    assert answers and all("outputs" in a and "error" not in a for a in answers), done.stdout
+    # What the README's comments show of an answer (the first digit's label, the image's top 3) is what came.
+    shown = "".join(re.findall(r"^#\s+([{\"].*)$", block, re.MULTILINE)).replace(" ", "")
+    got = json.dumps(answers, separators=(",", ":"))
+    fragments = re.findall(r'\{"name":"\w+","datatype":"\w+","shape":\[[\d,]+\],"data":\[[^.\]]+\]', shown)
+    assert fragments, f"README.md:{line} shows no answer to compare"
+    for fragment in fragments:
+        assert fragment in got, f"README.md:{line} shows {fragment}; the server answered {got[:300]}"
+
+
+TRANSCRIPTS = re.findall(r"```\n\$ (fnserve (?:cascade tune|quantize) .*?)```", README, re.DOTALL)
+
+
+@pytest.mark.parametrize("transcript", TRANSCRIPTS, ids=lambda t: t.split()[1])
+def test_readme_transcripts_run_and_print_what_they_show(transcript: str, tmp_path: Path) -> None:
+    command, _, shown = transcript.replace("\\\n", " ").partition("\n")
+    (tmp_path / "layers").symlink_to(REPO / "layers")  # the README's relative paths; what it writes stays here
+    fnserve = Path(sys.executable).with_name("fnserve")
+    done = subprocess.run([str(fnserve), *shlex.split(command)[1:]], cwd=tmp_path, capture_output=True, text=True)
+    printed = (done.stdout + done.stderr).splitlines()
+    # Everything but timings: the same models and data give the same table, sizes and accuracies.
+    timed = ("latency", "error: the quantized model is confidently")
+    for expected in shown.strip().splitlines():
+        if not expected.startswith(timed):
+            assert expected in printed, f"README shows {expected!r}; fnserve printed:\n" + "\n".join(printed)
