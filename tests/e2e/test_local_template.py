@@ -79,7 +79,7 @@ Resources:
 """
 
 APP = """
-import base64, json, os
+import base64, json, os, pathlib, time
 
 import extra_words  # from ExtraLayer's python/lib/python3.12/site-packages
 import shared_words  # from SharedLayer's python/
@@ -90,6 +90,10 @@ def handler(event, context):
         raise ValueError("kaboom in handler, with a secret: hunter2")
     if "plain" in (event.get("rawPath") or event.get("path") or ""):
         return {"answer": 42}  # no statusCode
+    if (event.get("rawPath") or "").endswith("/wait"):  # answers once the test creates the file "go"
+        go = pathlib.Path(__file__).parent.parent / "go"
+        while not go.exists():
+            time.sleep(0.01)
     body = event.get("body")
     if body is not None and event.get("isBase64Encoded"):
         body = base64.b64decode(body).hex()
@@ -147,14 +151,16 @@ CONSOLE = Console()
 
 
 @contextlib.contextmanager
-def echo_emulator(root: Path, observer: Console | None = None) -> Iterator[tuple[Emulator, Local, int]]:
+def echo_emulator(
+    root: Path, observer: Console | None = None, reload: bool = False
+) -> Iterator[tuple[Emulator, Local, int]]:
     """The echo template's emulator, on its own embedded moto, running until the block ends."""
     write_app(root)
     port = free_port()
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("AWS_ENDPOINT_URL", raising=False)
         mp.delenv("LOCALSTACK_HOST", raising=False)
-        emulator = Emulator(root / "template.yaml", port=port, observer=observer)
+        emulator = Emulator(root / "template.yaml", port=port, observer=observer, reload=reload)
         try:
             yield emulator, emulator.start(), port
         finally:
@@ -374,3 +380,35 @@ def test_the_emulator_shows_a_requests_spans_on_its_console(monkeypatch: pytest.
     finally:
         emulator.stop()
         clients.reset()
+
+
+def test_reload_restarts_a_functions_workers_after_their_running_invocations(tmp_path: Path) -> None:
+    import threading
+
+    with echo_emulator(tmp_path, reload=True) as (emulator, _, port):
+        url = f"http://127.0.0.1:{port}/items"
+        assert httpx.get(f"{url}/1", timeout=30).json()["layers"] == ["shared", "extra"]
+        pids = emulator.pools["Echo"].worker_pids()
+        hog = emulator.pools["Hog"].worker_pids()
+        running: dict[str, httpx.Response] = {}
+        waiting = threading.Thread(target=lambda: running.update(r=httpx.get(f"{url}/wait", timeout=60)))
+        waiting.start()
+        wait_for(lambda: emulator.pools["Echo"].busy() == 1, 30, "the invocation to start")
+
+        (tmp_path / "shared" / "python" / "shared_words.py").write_text("WORD = 'shared, changed'\n")  # a layer
+        wait_for(lambda: emulator.pools["Echo"].recycles >= 1, 30, "the change to be seen")
+        assert emulator.pools["Echo"].worker_pids() == pids  # still running the invocation it had
+        (tmp_path / "go").touch()
+        waiting.join(60)
+        assert running["r"].status_code == 201 and running["r"].json()["layers"] == ["shared", "extra"]
+
+        assert httpx.get(f"{url}/2", timeout=30).json()["layers"] == ["shared, changed", "extra"]  # new workers
+        assert emulator.pools["Echo"].worker_pids() != pids
+        # Hog uses the same layer: it was restarted too.
+        wait_for(lambda: emulator.pools["Hog"].worker_pids() not in ([], hog), 30, "Hog's new worker")
+
+        # Code that fails to import answers as a failed init does; fixed, the function answers again.
+        (tmp_path / "echo" / "app.py").write_text("raise ImportError('half-saved')\n")
+        wait_for(lambda: httpx.get(f"{url}/3", timeout=30).status_code >= 500, 30, "the broken code to load")
+        (tmp_path / "echo" / "app.py").write_text(APP)
+        wait_for(lambda: httpx.get(f"{url}/4", timeout=30).status_code == 201, 30, "the fixed code to load")

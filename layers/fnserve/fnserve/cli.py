@@ -753,6 +753,14 @@ def local(
         Path | None,
         typer.Option(help="Where the functions' raw log lines (JSON, EMF) go; default: a new file in the temp dir."),
     ] = None,
+    reload: Annotated[
+        bool,
+        typer.Option(
+            "--reload",
+            help="Watch each function's code, layers and models: a change restarts its workers (the next "
+            "invocation is a cold start with the new code; running ones finish first).",
+        ),
+    ] = False,
 ) -> None:
     """Run the template's functions locally: HTTP gateway, SQS event sources, and an embedded AWS emulator.
 
@@ -786,6 +794,7 @@ def local(
         visibility_timeout=visibility_timeout,
         parameters=overrides,
         observer=console,
+        reload=reload,
     )
     try:
         local_ = emulator.start()
@@ -793,6 +802,10 @@ def local(
         raise _fail(exc.message) from None
     _local_banner(emulator, local_, f"http://{host}:{port}", workers)
     typer.echo(f"  logs  raw function logs (JSON, EMF metrics): {log_file}")
+    if reload:
+        root = emulator.root
+        folders = [str(f.relative_to(root) if f.is_relative_to(root) else f) for f in emulator.watch_roots()]
+        typer.echo(f"  reload  a change under {', '.join(folders)} restarts its functions' workers")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

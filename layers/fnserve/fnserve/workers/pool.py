@@ -80,6 +80,7 @@ class _Worker:
     deadline: float = float("inf")
     timed_out: bool = False
     broken: bool = False  # it exited before it was ready: started again on the next invocation
+    retiring: bool = False  # replaced by a fresh worker once idle (the code changed: recycle())
 
 
 class WorkerPool:
@@ -103,8 +104,11 @@ class WorkerPool:
         self._closing = False
         self._dispatcher = threading.Thread(target=self._dispatch, name=f"pool-{spec.name}", daemon=True)
         self.respawns = 0
+        self.recycles = 0  # recycle() calls carried out
         self.failure: str | None = None  # the latest init error, if a worker could not start
         self._size = workers
+        self._recycle = False  # asked by recycle(), carried out on the dispatcher thread
+        self._retired: list[Any] = []  # processes of retired workers, told to exit and reaped by close()
 
     # -- public -----------------------------------------------------------------------------------
 
@@ -138,6 +142,12 @@ class WorkerPool:
         self._wake()
         return future
 
+    def recycle(self) -> None:
+        """Replace every worker with a fresh one (new code, a cold start), each once its running invocation,
+        if any, has finished: nothing in flight is lost, and what is queued runs on the new workers."""
+        self._recycle = True
+        self._wake()
+
     def close(self, grace: float = 5.0) -> None:
         """Stop every worker (letting running invocations finish for ``grace`` seconds); no orphans."""
         if self._closing:
@@ -149,11 +159,11 @@ class WorkerPool:
             with contextlib.suppress(OSError):
                 worker.conn.send(None)
         deadline = time.monotonic() + grace
-        for worker in self._workers:
-            worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
-            if worker.process.is_alive():
-                worker.process.kill()
-                worker.process.join(timeout=5)
+        for process in [w.process for w in self._workers] + self._retired:
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=5)
         with self._lock:
             while self._queue:
                 self._queue.popleft().future.set_exception(WorkerDied(f"function {self.spec.name} shut down"))
@@ -217,6 +227,7 @@ class WorkerPool:
                 else:
                     self._replace(worker)
             self._expire()
+            self._retire()
             self._assign()
 
     def _receive(self, worker: _Worker) -> None:
@@ -308,6 +319,23 @@ class WorkerPool:
             if worker.job is not None and now >= worker.deadline and not worker.timed_out:
                 worker.timed_out = True
                 worker.process.kill()  # the sentinel fires next, and _replace answers the invocation
+
+    def _retire(self) -> None:
+        """Carry out recycle(): each worker marked, then replaced as soon as it is idle."""
+        if self._recycle:
+            self._recycle = False
+            self.failure = None  # the new code's init decides
+            self.recycles += 1
+            for worker in self._workers:
+                worker.retiring = True
+        for index, worker in enumerate(self._workers):
+            if not worker.retiring or (worker.job is not None and not worker.broken):
+                continue
+            with contextlib.suppress(OSError):
+                worker.conn.send(None)  # exit once started: it takes no invocation any more
+            self._forget(worker)  # and its exit is not a death to report
+            self._retired = [p for p in self._retired if p.is_alive()] + [worker.process]
+            self._workers[index] = self._spawn()
 
     def _assign(self) -> None:
         if self._queue and not self._closing:

@@ -7,6 +7,9 @@
 - HTTP: a gateway turns each request into the API Gateway event its route declares (v2 for
   HTTP APIs, v1 for REST APIs) and the response back into HTTP.
 - SQS: pollers feed each event source's batches to its function, as the event source mapping does.
+- ``reload``: a change to a function's code, its layers or the files its environment names (the
+  model manifest and the models beside it) replaces that function's workers once each is idle, as
+  a new deployment would: the next invocation is a cold start with the new code.
 """
 
 from __future__ import annotations
@@ -51,8 +54,11 @@ class Emulator:
         visibility_timeout: int | None = None,
         parameters: dict[str, str] | None = None,
         observer: Observer | None = None,
+        reload: bool = False,
     ) -> None:
         self.template: Template = load_template(template)
+        self.template_path = template.resolve()
+        self.reload = reload
         self.root = template.resolve().parent
         self.host, self.port, self.workers = host, port, workers
         self.visibility_timeout = visibility_timeout
@@ -91,6 +97,8 @@ class Emulator:
                 for n in range(self.workers):  # one poller per worker: batches run concurrently, as on AWS
                     poller = Poller(source, self.pools[source.function], self._stop)
                     self._thread(poller.run, name=f"sqs-{source.function}-{n}")
+            if self.reload:
+                self._thread(self._watch, name="reload")
             self._serve()
         except BaseException:
             self.stop()
@@ -119,6 +127,41 @@ class Emulator:
         thread.start()
         self._threads.append(thread)
         return thread
+
+    def watched(self) -> dict[str, list[Path]]:
+        """The folders whose changes restart each function: its code, its layers, and the folders of the
+        project's files its environment names (a model manifest and its models)."""
+        watched = {}
+        for name, spec in self.app.functions.items():
+            roots = [Path(spec.code_dir), *self.app.layers.get(name, [])]
+            named = (Path(v) for v in spec.env.values() if v.startswith("/"))
+            roots += [f.parent for f in named if f.is_file() and f.resolve().is_relative_to(self.root)]
+            watched[name] = list(dict.fromkeys(r.resolve() for r in roots))
+        return watched
+
+    def watch_roots(self) -> list[Path]:
+        """Every function's watched folders, without those inside another."""
+        roots = sorted({r for rs in self.watched().values() for r in rs})
+        return [r for r in roots if not any(r != o and r.is_relative_to(o) for o in roots)]
+
+    def _watch(self) -> None:
+        from watchfiles import DefaultFilter, watch
+
+        watched, roots = self.watched(), [*self.watch_roots(), self.template_path]
+        for changes in watch(*roots, watch_filter=DefaultFilter(), stop_event=self._stop, raise_interrupt=False):
+            changed = sorted({Path(path) for _, path in changes})
+            if self.template_path in changed:
+                logger.warning(
+                    "%s changed: restart fnserve local to apply it (routes, queues and environments are read at start)",
+                    self.template_path.name,
+                )
+            for name, pool in self.pools.items():
+                hit = [c for c in changed if any(c.is_relative_to(r) for r in watched[name])]
+                if hit:
+                    more = f" and {len(hit) - 1} more" if len(hit) > 1 else ""
+                    where = hit[0].relative_to(self.root) if hit[0].is_relative_to(self.root) else hit[0]
+                    logger.info("reload: %s%s changed; %s starts new workers", where, more, name)
+                    pool.recycle()
 
     def _check_visibility(self) -> None:
         """Warn where messages would reappear while their batch is still being gathered or run."""

@@ -30,6 +30,7 @@ class Application:
     routes: list[HttpRoute] = field(default_factory=list)
     sources: list[SqsSource] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what the template declares that the emulator does not run
+    layers: dict[str, list[Path]] = field(default_factory=dict)  # each function's layers' content folders
 
 
 def collect(template: Template, resolver: Resolver, root: Path, workers: int) -> Application:
@@ -40,6 +41,7 @@ def collect(template: Template, resolver: Resolver, root: Path, workers: int) ->
     for name in template.of_type("AWS::Serverless::Function"):
         props = resolver.resolve(template.properties(name))  # its Globals merged in, as SAM merges them
         roots = [layer_roots[layer] for layer in props.get("Layers", []) if layer in layer_roots]
+        app.layers[name] = roots
         env = {k: _opt(str(v), roots) for k, v in props.get("Environment", {}).get("Variables", {}).items()}
         env |= {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
         env["FNSERVE_PARALLEL_WORKERS"] = str(workers)
