@@ -33,22 +33,44 @@ def labels(model: str, x: np.ndarray) -> list[int]:
     return session.run(["label"], {"input": x})[0].tolist()  # type: ignore[no-any-return]
 
 
-@pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+LOCALSTACK = os.environ.get("FNSERVE_TEST_LOCALSTACK")  # a LocalStack endpoint: the module runs against it too
+
+
+@pytest.fixture(scope="module", params=["moto", "localstack"])
+def local(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A running `fnserve local` on the repository's template: 2 workers a function, no batching
-    window, 2 s function timeouts and a 3 s visibility timeout: retries and the DLQ come within seconds."""
+    window, 2 s function timeouts and a 3 s visibility timeout: retries and the DLQ come within seconds.
+
+    Its AWS is the embedded moto server, then, where FNSERVE_TEST_LOCALSTACK names one, a real LocalStack
+    (README: "LocalStack"), whose queues are emptied first: it keeps what earlier runs left there.
+    """
     log = tmp_path_factory.mktemp("local") / "local.log"
     env = {k: v for k, v in os.environ.items() if k not in ("AWS_ENDPOINT_URL", "LOCALSTACK_HOST")}
+    if request.param == "localstack":
+        if not LOCALSTACK:
+            pytest.skip("FNSERVE_TEST_LOCALSTACK names no LocalStack endpoint (e.g. http://localhost:4566)")
+        env |= {"AWS_ENDPOINT_URL": LOCALSTACK, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
     options = ["--workers", "2", "--visibility-timeout", "3", "--parameter", "MaximumBatchingWindowInSeconds=0"]
     options += ["--parameter", "FollowupBatchingWindowInSeconds=0", "--parameter", "JobsTimeout=2"]
     with running_local(options, log, env) as info, pytest.MonkeyPatch.context() as mp:
         mp.setenv("AWS_ENDPOINT_URL", info["endpoint"])
         for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            mp.setenv(key, os.environ.get(key, "local"))
+            mp.setenv(key, env.get(key, "local"))
         mp.setenv("AWS_DEFAULT_REGION", os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
         clients.reset()
+        if request.param == "localstack":
+            for queue in info["queues"].values():
+                drain(queue)
         yield info
     clients.reset()
+
+
+def drain(queue: str) -> None:
+    """Delete what a queue holds (PurgeQueue may run once a minute: a second run within it would fail)."""
+    sqs = clients.client("sqs")
+    while messages := sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10).get("Messages"):
+        entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)]
+        sqs.delete_message_batch(QueueUrl=queue, Entries=entries)
 
 
 def infer(url: str, model: str, rows: slice) -> httpx.Response:

@@ -97,6 +97,8 @@ RUN_AGAINST_THE_DEMO_SERVER = "curl -s localhost:8080"  # the blocks run below, 
 ELSEWHERE = {  # a block's first command -> why it does not run here, and what proves it instead
     "make run": "the emulator with the demo: tests/e2e/test_local.py runs `fnserve local` on template.yaml",
     ".venv/bin/fnserve local": "the emulator's options: tests/e2e/test_local*.py",
+    "docker run --rm -d -p 4566:4566 localstack/localstack": "needs Docker: FNSERVE_TEST_LOCALSTACK runs "
+    "tests/e2e/test_local.py against it",
     "grpcurl": "not installed here; tests/functional/test_grpc.py makes the same reflection and health calls",
     "redis-server": "functions-framework with Redis: tests/functional/test_gcp.py runs both functions so",
     "infra/gcp/deploy.sh": "needs gcloud and a project; tests/functional/test_gcp.py checks its --dry-run",
