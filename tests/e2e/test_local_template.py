@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,8 @@ Resources:
     Type: AWS::Serverless::LayerVersion
     Properties:
       ContentUri: extra
+  Uploads:
+    Type: AWS::S3::Bucket
   Hog:
     Type: AWS::Serverless::Function
     Properties:
@@ -66,6 +69,20 @@ Resources:
           Type: Schedule
           Properties:
             Schedule: rate(1 day)
+        Soon:
+          Type: ScheduleV2
+          Properties:
+            ScheduleExpression: at(AT_SOON)
+            Input: '{"job": "tidy"}'
+        MonthEnd:
+          Type: Schedule
+          Properties:
+            Schedule: cron(0 23 L * ? *)
+        Uploaded:
+          Type: S3
+          Properties:
+            Bucket: !Ref Uploads
+            Events: s3:ObjectCreated:*
         V2:
           Type: HttpApi
           Properties:
@@ -86,6 +103,10 @@ import shared_words  # from SharedLayer's python/
 
 
 def handler(event, context):
+    if "rawPath" not in event and "path" not in event:  # a schedule's event
+        with (pathlib.Path(__file__).parent.parent / "scheduled.jsonl").open("a") as out:
+            out.write(json.dumps(event) + "\\n")
+        return {"scheduled": event}
     if "kaboom" in (event.get("rawPath") or event.get("path") or ""):
         raise ValueError("kaboom in handler, with a secret: hunter2")
     if "plain" in (event.get("rawPath") or event.get("path") or ""):
@@ -120,7 +141,8 @@ def handler(event, context):
 
 def write_app(root: Path, app: str = APP) -> None:
     """The echo template, its functions' code and its layers' modules, in ``root``."""
-    (root / "template.yaml").write_text(TEMPLATE)
+    soon = (datetime.now(UTC) + timedelta(seconds=3)).strftime("%Y-%m-%dT%H:%M:%S")
+    (root / "template.yaml").write_text(TEMPLATE.replace("AT_SOON", soon))
     for folder, name, text in (
         ("echo", "app.py", app),
         ("hog", "app.py", HOG),
@@ -258,9 +280,12 @@ def test_globals_merge_as_sam_merges_them_and_unemulated_events_are_named(tmp_pa
     assert echo.env["GREETING"] == hog.env["GREETING"] == "hello from us-east-1"
     assert (echo.memory_mb, hog.memory_mb, echo.timeout) == (128, 256, 5.0)
     assert app.warnings == [
-        "function Echo: event Nightly (Schedule) is not emulated; only HttpApi, Api, SQS events are. "
-        "Deployed, it would invoke Echo."
+        "function Echo: schedule MonthEnd does not run on a timer here (cron(0 23 L * ? *): 'L' is not emulated); "
+        "POST /_fnserve/schedules/Echo/MonthEnd runs it",
+        "function Echo: event Uploaded (S3) is not emulated; only HttpApi, Api, SQS, Schedule, ScheduleV2 events "
+        "are. Deployed, it would invoke Echo.",
     ]
+    assert [(s.event, s.kind, s.expression) for s in app.schedules][:1] == [("Nightly", "Schedule", "rate(1 day)")]
 
 
 def test_a_function_over_its_memory_size_is_stopped_as_lambda_stops_it(emulator: str) -> None:
@@ -351,6 +376,9 @@ def test_the_banner_offers_the_templates_own_routes_not_the_demos(
     banner = capsys.readouterr().out
     assert "digits" not in banner and "fnserve submit" not in banner
     assert f"try   curl -s -X GET http://127.0.0.1:{port}/items/{{id}}" in banner
+    nightly = next(line for line in banner.splitlines() if "timer rate(1 day) -> Echo (Nightly, next " in line)
+    assert f"now: curl -s -X POST http://127.0.0.1:{port}/_fnserve/schedules/Echo/Nightly)" in nightly
+    assert "timer cron(0 23 L * ? *) -> Echo (MonthEnd, on demand;" in banner
 
 
 def test_the_emulator_shows_a_requests_spans_on_its_console(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -412,3 +440,24 @@ def test_reload_restarts_a_functions_workers_after_their_running_invocations(tmp
         wait_for(lambda: httpx.get(f"{url}/3", timeout=30).status_code >= 500, 30, "the broken code to load")
         (tmp_path / "echo" / "app.py").write_text(APP)
         wait_for(lambda: httpx.get(f"{url}/4", timeout=30).status_code == 201, 30, "the fixed code to load")
+
+
+def test_schedules_fire_on_time_or_on_demand_with_eventbridges_event(tmp_path: Path) -> None:
+    with echo_emulator(tmp_path) as (_, local, port):
+        url = f"http://127.0.0.1:{port}/_fnserve/schedules"
+        fired = tmp_path / "scheduled.jsonl"
+        # Soon: a ScheduleV2 at(now + 3 s) with an Input: the function gets the Input, on time.
+        wait_for(lambda: fired.exists() and '{"job": "tidy"}' in fired.read_text(), 30, "the at() schedule to fire")
+
+        ran = httpx.post(f"{url}/Echo/Nightly", timeout=30)  # a daily rule, run now
+        assert ran.status_code == 200, ran.text
+        event = ran.json()["response"]["scheduled"]
+        assert (event["detail-type"], event["source"], event["detail"]) == ("Scheduled Event", "aws.events", {})
+        assert event["resources"] == ["arn:aws:events:us-east-1:123456789012:rule/Echo-Nightly"]
+        assert httpx.post(f"{url}/Echo/MonthEnd", timeout=30).status_code == 200  # no timer, but it runs
+        missing = httpx.post(f"{url}/Echo/Weekly", timeout=30)
+        assert missing.status_code == 404 and "Echo/Nightly" in missing.json()["error"]
+        assert (
+            "rate(1 day) -> Echo (Nightly)" in httpx.get(f"http://127.0.0.1:{port}/_fnserve/local").json()["schedules"]
+        )
+        assert len(fired.read_text().splitlines()) == 3  # at() once: it does not come back

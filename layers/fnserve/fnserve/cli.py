@@ -818,12 +818,22 @@ def local(
 
 def _local_banner(emulator: Emulator, local_: Local, url: str, workers: int) -> None:
     """What ``fnserve local`` prints once it runs: routes, event sources, and lines to try."""
+    from datetime import UTC, datetime
+
     typer.echo(f"fnserve local: {len(local_.functions)} functions, {workers} worker(s) each; AWS at {local_.endpoint}")
     for route in emulator.routes:
         typer.echo(f"  {route.method:<5} {url}{route.path} -> {route.function}")
     for source in emulator.sources:
         typer.echo(
             f"  SQS   {source.queue_url} -> {source.function} (batch {source.batch_size}, window {source.window:g}s)"
+        )
+    now = datetime.now(UTC)
+    for schedule in emulator.app.schedules:
+        due = schedule.next_after(now)
+        when = f"next {due:%Y-%m-%d %H:%M} UTC" if due else "disabled" if not schedule.enabled else "on demand"
+        typer.echo(
+            f"  timer {schedule.expression} -> {schedule.function} ({schedule.event}, {when}; now: "
+            f"curl -s -X POST {url}/_fnserve/schedules/{schedule.function}/{schedule.event})"
         )
     for warning in emulator.app.warnings:
         typer.echo(f"  warn  {warning}")

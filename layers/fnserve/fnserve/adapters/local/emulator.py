@@ -7,6 +7,8 @@
 - HTTP: a gateway turns each request into the API Gateway event its route declares (v2 for
   HTTP APIs, v1 for REST APIs) and the response back into HTTP.
 - SQS: pollers feed each event source's batches to its function, as the event source mapping does.
+- Schedules: ``Schedule`` and ``ScheduleV2`` events invoke their function when due
+  (:mod:`fnserve.adapters.local.schedules`), or at once on ``POST /_fnserve/schedules/{function}/{event}``.
 - ``reload``: a change to a function's code, its layers or the files its environment names (the
   model manifest and the models beside it) replaces that function's workers once each is idle, as
   a new deployment would: the next invocation is a cold start with the new code.
@@ -19,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +100,8 @@ class Emulator:
                 for n in range(self.workers):  # one poller per worker: batches run concurrently, as on AWS
                     poller = Poller(source, self.pools[source.function], self._stop)
                     self._thread(poller.run, name=f"sqs-{source.function}-{n}")
+            if self.app.schedules:
+                self._thread(self._run_schedules, name="schedules")
             if self.reload:
                 self._thread(self._watch, name="reload")
             self._serve()
@@ -127,6 +132,21 @@ class Emulator:
         thread.start()
         self._threads.append(thread)
         return thread
+
+    def _run_schedules(self) -> None:
+        """Invoke each schedule's function when it is due, as EventBridge invokes it (asynchronously: the
+        outcome shows on the console, as it would in the function's log)."""
+        due = [s.next_after(datetime.now(UTC)) for s in self.app.schedules]
+        while True:
+            pending = [(when, i) for i, when in enumerate(due) if when is not None]
+            if not pending:
+                return
+            when, index = min(pending)
+            if self._stop.wait(max(0.0, (when - datetime.now(UTC)).total_seconds())):
+                return
+            schedule = self.app.schedules[index]
+            self.pools[schedule.function].invoke(schedule.payload(when))
+            due[index] = schedule.next_after(when)
 
     def watched(self) -> dict[str, list[Path]]:
         """The folders whose changes restart each function: its code, its layers, and the folders of the
@@ -182,7 +202,7 @@ class Emulator:
     def _serve(self) -> None:
         import uvicorn
 
-        app = gateway_app(self.app.routes, self.pools, self._info)
+        app = gateway_app(self.app.routes, self.pools, self._info, self.app.schedules)
         config = uvicorn.Config(
             app, host=self.host, port=self.port, log_level="warning", access_log=False, lifespan="off"
         )
@@ -203,4 +223,5 @@ class Emulator:
             "buckets": self.local.buckets,
             "functions": {name: pool.worker_pids() for name, pool in self.pools.items()},
             "routes": [f"{r.method} {r.path} -> {r.function} ({r.version})" for r in self.app.routes],
+            "schedules": [f"{s.expression} -> {s.function} ({s.event})" for s in self.app.schedules],
         }

@@ -51,6 +51,21 @@ class LambdaContext:
 # -- SQS --------------------------------------------------------------------------------------
 
 
+def scheduled_event(rule: str, when: float | None = None) -> dict[str, Any]:
+    """What an EventBridge scheduled rule sends its target (a "Scheduled Event"), at ``when`` (epoch seconds)."""
+    return {
+        "version": "0",
+        "id": str(uuid.uuid4()),
+        "detail-type": "Scheduled Event",
+        "source": "aws.events",
+        "account": ACCOUNT_ID,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when)),
+        "region": REGION,
+        "resources": [arn("events", f"rule/{rule}")],
+        "detail": {},
+    }
+
+
 def sqs_record(
     body: str,
     *,

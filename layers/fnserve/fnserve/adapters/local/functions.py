@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from fnserve.adapters.local.gateway import HttpRoute
+from fnserve.adapters.local.schedules import Schedule
 from fnserve.adapters.local.sqs import SqsSource
 from fnserve.adapters.local.template import Resolver, Template
 from fnserve.workers.pool import FunctionSpec
 
 # Event sources the emulator runs; any other is named in a warning at start, never skipped in silence.
-EMULATED_EVENTS = ("HttpApi", "Api", "SQS")
+EMULATED_EVENTS = ("HttpApi", "Api", "SQS", "Schedule", "ScheduleV2")
 
 
 @dataclass
@@ -29,6 +30,7 @@ class Application:
     functions: dict[str, FunctionSpec] = field(default_factory=dict)
     routes: list[HttpRoute] = field(default_factory=list)
     sources: list[SqsSource] = field(default_factory=list)
+    schedules: list[Schedule] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what the template declares that the emulator does not run
     layers: dict[str, list[Path]] = field(default_factory=dict)  # each function's layers' content folders
 
@@ -57,7 +59,7 @@ def collect(template: Template, resolver: Resolver, root: Path, workers: int) ->
         )
         for event_name, event in (props.get("Events") or {}).items():
             if event.get("Type") in EMULATED_EVENTS:
-                _event(app, name, event, resolver)
+                _event(app, name, event_name, event, resolver)
             else:
                 app.warnings.append(
                     f"function {name}: event {event_name} ({event.get('Type')}) is not emulated; only "
@@ -86,9 +88,28 @@ def _opt(value: str, layers: list[Path]) -> str:
     return value
 
 
-def _event(app: Application, function: str, event: dict[str, Any], resolver: Resolver) -> None:
+def _event(app: Application, function: str, name: str, event: dict[str, Any], resolver: Resolver) -> None:
     props = event.get("Properties", {})
     kind = event.get("Type")
+    if kind in ("Schedule", "ScheduleV2"):
+        v2 = kind == "ScheduleV2"
+        state = str(props.get("State", "ENABLED")).upper()
+        schedule = Schedule(
+            function,
+            name,
+            str(props.get("ScheduleExpression" if v2 else "Schedule", "")),
+            kind,
+            enabled=state != "DISABLED" and props.get("Enabled", True) is not False,
+            input=props.get("Input"),
+            timezone=str(props.get("ScheduleExpressionTimezone", "UTC")) if v2 else "UTC",
+        )
+        if schedule.error is not None:
+            app.warnings.append(
+                f"function {function}: schedule {name} does not run on a timer here ({schedule.error}); "
+                f"POST /_fnserve/schedules/{function}/{name} runs it"
+            )
+        app.schedules.append(schedule)
+        return
     if kind in ("HttpApi", "Api"):
         method = str(props.get("Method", "ANY")).upper()
         version = "2.0" if kind == "HttpApi" else "1.0"

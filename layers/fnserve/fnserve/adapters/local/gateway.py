@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.applications import Starlette
@@ -21,6 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as StarletteRoute
 
 from fnserve.adapters.local import events
+from fnserve.adapters.local.schedules import Schedule
 from fnserve.core.errors import FnserveError, InvocationTimeout
 from fnserve.workers.pool import WorkerPool
 
@@ -51,12 +54,30 @@ class HttpRoute:
 
 
 def gateway_app(
-    routes: list[HttpRoute], pools: Mapping[str, WorkerPool], info: Callable[[], Awaitable[dict[str, Any]]]
+    routes: list[HttpRoute],
+    pools: Mapping[str, WorkerPool],
+    info: Callable[[], Awaitable[dict[str, Any]]],
+    schedules: Sequence[Schedule] = (),
 ) -> Starlette:
-    """The gateway as an ASGI app; ``GET /_fnserve/local`` answers ``info()``."""
+    """The gateway as an ASGI app; ``GET /_fnserve/local`` answers ``info()``, and
+    ``POST /_fnserve/schedules/{function}/{event}`` runs a schedule now and answers what the function returned."""
+    by_name = {(s.function, s.event): s for s in schedules}
 
     async def local_info(request: Request) -> Response:
         return JSONResponse(await info())
+
+    async def run_schedule(request: Request) -> Response:
+        function, event = request.path_params["function"], request.path_params["event"]
+        schedule = by_name.get((function, event))
+        if schedule is None:
+            known = ", ".join(f"{f}/{e}" for f, e in by_name) or "none"
+            return JSONResponse({"error": f"no schedule {function}/{event}; the template's: {known}"}, 404)
+        try:
+            response = await asyncio.wrap_future(pools[function].invoke(schedule.payload(datetime.now(UTC))))
+        except FnserveError as exc:  # this is the emulator's own route: the error is the developer's to see
+            return JSONResponse({"error": exc.message}, status_code=502)
+        body = {"function": function, "event": event, "response": response}
+        return Response(json.dumps(body, default=str), media_type="application/json")
 
     async def gateway(request: Request) -> Response:
         for route in routes:
@@ -77,6 +98,7 @@ def gateway_app(
     return Starlette(
         routes=[
             StarletteRoute("/_fnserve/local", local_info, methods=["GET"]),
+            StarletteRoute("/_fnserve/schedules/{function}/{event}", run_schedule, methods=["POST"]),
             StarletteRoute("/{path:path}", gateway, methods=METHODS),
         ]
     )
