@@ -179,15 +179,16 @@ def _fetch_manifest(settings: InferenceSettings) -> Path:
             model["path"] = f"{where}/{path}"
     target = settings.model_cache_dir / "manifest.json"
     target.parent.mkdir(parents=True, exist_ok=True)
-    # The files pipeline steps read (tokenizers, labels, custom steps' modules) come from beside it too.
+    # The files pipeline steps read (tokenizers, labels, custom steps' modules) come from beside it too. One
+    # missing makes its pipeline unservable (named when it is built), not the models: they load lazily too.
     for relative, required in _step_files(manifest):
         local = target.parent / relative
         try:
             data = objects.get_bytes(f"{where}/{relative}")
-        except InvalidInput:
-            if required:
-                raise
-            continue  # a custom step's module that is installed, not shipped beside the manifest
+        except InvalidInput as exc:
+            if required:  # else a custom step's module that is installed, not shipped beside the manifest
+                logger.warning(f"a pipeline's file is missing beside the manifest: {exc.message}")
+            continue
         local.parent.mkdir(parents=True, exist_ok=True)
         local.write_bytes(data)
     target.write_text(json.dumps(manifest))
