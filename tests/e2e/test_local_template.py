@@ -288,6 +288,14 @@ def test_globals_merge_as_sam_merges_them_and_unemulated_events_are_named(tmp_pa
     assert [(s.event, s.kind, s.expression) for s in app.schedules][:1] == [("Nightly", "Schedule", "rate(1 day)")]
 
 
+def test_a_globals_section_sam_refuses_is_refused_with_sams_message(tmp_path: Path) -> None:
+    write_app(tmp_path)
+    template = tmp_path / "template.yaml"
+    template.write_text(template.read_text().replace("    Handler: app.handler\n", "    Handlr: app.handler\n", 1))
+    with pytest.raises(ValueError, match="not a valid SAM template: 'Globals' section is invalid. 'Handlr' is not"):
+        load_template(template)
+
+
 def test_a_function_over_its_memory_size_is_stopped_as_lambda_stops_it(emulator: str) -> None:
     assert httpx.get(f"{emulator}/hog/1", timeout=30).text == str(2**20)
     CONSOLE.lines.clear()

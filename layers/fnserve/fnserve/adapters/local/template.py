@@ -8,7 +8,7 @@ the libraries that define them, not from a parser of the emulator's own.
 
 from __future__ import annotations
 
-import functools
+import copy
 import re
 import secrets
 from collections.abc import Mapping
@@ -33,48 +33,52 @@ class Template:
     path: Path
     parameters: dict[str, Any]
     conditions: dict[str, Any]
-    resources: dict[str, dict[str, Any]]
-    document: dict[str, Any] = field(default_factory=dict)  # the whole template, Globals included
+    resources: dict[str, dict[str, Any]]  # as SAM's plugins leave them: Globals merged in, implicit APIs added
+    document: dict[str, Any] = field(default_factory=dict)  # the template as written, Globals included
 
     def of_type(self, kind: str) -> dict[str, dict[str, Any]]:
         return {name: r for name, r in self.resources.items() if r.get("Type") == kind}
 
     def properties(self, name: str) -> dict[str, Any]:
-        """A resource's properties with the template's Globals merged in, as SAM merges them."""
-        resource = self.resources[name]
-        own = dict(resource.get("Properties") or {})
-        if self._globals is None:
-            return own
-        merged: dict[str, Any] = self._globals.merge(resource["Type"], own)
-        return merged
-
-    @functools.cached_property
-    def _globals(self) -> Any:
-        """SAM's reading of the Globals section (None without one), parsed once."""
-        from samtranslator.plugins.globals.globals import Globals, InvalidGlobalsSectionException
-
-        if not self.document.get("Globals"):
-            return None
-        try:
-            return Globals(self.document)
-        except InvalidGlobalsSectionException as exc:
-            raise ValueError(f"{self.path}: {exc.message}") from None
+        """A resource's properties, the template's Globals merged in by SAM's own plugin."""
+        return dict(self.resources[name].get("Properties") or {})
 
 
 def load_template(path: Path) -> Template:
+    """Read a template as ``sam local`` reads it: cfn-lint's decoder (short-form tags included), then SAM's
+    translator's own parser and plugins (Globals merged, implicit APIs added, policy templates expanded);
+    a Globals section SAM would refuse is refused with SAM's message."""
     from cfnlint.decode import decode_str
 
     doc, errors = decode_str(path.read_text())
     if errors or not isinstance(doc, dict):
         reason = errors[0].message if errors else "it is not a mapping"
         raise ValueError(f"{path} is not a template the emulator can read: {reason}")
+    processed = _sam_plugins_applied(doc, path) if "Transform" in doc else doc
     return Template(
         path=path,
         parameters=doc.get("Parameters") or {},
         conditions=doc.get("Conditions") or {},
-        resources=doc.get("Resources") or {},
+        resources=processed.get("Resources") or {},
         document=doc,
     )
+
+
+def _sam_plugins_applied(doc: dict[str, Any], path: Path) -> dict[str, Any]:
+    """What SAM CLI's local commands run on a template before they read it (its ``SamTranslatorWrapper``):
+    samtranslator's parser with the plugins of a translation, on a copy."""
+    from samtranslator.model.exceptions import InvalidDocumentException
+    from samtranslator.parser.parser import Parser
+    from samtranslator.translator.translator import prepare_plugins
+
+    template = copy.deepcopy(doc)
+    defaults = {name: spec["Default"] for name, spec in (doc.get("Parameters") or {}).items() if "Default" in spec}
+    try:
+        Parser().parse(template, defaults, prepare_plugins([], parameters=defaults))
+    except InvalidDocumentException as exc:
+        causes = "; ".join(str(getattr(cause, "message", cause)) for cause in exc.causes)
+        raise ValueError(f"{path} is not a valid SAM template: {causes}") from None
+    return template
 
 
 class Resolver:
