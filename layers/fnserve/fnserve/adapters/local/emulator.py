@@ -146,7 +146,8 @@ class Emulator:
                 return
             schedule = self.app.schedules[index]
             self.pools[schedule.function].invoke(schedule.payload(when))
-            due[index] = schedule.next_after(when)
+            # From now if it ran late (a laptop asleep): missed times are skipped, as EventBridge skips them.
+            due[index] = schedule.next_after(max(when, datetime.now(UTC)))
 
     def watched(self) -> dict[str, list[Path]]:
         """The folders whose changes restart each function: its code, its layers, and the folders of the
