@@ -23,7 +23,7 @@ from fnserve.core.cache import CircuitBreaker, ResultCache
 from fnserve.core.cascade import CascadeRunner
 from fnserve.core.errors import ConfigError, InvalidInput
 from fnserve.core.followups import FollowupIds, ResultLookup
-from fnserve.core.manifest import load_manifest
+from fnserve.core.manifest import load_manifest, step_files
 from fnserve.core.processor import JobProcessor
 from fnserve.core.registry import ModelRegistry
 from fnserve.core.results import ResultStore
@@ -33,8 +33,6 @@ from fnserve.stores import objects
 from fnserve.stores.redis import RedisCacheBackend, RedisResultStore
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from fnserve.core.dataplane import DataPlane
     from fnserve.workers.pool import WorkerPool
     from fnserve.workers.remote import Overflow
@@ -181,7 +179,9 @@ def _fetch_manifest(settings: InferenceSettings) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     # The files pipeline steps read (tokenizers, labels, custom steps' modules) come from beside it too. One
     # missing makes its pipeline unservable (named when it is built), not the models: they load lazily too.
-    for relative, required in _step_files(manifest):
+    for relative, required in step_files(manifest):
+        if relative.startswith("/") or ".." in relative.split("/"):
+            raise ConfigError(f"{relative}: a step's file in a fetched manifest must be relative, below it")
         local = target.parent / relative
         try:
             data = objects.get_bytes(f"{where}/{relative}")
@@ -193,22 +193,6 @@ def _fetch_manifest(settings: InferenceSettings) -> Path:
         local.write_bytes(data)
     target.write_text(json.dumps(manifest))
     return target
-
-
-def _step_files(manifest: dict[str, Any]) -> Iterator[tuple[str, bool]]:
-    """The relative files a fetched manifest's steps name, and whether each must exist (a custom step's
-    module may be installed instead); paths that climb out of the manifest's folder are refused."""
-    for pipeline in manifest.get("pipelines", []):
-        for step in (*pipeline.get("pre", []), *pipeline.get("post", [])):
-            named = [(step.get("tokenizer"), True), (step.get("labels"), True)]
-            if isinstance(step.get("function"), str):
-                named.append((step["function"].partition(":")[0].replace(".", "/") + ".py", False))
-            for path, required in named:
-                if not isinstance(path, str):
-                    continue
-                if path.startswith("/") or ".." in path.split("/"):
-                    raise ConfigError(f"{path}: a step's file in a fetched manifest must be relative, below it")
-                yield path, required
 
 
 def followup_ids(settings: AwsSettings) -> FollowupIds:

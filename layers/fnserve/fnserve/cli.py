@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import shutil
@@ -308,8 +307,9 @@ def quantize(
             )
         output.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(candidate, output)
-    digest = hashlib.sha256(output.read_bytes()).hexdigest()
-    typer.echo(f"wrote {output} (sha256 {digest}: the manifest's sha256 for it)")
+    from fnserve.publish import file_sha256
+
+    typer.echo(f"wrote {output} (sha256 {file_sha256(output)}: the manifest's sha256 for it)")
 
 
 def _quantize_and_compare(

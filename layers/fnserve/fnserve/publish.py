@@ -19,7 +19,6 @@ import os
 import shutil
 import tempfile
 import tomllib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 import tomli_w
 
 from fnserve.core.errors import ConfigError, ModelLoadError
-from fnserve.core.manifest import Manifest, ModelSettings, load_manifest
+from fnserve.core.manifest import ModelSettings, load_manifest, step_files
 from fnserve.core.registry import TensorSpec, tensor_specs
 from fnserve.stores import objects
 
@@ -153,9 +152,11 @@ def push(manifest: Path, destination: str) -> Pushed:
         relative = _relative(settings.path) or f"{settings.name}/{settings.version}/{local.name}"
         uploads.append((local, key(relative), digest))
         entry["path"] = f"{base}/{key(relative)}"
-    for asset in step_files(loaded):
+    for asset, required in step_files(data):
         local = _resolve(loaded.base_dir, asset)
         if not local.is_file():
+            if not required:
+                continue  # a custom step's module that is installed, not shipped beside the manifest
             raise ConfigError(f"{asset} (named by a pipeline step) does not exist beside {manifest}")
         below = _relative(asset)
         if below is None:
@@ -178,24 +179,6 @@ def push(manifest: Path, destination: str) -> Pushed:
         objects.upload_file(written, pushed.manifest_uri, file_sha256(written))
     pushed.uploaded.append(pushed.manifest_uri)
     return pushed
-
-
-def step_files(manifest: Manifest) -> Iterator[str]:
-    """The files a manifest's pipeline steps read, as written (tokenizers, label files, and custom steps'
-    modules that are single files beside it)."""
-    seen: set[str] = set()
-    for pipeline in manifest.pipelines:
-        for step in (*pipeline.pre, *pipeline.post):
-            names = [getattr(step, "tokenizer", None), getattr(step, "labels", None)]
-            function = getattr(step, "function", None)
-            if function:
-                module = function.partition(":")[0].replace(".", "/") + ".py"
-                if (manifest.base_dir / module).is_file():  # else it is installed, not shipped beside
-                    names.append(module)
-            for name in names:
-                if name and name not in seen:
-                    seen.add(name)
-                    yield name
 
 
 def _graph_tensors(model: Path) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:

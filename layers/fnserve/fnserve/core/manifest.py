@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -472,6 +473,22 @@ class Manifest(BaseModel):
                     )
             taken.add(cascade.name)
         return self
+
+
+def step_files(data: dict[str, Any]) -> Iterator[tuple[str, bool]]:
+    """The files a manifest's pipeline steps name, as written (``data`` is the parsed file, before
+    validation), each once, with whether it must exist beside the manifest: tokenizers and label files
+    must; a custom step's module (``module:function`` -> ``module.py``) may be installed instead."""
+    seen: set[str] = set()
+    for pipeline in data.get("pipelines", []):
+        for step in (*pipeline.get("pre", []), *pipeline.get("post", [])):
+            named = [(step.get("tokenizer"), True), (step.get("labels"), True)]
+            if isinstance(step.get("function"), str):
+                named.append((step["function"].partition(":")[0].replace(".", "/") + ".py", False))
+            for path, required in named:
+                if isinstance(path, str) and path not in seen:
+                    seen.add(path)
+                    yield path, required
 
 
 def load_manifest(path: str | Path) -> Manifest:

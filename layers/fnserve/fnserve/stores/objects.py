@@ -28,15 +28,8 @@ def split_uri(uri: str, scheme: str) -> tuple[str, str]:
 
 def get_bytes(uri: str) -> bytes:
     """An object's bytes (a 422 for a bad or missing reference, a 503 for an outage)."""
-    if uri.startswith("gs://"):
-        from fnserve.gcp import storage
-
-        return storage.get_bytes(uri)
-    if uri.startswith("s3://"):
-        from fnserve.aws import s3
-
-        return s3.get_bytes(uri)
-    raise InvalidInput(f"{uri!r} is not an s3:// or gs:// URI")
+    data: bytes = _backend(uri).get_bytes(uri)
+    return data
 
 
 def put_bytes(bucket: str, key: str, data: bytes) -> str:
@@ -52,13 +45,8 @@ def put_bytes(bucket: str, key: str, data: bytes) -> str:
 
 def fetch_model(uri: str, target: Path) -> Path:
     """The model registry's fetcher for both schemes."""
-    if uri.startswith("gs://"):
-        from fnserve.gcp import storage
-
-        return storage.fetch_model(uri, target)
-    from fnserve.aws import s3
-
-    return s3.fetch_model(uri, target)
+    fetched: Path = _backend(uri).fetch_model(uri, target)
+    return fetched
 
 
 def upload_file(path: Path, uri: str, sha256: str) -> None:
@@ -73,6 +61,7 @@ def stored_sha256(uri: str) -> str | None:
 
 
 def _backend(uri: str) -> Any:
+    """The module serving ``uri``'s scheme (imported on first use: each pulls in its cloud's client)."""
     if uri.startswith("gs://"):
         from fnserve.gcp import storage
 

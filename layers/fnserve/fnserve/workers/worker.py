@@ -129,8 +129,9 @@ class Memory:
 
     def check_peak(self) -> None:
         """Stop the worker if a peak the watch did not see (freed within a check) passed the limit."""
-        if self.peak() > self.limit_mb:
-            self._stop(self.peak())
+        peak = self.peak()
+        if peak > self.limit_mb:
+            self._stop(peak)
 
     def _stop(self, used_mb: float) -> None:
         print(
