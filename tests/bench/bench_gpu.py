@@ -12,6 +12,8 @@ Skipped where onnxruntime has no CUDA provider or no GPU answers. For MiniLM fp3
   requests (the binary tensor extension) from :mod:`fnserve.bench.load`: adaptive batching off
   and on, at concurrency 1 and 64. Targets: batching on reaches >= 0.8x the raw batch-1
   capacity, and >= 3x the unbatched throughput at concurrency 64;
+- MiniLM fp32 on TensorRT with fp16 layers, where TensorRT's libraries are installed: raw capacity
+  and ``fnserve serve`` with adaptive batching, beside the CUDA provider's figures;
 - the mixed-device pool (MiniLM fp32, batching off): one GPU worker alone against the same
   worker with CPU workers to overflow to, at concurrency 64, with the share each device ran.
 """
@@ -35,7 +37,17 @@ import numpy as np
 import onnxruntime as ort
 
 from fnserve.bench import load as _load
-from tests.gpu.models import BATCHING_KEYS, CUDA_GRAPHS, one_model_manifest, pixels, tokens
+from fnserve.core.manifest import load_manifest
+from fnserve.core.providers import TENSORRT, ort_provider
+from tests.gpu.models import (
+    BATCHING_KEYS,
+    CUDA_GRAPHS,
+    one_model_manifest,
+    pixels,
+    tensorrt_missing,
+    tensorrt_providers,
+    tokens,
+)
 
 SECONDS = float(os.environ.get("BENCH_LOAD_SECONDS", "8"))
 RAW_SECONDS = float(os.environ.get("BENCH_RAW_SECONDS", "3"))
@@ -56,9 +68,12 @@ def feed_of(name: str, rows: int) -> dict[str, np.ndarray[Any, Any]]:
     return tokens(rows, 64) if name.startswith("minilm") else pixels(rows)
 
 
-def raw(path: Path, feed: dict[str, np.ndarray[Any, Any]], binding: bool = False) -> float:
-    """Calls per second of one session on the CUDA provider, back to back for RAW_SECONDS."""
-    session = ort.InferenceSession(str(path), providers=[CUDA, "CPUExecutionProvider"])
+def cuda_session(path: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), providers=[CUDA, "CPUExecutionProvider"])
+
+
+def raw(session: ort.InferenceSession, feed: dict[str, np.ndarray[Any, Any]], binding: bool = False) -> float:
+    """Calls per second of ``session``, back to back for RAW_SECONDS."""
     outputs = [o.name for o in session.get_outputs()]
     if binding:
         bound = session.io_binding()
@@ -147,6 +162,37 @@ def load(port: int, body: bytes, connections: int) -> _load.Load:
     )
 
 
+def tensorrt(models: Path, tmp: Path, on_cuda: dict[str, Any]) -> dict[str, Any]:
+    """MiniLM fp32 on TensorRT with fp16 layers, its engines built once into one cache: raw capacity at batch 1 and
+    64, and served with the export's adaptive batching, beside the same model on the CUDA provider."""
+    name, largest = "minilm-fp32", 64
+    providers = tensorrt_providers(tmp / "trt-engines", max_rows=largest, max_length=128)
+    manifest = one_model_manifest(models, tmp, name, execution_providers=providers)
+    table = load_manifest(manifest).models[0].execution_providers[0]
+    session = ort.InferenceSession(
+        str(models / name / "1" / "model.onnx"), providers=[ort_provider(table, name), "CPUExecutionProvider"]
+    )
+    assert session.get_providers()[0] == TENSORRT, session.get_providers()
+    one = raw(session, feed_of(name, 1))
+    many = raw(session, feed_of(name, largest)) * largest
+    print(
+        f"\n{name} on TensorRT, fp16: raw batch 1 {one:8.0f}/s ({one / on_cuda['raw_batch1']:.2f}x CUDA fp32); "
+        f"batch {largest} {many:8.0f} rows/s ({many / on_cuda[f'raw_batch{largest}_rows']:.2f}x CUDA fp32)"
+    )
+    row: dict[str, Any] = {"raw_batch1": one, f"raw_batch{largest}_rows": many}
+    with serving(manifest, "--workers", "0") as port:
+        body = request(name, feed_of(name, 1), port)
+        for connections in (1, 64):
+            result = load(port, body, connections)
+            print(
+                f"    serve, batching on, concurrency {connections:>2}: {result.rate:8.0f} req/s  "
+                f"{result.rate / one:5.2f}x raw batch 1   p50 {result.p50:7.2f} ms  p99 {result.p99:7.2f} ms  "
+                f"errors {result.errors}; CUDA fp32 served {on_cuda[f'serve_batched_c{connections}']:.0f} req/s"
+            )
+            row[f"serve_batched_c{connections}"] = result.rate
+    return row
+
+
 def main() -> None:
     models = gpu_models()
     if models is None:
@@ -158,9 +204,9 @@ def main() -> None:
     figures: dict[str, Any] = {}
     for name, largest in (("minilm-fp32", 64), ("minilm-fp16", 64), ("resnet50-fp16", 32)):
         path = models / name / "1" / "model.onnx"
-        one = raw(path, feed_of(name, 1))
-        many = raw(path, feed_of(name, largest)) * largest
-        bound = raw(path, feed_of(name, largest), binding=True) * largest
+        one = raw(cuda_session(path), feed_of(name, 1))
+        many = raw(cuda_session(path), feed_of(name, largest)) * largest
+        bound = raw(cuda_session(path), feed_of(name, largest), binding=True) * largest
         print(
             f"\n{name}: raw ORT CUDA, batch 1 {one:8.0f}/s ({1e3 / one:.3f} ms); batch {largest} {many:8.0f} rows/s "
             f"({many / one:.1f}x); with IO binding {bound:8.0f} rows/s ({bound / many:.2f}x run())"
@@ -199,6 +245,11 @@ def main() -> None:
             f"{row['serve_batched_c64'] / one:.2f}x raw batch-1 capacity (target >= 0.8)"
         )
         figures[name] = row
+    missing = tensorrt_missing()
+    if missing is None:
+        figures["minilm-fp32 on TensorRT, fp16"] = tensorrt(models, tmp, figures["minilm-fp32"])
+    else:
+        print(f"\nTensorRT rows skipped: {missing}")
     # The mixed pool: the GPU filled to its capacity, the rest to CPU workers.
     path = one_model_manifest(models, tmp, "minilm-fp32", BATCHING_KEYS)
     for options in (["--gpu-workers", "1"], ["--gpu-workers", "1", "--gpu-capacity", "2", "--workers", "8"]):

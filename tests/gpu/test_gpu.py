@@ -25,7 +25,7 @@ import pytest
 from fnserve.core.errors import ModelLoadError
 from fnserve.core.manifest import load_manifest
 from fnserve.core.registry import ModelRegistry
-from tests.gpu.models import CUDA_GRAPHS, one_model_manifest, pixels, tokens
+from tests.gpu.models import CUDA_GRAPHS, cosine, model, one_model_manifest, pixels, relative, tokens
 from tests.servers import start_server
 
 CUDA = ["CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -37,19 +37,6 @@ def run(path: Path, providers: list[str], feed: dict[str, np.ndarray[Any, Any]])
     assert session.get_providers()[0] == providers[0]  # no silent fall back inside the test either
     result: np.ndarray[Any, Any] = session.run(None, feed)[0]
     return result
-
-
-def cosine(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    return float(np.min(np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))))
-
-
-def relative(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
-    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b.astype(np.float64)))
-
-
-def model(root: Path, name: str) -> Path:
-    return root / name / "1" / "model.onnx"
 
 
 @pytest.mark.parametrize("length", [16, 64, 256])

@@ -67,9 +67,15 @@ class TensorrtProvider(BaseModel):
     name: Literal["TensorrtExecutionProvider"]
     device_id: int = Field(default=0, ge=0, description="The GPU this model runs on.")
     fp16: bool = Field(default=False, description="Let TensorRT run layers in FP16.")
-    int8: bool = Field(default=False, description="Let TensorRT run layers in INT8 (a QDQ or calibrated model).")
+    int8: bool = Field(
+        default=False,
+        description="Let TensorRT run layers in INT8: for a model with symmetric QuantizeLinear/DequantizeLinear "
+        "nodes, whose scales TensorRT reads. A dynamically quantized model has none: use fp16 for it.",
+    )
     cache_dir: str | None = Field(
-        default=None, description="Where built engines and the timing cache are kept, so later starts skip the build."
+        default=None,
+        description="Where built engines and the timing cache are kept, so later starts skip the build: a writable "
+        "folder, made and checked at start, shared by the workers and kept across restarts.",
     )
     max_workspace_mb: int | None = Field(default=None, ge=1, description="TensorRT's workspace limit.")
     min_shapes: dict[str, list[int]] = Field(default_factory=dict, description="Shape profile: smallest shapes.")

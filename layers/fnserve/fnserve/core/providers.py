@@ -9,6 +9,9 @@ the model's metadata says so. Never a silent fall back.
 
 ``FNSERVE_DEVICE=cpu`` makes a process run every model on its CPU providers alone (the CPU
 workers of a mixed-device pool): that is a placement, not a fall back.
+
+CUDA's, cuDNN's and TensorRT's libraries installed by pip are loaded before a session asks for them
+(:func:`preload_cuda`, :func:`preload_tensorrt`): the dynamic loader does not look in site-packages.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import logging
 import os
 from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import onnxruntime as ort
@@ -99,6 +103,36 @@ def preload_cuda() -> None:
             logger.info("onnxruntime.preload_dlls: %s", exc)
 
 
+# TensorRT's libraries that ONNX Runtime's TensorRT provider links to, in the order they load (the last two
+# need the first).
+TENSORRT_LIBRARIES = ("libnvinfer.so", "libnvinfer_plugin.so", "libnvonnxparser.so")
+
+
+@functools.cache
+def preload_tensorrt() -> None:
+    """Load TensorRT's libraries that pip installed (tensorrt-cu13-libs: the ``tensorrt_libs`` package), once per
+    process. ONNX Runtime's TensorRT provider links to them, and the dynamic loader does not look in
+    site-packages: without this, the provider cannot be created unless LD_LIBRARY_PATH names that folder. A
+    TensorRT the loader finds by itself (a TensorRT base image) needs nothing, and then there is no package."""
+    import ctypes  # here, not at the top: a cold start on the CPU never pays for it
+    import importlib
+
+    try:
+        package = importlib.import_module("tensorrt_libs")
+    except ImportError:
+        return
+    except Exception as exc:  # noqa: BLE001 - its import loads the libraries; what failed shows again below
+        logger.warning("tensorrt_libs did not import: %s", exc)
+        return
+    for folder in getattr(package, "__path__", []):
+        for stem in TENSORRT_LIBRARIES:
+            for library in sorted(Path(folder).glob(f"{stem}.*")):
+                try:
+                    ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+                except OSError as exc:
+                    logger.warning("TensorRT library %s did not load: %s", library, exc)
+
+
 def ort_providers(settings: ModelSettings, where: str) -> tuple[list[OrtProvider], str | None]:
     """ONNX Runtime's provider list (names with their options) for a model, and the fall back's reason when a
     GPU provider is not in this build of ONNX Runtime (a :class:`ModelLoadError` unless ``cpu_fallback``)."""
@@ -106,6 +140,8 @@ def ort_providers(settings: ModelSettings, where: str) -> tuple[list[OrtProvider
     names = [name_of(p) for p in wanted]
     if any(n in GPU_PROVIDERS for n in names) and any(n in GPU_PROVIDERS for n in ort.get_available_providers()):
         preload_cuda()
+    if TENSORRT in names and TENSORRT in ort.get_available_providers():
+        preload_tensorrt()
     unknown = [n for n in names if n not in ort.get_all_providers()]
     if unknown:
         raise ModelLoadError(f"{where}: unknown execution providers {unknown}")
@@ -120,7 +156,7 @@ def ort_providers(settings: ModelSettings, where: str) -> tuple[list[OrtProvider
         if any(n in GPU_PROVIDERS for n in missing) and not settings.cpu_fallback:
             raise ModelLoadError(f"{where}: {reason}, or set cpu_fallback = true to run it on the CPU")
         logger.warning("%s: %s; running on %s", where, reason, [n for n in names if n in available] or [CPU])
-    chosen = [_with_options(p) for p in wanted if name_of(p) in available]
+    chosen = [ort_provider(p, where) for p in wanted if name_of(p) in available]
     return chosen or [CPU], reason
 
 
@@ -151,7 +187,8 @@ def device_of(session: Any) -> str:
     return "cpu"
 
 
-def _with_options(provider: Provider) -> OrtProvider:
+def ort_provider(provider: Provider, where: str) -> OrtProvider:
+    """One provider as ONNX Runtime takes it: its name, with its options where the manifest gave a table."""
     if isinstance(provider, CudaProvider):
         options: dict[str, Any] = {
             "device_id": provider.device_id,
@@ -175,6 +212,7 @@ def _with_options(provider: Provider) -> OrtProvider:
             options["trt_max_workspace_size"] = provider.max_workspace_mb * 2**20
         if provider.cache_dir is not None:
             # Engines and timings built once, reused by every later start (and every worker).
+            writable_cache(Path(provider.cache_dir), where)
             options.update(
                 trt_engine_cache_enable=True,
                 trt_engine_cache_path=provider.cache_dir,
@@ -190,3 +228,14 @@ def _with_options(provider: Provider) -> OrtProvider:
                 options[key] = ",".join(f"{name}:{'x'.join(map(str, dims))}" for name, dims in shapes.items())
         return TENSORRT, options
     return provider
+
+
+def writable_cache(folder: Path, where: str) -> None:
+    """Make TensorRT's cache folder, or say at start why it cannot be written: TensorRT would otherwise build
+    its engines at every start and fail only when it saves them."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ModelLoadError(f"{where}: TensorRT's cache_dir {str(folder)!r} cannot be made: {exc}") from exc
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ModelLoadError(f"{where}: TensorRT's cache_dir {str(folder)!r} is not writable by this process")
