@@ -20,21 +20,19 @@ import copy
 import json
 import logging
 import os
-import re
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Iterator, Sequence
 
 import httpx
 import numpy as np
 import onnxruntime as ort
 
 from fnserve.adapters.local.events import LambdaContext
+from fnserve.bench.load import run_wrk
 from tests.bench._timing import interleaved, percentile
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
 
@@ -115,33 +113,16 @@ def running(
         proc.wait(timeout=30)
 
 
-def wrk(port: int, script: Path, model: str = MODEL, seconds: int = LOAD_SECONDS) -> tuple[float, float, float]:
-    """Requests/s, p50 and p99 (ms) of wrk at 16 connections; any non-2xx response is an error."""
-    out = subprocess.run(
-        [
-            "wrk",
-            "-t1",
-            "-c16",
-            f"-d{seconds}s",
-            "--latency",
-            "-s",
-            str(script),
-            f"http://127.0.0.1:{port}/v2/models/{model}/infer",
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    if non2xx:
-        raise RuntimeError(f"{non2xx.group(1)} failed responses:\n{out}")
-    return rps, _latency(out, "50%"), _latency(out, "99%")
-
-
-def _latency(out: str, pct: str) -> float:
-    value, unit = re.search(rf"{re.escape(pct)}\s+([\d.]+)(us|ms|s)", out).groups()  # type: ignore[union-attr]
-    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+def wrk(
+    port: int, bodies: Sequence[str], model: str = MODEL, seconds: int = LOAD_SECONDS
+) -> tuple[float, float, float]:
+    """Requests/s, p50 and p99 (ms) of wrk at 16 connections POSTing ``bodies`` in turn; any failed request (a
+    connection error, a non-2xx answer) fails the run."""
+    url = f"http://127.0.0.1:{port}/v2/models/{model}/infer"
+    result = run_wrk(url, [b.encode() for b in bodies], connections=16, seconds=seconds)
+    if result.errors:
+        raise RuntimeError(f"{result.errors} of {result.requests} requests to {url} failed")
+    return result.rate, result.p50, result.p99
 
 
 x1 = np.load(DEMO_HOLDOUT)["input"][:1]
@@ -152,11 +133,6 @@ def load_test() -> None:
     if shutil.which("wrk") is None:
         print("(b) skipped: wrk is not installed (make bench installs it with apt-get)")
         return
-    tmp = Path(tempfile.mkdtemp(prefix="fnserve-bench-"))
-    script = tmp / "post.lua"
-    script.write_text(
-        f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\nwrk.body = {json.dumps(BODY)}\n'
-    )
     fn_port, plain_port = 18081, 18082
     fn = [sys.executable, "-m", "fnserve", "serve", "-m", str(DEMO_MANIFEST), "--port", str(fn_port)]
     plain = [sys.executable, "-m", "uvicorn", "tests.bench.plain_server:app", "--port", str(plain_port)]
@@ -176,8 +152,8 @@ def load_test() -> None:
     for _ in range(LOAD_ROUNDS):  # alternate servers so drift hits all alike
         for label, (cmd, port, env) in servers.items():
             with running(cmd, port, env):
-                wrk(port, script)  # warm-up run, discarded
-                results[label].append(wrk(port, script))
+                wrk(port, [BODY])  # warm-up run, discarded
+                results[label].append(wrk(port, [BODY]))
     base = statistics.median(r[0] for r in results["plain FastAPI + uvicorn, 2 workers"])
     print(f"\n(b) wrk, concurrency 16, {MODEL} batch 1 JSON, {LOAD_ROUNDS} rounds of {LOAD_SECONDS}s, medians")
     for label, runs in results.items():

@@ -25,11 +25,9 @@ import re
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -58,18 +56,6 @@ def body(text: str) -> str:
     return json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [text]}]})
 
 
-def wrk_script(directory: Path) -> Path:
-    bodies = ",\n".join(json.dumps(body(s)) for s in SENTENCES[:64])
-    script = directory / "texts.lua"
-    script.write_text(
-        f"bodies = {{\n{bodies}\n}}\ncounter = 0\n"
-        "request = function()\n  counter = counter + 1\n"
-        '  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, bodies[counter % #bodies + 1])\n'
-        "end\n"
-    )
-    return script
-
-
 def stage_shares(url: str, requests: int = 320) -> dict[str, float]:
     """Milliseconds per stage, summed over ``requests`` concurrent requests (16 at a time)."""
     totals: dict[str, float] = defaultdict(float)
@@ -92,8 +78,7 @@ def http() -> None:
         print("(a) skipped: wrk is not installed (make bench installs it with apt-get)")
         return
     cpus = available_cpus()
-    tmp = Path(tempfile.mkdtemp(prefix="fnserve-bench-"))
-    script = wrk_script(tmp)
+    bodies = [body(s) for s in SENTENCES[:64]]
     port = 18091
     fn = [sys.executable, "-m", "fnserve", "serve", "-m", str(DEMO_MANIFEST), "--port", str(port)]
     plain = [sys.executable, "-m", "uvicorn", "tests.bench.plain_embed_server:app", "--port", str(port)]
@@ -112,8 +97,8 @@ def http() -> None:
     shares: dict[str, float] = {}
     for label, (cmd, extra) in servers.items():
         with running(cmd, port, env=extra, model="minilm-embed", body=body(SENTENCES[0])):
-            wrk(port, script, model="minilm-embed", seconds=3)  # warm-up, discarded
-            results[label] = wrk(port, script, model="minilm-embed")
+            wrk(port, bodies, model="minilm-embed", seconds=3)  # warm-up, discarded
+            results[label] = wrk(port, bodies, model="minilm-embed")
             if label.startswith("fnserve serve (default"):
                 shares = stage_shares(f"http://127.0.0.1:{port}")
     peer = max(rps for label, (rps, _, _) in results.items() if label.startswith("naive"))

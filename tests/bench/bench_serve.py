@@ -127,18 +127,13 @@ def main() -> None:
         print(f"    raw ORT capacity, batch 1: 1 process x {cpus} threads {single:8.0f}/s; ", end="")
         print(f"{cpus} processes x 1 thread {per_core:8.0f}/s  -> floor {capacity:.0f}/s")
         print(f"    raw ORT, batch 16: {batched:8.0f} rows/s ({batched / capacity:.2f}x the batch-1 capacity)")
-        script = tmp / f"{model.name}.lua"
-        script.write_text(
-            'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-            f"wrk.body = {json.dumps(model.body())}\n"
-        )
         for batching in (False, True):
             path = manifest(tmp, model, batching)
             for options in CONFIGS:
                 cmd = [sys.executable, "-m", "fnserve", "serve", "-m", str(path), "--port", str(port), *options]
                 with running(cmd, port, model=model.name, body=model.body()):
-                    wrk(port, script, model.name, seconds=2)  # warm-up, discarded
-                    rps, p50, p99 = wrk(port, script, model.name, seconds=LOAD_SECONDS)
+                    wrk(port, [model.body()], model.name, seconds=2)  # warm-up, discarded
+                    rps, p50, p99 = wrk(port, [model.body()], model.name, seconds=LOAD_SECONDS)
                 label = f"{' '.join(options) or '(default layout)'}, batching {'on ' if batching else 'off'}"
                 print(
                     f"    {label:<42}{rps:8.0f} req/s  {rps / capacity:5.2f}x raw   "
