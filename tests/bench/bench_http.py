@@ -20,12 +20,15 @@ import copy
 import json
 import logging
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -129,17 +132,30 @@ x1 = np.load(DEMO_HOLDOUT)["input"][:1]
 BODY = json.dumps({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": x1.ravel().tolist()}]})
 
 
+def digits_manifest(directory: Path) -> Path:
+    """The demo manifest's digits models alone, paths made absolute: what the plain server serves, with no model
+    that batches adaptively beside them (one such model makes the default layout a single front process)."""
+    blocks = re.split(r"(?m)^(?=\[\[)", DEMO_MANIFEST.read_text())
+    kept = [b for b in blocks if b.startswith("[[models]]") and re.search(r'(?m)^name = "digits-', b)]
+    path = directory / "digits.toml"
+    path.write_text("".join(kept).replace('path = "', f'path = "{DEMO_MANIFEST.parent}/'))
+    return path
+
+
 def load_test() -> None:
     if shutil.which("wrk") is None:
         print("(b) skipped: wrk is not installed (make bench installs it with apt-get)")
         return
     fn_port, plain_port = 18081, 18082
+    digits = digits_manifest(Path(tempfile.mkdtemp(prefix="fnserve-bench-")))
+    alone = [sys.executable, "-m", "fnserve", "serve", "-m", str(digits), "--port", str(fn_port)]
     fn = [sys.executable, "-m", "fnserve", "serve", "-m", str(DEMO_MANIFEST), "--port", str(fn_port)]
     plain = [sys.executable, "-m", "uvicorn", "tests.bench.plain_server:app", "--port", str(plain_port)]
     plain += ["--workers", "2", "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"]
     plain_env = {"PLAIN_MODEL_PATH": str(MODEL_PATH), "PLAIN_THREADS": "1"}
     servers = {
-        "fnserve serve (default: layout chosen at start)": (fn, fn_port, {}),
+        "fnserve serve, demo manifest (default layout)": (fn, fn_port, {}),
+        "fnserve serve, digits models alone (default layout)": (alone, fn_port, {}),
         "fnserve serve --processes 2 --workers 0": ([*fn, "--processes", "2", "--workers", "0"], fn_port, {}),
         "fnserve serve --processes 2 --workers 0 --access-log": (
             [*fn, "--processes", "2", "--workers", "0", "--access-log"],
