@@ -217,3 +217,59 @@ def test_a_mixed_pool_overflows_past_the_gpu_capacity_and_says_which_device_answ
         assert overflow.runs == {"gpu": devices.count("gpu"), "cpu": devices.count("cpu")}
     finally:
         overflow.close()
+
+
+def _sockets(pid: int) -> set[int]:
+    """The inodes of the sockets process ``pid`` holds."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def _tcp(port: int) -> dict[int, str]:
+    """Inode -> TCP state (0A listening, 01 established) of the sockets on local port ``port``."""
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                found[int(fields[9])] = fields[3]
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads sockets from Linux's /proc")
+def test_front_processes_each_listen_on_their_own_socket_and_share_the_connections(tmp_path: Path) -> None:
+    # uvicorn's workers share one socket: the first process awake accepted a whole burst of connections,
+    # and with 2 front processes one run in three served everything from one of them.
+    proc, url = start_server(
+        ["-m", str(write_test_manifest(tmp_path)), "--processes", "2", "--workers", "0"],
+        tmp_path / "serve.log",
+        new_session=True,
+    )
+    try:
+        port = int(url.rsplit(":", 1)[1])
+        fronts = [int(pid) for pid in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        listening = {pid: {i for i in _sockets(pid) if _tcp(port).get(i) == "0A"} for pid in fronts}
+        listening = {pid: inodes for pid, inodes in listening.items() if inodes}
+        assert len(listening) == 2, listening
+        first, second = listening.values()
+        assert len(first) == len(second) == 1 and first != second  # a socket each, not one shared
+        clients = [httpx.Client(base_url=url, timeout=30) for _ in range(32)]
+        try:
+            for client in clients:  # 32 keep-alive connections, as a load balancer's pool holds them
+                assert client.post("/v2/models/digits-accurate/infer", json=body(DIGITS[:1])).status_code == 200
+            established = {i for i, state in _tcp(port).items() if state == "01"}
+            held = [len(_sockets(pid) & established) for pid in listening]
+            assert sum(held) == 32 and all(held), held  # all on one would happen once in 2**31
+        finally:
+            for client in clients:
+                client.close()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)

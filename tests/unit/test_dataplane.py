@@ -56,3 +56,12 @@ def test_a_job_over_the_message_limit_without_a_bucket_is_a_configuration_error(
     job = {"id": "big", "model": "m", "inputs": [{"name": "x", "data": [0.0] * 400_000}]}
     with pytest.raises(ConfigError, match="no bucket is set"):
         job_body(job, bucket=None, limit=MAX_MESSAGE_BYTES)
+
+
+def test_ready_waits_for_every_condition_the_server_adds(plane: DataPlane) -> None:
+    assert plane.ready()
+    others_listening = [False]
+    plane.ready_when(lambda: others_listening[0])
+    assert not plane.ready()
+    others_listening[0] = True
+    assert plane.ready()

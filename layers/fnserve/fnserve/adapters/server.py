@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fnserve import bootstrap, tracing
+from fnserve.adapters import fronts
 from fnserve.adapters.http.app import Companion, Telemetry, V2App, create_app
 from fnserve.adapters.logs import logger
 from fnserve.core._cpus import AFFINITY_DIR_ENV, available_cpus
@@ -52,8 +53,8 @@ def serve(
 
     On a signal, requests in flight finish, then the workers stop (the app's lifespan). The
     workers ignore signals themselves, and exit on their own if this process is killed
-    outright (their pipe to it closes). With ``server_processes > 1``, uvicorn runs that many
-    front processes on the port, each building its own app (:func:`app_factory`).
+    outright (their pipe to it closes). With ``server_processes > 1``, that many front processes serve the
+    port (:mod:`fnserve.adapters.fronts`), each building its own app (:func:`app_factory`).
     """
     made: list[str | None] = [metrics_dir() if settings.metrics else None]
     if settings.cpu_affinity:  # the slot locks of the processes pinned to CPUs (bootstrap.pin_inference)
@@ -124,7 +125,7 @@ def _serve(
                 on_ready(checked, settings)
             del checked
             os.environ.update(settings_env(settings))  # how the settings reach the front processes
-            uvicorn.run(f"{__name__}:app_factory", factory=True, workers=settings.server_processes, **options)
+            fronts.run(f"{__name__}:app_factory", settings.server_processes, options)
             return
     # One front process: running inference itself, it serves the models loaded (and timed) above.
     loaded = checked if not pooled(settings) else None
@@ -365,6 +366,10 @@ def build_app(settings: Settings, pool: Overflow | None = None, service: Inferen
         metrics = ServerMetrics()
         metrics.watch(plane, pool)
     companions: list[Companion] = [metrics] if metrics is not None else []  # stopped last: its final flush
+    listening = fronts.all_listening()  # one of several front processes: ready once all of them listen
+    if listening is not None:
+        plane.ready_when(listening)
+        companions.append(listening)
     if settings.grpc_port is not None:
         companions.append(grpc_server(settings, plane, metrics.telemetry("grpc") if metrics is not None else None))
     app = create_app(

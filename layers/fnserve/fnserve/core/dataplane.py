@@ -88,6 +88,7 @@ class DataPlane:
             for p in service.registry.manifest.pipelines
             if p.version in (None, service.registry.resolve(p.model).version)
         }
+        self._ready_when: list[Callable[[], bool]] = []
 
     # -- inference ------------------------------------------------------------------------------
 
@@ -187,8 +188,12 @@ class DataPlane:
         return [*self.service.registry.names(), *self.service.pipelines, *cascades]
 
     def ready(self) -> bool:
-        """Whether every model can serve."""
-        return self.service.ready()
+        """Whether every model can serve, and every condition given to :meth:`ready_when` holds."""
+        return self.service.ready() and all(condition() for condition in self._ready_when)
+
+    def ready_when(self, condition: Callable[[], bool]) -> None:
+        """Make :meth:`ready` also wait for ``condition`` (a server's: all its front processes listening)."""
+        self._ready_when.append(condition)
 
     def _cascade_settings(self, name: str, version: str | None) -> CascadeSettings | None:
         if self.cascades is None or version is not None:
