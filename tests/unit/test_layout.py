@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,16 +39,35 @@ class SlowSession:
 
 
 @dataclass
+class RowSession:
+    """A session that takes ``ms_per_row`` for each row of its feed."""
+
+    ms_per_row: float
+
+    def run(self, names: Any, feed: dict[str, np.ndarray[Any, Any]]) -> list[Any]:
+        deadline = time.perf_counter() + self.ms_per_row * len(next(iter(feed.values()))) / 1e3
+        while time.perf_counter() < deadline:
+            pass
+        return []
+
+
+@dataclass
 class Model:
-    session: SlowSession
+    session: SlowSession | RowSession
     inputs: tuple[TensorSpec, ...] = (TensorSpec("x", "FP32", np.dtype(np.float32), (-1, 4)),)
     output_names: tuple[str, ...] = ("y",)
+    settings: Any = field(
+        default_factory=lambda: SimpleNamespace(length_buckets=None, max_batch_size=64, pad_inputs=())
+    )
+    placement: Any = field(default_factory=lambda: SimpleNamespace(device="cpu"))
 
 
 class Registry:
-    def __init__(self, models: dict[str, Model]) -> None:
+    def __init__(self, models: dict[str, Model], batching: tuple[str, ...] = ()) -> None:
         self.models = models
-        self.manifest = SimpleNamespace(models=[SimpleNamespace(name=n, max_batch_time_ms=None) for n in models])
+        self.manifest = SimpleNamespace(
+            models=[SimpleNamespace(name=n, max_batch_time_ms=2.0 if n in batching else None) for n in models]
+        )
 
     def names(self) -> list[str]:
         return list(self.models)
@@ -57,8 +77,8 @@ class Registry:
 
 
 class Service:
-    def __init__(self, models: dict[str, Model]) -> None:
-        self.registry = Registry(models)
+    def __init__(self, models: dict[str, Model], batching: tuple[str, ...] = ()) -> None:
+        self.registry = Registry(models, batching)
 
 
 def test_the_digits_models_are_served_in_process_one_front_process_per_cpu(tmp_path: Path) -> None:
@@ -70,11 +90,44 @@ def test_the_digits_models_are_served_in_process_one_front_process_per_cpu(tmp_p
     assert "well under a worker round trip" in layout.why
 
 
-def test_the_demo_manifest_batches_minilm_so_one_front_process_runs_inference() -> None:
+def test_the_demo_manifests_minilm_batches_so_its_layout_is_timed_both_ways() -> None:
     service = InferenceService.from_manifest(DEMO_MANIFEST, eager=True)
-    layout = choose_layout(service, cpus=4, process_bytes=100 * MIB, available_bytes=8192 * MIB)
+    layout = choose_layout(service, cpus=2, process_bytes=100 * MIB, available_bytes=8192 * MIB)
+    assert layout.workers == 0 and "'minilm-l6' batches adaptively" in layout.why
+    found = re.search(r"([\d,]+) rows/s in batches of 16 rows of 48 .* against ([\d,]+) from 2 processes", layout.why)
+    assert found, layout.why  # a middle length bucket, and both layouts' rates
+    whole, split = (int(g.replace(",", "")) for g in found.groups())
+    assert layout.processes == (1 if whole >= split else 2)
+
+
+def test_a_heavy_batching_model_gets_one_batcher_when_whole_batches_run_faster() -> None:
+    # One process's threads run 16 rows at 1 ms a row; a single-threaded process, 8 rows at 4 ms a row.
+    service = Service({"bert": Model(RowSession(1.0))}, batching=("bert",))
+    layout = choose_layout(
+        service,  # type: ignore[arg-type]
+        cpus=2,
+        process_bytes=MIB,
+        available_bytes=1024 * MIB,
+        single_session=lambda model, threads: RowSession(4.0),
+    )
     assert (layout.processes, layout.workers) == (1, 0)
-    assert "'minilm-l6' batches adaptively" in layout.why
+    assert "'bert' batches adaptively and one batcher serves it faster (" in layout.why
+
+
+def test_a_heavy_batching_model_is_split_over_the_cpus_when_that_runs_faster() -> None:
+    # Threads that help little: 2.5 ms a row in one process's batches, 1 ms a row in each single-threaded one.
+    service = Service({"bert": Model(RowSession(2.5)), "tiny": Model(SlowSession(0))}, batching=("bert",))
+    threads = []
+    layout = choose_layout(
+        service,  # type: ignore[arg-type]
+        cpus=2,
+        process_bytes=MIB,
+        available_bytes=1024 * MIB,
+        single_session=lambda model, n: threads.append(n) or RowSession(1.0),
+    )
+    assert (layout.processes, layout.workers) == (2, 0) and threads == [1]
+    assert "'bert' batches adaptively, faster split (" in layout.why
+    assert "from 2 processes of 1 thread(s) batching 8 rows each" in layout.why
 
 
 def test_a_heavy_model_is_timed_and_named_in_the_reason() -> None:
