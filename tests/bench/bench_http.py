@@ -134,7 +134,7 @@ BODY = json.dumps({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "F
 
 def digits_manifest(directory: Path) -> Path:
     """The demo manifest's digits models alone, paths made absolute: what the plain server serves, with no model
-    that batches adaptively beside them (one such model makes the default layout a single front process)."""
+    that batches adaptively beside them (the default layout times such a model, and may pick one front process)."""
     blocks = re.split(r"(?m)^(?=\[\[)", DEMO_MANIFEST.read_text())
     kept = [b for b in blocks if b.startswith("[[models]]") and re.search(r'(?m)^name = "digits-', b)]
     path = directory / "digits.toml"
