@@ -162,6 +162,22 @@ def load(port: int, body: bytes, connections: int) -> _load.Load:
     )
 
 
+def served(manifest: Path, name: str, one: float, label: str) -> dict[int, _load.Load]:
+    """``fnserve serve`` (in-process session) on ``manifest`` under batch-1 load at concurrency 1 and 64, each
+    printed beside ``one``, the raw batch-1 rate."""
+    results = {}
+    with serving(manifest, "--workers", "0") as port:
+        body = request(name, feed_of(name, 1), port)
+        for connections in (1, 64):
+            result = results[connections] = load(port, body, connections)
+            print(
+                f"    serve, {label}, concurrency {connections:>2}: {result.rate:8.0f} req/s  "
+                f"{result.rate / one:5.2f}x raw batch 1   p50 {result.p50:7.2f} ms  p99 {result.p99:7.2f} ms  "
+                f"errors {result.errors}"
+            )
+    return results
+
+
 def tensorrt(models: Path, tmp: Path, on_cuda: dict[str, Any]) -> dict[str, Any]:
     """MiniLM fp32 on TensorRT with fp16 layers, its engines built once into one cache: raw capacity at batch 1 and
     64, and served with the export's adaptive batching, beside the same model on the CUDA provider."""
@@ -180,16 +196,9 @@ def tensorrt(models: Path, tmp: Path, on_cuda: dict[str, Any]) -> dict[str, Any]
         f"batch {largest} {many:8.0f} rows/s ({many / on_cuda[f'raw_batch{largest}_rows']:.2f}x CUDA fp32)"
     )
     row: dict[str, Any] = {"raw_batch1": one, f"raw_batch{largest}_rows": many}
-    with serving(manifest, "--workers", "0") as port:
-        body = request(name, feed_of(name, 1), port)
-        for connections in (1, 64):
-            result = load(port, body, connections)
-            print(
-                f"    serve, batching on, concurrency {connections:>2}: {result.rate:8.0f} req/s  "
-                f"{result.rate / one:5.2f}x raw batch 1   p50 {result.p50:7.2f} ms  p99 {result.p99:7.2f} ms  "
-                f"errors {result.errors}; CUDA fp32 served {on_cuda[f'serve_batched_c{connections}']:.0f} req/s"
-            )
-            row[f"serve_batched_c{connections}"] = result.rate
+    for connections, result in served(manifest, name, one, "batching on").items():
+        row[f"serve_batched_c{connections}"] = result.rate
+        print(f"      (CUDA fp32 at concurrency {connections}: {on_cuda[f'serve_batched_c{connections}']:.0f} req/s)")
     return row
 
 
@@ -213,32 +222,16 @@ def main() -> None:
         )
         row: dict[str, Any] = {"raw_batch1": one, f"raw_batch{largest}_rows": many, "raw_iobinding_rows": bound}
         for batching in (False, True):
-            with serving(
-                one_model_manifest(models, tmp, name, () if batching else BATCHING_KEYS), "--workers", "0"
-            ) as port:
-                body = request(name, feed_of(name, 1), port)
-                for connections in (1, 64):
-                    result = load(port, body, connections)
-                    label = f"batching {'on ' if batching else 'off'}, concurrency {connections:>2}"
-                    print(
-                        f"    serve, {label}: {result.rate:8.0f} req/s  {result.rate / one:5.2f}x raw batch 1   "
-                        f"p50 {result.p50:7.2f} ms  p99 {result.p99:7.2f} ms  errors {result.errors}"
-                    )
-                    row[f"serve_{'batched' if batching else 'plain'}_c{connections}"] = result.rate
+            manifest = one_model_manifest(models, tmp, name, () if batching else BATCHING_KEYS)
+            for connections, result in served(manifest, name, one, f"batching {'on ' if batching else 'off'}").items():
+                row[f"serve_{'batched' if batching else 'plain'}_c{connections}"] = result.rate
         if name.startswith("resnet"):
             # A CNN on CUDA rebuilds its cuDNN plans at every change of batch shape: the export's manifest keeps
             # one session per shape; against it, one session for all shapes, and one CUDA graph per shape.
             for label, change in (("one session", {"session_per_shape": "false"}), ("CUDA graphs", GRAPHS)):
-                with serving(one_model_manifest(models, tmp, name, **change), "--workers", "0") as port:
-                    body = request(name, feed_of(name, 1), port)
-                    for connections in (1, 64):
-                        result = load(port, body, connections)
-                        print(
-                            f"    serve, batching on, {label}, concurrency {connections:>2}: {result.rate:8.0f} req/s  "
-                            f"{result.rate / one:5.2f}x raw batch 1   p50 {result.p50:7.2f} ms  "
-                            f"p99 {result.p99:7.2f} ms  errors {result.errors}"
-                        )
-                        row[f"serve_batched_{label.replace(' ', '_')}_c{connections}"] = result.rate
+                manifest = one_model_manifest(models, tmp, name, **change)
+                for connections, result in served(manifest, name, one, f"batching on, {label}").items():
+                    row[f"serve_batched_{label.replace(' ', '_')}_c{connections}"] = result.rate
         ratio = row["serve_batched_c64"] / row["serve_plain_c64"]
         print(
             f"    adaptive batching at concurrency 64: {ratio:.2f}x unbatched (target >= 3); "

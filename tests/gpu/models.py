@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ctypes
 import re
+import statistics
+import time
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -93,3 +95,19 @@ def tensorrt_missing() -> str | None:
     except OSError as exc:
         return f"TensorRT's libraries are not installed (pip install 'fnserve[tensorrt]'): {exc}"
     return None
+
+
+def first_runs_like_later_ones(session: Any, output: str, shapes: Collection[tuple[int, int]]) -> None:
+    """Assert that the first MiniLM run at each (rows, tokens) shape costs what later ones do: warm-up ran every
+    shape, so no request pays for a cuDNN search or an engine build (each takes far longer than a run)."""
+    for rows, length in shapes:
+        feed = tokens(rows, length)
+        began = time.perf_counter()
+        session.run([output], feed)
+        first = time.perf_counter() - began
+        later = []
+        for _ in range(5):
+            began = time.perf_counter()
+            session.run([output], feed)
+            later.append(time.perf_counter() - began)
+        assert first <= 3 * statistics.median(later) + 0.002, (rows, length, first, later)

@@ -11,7 +11,6 @@ fp32 this naive int8 export was 0.83-0.94, which is the export's error, not the 
 from __future__ import annotations
 
 import re
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,7 +24,16 @@ import pytest
 from fnserve.core.errors import ModelLoadError
 from fnserve.core.manifest import load_manifest
 from fnserve.core.registry import ModelRegistry
-from tests.gpu.models import CUDA_GRAPHS, cosine, model, one_model_manifest, pixels, relative, tokens
+from tests.gpu.models import (
+    CUDA_GRAPHS,
+    cosine,
+    first_runs_like_later_ones,
+    model,
+    one_model_manifest,
+    pixels,
+    relative,
+    tokens,
+)
 from tests.servers import start_server
 
 CUDA = ["CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -94,19 +102,7 @@ def test_warm_up_leaves_no_first_request_spike(gpu_models: Path, tmp_path: Path)
         gpu_models, tmp_path, "minilm-fp32", batch_buckets="[1, 4, 16]", length_buckets="[16, 64]"
     )
     loaded = ModelRegistry(load_manifest(manifest)).get("minilm-fp32")
-    for rows in (1, 4, 16):
-        for length in (16, 64):
-            feed = tokens(rows, length)
-            began = time.perf_counter()
-            loaded.session.run(["embedding"], feed)
-            first = time.perf_counter() - began
-            later = []
-            for _ in range(5):
-                began = time.perf_counter()
-                loaded.session.run(["embedding"], feed)
-                later.append(time.perf_counter() - began)
-            # Each shape was run at start: its first request costs what any other does.
-            assert first <= 3 * statistics.median(later) + 0.002, (rows, length, first, later)
+    first_runs_like_later_ones(loaded.session, "embedding", [(r, n) for r in (1, 4, 16) for n in (16, 64)])
 
 
 @pytest.mark.parametrize(
