@@ -92,6 +92,7 @@ def run(app: str, processes: int, options: dict[str, Any]) -> None:
     # Bound (not listening) for the server's life: a port already taken fails here, at once, and no other program
     # can take it between two front processes' starts.
     held = reuse_port_socket(options["host"], options["port"])
+    options = {**options, "port": held.getsockname()[1]}  # port 0: the one the system chose, for every process
     listening: Synchronized[int] = _spawn.Value("i", 0)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
