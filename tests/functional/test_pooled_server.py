@@ -232,6 +232,19 @@ def _sockets(pid: int) -> set[int]:
     return inodes
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        except OSError:  # exited meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
 def _tcp(port: int) -> dict[int, str]:
     """Inode -> TCP state (0A listening, 01 established) of the sockets on local port ``port``."""
     found = {}
@@ -254,7 +267,7 @@ def test_front_processes_each_listen_on_their_own_socket_and_share_the_connectio
     )
     try:
         port = int(url.rsplit(":", 1)[1])
-        fronts = [int(pid) for pid in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        fronts = _children(proc.pid)
         listening = {pid: {i for i in _sockets(pid) if _tcp(port).get(i) == "0A"} for pid in fronts}
         listening = {pid: inodes for pid, inodes in listening.items() if inodes}
         assert len(listening) == 2, listening
