@@ -195,7 +195,7 @@ def choose_layout(
         verdicts = {
             name: one_batcher(service.registry.get(name), processes, threads, single_session)
             if processes > 1
-            else (True, f"{cpus} CPU")
+            else (True, f"{cpus} CPU(s) at {threads} thread(s) a process: room for one process")
             for name in batching
         }
         whole = [(name, why) for name, (one, why) in verdicts.items() if one]
@@ -247,8 +247,8 @@ def one_batcher(
     where split ones wait out their windows half full (digits: 7.9k requests/s against 4.5k, bench_serve). A
     model on a GPU too. A heavy one on CPUs is timed both ways: on 2 cores MiniLM int8 runs 16 rows of 48 tokens
     on 2 threads slower than 2 single-threaded processes run 8 rows each (ONNX Runtime gains little from a
-    second thread), and split front processes served it at 0.93x raw capacity against 0.86x (bench_serve), text
-    to embeddings at 0.98x the naive server against 0.73x (bench_pipeline).
+    second thread), and split front processes served it at 0.93-0.96x raw capacity against 0.86x (bench_serve),
+    text to embeddings at 0.88-0.92x the naive server against 0.68-0.73x (bench_pipeline).
     """
     settings = model.settings
     if model.placement.device != "cpu":
@@ -446,12 +446,12 @@ def build_app(settings: Settings, pool: Overflow | None = None, service: Inferen
         metrics = ServerMetrics()
         metrics.watch(plane, pool)
     companions: list[Companion] = [metrics] if metrics is not None else []  # stopped last: its final flush
-    listening = fronts.all_listening()  # one of several front processes: ready once all of them listen
-    if listening is not None:
-        plane.ready_when(listening)
-        companions.append(listening)
     if settings.grpc_port is not None:
         companions.append(grpc_server(settings, plane, metrics.telemetry("grpc") if metrics is not None else None))
+    listening = fronts.all_listening()  # one of several front processes: ready once all of them listen
+    if listening is not None:  # counted in last, once its gRPC server (if any) is up too
+        plane.ready_when(listening)
+        companions.append(listening)
     app = create_app(
         plane,
         settings,

@@ -188,7 +188,8 @@ def device_of(session: Any) -> str:
 
 
 def ort_provider(provider: Provider, where: str) -> OrtProvider:
-    """One provider as ONNX Runtime takes it: its name, with its options where the manifest gave a table."""
+    """One provider as ONNX Runtime takes it: its name, with its options where the manifest gave a table (and a
+    TensorRT table's cache folder made, or a :class:`ModelLoadError` saying why it cannot be)."""
     if isinstance(provider, CudaProvider):
         options: dict[str, Any] = {
             "device_id": provider.device_id,
