@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from fnserve.adapters.server import build_app, inference_pool
+from fnserve.bench.sweep import process_tree
 from fnserve.core.errors import HandlerError
 from fnserve.settings import Settings
 from fnserve.workers.pool import WorkerPool
@@ -232,19 +233,6 @@ def _sockets(pid: int) -> set[int]:
     return inodes
 
 
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid``."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-        except OSError:  # exited meanwhile
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
 def _tcp(port: int) -> dict[int, str]:
     """Inode -> TCP state (0A listening, 01 established) of the sockets on local port ``port``."""
     found = {}
@@ -267,8 +255,8 @@ def test_front_processes_each_listen_on_their_own_socket_and_share_the_connectio
     )
     try:
         port = int(url.rsplit(":", 1)[1])
-        fronts = _children(proc.pid)
-        listening = {pid: {i for i in _sockets(pid) if _tcp(port).get(i) == "0A"} for pid in fronts}
+        states = _tcp(port)
+        listening = {pid: {i for i in _sockets(pid) if states.get(i) == "0A"} for pid in process_tree(proc.pid)}
         listening = {pid: inodes for pid, inodes in listening.items() if inodes}
         assert len(listening) == 2, listening
         first, second = listening.values()

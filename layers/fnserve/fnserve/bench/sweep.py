@@ -194,7 +194,7 @@ class Server:
 
     def cpu_seconds(self) -> float:
         """CPU time (user + system) of the server's processes: it, and everything it started."""
-        return sum(_cpu(pid) for pid in _tree(self.process.pid))
+        return sum(_cpu(pid) for pid in process_tree(self.process.pid))
 
 
 @contextlib.contextmanager
@@ -243,7 +243,8 @@ def _wait_answering(server: Server, target: str, first: Request, timeout: float)
         return
 
 
-def _tree(root: int) -> list[int]:
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process descended from it, read from /proc."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
