@@ -38,7 +38,7 @@ from fnserve.core._heap import freeze_heap
 from fnserve.core.dataplane import DataPlane
 from fnserve.core.errors import ConfigError
 from fnserve.core.providers import DEVICE_ENV
-from fnserve.core.registry import LoadedModel, Session, zeros_feed
+from fnserve.core.registry import LoadedModel, Session, session_options, zeros_feed
 from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
 from fnserve.workers.pool import FunctionSpec, WorkerPool
@@ -276,10 +276,9 @@ def one_batcher(
 
 
 def _cpu_session(model: LoadedModel, threads: int) -> Session:
-    """A CPU session of ``model`` with ``threads`` intra-op threads, for :func:`one_batcher`'s timing."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
+    """A CPU session of ``model``, as the registry makes it but with ``threads`` intra-op threads, for
+    :func:`one_batcher`'s timing."""
+    options = session_options(model.settings, threads)
     session: Session = ort.InferenceSession(str(model.path), sess_options=options, providers=["CPUExecutionProvider"])
     return session
 

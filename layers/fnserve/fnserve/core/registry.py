@@ -78,6 +78,15 @@ class LoadedModel:
         return self.settings.version
 
 
+def session_options(settings: ModelSettings, threads: int) -> ort.SessionOptions:
+    """ONNX Runtime's options for a session of the model ``settings`` describe, with ``threads`` intra-op threads."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = settings.inter_op_threads
+    options.graph_optimization_level = _OPT_LEVELS[settings.graph_optimization]
+    return options
+
+
 def requested_outputs(
     kind: str, name: str, output_names: tuple[str, ...], output_set: frozenset[str], outputs: Sequence[str] | None
 ) -> tuple[str, ...]:
@@ -206,10 +215,7 @@ class ModelRegistry:
         digest = hashlib.sha256(data).hexdigest()
         if digest != settings.sha256:
             raise ModelLoadError(f"{where}: file {path} has sha256 {digest}, but the manifest says {settings.sha256}")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = settings.intra_op_threads or self._threads
-        options.inter_op_num_threads = settings.inter_op_threads
-        options.graph_optimization_level = _OPT_LEVELS[settings.graph_optimization]
+        options = session_options(settings, settings.intra_op_threads or self._threads)
         providers, fallback = ort_providers(settings, where)
 
         def create() -> Any:
