@@ -13,7 +13,7 @@ PY312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12
 	$$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$c; break; }; done)
 SAM := SAM_CLI_TELEMETRY=0 PATH="$(dir $(PY312)):$$PATH" $(SAM_VENV)/bin/sam
 
-.PHONY: setup run serve test test-gpu gpu-models test-servers lint sam-build sam-check deploy bench bench-models tune models minilm grpc-stubs clean
+.PHONY: setup image-test run serve test test-gpu gpu-models test-servers lint sam-build sam-check deploy bench bench-models tune models minilm grpc-stubs clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fnserve needs Python >= 3.11"'
@@ -84,6 +84,15 @@ test-servers:
 
 test: lint sam-check test-servers
 	$(BIN)/pytest
+
+# The images fnserve ships, built from their Dockerfiles and started by tests/image: the server (CPU variant) and
+# the Lambda functions' image, then the CUDA variant's build. No Docker engine: Debian's buildah (as root, chroot
+# isolation, vfs storage) on a Debian base made by debootstrap, both installed here when missing.
+image-test: setup
+	@command -v buildah >/dev/null && command -v debootstrap >/dev/null || { echo "installing buildah and debootstrap (Debian)"; \
+		(DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah debootstrap || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah debootstrap)) >/dev/null 2>&1; }
+	$(BIN)/pytest tests/image -o timeout=3600 -p no:cacheprovider -rs
 
 # fnserve bench on the demo's digits model and on MiniLM (the sentence-embedding pipeline): the sweep, its
 # recommendation and plots in fnserve-bench/ (README: "Tuning a deployment").

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -185,3 +188,20 @@ def test_the_manifest_defaults_to_fnserve_manifest_then_the_current_directory(
     monkeypatch.chdir(DEMO_MANIFEST.parent)
     result = runner.invoke(app, ["cascade", "tune", "digits", "--data", str(DEMO_HOLDOUT)])
     assert result.exit_code == 0 and "cascade digits" in result.output, result.output
+
+
+def test_serve_on_a_port_another_program_holds_stops_at_once(tmp_path: Path) -> None:
+    """Before any model loads, and without sharing the port (SO_REUSEPORT) with whatever holds it."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "fnserve"), "serve", "-m", str(DEMO_MANIFEST), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+    assert done.returncode != 0 and f"port {port} on 127.0.0.1 is in use" in done.stderr, done.stderr
+    assert "loaded model" not in done.stderr

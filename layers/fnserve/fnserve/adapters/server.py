@@ -33,6 +33,7 @@ from fnserve import bootstrap, tracing
 from fnserve.adapters import fronts
 from fnserve.adapters.http.app import Companion, Telemetry, V2App, create_app
 from fnserve.adapters.logs import logger
+from fnserve.adapters.starting import not_ready_until_loaded
 from fnserve.core._cpus import AFFINITY_DIR_ENV, available_cpus
 from fnserve.core._heap import freeze_heap
 from fnserve.core.dataplane import DataPlane
@@ -87,10 +88,6 @@ def _serve(
 ) -> None:
     import uvicorn
 
-    update: dict[str, Any] = {"eager_load": True}
-    if "grpc_host" not in settings.model_fields_set:
-        update["grpc_host"] = host  # gRPC listens where HTTP does, unless told otherwise
-    settings = bootstrap.with_local_manifest(settings.model_copy(update=update))
     options: dict[str, Any] = {
         "host": host,
         "port": port,
@@ -99,6 +96,27 @@ def _serve(
         "access_log": False,
         "log_level": "warning",
     }
+    with not_ready_until_loaded(host, port):
+        settings, app = _load(settings, host, on_ready)
+    if app is None:
+        fronts.run(f"{__name__}:app_factory", settings.server_processes, options)
+        return
+    try:
+        uvicorn.Server(uvicorn.Config(app, **options)).run()
+    finally:
+        if app.state.pool is not None:  # the lifespan closed it already, unless uvicorn never started
+            app.state.pool.close()
+
+
+def _load(
+    settings: Settings, host: str, on_ready: Callable[[InferenceService, Settings], None] | None
+) -> tuple[Settings, V2App | None]:
+    """Every model loaded, and the layout chosen: the one front process's app, or None (and the settings the
+    front processes get) when several serve the port, each building its own."""
+    update: dict[str, Any] = {"eager_load": True}
+    if "grpc_host" not in settings.model_fields_set:
+        update["grpc_host"] = host  # gRPC listens where HTTP does, unless told otherwise
+    settings = bootstrap.with_local_manifest(settings.model_copy(update=update))
     if settings.gpu_workers and "parallel_workers" not in settings.model_fields_set:
         # GPU workers alone, unless CPU workers to overflow to are asked for.
         settings = settings.model_copy(update={"parallel_workers": 0})
@@ -127,19 +145,19 @@ def _serve(
                 on_ready(checked, settings)
             del checked
             os.environ.update(settings_env(settings))  # how the settings reach the front processes
-            fronts.run(f"{__name__}:app_factory", settings.server_processes, options)
-            return
+            return settings, None
     # One front process: running inference itself, it serves the models loaded (and timed) above.
     loaded = checked if not pooled(settings) else None
     del checked
     app = front(settings, loaded)
-    try:
-        if on_ready is not None:
+    if on_ready is not None:
+        try:
             on_ready(app.state.plane.service, settings)
-        uvicorn.Server(uvicorn.Config(app, **options)).run()
-    finally:
-        if app.state.pool is not None:  # the lifespan closed it already, unless uvicorn never started
-            app.state.pool.close()
+        except BaseException:
+            if app.state.pool is not None:
+                app.state.pool.close()
+            raise
+    return settings, app
 
 
 # A request's round trip to an inference worker (pipe, pickling, the worker's wake-up) costs

@@ -1,0 +1,78 @@
+"""A server's port answers while its models load: 503 to every request, health checks included.
+
+SageMaker's ``/ping``, Kubernetes' readiness probes and load balancers then see "not ready" from the
+first second of a start that may take minutes (downloads, TensorRT engine builds, warm-up), instead of
+connection refused; and a port that another program holds stops the start at once, before any model
+is loaded, instead of after the "serving" banner.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from fnserve.core.errors import ConfigError
+
+RETRY_AFTER_SECONDS = 5
+BODY = json.dumps({"error": "the server is starting: its models are loading"}).encode()
+
+
+class _NotReady(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))  # the body, so the connection stays usable
+        self.send_response(503)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(BODY)))
+        self.send_header("retry-after", str(RETRY_AFTER_SECONDS))
+        self.send_header("connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(BODY)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = do_OPTIONS = _answer
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet: health checks poll often, and the start log says what is loading."""
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True  # the real server binds the port right after this one closes it
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+@contextmanager
+def not_ready_until_loaded(host: str, port: int) -> Iterator[None]:
+    """Answer 503 on ``host:port`` for the duration of the block; the port is free again after it.
+
+    Port 0 (the system picks one) is left alone: nothing could know which port to probe yet.
+    A port already held stops the start with a :class:`ConfigError` saying so.
+    """
+    if port == 0:
+        yield
+        return
+    server_class = _Server6 if ":" in host else _Server
+    try:
+        server = server_class((host, port), _NotReady)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port {port} on {host} is in use by another program: pick another one") from None
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="fnserve-starting")
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()

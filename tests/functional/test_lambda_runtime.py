@@ -1,0 +1,87 @@
+"""The image functions' entrypoint (``python -m awslambdaric HANDLER``) against the Runtime API on loopback.
+
+What ``infra/container/lambda.Dockerfile`` starts, run from the dev environment: the runtime interface
+client polls :class:`RuntimeApi` for real-shaped API Gateway and SQS events, and posts the handlers'
+answers and errors back. ``make image-test`` runs the same checks against the built image.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fnserve.adapters.local.runtime_api import RuntimeApi
+from fnserve.aws import clients
+from tests.functional.conftest import Aws
+from tests.helpers import DEMO_MANIFEST, REPO
+from tests.lambda_runtime import BUCKET, HANDLERS, TABLE, check_api, check_batch, check_init_error, function_env
+from tests.moto import reset
+
+
+@contextmanager
+def function(handler: str, moto_url: str, log: Path, **env: str) -> Iterator[RuntimeApi]:
+    """The runtime interface client serving ``handler`` from the repository, as the image lays it out."""
+    with RuntimeApi() as api, log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "awslambdaric", handler],
+            cwd=REPO,  # the image's WORKDIR holds functions/ the same way
+            env={
+                **os.environ,
+                **function_env(moto_url),
+                "FNSERVE_MANIFEST": str(DEMO_MANIFEST),
+                "AWS_LAMBDA_RUNTIME_API": api.address,
+                **env,
+            },
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            yield api
+        finally:
+            process.kill()
+            process.wait(30)
+
+
+@pytest.fixture
+def resources(aws: Aws) -> Aws:
+    reset(aws.url)
+    clients.reset()
+    from tests.functional.conftest import create_resources
+
+    create_resources(TABLE, BUCKET, "image-jobs")
+    return aws
+
+
+def test_the_api_function_answers_api_gateway_events_through_the_runtime_api(resources: Aws, tmp_path: Path) -> None:
+    with function(HANDLERS["api"], resources.url, tmp_path / "api.log") as api:
+        check_api(api)
+
+
+def test_the_batch_function_answers_an_sqs_event_through_the_runtime_api(resources: Aws, tmp_path: Path) -> None:
+    with function(HANDLERS["batch"], resources.url, tmp_path / "batch.log") as api:
+        check_batch(api)
+
+
+def test_a_function_without_its_manifest_reports_an_init_error(resources: Aws, tmp_path: Path) -> None:
+    missing = str(tmp_path / "nowhere" / "manifest.toml")
+    with function(HANDLERS["api"], resources.url, tmp_path / "api.log", FNSERVE_MANIFEST=missing) as api:
+        check_init_error(api)
+
+
+def test_the_runtime_api_refuses_what_is_not_its_protocol() -> None:
+    with RuntimeApi() as api:
+        base = f"http://{api.address}/2018-06-01/runtime"
+        with pytest.raises(ValueError, match="must be JSON"):
+            api.invoke({"body": b"bytes are not JSON"})
+        unknown = httpx.post(f"{base}/invocation/no-such-id/response", content=b"{}")
+        assert unknown.status_code == 400 and unknown.json()["errorType"] == "InvalidRequestID"
+        assert httpx.get(f"{base}/nowhere").status_code == 404
+        with pytest.raises(TimeoutError, match="no answer"):
+            api.invoke({}, timeout=0.2)  # no runtime polls: the caller is told, never left waiting

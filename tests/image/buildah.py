@@ -1,0 +1,183 @@
+"""Images built and started here without a Docker engine: Debian's buildah, on a base made by debootstrap.
+
+buildah builds a Dockerfile as root with ``--isolation chroot`` on the ``vfs`` storage driver (no
+overlay, no user namespaces), and ``buildah run --isolation chroot`` starts a command in the built
+image on the host's network, so a test reaches it on 127.0.0.1. Registries of base images cannot be
+reached from every machine, so the base is a Debian made here by ``debootstrap`` and the Dockerfiles
+take it (and its Python) as build arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from tests.helpers import REPO
+
+BUILDAH = ["buildah", "--storage-driver", "vfs"]
+SUITE = "bookworm"
+BASE = f"localhost/fnserve-base:{SUITE}"
+BASE_PYTHON = "python3.11"  # bookworm's
+MIRROR = "http://deb.debian.org/debian"
+
+
+def buildah(*args: str, capture: bool = True) -> str:
+    done = subprocess.run([*BUILDAH, *args], capture_output=capture, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"buildah {' '.join(args)} failed ({done.returncode}):\n{(done.stderr or '')[-4000:]}")
+    return done.stdout.strip() if capture else ""
+
+
+def image_exists(name: str) -> bool:
+    return subprocess.run([*BUILDAH, "inspect", "--type", "image", name], capture_output=True).returncode == 0
+
+
+def ensure_base() -> str:
+    """The Debian base image (kept between runs): minbase bookworm with its Python, as a Lambda or
+    Ubuntu base would have one."""
+    if image_exists(BASE):
+        return BASE
+    root = Path(tempfile.mkdtemp(prefix="fnserve-debootstrap-"))
+    try:
+        subprocess.run(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                "--include=ca-certificates,python3,python3-venv",
+                SUITE,
+                str(root),
+                MIRROR,
+            ],
+            check=True,
+            capture_output=True,
+        )
+        container = buildah("from", "scratch")
+        try:
+            buildah("copy", container, str(root), "/")
+            buildah("config", "--env", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", container)
+            buildah("commit", "--quiet", container, BASE)
+        finally:
+            buildah("rm", container)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return BASE
+
+
+@dataclass(frozen=True)
+class Built:
+    name: str
+    seconds: float
+    size_mb: float
+    config: dict[str, Any]  # the image's Docker config: Env, User, Entrypoint, Cmd, Healthcheck, ...
+
+
+def build(dockerfile: Path, tag: str, args: Mapping[str, str], log: Path) -> Built:
+    """``buildah bud`` the Dockerfile with the repository as its context; docker format keeps HEALTHCHECK."""
+    command = [*BUILDAH, "bud", "--isolation", "chroot", "--format", "docker", "--layers=false", "-f", str(dockerfile)]
+    command += _trusted_ca(log.parent)
+    for key, value in args.items():
+        command += ["--build-arg", f"{key}={value}"]
+    started = time.monotonic()
+    with log.open("w") as out:
+        done = subprocess.run([*command, "-t", tag, str(REPO)], stdout=out, stderr=subprocess.STDOUT)
+    seconds = time.monotonic() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"building {dockerfile.name} failed ({done.returncode}):\n{log.read_text()[-6000:]}")
+    inspected = json.loads(buildah("inspect", "--type", "image", tag))
+    config = inspected["Docker"]["config"]
+    manifest = inspected["Manifest"]
+    layers = (json.loads(manifest) if isinstance(manifest, str) else manifest)["layers"]
+    size = sum(layer["size"] for layer in layers)  # uncompressed: what the image takes on a host's disk
+    return Built(tag, seconds, size / 1e6, config)
+
+
+def _trusted_ca(scratch: Path) -> list[str]:
+    """The host's CA bundle, for pip in the build's RUN steps when the host names one (a machine behind a TLS
+    proxy: the base's own bundle does not know the proxy's CA); mounted for the build, never kept in the image."""
+    bundle = next(
+        (os.environ[name] for name in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE") if os.environ.get(name)), None
+    )
+    if bundle is None or not Path(bundle).is_file():
+        return []
+    config = scratch / "pip.conf"
+    config.write_text(f"[global]\ncert = {BUILD_CA}\n")
+    return ["--volume", f"{bundle}:{BUILD_CA}:ro", "--volume", f"{config}:/etc/pip.conf:ro"]
+
+
+BUILD_CA = "/etc/fnserve-build-ca.crt"
+
+
+@dataclass
+class Running:
+    """A command started inside an image's container."""
+
+    container: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def exec(self, command: Sequence[str], env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """Run another command in the same container (a HEALTHCHECK, say), as the image's user."""
+        return subprocess.run(
+            [*BUILDAH, "run", "--isolation", "chroot", *_env_args(env or {}), self.container, "--", *command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+
+def _env_args(env: Mapping[str, str]) -> list[str]:
+    return [arg for key, value in env.items() for arg in ("--env", f"{key}={value}")]
+
+
+@contextmanager
+def started(
+    image: str,
+    command: Sequence[str],
+    log: Path,
+    env: Mapping[str, str] | None = None,
+    volumes: Mapping[Path, str] | None = None,
+    user: str | None = None,
+) -> Iterator[Running]:
+    """``command`` running in a new container of ``image`` (the image's environment and working directory, its
+    user unless ``user`` says another), stopped and removed at the end of the block."""
+    container = buildah("from", "--quiet", image)
+    mounts = [arg for host, inside in (volumes or {}).items() for arg in ("--volume", f"{host}:{inside}")]
+    if user is not None:
+        mounts += ["--user", user]
+    out: IO[bytes] = log.open("wb")
+    process = subprocess.Popen(
+        [*BUILDAH, "run", "--isolation", "chroot", *_env_args(env or {}), *mounts, container, "--", *command],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        yield Running(container, process, log)
+    finally:
+        stop(process)
+        out.close()
+        subprocess.run([*BUILDAH, "rm", container], capture_output=True)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the command (buildah forwards it), SIGKILL to what is left of its session after 30 s."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
