@@ -35,6 +35,13 @@ def server_image(tmp_path_factory: pytest.TempPathFactory) -> Built:
 
 
 @pytest.fixture(scope="session")
+def cuda_image(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """The CUDA variant (onnxruntime-gpu with pip's CUDA and cuDNN), the demo models baked in."""
+    models = "layers/models/models"
+    return _build(tmp_path_factory, "Dockerfile", "localhost/fnserve:cuda-test", VARIANT="cuda", MODELS=models)
+
+
+@pytest.fixture(scope="session")
 def lambda_image(tmp_path_factory: pytest.TempPathFactory) -> Built:
     """The Lambda functions' image, the demo models baked in."""
     return _build(tmp_path_factory, "lambda.Dockerfile", "localhost/fnserve-lambda:test")
