@@ -156,15 +156,18 @@ def _translated(**parameters: str) -> dict[str, Any]:
     return transform(document, parameters, NoManagedPolicies())  # type: ignore[no-any-return]
 
 
-def _resource_id(target: dict[str, Any], function: str, alias_arn: str) -> str:
-    """The target's ResourceId as CloudFormation evaluates it, given the function's name and alias's ARN."""
-    text, variables = target["Properties"]["ResourceId"]["Fn::Sub"]
+def _resource_id(target: dict[str, Any], twin: str, function: str, alias_arn: str) -> str:
+    """The target's ResourceId as CloudFormation evaluates it for ``twin`` (the zip or the image function), given
+    the function's name and alias's ARN."""
+    condition, image, zipped = target["Properties"]["ResourceId"]["Fn::If"]
+    assert condition == "UseImage"
+    text, variables = (image if twin == "ApiImageFunction" else zipped)["Fn::Sub"]
     ((variable, select),) = variables.items()
     index, split = select["Fn::Select"]
     delimiter, reference = split["Fn::Split"]
-    assert reference == {"Ref": "ApiFunction.Alias"}
+    assert reference == {"Ref": f"{twin}.Alias"}
     value = alias_arn.split(delimiter)[index]
-    return str(text.replace("${ApiFunction}", function).replace(f"${{{variable}}}", value))
+    return str(text.replace(f"${{{twin}}}", function).replace(f"${{{variable}}}", value))
 
 
 def test_provisioned_concurrency_scales_on_the_http_functions_alias() -> None:
@@ -182,18 +185,23 @@ def test_provisioned_concurrency_scales_on_the_http_functions_alias() -> None:
     alias = SAM["Globals"]["Function"]["AutoPublishAlias"]
     function = "fnserve-ApiFunction-AbC123"
     arn = f"arn:aws:lambda:us-east-1:123456789012:function:{function}:{alias}"
-    assert _resource_id(target, function, arn) == f"function:{function}:{alias}"
+    for twin in ("ApiFunction", "ApiImageFunction"):  # whichever packaging the stack runs
+        assert _resource_id(target, twin, function, arn) == f"function:{function}:{alias}"
     assert set(targets(SAM)) == {"ApiProvisionedConcurrencyTarget"}
 
 
-def test_the_target_refers_to_the_alias_sam_publishes_so_it_waits_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("branch", "twin", "image_uri"), [(2, "ApiFunction", ""), (1, "ApiImageFunction", "r/i:1")])
+def test_the_target_refers_to_the_alias_sam_publishes_so_it_waits_for_it(
+    monkeypatch: pytest.MonkeyPatch, branch: int, twin: str, image_uri: str
+) -> None:
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")  # SAM's translator fills in AWS::Region
-    translated = _translated(ProvisionedConcurrency="5")["Resources"]
+    translated = _translated(ProvisionedConcurrency="5", ImageUri=image_uri)["Resources"]
     target = translated["ApiProvisionedConcurrencyTarget"]["Properties"]
-    split = target["ResourceId"]["Fn::Sub"][1]["AliasName"]["Fn::Select"][1]["Fn::Split"]
+    sub = target["ResourceId"]["Fn::If"][branch]["Fn::Sub"]
+    split = sub[1]["AliasName"]["Fn::Select"][1]["Fn::Split"]
     alias = split[1]["Ref"]
     alias_name = SAM["Globals"]["Function"]["AutoPublishAlias"]
-    assert alias == f"ApiFunctionAlias{alias_name}"
+    assert alias == f"{twin}Alias{alias_name}"
     assert translated[alias]["Type"] == "AWS::Lambda::Alias"
     assert translated[alias]["Properties"]["Name"] == alias_name
     # The floor is also the alias's own provisioned concurrency: warm from the first deploy.
@@ -250,7 +258,7 @@ def test_snapstart_still_excludes_provisioned_concurrency_and_so_its_scaling() -
 def test_every_function_gets_the_ephemeral_storage_parameter() -> None:
     assert SAM["Globals"]["Function"]["EphemeralStorage"] == {"Size": {"Ref": "EphemeralStorage"}}
     functions = [r for r in SAM["Resources"].values() if r["Type"] == "AWS::Serverless::Function"]
-    assert len(functions) == 3
+    assert len(functions) == 6  # three functions, each a zip and an image twin
     assert not any("EphemeralStorage" in f["Properties"] for f in functions)  # none overrides the Globals
     parameter = SAM["Parameters"]["EphemeralStorage"]
     assert (parameter["MinValue"], parameter["MaxValue"], parameter["Default"]) == (512, 10240, 512)

@@ -20,6 +20,16 @@ def default(name: str) -> int:
     return int(PARAMETERS[name]["Default"])
 
 
+def policy_statements(function: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a function's policies grant: inline statements, and those of the template's managed policies it names."""
+    found: list[dict[str, Any]] = []
+    for policy in function["Properties"].get("Policies", []):
+        if isinstance(policy, dict) and policy.get("Ref") in RESOURCES:
+            policy = RESOURCES[policy["Ref"]]["Properties"]["PolicyDocument"]
+        found += policy.get("Statement", []) if isinstance(policy, dict) else []
+    return found
+
+
 def test_every_fnserve_variable_is_a_setting() -> None:
     variables = TEMPLATE["Globals"]["Function"]["Environment"]["Variables"]
     fields = {f"FNSERVE_{name.upper()}" for name in Settings.model_fields}
@@ -27,8 +37,8 @@ def test_every_fnserve_variable_is_a_setting() -> None:
 
 
 def test_runtime_and_architecture() -> None:
-    function = TEMPLATE["Globals"]["Function"]
-    assert function["Runtime"] in ("python3.12", "python3.13")
+    zipped = [f["Properties"] for f in FUNCTIONS.values() if f["Properties"].get("PackageType") != "Image"]
+    assert len(zipped) == 3 and all(f["Runtime"] in ("python3.12", "python3.13") for f in zipped)
     assert PARAMETERS["Architecture"]["AllowedValues"] == ["x86_64", "arm64"]
     assert RESOURCES["FnserveLayer"]["Metadata"]["BuildArchitecture"] == {"Ref": "Architecture"}
 
@@ -103,7 +113,12 @@ def test_every_function_has_sample_events() -> None:
     assert "batch-jobs.json" in events  # BatchFunction
     assert "followup-jobs.json" in events  # FollowupFunction
     for name, function in FUNCTIONS.items():
-        assert (REPO / function["Properties"]["CodeUri"] / "app.py").exists(), name
+        props = function["Properties"]
+        if props.get("PackageType") == "Image":  # the image's WORKDIR holds functions/ as the repository does
+            module, _ = props["ImageConfig"]["Command"][0].rsplit(".", 1)
+            assert (REPO / f"{module}.py").exists(), name
+        else:
+            assert (REPO / props["CodeUri"] / "app.py").exists(), name
 
 
 def test_the_sample_events_are_what_the_template_deploys_would_send() -> None:
@@ -135,9 +150,8 @@ def test_the_sample_events_are_what_the_template_deploys_would_send() -> None:
 def test_functions_that_read_payloads_may_list_their_bucket() -> None:
     """Without s3:ListBucket, S3 answers a missing payload with AccessDenied: a reason no user can act on."""
     for name, function in FUNCTIONS.items():
-        statements = {
-            s["Sid"]: s for p in function["Properties"]["Policies"] if "Statement" in p for s in p["Statement"]
-        }
+        statements = {s["Sid"]: s for s in policy_statements(function)}
+        assert "Payloads" in statements, name
         if "Payloads" in statements:
             listing = statements["MissingPayloadsReadAsMissing"]
             assert listing["Action"] == "s3:ListBucket", name
@@ -145,11 +159,13 @@ def test_functions_that_read_payloads_may_list_their_bucket() -> None:
 
 
 def test_every_function_keeps_its_logs_for_a_set_time() -> None:
-    groups = {
-        r["Properties"]["LogGroupName"]["Fn::Sub"]: r["Properties"]["RetentionInDays"]
-        for r in RESOURCES.values()
-        if r["Type"] == "AWS::Logs::LogGroup" and "LogGroupName" in r["Properties"]
-    }
+    groups = {}
+    for r in RESOURCES.values():
+        if r["Type"] == "AWS::Logs::LogGroup" and "LogGroupName" in r["Properties"]:
+            condition, image, zipped = r["Properties"]["LogGroupName"]["Fn::If"]  # whichever twin runs
+            assert condition == "UseImage"
+            for name in (image["Fn::Sub"], zipped["Fn::Sub"]):
+                groups[name] = r["Properties"]["RetentionInDays"]
     assert groups == {f"/aws/lambda/${{{name}}}": {"Ref": "LogRetentionInDays"} for name in FUNCTIONS}
     assert RESOURCES["HttpApiAccessLogs"]["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionInDays"}
 
@@ -206,8 +222,85 @@ def test_the_follow_up_id_key_is_read_at_run_time_not_put_in_the_environment() -
 
     text = json.dumps(TEMPLATE)
     assert "resolve:secretsmanager" not in text and '"FNSERVE_RESULT_ID_KEY"' not in text
-    api = FUNCTIONS["ApiFunction"]["Properties"]
-    assert api["Environment"]["Variables"]["FNSERVE_RESULT_ID_KEY_SECRET"] == {"Ref": "ResultIdKey"}
-    statements = [s for p in api["Policies"] if "Statement" in p for s in p["Statement"]]
-    statement = next(s for s in statements if s["Sid"] == "FollowupIdKey")
-    assert statement["Action"] == "secretsmanager:GetSecretValue" and statement["Resource"] == {"Ref": "ResultIdKey"}
+    for name in ("ApiFunction", "ApiImageFunction"):
+        api = FUNCTIONS[name]
+        assert api["Properties"]["Environment"]["Variables"]["FNSERVE_RESULT_ID_KEY_SECRET"] == {"Ref": "ResultIdKey"}
+        statement = next(s for s in policy_statements(api) if s["Sid"] == "FollowupIdKey")
+        assert statement["Action"] == "secretsmanager:GetSecretValue"
+        assert statement["Resource"] == {"Ref": "ResultIdKey"}
+
+
+TWINS = {"ApiFunction": "api", "BatchFunction": "batch", "FollowupFunction": "followup"}
+
+
+@pytest.mark.parametrize("name", TWINS)
+def test_each_function_runs_as_zip_or_as_the_image_one_at_a_time_with_the_same_settings(name: str) -> None:
+    zipped, image = FUNCTIONS[name], FUNCTIONS[name.replace("Function", "ImageFunction")]
+    assert (zipped["Condition"], image["Condition"]) == ("UseZip", "UseImage")
+    assert TEMPLATE["Conditions"]["UseImage"] == {"Fn::Not": [{"Fn::Equals": [{"Ref": "ImageUri"}, ""]}]}
+    assert PARAMETERS["ImageUri"]["Default"] == ""  # zip + layers stays the default
+    props = image["Properties"]
+    assert (props["PackageType"], props["ImageUri"]) == ("Image", {"Ref": "ImageUri"})
+    assert props["ImageConfig"]["Command"] == [f"functions/{TWINS[name]}/app.handler"]
+    assert not {"CodeUri", "Runtime", "Handler", "Layers", "SnapStart"} & set(props)  # an image carries them
+    for key in ("MemorySize", "Timeout", "ReservedConcurrentExecutions", "Events", "Policies", "Environment"):
+        assert props.get(key) == zipped["Properties"].get(key), key
+    lambda_image = (REPO / "infra" / "container" / "lambda.Dockerfile").read_text()
+    assert f"COPY functions/{TWINS[name]}/app.py functions/{TWINS[name]}/app.py" in lambda_image
+
+
+@pytest.mark.parametrize("name", TWINS)
+def test_whatever_refers_to_a_function_follows_the_packaging(name: str) -> None:
+    import json
+
+    image = name.replace("Function", "ImageFunction")
+    for other, resource in RESOURCES.items():
+        if other in (name, image):
+            continue
+        text = json.dumps(resource)
+        mentions = text.count(f'"{name}') + text.count(f"${{{name}}}")
+        assert mentions == text.count(f'"{image}') + text.count(f"${{{image}}}"), other
+        if mentions:
+            assert '"UseImage"' in text, other
+
+
+def test_snapstart_is_refused_with_an_image() -> None:
+    rule = TEMPLATE["Rules"]["SnapStartWithoutProvisionedConcurrency"]
+    assert {"Assert": {"Fn::Equals": [{"Ref": "ImageUri"}, ""]}} == {"Assert": rule["Assertions"][1]["Assert"]}
+
+
+@pytest.mark.parametrize("image_uri", ["", "123456789012.dkr.ecr.us-east-1.amazonaws.com/fnserve:lambda"])
+def test_sam_translates_the_chosen_packaging(image_uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.unit.test_scaling import _translated
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    resources = _translated(ImageUri=image_uri)["Resources"]
+    functions = {name: r for name, r in resources.items() if r["Type"] == "AWS::Lambda::Function"}
+    assert len(functions) == 6  # CloudFormation drops the three whose condition is false
+    for name, function in functions.items():
+        props = function["Properties"]
+        if "Image" in name:
+            assert function["Condition"] == "UseImage" and props["PackageType"] == "Image", name
+            assert props["Code"] == {"ImageUri": image_uri} and "Layers" not in props, name
+        else:
+            assert function["Condition"] == "UseZip" and props["Runtime"].startswith("python3"), name
+            assert len(props["Layers"]) == 2, name
+
+
+@pytest.mark.parametrize("image_uri", ["", "123456789012.dkr.ecr.us-east-1.amazonaws.com/fnserve:lambda"])
+def test_fnserve_local_runs_the_zip_twins_and_says_it_does_not_start_images(image_uri: str) -> None:
+    from fnserve.adapters.local.functions import collect
+    from fnserve.adapters.local.template import Resolver, load_template
+
+    template = load_template(REPO / "template.yaml")
+    queues = [name for name, r in RESOURCES.items() if r["Type"] == "AWS::SQS::Queue"]
+    physical = {name: f"http://sqs.local/{name}" for name in queues}
+    attributes = {(name, "Arn"): f"arn:aws:sqs:us-east-1:123456789012:{name}" for name in queues}
+    app = collect(template, Resolver(template, physical, attributes, {"ImageUri": image_uri}), REPO, workers=1)
+    if image_uri:
+        assert not app.functions and not app.routes and not app.sources
+        assert sum("container image" in warning for warning in app.warnings) == 3, app.warnings
+    else:
+        assert set(app.functions) == set(TWINS)
+        assert {route.function for route in app.routes} == {"ApiFunction"}
+        assert {source.function for source in app.sources} == {"BatchFunction", "FollowupFunction"}

@@ -40,8 +40,16 @@ def collect(template: Template, resolver: Resolver, root: Path, workers: int) ->
     app = Application()
     layers = template.of_type("AWS::Serverless::LayerVersion")
     layer_roots = {name: root / layer["Properties"]["ContentUri"] for name, layer in layers.items()}
-    for name in template.of_type("AWS::Serverless::Function"):
+    for name, resource in template.of_type("AWS::Serverless::Function").items():
+        if "Condition" in resource and not resolver.condition(resource["Condition"]):
+            continue  # not deployed with these parameters (template.yaml's zip or image twin)
         props = resolver.resolve(template.properties(name))  # its Globals merged in, as SAM merges them
+        if props.get("PackageType") == "Image":
+            app.warnings.append(
+                f"function {name} runs from a container image ({props.get('ImageUri')}), which the emulator does "
+                "not start: `make image-test` runs fnserve's Lambda image against a local Runtime API."
+            )
+            continue
         roots = [layer_roots[layer] for layer in props.get("Layers", []) if layer in layer_roots]
         app.layers[name] = roots
         env = {k: _opt(str(v), roots) for k, v in props.get("Environment", {}).get("Variables", {}).items()}
@@ -65,7 +73,8 @@ def collect(template: Template, resolver: Resolver, root: Path, workers: int) ->
                     f"function {name}: event {event_name} ({event.get('Type')}) is not emulated; only "
                     f"{', '.join(EMULATED_EVENTS)} events are. Deployed, it would invoke {name}."
                 )
-    app.routes += _raw_http_routes(template, resolver)
+    # Routes to a function that does not run here (an image, or a condition's other twin) are not served.
+    app.routes += [route for route in _raw_http_routes(template, resolver) if route.function in app.functions]
     return app
 
 
@@ -137,6 +146,9 @@ def _raw_http_routes(template: Template, resolver: Resolver) -> list[HttpRoute]:
     integrations = {}
     for name, resource in template.of_type("AWS::ApiGatewayV2::Integration").items():
         uri = resource["Properties"].get("IntegrationUri", {})
+        while isinstance(uri, dict) and "Fn::If" in uri:  # a function chosen by a condition (its packaging)
+            condition, chosen, other = uri["Fn::If"]
+            uri = chosen if resolver.condition(condition) else other
         target = uri.get("Ref", "") if isinstance(uri, dict) else str(uri)
         function = target.split(".")[0]
         if function in template.resources:
