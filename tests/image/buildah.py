@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -20,22 +19,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from fnserve.adapters.local.images import BUILDAH, Container, buildah
 from tests.helpers import REPO
 
-BUILDAH = ["buildah", "--storage-driver", "vfs"]
 SUITE = "bookworm"
 BASE = f"localhost/fnserve-base:{SUITE}"
 BASE_PYTHON = "python3.11"  # bookworm's
 MIRROR = "http://deb.debian.org/debian"
-
-
-def buildah(*args: str, capture: bool = True) -> str:
-    done = subprocess.run([*BUILDAH, *args], capture_output=capture, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"buildah {' '.join(args)} failed ({done.returncode}):\n{(done.stderr or '')[-4000:]}")
-    return done.stdout.strip() if capture else ""
 
 
 def image_exists(name: str) -> bool:
@@ -119,27 +111,22 @@ BUILD_CA = "/etc/fnserve-build-ca.crt"
 
 @dataclass
 class Running:
-    """A command started inside an image's container."""
+    """A command started inside an image's container (fnserve local's own :class:`Container`)."""
 
-    container: str
-    process: subprocess.Popen[bytes]
+    container: Container
     log: Path
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        assert self.container.process is not None
+        return self.container.process
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def exec(self, command: Sequence[str], env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def exec(self, command: Sequence[str]) -> subprocess.CompletedProcess[str]:
         """Run another command in the same container (a HEALTHCHECK, say), as the image's user."""
-        return subprocess.run(
-            [*BUILDAH, "run", "--isolation", "chroot", *_env_args(env or {}), self.container, "--", *command],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-
-
-def _env_args(env: Mapping[str, str]) -> list[str]:
-    return [arg for key, value in env.items() for arg in ("--env", f"{key}={value}")]
+        return self.container.exec(command)
 
 
 @contextmanager
@@ -153,31 +140,10 @@ def started(
 ) -> Iterator[Running]:
     """``command`` running in a new container of ``image`` (the image's environment and working directory, its
     user unless ``user`` says another), stopped and removed at the end of the block."""
-    container = buildah("from", "--quiet", image)
-    mounts = [arg for host, inside in (volumes or {}).items() for arg in ("--volume", f"{host}:{inside}")]
-    if user is not None:
-        mounts += ["--user", user]
-    out: IO[bytes] = log.open("wb")
-    process = subprocess.Popen(
-        [*BUILDAH, "run", "--isolation", "chroot", *_env_args(env or {}), *mounts, container, "--", *command],
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        yield Running(container, process, log)
-    finally:
-        stop(process)
-        out.close()
-        subprocess.run([*BUILDAH, "rm", container], capture_output=True)
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the command (buildah forwards it), SIGKILL to what is left of its session after 30 s."""
-    if process.poll() is None:
-        process.terminate()
+    with log.open("wb") as out:
+        mounts = {str(host): inside for host, inside in (volumes or {}).items()}
+        container = Container(image, command, env or {}, user, mounts, output=out).start()
         try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+            yield Running(container, log)
+        finally:
+            container.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -288,7 +289,7 @@ def test_sam_translates_the_chosen_packaging(image_uri: str, monkeypatch: pytest
 
 
 @pytest.mark.parametrize("image_uri", ["", "123456789012.dkr.ecr.us-east-1.amazonaws.com/fnserve:lambda"])
-def test_fnserve_local_runs_the_zip_twins_and_says_it_does_not_start_images(image_uri: str) -> None:
+def test_fnserve_local_runs_the_twins_the_parameters_choose(image_uri: str) -> None:
     from fnserve.adapters.local.functions import collect
     from fnserve.adapters.local.template import Resolver, load_template
 
@@ -297,10 +298,15 @@ def test_fnserve_local_runs_the_zip_twins_and_says_it_does_not_start_images(imag
     physical = {name: f"http://sqs.local/{name}" for name in queues}
     attributes = {(name, "Arn"): f"arn:aws:sqs:us-east-1:123456789012:{name}" for name in queues}
     app = collect(template, Resolver(template, physical, attributes, {"ImageUri": image_uri}), REPO, workers=1)
-    if image_uri:
-        assert not app.functions and not app.routes and not app.sources
-        assert sum("container image" in warning for warning in app.warnings) == 3, app.warnings
-    else:
-        assert set(app.functions) == set(TWINS)
-        assert {route.function for route in app.routes} == {"ApiFunction"}
-        assert {source.function for source in app.sources} == {"BatchFunction", "FollowupFunction"}
+    twin = "ImageFunction" if image_uri else "Function"
+    names = {name.replace("Function", twin) for name in TWINS}
+    assert set(app.functions) == names
+    assert {route.function for route in app.routes} == {f"Api{twin}"}
+    assert {source.function for source in app.sources} == {f"Batch{twin}", f"Followup{twin}"}
+    for name, spec in app.functions.items():
+        if image_uri:  # started from the image (local.images), its command and the image's own paths
+            assert spec.image == image_uri and spec.command[0].startswith("functions/"), name
+            assert spec.env["FNSERVE_MANIFEST"] == "/opt/models/manifest.toml" and spec.code_dir == "", name
+        else:
+            assert not spec.image and (Path(spec.code_dir) / "app.py").exists(), name
+            assert Path(spec.env["FNSERVE_MANIFEST"]).is_file(), name  # /opt/models mapped to the models layer

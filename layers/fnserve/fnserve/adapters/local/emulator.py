@@ -32,7 +32,7 @@ from fnserve.adapters.local.sqs import Poller, SqsSource
 from fnserve.adapters.local.template import Resolver, Template, load_template
 from fnserve.adapters.logs import logger
 from fnserve.aws import clients
-from fnserve.workers.pool import FunctionSpec, Observer, WorkerPool
+from fnserve.workers.pool import FunctionSpec, Observer, Pool, WorkerPool
 
 
 @dataclass
@@ -67,7 +67,7 @@ class Emulator:
         self.visibility_timeout = visibility_timeout
         self.parameters = parameters or {}
         self.observer = observer  # the console: each invocation's START/END/REPORT and its function's output
-        self.pools: dict[str, WorkerPool] = {}
+        self.pools: dict[str, Pool] = {}
         self.app = Application()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -95,7 +95,12 @@ class Emulator:
             self._check_visibility()
             for name, spec in self.app.functions.items():
                 spec = dataclasses.replace(spec, console=self.observer is not None)
-                self.pools[name] = WorkerPool(spec, self.workers, self.observer).start()
+                if spec.image:  # a container image function: its containers, on a Runtime API each
+                    from fnserve.adapters.local.images import ImagePool
+
+                    self.pools[name] = ImagePool(spec, self.workers, self.observer).start()
+                else:
+                    self.pools[name] = WorkerPool(spec, self.workers, self.observer).start()
             for source in self.app.sources:
                 for n in range(self.workers):  # one poller per worker: batches run concurrently, as on AWS
                     poller = Poller(source, self.pools[source.function], self._stop)
@@ -154,6 +159,8 @@ class Emulator:
         project's files its environment names (a model manifest and its models)."""
         watched = {}
         for name, spec in self.app.functions.items():
+            if spec.image:
+                continue  # an image changes only with a new image
             roots = [Path(spec.code_dir), *self.app.layers.get(name, [])]
             named = (Path(v) for v in spec.env.values() if v.startswith("/"))
             roots += [f.parent for f in named if f.is_file() and f.resolve().is_relative_to(self.root)]

@@ -44,27 +44,34 @@ def collect(template: Template, resolver: Resolver, root: Path, workers: int) ->
         if "Condition" in resource and not resolver.condition(resource["Condition"]):
             continue  # not deployed with these parameters (template.yaml's zip or image twin)
         props = resolver.resolve(template.properties(name))  # its Globals merged in, as SAM merges them
-        if props.get("PackageType") == "Image":
-            app.warnings.append(
-                f"function {name} runs from a container image ({props.get('ImageUri')}), which the emulator does "
-                "not start: `make image-test` runs fnserve's Lambda image against a local Runtime API."
+        variables = {k: str(v) for k, v in props.get("Environment", {}).get("Variables", {}).items()}
+        aws = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+        if props.get("PackageType") == "Image":  # paths are the image's own; started by local.images
+            app.functions[name] = FunctionSpec(
+                name=name,
+                code_dir="",
+                handler="",
+                command=[str(arg) for arg in (props.get("ImageConfig") or {}).get("Command") or []],
+                env=variables | aws,
+                timeout=float(props.get("Timeout", 3)),
+                memory_mb=int(props.get("MemorySize", 128)),
+                image=str(props["ImageUri"]),
             )
-            continue
-        roots = [layer_roots[layer] for layer in props.get("Layers", []) if layer in layer_roots]
-        app.layers[name] = roots
-        env = {k: _opt(str(v), roots) for k, v in props.get("Environment", {}).get("Variables", {}).items()}
-        env |= {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
-        env["FNSERVE_PARALLEL_WORKERS"] = str(workers)
-        app.functions[name] = FunctionSpec(
-            name=name,
-            code_dir=str(root / props.get("CodeUri", ".")),
-            handler=props.get("Handler", "app.handler"),
-            env=env,
-            timeout=float(props.get("Timeout", 3)),
-            memory_mb=int(props.get("MemorySize", 128)),
-            paths=_layer_paths(roots, str(props.get("Runtime", ""))),
-            memory_limit=True,
-        )
+        else:
+            roots = [layer_roots[layer] for layer in props.get("Layers", []) if layer in layer_roots]
+            app.layers[name] = roots
+            env = {k: _opt(v, roots) for k, v in variables.items()} | aws
+            env["FNSERVE_PARALLEL_WORKERS"] = str(workers)
+            app.functions[name] = FunctionSpec(
+                name=name,
+                code_dir=str(root / props.get("CodeUri", ".")),
+                handler=props.get("Handler", "app.handler"),
+                env=env,
+                timeout=float(props.get("Timeout", 3)),
+                memory_mb=int(props.get("MemorySize", 128)),
+                paths=_layer_paths(roots, str(props.get("Runtime", ""))),
+                memory_limit=True,
+            )
         for event_name, event in (props.get("Events") or {}).items():
             if event.get("Type") in EMULATED_EVENTS:
                 _event(app, name, event_name, event, resolver)

@@ -25,7 +25,7 @@ from starlette.routing import Route as StarletteRoute
 from fnserve.adapters.local import events
 from fnserve.adapters.local.schedules import Schedule
 from fnserve.core.errors import FnserveError, InvocationTimeout
-from fnserve.workers.pool import WorkerPool
+from fnserve.workers.pool import Pool
 
 TEXT_TYPES = ("application/json", "text/", "application/xml", "application/x-www-form-urlencoded")
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
@@ -55,7 +55,7 @@ class HttpRoute:
 
 def gateway_app(
     routes: list[HttpRoute],
-    pools: Mapping[str, WorkerPool],
+    pools: Mapping[str, Pool],
     info: Callable[[], Awaitable[dict[str, Any]]],
     schedules: Sequence[Schedule] = (),
 ) -> Starlette:

@@ -38,6 +38,10 @@ class InitError(FunctionError):
     """The function failed before it could take an event: its handler did not import (``/init/error``)."""
 
 
+class RuntimeExited(FunctionError):
+    """The function's process is gone (it crashed, or was stopped) while an invocation waited for it."""
+
+
 @dataclass
 class _Invocation:
     request_id: str
@@ -62,6 +66,8 @@ class RuntimeApi:
         self._lock = threading.Lock()
         self.init_error: dict[str, Any] | None = None
         self._init_failed = threading.Event()
+        self._initialised = threading.Event()  # the runtime asked for its first event, or reported an init error
+        self._exited: str | None = None
         self._host = host
         self._server = ThreadingHTTPServer((host, port), _handler(self))
         self._server.daemon_threads = True
@@ -92,6 +98,8 @@ class RuntimeApi:
             while not invocation.done.wait(0.05):
                 if self._init_failed.is_set():
                     raise InitError(self.init_error or {})
+                if self._exited is not None:
+                    raise RuntimeExited({"errorType": "Runtime.ExitError", "errorMessage": self._exited})
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{self.function_name} gave no answer within {limit:g} s")
         finally:
@@ -102,7 +110,17 @@ class RuntimeApi:
         assert invocation.payload is not None
         return json.loads(invocation.payload) if invocation.payload else None
 
+    def wait_initialised(self, timeout: float) -> bool:
+        """Whether the runtime finished its init (first poll for an event, or an init error) within ``timeout``."""
+        return self._initialised.wait(timeout)
+
+    def exited(self, reason: str) -> None:
+        """Tell the callers waiting on the function that its process is gone (``reason``): they fail at once."""
+        self._exited = reason
+        self._initialised.set()
+
     def close(self) -> None:
+        self.exited("the Runtime API closed")
         self._server.shutdown()
         self._server.server_close()
 
@@ -115,6 +133,7 @@ class RuntimeApi:
     # -- the runtime's side -----------------------------------------------------------------------
 
     def _next(self) -> _Invocation:
+        self._initialised.set()
         return self._events.get()
 
     def _finish(self, request_id: str, payload: bytes | None, error: dict[str, Any] | None) -> bool:
@@ -129,6 +148,7 @@ class RuntimeApi:
     def _failed_init(self, error: dict[str, Any]) -> None:
         self.init_error = error
         self._init_failed.set()
+        self._initialised.set()
 
 
 def _error_body(raw: bytes, error_type: str | None) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 from fnserve.adapters.local import events
 from fnserve.adapters.logs import logger
 from fnserve.aws import clients
-from fnserve.workers.pool import WorkerPool
+from fnserve.workers.pool import Pool
 
 
 @dataclass
@@ -34,7 +34,7 @@ class SqsSource:
 class Poller:
     """One poller of one event source: runs batches one after another until ``stop`` is set."""
 
-    def __init__(self, source: SqsSource, pool: WorkerPool, stop: threading.Event) -> None:
+    def __init__(self, source: SqsSource, pool: Pool, stop: threading.Event) -> None:
         self.source = source
         self.pool = pool
         self.stop = stop
