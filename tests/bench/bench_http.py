@@ -104,12 +104,15 @@ def running(
                 raise RuntimeError(f"{cmd} exited with {proc.returncode}")
             try:
                 url = f"http://127.0.0.1:{port}/v2/models/{model}/infer"
-                httpx.post(url, content=body or BODY, timeout=30).raise_for_status()
-                break
+                answer = httpx.post(url, content=body or BODY, timeout=30)
+                if answer.status_code != 503:  # 503: listening while its models load
+                    answer.raise_for_status()
+                    break
             except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{cmd} did not answer")
+            time.sleep(0.1)
         yield
     finally:
         proc.terminate()

@@ -104,6 +104,8 @@ ELSEWHERE = {  # a block's first command -> why it does not run here, and what p
     "infra/gcp/deploy.sh": "needs gcloud and a project; tests/functional/test_gcp.py checks its --dry-run",
     "fnserve submit": "needs a queue: tests/functional/test_batch.py submits and fetches results on moto",
     "make sam-check": "make test runs sam-check; deploying needs an AWS account",
+    "docker build -f infra/container/lambda.Dockerfile": "needs Docker (and ECR, an account): make image-test "
+    "builds this Dockerfile with buildah and runs the image (tests/image/test_lambda_image.py)",
     ".venv/bin/fnserve models push": "tests/functional/test_publish.py pushes to moto and Cloud Storage",
     ".venv/bin/fnserve submit": "needs the deployed stack's queue: tests/functional/test_batch.py on moto",
     ".venv/bin/fnserve manifest add": "tests/functional/test_publish.py",

@@ -234,6 +234,8 @@ def _wait_answering(server: Server, target: str, first: Request, timeout: float)
         try:
             answer = httpx.post(url, content=first.body, headers=first.headers, timeout=60)
         except httpx.TransportError:
+            answer = None
+        if answer is None or answer.status_code == 503:  # not listening yet, or listening while its models load
             if time.monotonic() > deadline:
                 raise ConfigError(f"the server did not answer in {timeout:.0f} s:\n{server.tail()}") from None
             time.sleep(0.05)
