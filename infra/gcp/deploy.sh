@@ -84,13 +84,21 @@ run() {
 # Idempotent creates: a second deploy reuses what the first made.
 exists() { [ "$DRY_RUN" != 1 ] && "$@" >/dev/null 2>&1; }
 
+# fnserve itself as a wheel built from this checkout: the functions install it with its gcp extra, so their
+# requirements are pyproject's, never a list kept by hand beside it.
+WHEEL_DIR=$BUILD/wheel
+rm -rf "$WHEEL_DIR"
+mkdir -p "$WHEEL_DIR"
+${PYTHON:-python3} -m pip wheel --quiet --no-deps --wheel-dir "$WHEEL_DIR" "$ROOT" >&2
+WHEEL=$(cd "$WHEEL_DIR" && ls fnserve-*.whl)
+
 stage() {  # stage NAME: the function's source, as Cloud Functions builds it (main.py, requirements.txt)
     local dir=$BUILD/$1
     rm -rf "$dir"
     mkdir -p "$dir"
     cp "$ROOT/functions/gcp_$1/main.py" "$dir/main.py"
-    cp "$ROOT/infra/gcp/requirements.txt" "$dir/requirements.txt"
-    cp -R "$ROOT/layers/fnserve/fnserve" "$dir/fnserve"
+    cp "$WHEEL_DIR/$WHEEL" "$dir/$WHEEL"
+    echo "./$WHEEL[gcp]" > "$dir/requirements.txt"  # pip, in Cloud Functions' build, reads it in the source folder
     if [ -z "$MODELS" ]; then
         cp -R "$ROOT/layers/models/models" "$dir/models"
     fi

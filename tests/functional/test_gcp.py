@@ -411,21 +411,37 @@ def test_the_deploy_script_stages_sources_that_serve_and_deploys_least_privilege
     assert "roles/editor" not in roles and "roles/owner" not in roles
     refused = subprocess.run(command[:4] + ["--dry-run"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "--redis is required" in refused.stderr
-    # The staged source is what Cloud Functions builds: it serves on functions-framework, fnserve from it.
+    # The staged source is what Cloud Functions builds: its requirements installed in a fresh virtualenv (fnserve
+    # from the staged wheel, with the gcp extra's dependencies), it serves on functions-framework from there.
     api = build / "api"
-    assert sorted(p.name for p in api.iterdir()) == ["fnserve", "main.py", "models", "requirements.txt"]
-    env = {**os.environ, "PYTHONPATH": str(api), "FNSERVE_MANIFEST": str(api / "models" / "manifest.toml")}
+    wheel = next(api.glob("fnserve-*-py3-none-any.whl"))
+    assert sorted(p.name for p in api.iterdir()) == sorted([wheel.name, "main.py", "models", "requirements.txt"])
+    assert (api / "requirements.txt").read_text().split() == [f"./{wheel.name}[gcp]"]
+    venv = tmp_path / "venv"
+    uv = str(Path(sys.executable).parent / "uv")
+    subprocess.run([uv, "venv", "--quiet", "--python", sys.executable, str(venv)], check=True, timeout=120)
+    installed = subprocess.run(
+        [uv, "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), "-r", "requirements.txt"],
+        cwd=api,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"FNSERVE_MANIFEST": str(api / "models" / "manifest.toml")}
     where = subprocess.run(
-        [sys.executable, "-c", "import fnserve; print(fnserve.__file__)"],
+        [str(venv / "bin" / "python"), "-c", "import fnserve; print(fnserve.__file__)"],
         env=env,
         cwd=api,
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert where.stdout.strip() == str(api / "fnserve" / "__init__.py")
+    assert where.stdout.strip().startswith(str(venv)), where.stdout + where.stderr
     port = free_port()
-    serve = [FUNCTIONS_FRAMEWORK, "--target", "infer", "--source", str(api / "main.py"), "--port", str(port)]
+    functions_framework = str(venv / "bin" / "functions-framework")
+    serve = [functions_framework, "--target", "infer", "--source", str(api / "main.py"), "--port", str(port)]
     proc, url = start_http(serve + ["--host", "127.0.0.1"], port, tmp_path / "staged.log", env=env)
     try:
         body = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": DIGITS[0].tolist()}]}
