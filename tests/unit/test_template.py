@@ -310,3 +310,28 @@ def test_fnserve_local_runs_the_twins_the_parameters_choose(image_uri: str) -> N
         else:
             assert not spec.image and (Path(spec.code_dir) / "app.py").exists(), name
             assert Path(spec.env["FNSERVE_MANIFEST"]).is_file(), name  # /opt/models mapped to the models layer
+
+
+def test_the_runtime_layer_installs_what_the_lambda_extra_names() -> None:
+    """sam build reads layers/fnserve/requirements.txt; pyproject's lambda extra is the other list of the same
+    thing. They name the same packages (boto3 aside: the Lambda runtime brings it to zip functions)."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+
+    def names(requirements: list[str]) -> set[str]:
+        found = set()
+        for line in requirements:
+            requirement = Requirement(line)
+            if requirement.name == "fnserve":
+                found |= names([r for extra in requirement.extras for r in extras[extra]])
+            else:
+                found.add(requirement.name.lower())
+        return found
+
+    layer = (REPO / "layers" / "fnserve" / "requirements.txt").read_text().splitlines()
+    listed = names([line for line in layer if line.strip() and not line.startswith("#")])
+    assert listed == names(project["dependencies"] + extras["lambda"])
