@@ -3,8 +3,8 @@ runs that install's entry command, so a dependency missing from an extra fails h
 
 The extra sets are read from the files that name them (the Dockerfiles' ``pip install ".[...]"``, the
 README's ``pip install 'fnserve[...]'``), not copied: a new one is tested as soon as it is written.
-The virtualenvs are made by uv (from its cache, in seconds); GPU-only extras are left out, their
-wheels need a GPU machine (``make test-gpu``).
+The virtualenvs are made by uv (from its cache, in seconds; the system's trust store, as pip's, for a
+machine behind a TLS proxy); GPU-only extras are left out, their wheels need a GPU machine (``make test-gpu``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def venv(tmp_path: Path, extras: frozenset[str]) -> Path:
     subprocess.run([UV, "venv", "--quiet", "--python", sys.executable, str(target)], check=True)
     spec = f"{REPO}[{','.join(sorted(extras))}]" if extras else str(REPO)
     done = subprocess.run(
-        [UV, "pip", "install", "--quiet", "--python", str(target / "bin" / "python"), spec],
+        [UV, "pip", "install", "--quiet", "--native-tls", "--python", str(target / "bin" / "python"), spec],
         capture_output=True,
         text=True,
     )

@@ -421,7 +421,8 @@ def test_the_deploy_script_stages_sources_that_serve_and_deploys_least_privilege
     uv = str(Path(sys.executable).parent / "uv")
     subprocess.run([uv, "venv", "--quiet", "--python", sys.executable, str(venv)], check=True, timeout=120)
     installed = subprocess.run(
-        [uv, "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), "-r", "requirements.txt"],
+        [uv, "pip", "install", "--quiet", "--native-tls", "--python", str(venv / "bin" / "python")]
+        + ["-r", "requirements.txt"],
         cwd=api,
         capture_output=True,
         text=True,
