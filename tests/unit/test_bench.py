@@ -271,3 +271,27 @@ def test_each_process_claims_a_free_slot_and_a_replacement_gets_the_freed_one(tm
         hold.set()
     for process in (second, replacement):
         process.join(timeout=30)
+
+
+def _report_peak(out: Any) -> None:
+    from fnserve.bench.sizing import peak_mb
+
+    out.put(peak_mb())
+
+
+def test_a_sized_child_reports_its_own_peak_memory_not_its_parents() -> None:
+    """The Lambda sizes run in spawned children: fork, then exec. getrusage's peak outlives the exec, so a child
+    of a large process would report the parent's memory as its own (and "not fit" a 512 MB size)."""
+    import resource
+
+    ballast = bytearray(400 * 1024 * 1024)  # the parent, 400 MB bigger, every page touched
+    ballast[::4096] = b"x" * len(ballast[::4096])
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    child = context.Process(target=_report_peak, args=(out,))
+    child.start()
+    child_peak = out.get(timeout=120)
+    child.join(60)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 > 400
+    assert 5 < child_peak < 200, child_peak
+    del ballast
