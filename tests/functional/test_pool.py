@@ -5,7 +5,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,11 +91,11 @@ def test_a_worker_killed_from_outside_mid_invocation(pool: WorkerPool, tmp_path:
 
 
 def test_an_invocation_past_the_timeout_is_answered_and_its_worker_replaced(pool: WorkerPool) -> None:
-    started = time.monotonic()
+    # The handler would sleep 300 s; an answer within 60 s (a generous guard, not a speed) can only be the
+    # pool's own 2 s timeout.
     with pytest.raises(InvocationTimeout, match="timed out after 2s") as info:
-        pool.invoke({"action": "sleep", "seconds": 30}).result(timeout=20)
+        pool.invoke({"action": "sleep", "seconds": 300}).result(timeout=60)
     assert info.value.status_code == 504
-    assert time.monotonic() - started < 10
     assert pool.invoke({}).result(timeout=60)["env"] == "hi"
 
 
