@@ -135,7 +135,8 @@ def test_a_heavy_model_is_timed_and_named_in_the_reason() -> None:
     service = Service({"light": light, "heavy": heavy})
     layout = choose_layout(service, cpus=4, process_bytes=MIB, available_bytes=1024 * MIB)  # type: ignore[arg-type]
     assert (layout.processes, layout.workers) == (4, 0)
-    assert "'heavy' takes 2." in layout.why and layout.batch1_ms["heavy"] >= 2.0
+    # What it measured (at least the session's 2 ms sleep; more on a busy machine) is what the reason says.
+    assert layout.batch1_ms["heavy"] >= 2.0 and f"'heavy' takes {layout.batch1_ms['heavy']:.2f} ms" in layout.why
     assert len(heavy.session.runs) > 1  # warmed, then timed
 
 
