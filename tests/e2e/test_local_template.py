@@ -141,7 +141,9 @@ def handler(event, context):
 
 def write_app(root: Path, app: str = APP) -> None:
     """The echo template, its functions' code and its layers' modules, in ``root``."""
-    soon = (datetime.now(UTC) + timedelta(seconds=3)).strftime("%Y-%m-%dT%H:%M:%S")
+    # Far enough ahead that a slow start (a busy machine) still has it to come: a time already past when the
+    # emulator starts is skipped, as EventBridge skips the times it missed.
+    soon = (datetime.now(UTC) + timedelta(seconds=12)).strftime("%Y-%m-%dT%H:%M:%S")
     (root / "template.yaml").write_text(TEMPLATE.replace("AT_SOON", soon))
     for folder, name, text in (
         ("echo", "app.py", app),
@@ -454,8 +456,8 @@ def test_schedules_fire_on_time_or_on_demand_with_eventbridges_event(tmp_path: P
     with echo_emulator(tmp_path) as (_, local, port):
         url = f"http://127.0.0.1:{port}/_fnserve/schedules"
         fired = tmp_path / "scheduled.jsonl"
-        # Soon: a ScheduleV2 at(now + 3 s) with an Input: the function gets the Input, on time.
-        wait_for(lambda: fired.exists() and '{"job": "tidy"}' in fired.read_text(), 30, "the at() schedule to fire")
+        # Soon: a ScheduleV2 at(now + 12 s) with an Input: the function gets the Input, on time.
+        wait_for(lambda: fired.exists() and '{"job": "tidy"}' in fired.read_text(), 60, "the at() schedule to fire")
 
         ran = httpx.post(f"{url}/Echo/Nightly", timeout=30)  # a daily rule, run now
         assert ran.status_code == 200, ran.text

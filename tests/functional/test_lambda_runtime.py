@@ -19,16 +19,27 @@ import pytest
 
 from fnserve.adapters.local.runtime_api import RuntimeApi
 from fnserve.aws import clients
+from fnserve.aws.results import DynamoResultStore
+from fnserve.core.results import job_key
 from tests.functional.conftest import Aws
 from tests.helpers import DEMO_MANIFEST, REPO
-from tests.lambda_runtime import BUCKET, HANDLERS, TABLE, check_api, check_batch, check_init_error, function_env
+from tests.lambda_runtime import (
+    BUCKET,
+    HANDLERS,
+    TABLE,
+    check_api,
+    check_batch,
+    check_init_error,
+    event,
+    function_env,
+)
 from tests.moto import reset
 
 
 @contextmanager
-def function(handler: str, moto_url: str, log: Path, **env: str) -> Iterator[RuntimeApi]:
+def function(handler: str, moto_url: str, log: Path, api: RuntimeApi | None = None, **env: str) -> Iterator[RuntimeApi]:
     """The runtime interface client serving ``handler`` from the repository, as the image lays it out."""
-    with RuntimeApi() as api, log.open("wb") as out:
+    with api or RuntimeApi() as api, log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "awslambdaric", handler],
             cwd=REPO,  # the image's WORKDIR holds functions/ the same way
@@ -85,3 +96,18 @@ def test_the_runtime_api_refuses_what_is_not_its_protocol() -> None:
         assert httpx.get(f"{base}/nowhere").status_code == 404
         with pytest.raises(TimeoutError, match="no answer"):
             api.invoke({}, timeout=0.2)  # no runtime polls: the caller is told, never left waiting
+
+
+def test_an_event_whose_caller_gave_up_never_reaches_the_function(resources: Aws, tmp_path: Path) -> None:
+    """Lambda does not run an invocation that timed out before a runtime took it; nor does the local one."""
+    jobs = event("batch-jobs.json")
+    stale = {"Records": [jobs["Records"][0]]}  # job example-0, which the function would store
+    later = {"Records": [jobs["Records"][1]]}
+    with RuntimeApi() as api:
+        with pytest.raises(TimeoutError):
+            api.invoke(stale, timeout=0.05)  # no runtime is polling yet
+        with function(HANDLERS["batch"], resources.url, tmp_path / "batch.log", api=api):
+            assert api.invoke(later, timeout=120) == {"batchItemFailures": []}
+    # The runtime takes events in order: had it been given the stale one, it would have stored it first.
+    stored = DynamoResultStore(TABLE, bucket=BUCKET).get([job_key("example-0"), job_key("example-1")])
+    assert set(stored) == {job_key("example-1")}

@@ -26,7 +26,8 @@ class _NotReady(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def _answer(self) -> None:
-        self.rfile.read(int(self.headers.get("content-length") or 0))  # the body, so the connection stays usable
+        # The body first: a socket closed with unread bytes is reset, and the client may lose the answer.
+        self.rfile.read(int(self.headers.get("content-length") or 0))
         self.send_response(503)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(BODY)))

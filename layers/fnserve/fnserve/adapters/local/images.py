@@ -115,56 +115,65 @@ class _Runtime:
 
 
 class ImagePool:
-    """``workers`` containers of an image function (``spec.image``, run with ``spec.command``)."""
+    """``workers`` containers of an image function (``spec.image``, run with ``spec.command``).
+
+    As Lambda resets an execution environment whose invocation timed out or whose runtime exited, a container
+    that does either is replaced by a new one (a cold start), and the invocation is answered at once.
+    """
 
     def __init__(self, spec: FunctionSpec, workers: int = 1, observer: Observer | None = None) -> None:
         self.spec = spec
         self._size = workers
         self.observer = observer
         self._runtimes: list[_Runtime] = []
+        self._lock = threading.Lock()
         self._idle: queue.Queue[_Runtime] = queue.Queue()
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"image-{spec.name}")
         self._closing = False
+        self._command: list[str] = []
+        self._env: dict[str, str] = {}
+        self.replaced = 0  # containers replaced after a timeout or an exit
 
     def start(self, wait_ready: float = 120.0) -> ImagePool:
         """Start the containers and wait until each has initialised (its first poll of the Runtime API).
 
         :class:`HandlerError` with the function's init error if one cannot start (the pool is closed then)."""
         config = image_config(self.spec.image)
-        command = [*(config.get("Entrypoint") or []), *(self.spec.command or config.get("Cmd") or [])]
-        env = {
+        self._command = [*(config.get("Entrypoint") or []), *(self.spec.command or config.get("Cmd") or [])]
+        self._env = {
             **self.spec.env,
             "AWS_LAMBDA_FUNCTION_NAME": self.spec.name,
             "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(self.spec.memory_mb),
             "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
         }
         try:
-            for _ in range(self._size):
-                api = RuntimeApi(self.spec.name, timeout=self.spec.timeout)
-                container = Container(
-                    self.spec.image,
-                    command,
-                    {**env, "AWS_LAMBDA_RUNTIME_API": api.address},
-                    LAMBDA_USER,
-                    output=subprocess.PIPE,
-                )
-                runtime = _Runtime(api, container)
-                self._runtimes.append(runtime)
-                container.start()
-                threading.Thread(target=self._relay, args=(runtime,), daemon=True).start()
-            for runtime in self._runtimes:
-                if not runtime.api.wait_initialised(wait_ready):
-                    raise TimeoutError(f"function {self.spec.name}: its container did not start in {wait_ready:g}s")
-                if (error := runtime.api.init_error) is not None:
-                    reason = f"{error.get('errorType')}: {error.get('errorMessage')}"
-                    raise HandlerError(f"function {self.spec.name} cannot start: {reason}")
-                if runtime.container.process is None or runtime.container.process.poll() is not None:
-                    raise HandlerError(f"function {self.spec.name} cannot start: its container exited; see its output")
+            started = [self._start_one() for _ in range(self._size)]
+            for runtime in started:
+                self._check_ready(runtime, wait_ready)
                 self._idle.put(runtime)
         except BaseException:
             self.close()
             raise
         return self
+
+    def _start_one(self) -> _Runtime:
+        api = RuntimeApi(self.spec.name, timeout=self.spec.timeout)
+        env = {**self._env, "AWS_LAMBDA_RUNTIME_API": api.address}
+        runtime = _Runtime(api, Container(self.spec.image, self._command, env, LAMBDA_USER, output=subprocess.PIPE))
+        with self._lock:
+            self._runtimes.append(runtime)
+        runtime.container.start()
+        threading.Thread(target=self._relay, args=(runtime,), daemon=True).start()
+        return runtime
+
+    def _check_ready(self, runtime: _Runtime, wait_ready: float) -> None:
+        if not runtime.api.wait_initialised(wait_ready):
+            raise TimeoutError(f"function {self.spec.name}: its container did not start in {wait_ready:g}s")
+        if (error := runtime.api.init_error) is not None:
+            reason = f"{error.get('errorType')}: {error.get('errorMessage')}"
+            raise HandlerError(f"function {self.spec.name} cannot start: {reason}")
+        if runtime.container.process is None or runtime.container.process.poll() is not None:
+            raise HandlerError(f"function {self.spec.name} cannot start: its container exited; see its output")
 
     def invoke(self, event: Any) -> Future[Any]:
         """Queue one invocation; the future gets the handler's response or a :class:`FnserveError`."""
@@ -186,25 +195,42 @@ class ImagePool:
         runtime.busy = True
         response: Any = None
         error: str | None = None
+        reset = False
         if self.observer is not None:
             self.observer.started(self.spec, request_id)
         try:
             response = runtime.api.invoke(event)
             return response
         except (InitError, RuntimeExited) as exc:
-            error = str(exc)
+            error, reset = str(exc), True
             raise WorkerDied(f"function {self.spec.name}: its container stopped: {exc}") from None
         except FunctionError as exc:
             error = str(exc)
             raise HandlerError(str(exc)) from None
         except TimeoutError:
-            error = f"timed out after {self.spec.timeout:g} s"
+            error, reset = f"timed out after {self.spec.timeout:g} s", True
             raise InvocationTimeout(f"function {self.spec.name} {error}") from None
         finally:
             runtime.busy = False
-            self._idle.put(runtime)
+            if reset and not self._closing:  # in the background: the caller has its answer now
+                threading.Thread(target=self._replace, args=(runtime,), daemon=True).start()
+            else:
+                self._idle.put(runtime)
             if self.observer is not None:
                 self.observer.finished(self.spec, request_id, event, response, error, None)
+
+    def _replace(self, runtime: _Runtime) -> None:
+        """A new container in place of ``runtime``'s; the next invocation pays its cold start."""
+        runtime.container.stop(grace=0)
+        runtime.api.close()
+        with self._lock:
+            self._runtimes.remove(runtime)
+        if self._closing:
+            return
+        fresh = self._start_one()
+        fresh.api.wait_initialised(120.0)  # an init error is the next invocation's answer, as on Lambda
+        self.replaced += 1
+        self._idle.put(fresh)
 
     def _relay(self, runtime: _Runtime) -> None:
         """The container's output, line by line, to the observer (the console); at its end, the container has
@@ -225,7 +251,9 @@ class ImagePool:
         if self._closing:
             return
         self._closing = True
-        for runtime in self._runtimes:
+        with self._lock:
+            runtimes = list(self._runtimes)
+        for runtime in runtimes:
             runtime.container.stop(grace)
             runtime.api.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -235,7 +263,9 @@ class ImagePool:
         return self._size
 
     def worker_pids(self) -> list[int]:
-        return [r.container.process.pid for r in self._runtimes if r.container.process is not None]
+        with self._lock:
+            return [r.container.process.pid for r in self._runtimes if r.container.process is not None]
 
     def busy(self) -> int:
-        return sum(1 for r in self._runtimes if r.busy)
+        with self._lock:
+            return sum(1 for r in self._runtimes if r.busy)

@@ -48,6 +48,7 @@ class _Invocation:
     body: bytes
     deadline_ms: int
     done: threading.Event = field(default_factory=threading.Event)
+    abandoned: bool = False  # its caller stopped waiting: a runtime that has not taken it never gets it
     payload: bytes | None = None
     error: dict[str, Any] | None = None
 
@@ -105,6 +106,7 @@ class RuntimeApi:
         finally:
             with self._lock:
                 self._running.pop(invocation.request_id, None)
+                invocation.abandoned = not invocation.done.is_set()
         if invocation.error is not None:
             raise FunctionError(invocation.error)
         assert invocation.payload is not None
@@ -134,7 +136,11 @@ class RuntimeApi:
 
     def _next(self) -> _Invocation:
         self._initialised.set()
-        return self._events.get()
+        while True:
+            invocation = self._events.get()
+            with self._lock:
+                if not invocation.abandoned:
+                    return invocation
 
     def _finish(self, request_id: str, payload: bytes | None, error: dict[str, Any] | None) -> bool:
         with self._lock:
