@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -198,3 +199,11 @@ BAD_NUMBERS = [
     (digits_body("FP32", "[" + ", ".join(["1e39"] * 64) + "]"), "values out of range for FP32"),
     (digits_body("FP16", "[" + ", ".join(["70000"] * 64) + "]"), "values out of range for FP16"),
 ]
+
+
+def dockerfile_instructions(name: str, dockerfile: Path | None = None) -> list[str]:
+    """The arguments of every ``name`` instruction of a Dockerfile's last stage (the server image's by default),
+    continuation lines joined."""
+    text = (dockerfile or REPO / "infra" / "container" / "Dockerfile").read_text().replace("\\\n", " ")
+    last_stage = text[text.rindex("\nFROM ") :]
+    return [m.group(1).strip() for m in re.finditer(rf"(?m)^{name} (.*)$", last_stage)]

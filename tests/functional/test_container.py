@@ -20,29 +20,20 @@ import httpx
 import numpy as np
 import tritonclient.grpc as triton
 
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, dockerfile_instructions
 from tests.moto import free_port
 from tests.servers import wait_for
-
-DOCKERFILE = REPO / "infra" / "container" / "Dockerfile"
-
-
-def instructions(name: str) -> list[str]:
-    """The arguments of every ``name`` instruction of the Dockerfile's last stage, continuation lines joined."""
-    text = DOCKERFILE.read_text().replace("\\\n", " ")
-    last_stage = text[text.rindex("\nFROM ") :]
-    return [m.group(1).strip() for m in re.finditer(rf"(?m)^{name} (.*)$", last_stage)]
 
 
 def image_env() -> dict[str, str]:
     env: dict[str, str] = {}
-    for line in instructions("ENV"):
+    for line in dockerfile_instructions("ENV"):
         env.update(re.findall(r"(\w+)=(\S+)", line))
     return env
 
 
 def test_the_image_entrypoint_serves_sagemaker_and_v2_and_grpc(tmp_path: Path) -> None:
-    command = json.loads(instructions("ENTRYPOINT")[0]) + json.loads(instructions("CMD")[-1])
+    command = json.loads(dockerfile_instructions("ENTRYPOINT")[0]) + json.loads(dockerfile_instructions("CMD")[-1])
     assert command == ["fnserve", "serve"]  # SageMaker runs the image with the argument "serve"
     env = image_env()
     assert env["FNSERVE_PORT"] == "8080" and env["FNSERVE_HOST"] == "0.0.0.0"
@@ -70,7 +61,7 @@ def test_the_image_entrypoint_serves_sagemaker_and_v2_and_grpc(tmp_path: Path) -
                 return False
 
         wait_for(ready, 90, "the image's server to answer /ping")
-        health = json.loads(instructions("HEALTHCHECK")[0].split("CMD", 1)[1])
+        health = json.loads(dockerfile_instructions("HEALTHCHECK")[0].split("CMD", 1)[1])
         assert subprocess.run([a.replace(":8080", f":{http}") for a in health], capture_output=True).returncode == 0
 
         digits = np.load(DEMO_HOLDOUT)["input"][:3]

@@ -1,7 +1,8 @@
 """infra/kubernetes/, validated offline: core kinds against Kubernetes' own OpenAPI schemas (kubernetes-validate,
 which bundles them), KServe's kinds against the CRD schemas of KServe v0.20.0 (tests/data/kserve), both strict:
 a field the schema does not know is an error (the API server would drop it in silence). Then the facts that tie
-the manifests to the image: its ports, its user, the routes the probes call, the runtime the services name."""
+the manifests to the image and to fnserve: the image's ports, user, command and environment
+(infra/container/Dockerfile), the routes the probes call on fnserve's own app, the runtime the services name."""
 
 from __future__ import annotations
 
@@ -9,27 +10,54 @@ import gzip
 import json
 import re
 from functools import cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from types import SimpleNamespace
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
-from tests.helpers import REPO
+from fnserve.adapters.http import routes
+from tests.helpers import REPO, dockerfile_instructions
 
 KUBERNETES = "1.33"
 KSERVE = REPO / "tests" / "data" / "kserve"
 ROOT = REPO / "infra" / "kubernetes"
 FILES = sorted(p for p in ROOT.rglob("*.yaml") if p.name != "kustomization.yaml")
 DOCUMENTS = [(path, doc) for path in FILES for doc in yaml.safe_load_all(path.read_text()) if doc]
-DOCKERFILE = (REPO / "infra" / "container" / "Dockerfile").read_text()
+GPU = "nvidia.com/gpu"
 
 
 def ids(item: tuple[Path, dict[str, Any]]) -> str:
     path, doc = item
     return f"{path.relative_to(ROOT)}:{doc['kind']}/{doc['metadata']['name']}"
+
+
+def of_kind(kind: str) -> list[dict[str, Any]]:
+    return [doc for _, doc in DOCUMENTS if doc["kind"] == kind]
+
+
+# -- the image, as infra/container/Dockerfile builds it ----------------------------------------------
+
+
+IMAGE_ENV = {key: value for line in dockerfile_instructions("ENV") for key, value in re.findall(r"(\w+)=(\S+)", line)}
+EXPOSED = {int(port) for line in dockerfile_instructions("EXPOSE") for port in line.split()}
+USER = int(dockerfile_instructions("USER")[-1])
+CMD = json.loads(dockerfile_instructions("CMD")[-1])
+HEALTHCHECK_START = int(re.search(r"--start-period=(\d+)s", dockerfile_instructions("HEALTHCHECK")[0])[1])
+
+
+def test_the_image_is_what_these_checks_assume() -> None:
+    assert json.loads(dockerfile_instructions("ENTRYPOINT")[0]) == ["fnserve"] and CMD == ["serve"]
+    assert {int(IMAGE_ENV["FNSERVE_PORT"]), int(IMAGE_ENV["FNSERVE_GRPC_PORT"])} <= EXPOSED
+    assert USER != 0
+
+
+# -- schemas ---------------------------------------------------------------------------------------------
 
 
 def strict(schema: Any) -> Any:
@@ -45,23 +73,27 @@ def strict(schema: Any) -> Any:
 
 
 @cache
-def kserve_schema(kind: str, version: str) -> dict[str, Any]:
+def kserve_validator(kind: str, version: str) -> Any:
+    """One validator per CRD: checking the InferenceService schema itself takes seconds, validating against it not."""
     path = KSERVE / f"{kind.lower()}-{version}.schema.json.gz"
-    schema: dict[str, Any] = strict(json.loads(gzip.decompress(path.read_bytes())))
-    return schema
+    schema = strict(json.loads(gzip.decompress(path.read_bytes())))
+    validator = jsonschema.validators.validator_for(schema)
+    validator.check_schema(schema)
+    return validator(schema)
 
 
 def validate(doc: dict[str, Any]) -> None:
     group, _, version = doc["apiVersion"].rpartition("/")
     if group == "serving.kserve.io":
-        jsonschema.validate(doc, kserve_schema(doc["kind"], version))
+        kserve_validator(doc["kind"], version).validate(doc)
     else:
         kubernetes_validate.validate(doc, KUBERNETES, strict=True)
 
 
-def test_there_is_a_kserve_runtime_and_service_and_a_plain_deployment_service_and_autoscaler() -> None:
+def test_there_is_a_kserve_runtime_and_service_and_a_plain_deployment_service_autoscaler_and_budget() -> None:
     kinds = {doc["kind"] for _, doc in DOCUMENTS}
     assert {"ServingRuntime", "InferenceService", "Deployment", "Service", "HorizontalPodAutoscaler"} <= kinds
+    assert "PodDisruptionBudget" in kinds
 
 
 @pytest.mark.parametrize("item", DOCUMENTS, ids=ids)
@@ -75,12 +107,14 @@ def test_every_document_validates_against_its_schema(item: tuple[Path, dict[str,
         ("Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0].update(readinesProbe={})),
         ("Deployment", lambda d: d["spec"].update(replicas="two")),
         ("ServingRuntime", lambda d: d["spec"]["containers"][0].update(imagePullPolice="Always")),
+        ("ServingRuntime", lambda d: d["spec"].pop("containers")),
         ("InferenceService", lambda d: d["spec"]["predictor"].update(minReplica=1)),
+        ("InferenceService", lambda d: d["spec"]["predictor"].update(scaleMetric="gpu")),
         ("HorizontalPodAutoscaler", lambda d: d["spec"].pop("scaleTargetRef")),
     ],
 )
 def test_a_mistake_in_a_manifest_fails_validation(kind: str, mistake: Any) -> None:
-    doc = json.loads(json.dumps(next(d for _, d in DOCUMENTS if d["kind"] == kind)))
+    doc = json.loads(json.dumps(of_kind(kind)[0]))
     mistake(doc)
     with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError)):
         validate(doc)
@@ -92,71 +126,223 @@ def test_each_kustomization_lists_the_files_beside_it() -> None:
         assert sorted(listed) == sorted(p.name for p in path.parent.glob("*.yaml") if p != path), path
 
 
-def containers() -> list[tuple[str, dict[str, Any]]]:
+# -- the containers against the image and fnserve's routes ------------------------------------------------
+
+
+class Plane:
+    """Just enough of a data plane for the health routes: whether every model can serve."""
+
+    def __init__(self, ready: bool) -> None:
+        self.is_ready = ready
+
+    def ready(self) -> bool:
+        return self.is_ready
+
+
+def app(ready: bool) -> FastAPI:
+    """fnserve serve's HTTP app, its models loaded (ready) or not."""
+    return routes.build(SimpleNamespace(plane=Plane(ready), default_model=None), metrics=lambda: b"")
+
+
+def get_paths(application: FastAPI) -> set[str]:
+    return {route.path for route in application.routes if "GET" in getattr(route, "methods", ())}
+
+
+def containers() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """Every container that runs the image: its owner's name, the container, and its pod spec."""
     found = []
     for _, doc in DOCUMENTS:
         spec = doc["spec"]
         pod = spec.get("template", {}).get("spec", spec)  # a Deployment's pod template, or a runtime's spec
         for container in pod.get("containers", []):
-            found.append((f"{doc['kind']}/{doc['metadata']['name']}", container))
+            found.append((f"{doc['kind']}/{doc['metadata']['name']}", container, pod))
     return found
 
 
-def app_routes() -> set[str]:
-    """The GET routes fnserve serve answers (its app, built without a model)."""
-    text = (REPO / "layers" / "fnserve" / "fnserve" / "adapters" / "http" / "routes.py").read_text()
-    return set(re.findall(r'app\.get\("([^"{]+)"', text))
+def environment(container: dict[str, Any]) -> dict[str, str]:
+    """The container's environment as fnserve sees it: the image's ENV, then the container's own."""
+    return IMAGE_ENV | {e["name"]: e["value"] for e in container.get("env", [])}
 
 
-def test_the_containers_run_the_image_as_it_runs_itself() -> None:
-    exposed = {int(port) for port in re.findall(r"(?m)^EXPOSE (.*)$", DOCKERFILE)[0].split()}
-    user = int(re.findall(r"(?m)^USER (\d+)$", DOCKERFILE)[-1])
-    routes = app_routes()
-    assert {"/v2/health/live", "/v2/health/ready", "/ping"} <= routes
-    found = containers()
-    assert len(found) >= 3
-    for name, container in found:
-        assert container["args"] == ["serve"], name  # the image's ENTRYPOINT is fnserve
-        env = {e["name"]: e["value"] for e in container.get("env", [])}
-        ports = {p["containerPort"] for p in container["ports"]}
-        assert ports <= exposed, name
-        assert int(env.get("FNSERVE_PORT", 8080)) in ports and int(env.get("FNSERVE_GRPC_PORT", 8081)) in exposed
-        for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
-            path = container[probe]["httpGet"]["path"]
-            assert path in routes, f"{name}: {probe} calls {path}, which fnserve serve does not answer"
-        assert container[probe]["httpGet"]["port"] in (8080, "http")
-        context = container["securityContext"]
-        assert context.get("runAsUser", user) == user and context["allowPrivilegeEscalation"] is False, name
-        assert context["capabilities"]["drop"] == ["ALL"], name
-        if env.get("FNSERVE_MANIFEST"):  # KServe's storage initializer puts the model folder there
-            assert env["FNSERVE_MANIFEST"] == "/mnt/models/manifest.toml", name
+def port_number(container: dict[str, Any], port: int | str) -> int:
+    """A probe's or Service's port, by number or by the name of one of the container's ports."""
+    if isinstance(port, int):
+        return port
+    return next(p["containerPort"] for p in container["ports"] if p.get("name") == port)
+
+
+def test_there_are_containers_for_the_cpu_and_cuda_images() -> None:
+    images = {container["image"].rpartition(":")[2] for _, container, _ in containers()}
+    assert {"cpu", "cuda"} <= images
+
+
+@pytest.mark.parametrize("item", containers(), ids=lambda item: item[0])
+def test_a_container_runs_the_image_as_it_runs_itself(item: tuple[str, dict[str, Any], dict[str, Any]]) -> None:
+    _, container, pod = item
+    assert container["args"] == CMD and "command" not in container  # the image's ENTRYPOINT is fnserve
+    env = environment(container)
+    declared = {p["containerPort"] for p in container["ports"]}
+    assert declared <= EXPOSED
+    assert int(env["FNSERVE_PORT"]) in declared
+    assert int(env["FNSERVE_GRPC_PORT"]) in EXPOSED
+    context = pod.get("securityContext", {}) | container["securityContext"]  # the container's own wins
+    assert context["runAsUser"] == USER and context["runAsNonRoot"] is True
+    assert context["allowPrivilegeEscalation"] is False and context["capabilities"]["drop"] == ["ALL"]
+
+
+@pytest.mark.parametrize("item", containers(), ids=lambda item: item[0])
+def test_the_probes_call_fnserves_health_routes_on_its_http_port(
+    item: tuple[str, dict[str, Any], dict[str, Any]],
+) -> None:
+    _, container, _ = item
+    http = int(environment(container)["FNSERVE_PORT"])
+    loading, loaded = TestClient(app(ready=False)), TestClient(app(ready=True))
+    probes = {name: container[name]["httpGet"] for name in ("startupProbe", "readinessProbe", "livenessProbe")}
+    for name, probe in probes.items():
+        assert probe["path"] in get_paths(app(ready=True)), f"{name}: fnserve serve has no GET {probe['path']}"
+        assert port_number(container, probe["port"]) == http, name
+        assert loaded.get(probe["path"]).status_code == 200, name
+    # Not ready keeps traffic away; it must not restart the pod (a model that cannot load yet, or a
+    # reload): liveness and startup answer 200 from a server whose models are not ready.
+    assert loading.get(probes["readinessProbe"]["path"]).status_code == 503
+    assert loading.get(probes["livenessProbe"]["path"]).status_code == 200
+    assert loading.get(probes["startupProbe"]["path"]).status_code == 200
+    # Until its models have loaded, the port answers 503 to every path (fnserve.adapters.starting): the
+    # startup probe gives a start at least the time the image's own HEALTHCHECK does.
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= HEALTHCHECK_START
+
+
+def read_only() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    return [item for item in containers() if item[1]["securityContext"].get("readOnlyRootFilesystem")]
+
+
+def test_the_cpu_containers_have_a_read_only_root() -> None:
+    assert {name for name, container, _ in read_only()} >= {"Deployment/fnserve", "ServingRuntime/fnserve"}
+
+
+@pytest.mark.parametrize("item", read_only(), ids=lambda item: item[0])
+def test_a_read_only_root_leaves_fnserve_its_writable_folders(
+    item: tuple[str, dict[str, Any], dict[str, Any]],
+) -> None:
+    _, container, pod = item
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    writable = [
+        PurePosixPath(mount["mountPath"])
+        for mount in container["volumeMounts"]
+        if not mount.get("readOnly") and "emptyDir" in volumes[mount["name"]]
+    ]
+    # tempfile's folder (metrics of the front processes, CPU slot locks) and the cache of fetched models
+    for folder in ("/tmp", environment(container)["FNSERVE_MODEL_CACHE_DIR"]):
+        assert any(PurePosixPath(folder).is_relative_to(mount) for mount in writable), folder
+
+
+def test_prometheus_scrapes_fnserves_metrics_route_on_its_http_port() -> None:
+    assert "/metrics" in get_paths(app(ready=True))
+    annotated = [(doc["spec"]["template"]["metadata"]["annotations"], "prometheus.io") for doc in of_kind("Deployment")]
+    annotated += [(doc["spec"]["annotations"], "prometheus.kserve.io") for doc in of_kind("ServingRuntime")]
+    for scrape, prefix in annotated:
+        assert scrape[f"{prefix}/port"] == IMAGE_ENV["FNSERVE_PORT"]
+        assert scrape[f"{prefix}/path"] == "/metrics"
+
+
+QUANTITY = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?")
+SUFFIXES = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+SUFFIXES |= {f"{s}i": 1024.0 ** (n + 1) for n, s in enumerate("KMGTPE")}
+
+
+def quantity(value: str | int) -> float:
+    """A resource quantity's value: the schemas take any string, the API server only these."""
+    match = QUANTITY.fullmatch(str(value))
+    assert match, f"{value!r} is not a Kubernetes quantity"
+    number, suffix = match.groups()
+    if suffix and suffix[0] in "eE":
+        return float(number + suffix)
+    return float(number) * SUFFIXES.get(suffix or "", 1.0)
+
+
+def resource_blocks() -> list[tuple[str, dict[str, Any]]]:
+    blocks = [(name, container["resources"]) for name, container, _ in containers()]
+    blocks += [
+        (f"InferenceService/{doc['metadata']['name']}", doc["spec"]["predictor"]["model"]["resources"])
+        for doc in of_kind("InferenceService")
+        if "resources" in doc["spec"]["predictor"]["model"]
+    ]
+    return blocks
+
+
+@pytest.mark.parametrize("item", resource_blocks(), ids=lambda item: item[0])
+def test_resources_are_quantities_with_requests_within_limits(item: tuple[str, dict[str, Any]]) -> None:
+    _, resources = item
+    requests, limits = resources.get("requests", {}), resources.get("limits", {})
+    for resource, request in requests.items():
+        if resource in limits:
+            assert quantity(request) <= quantity(limits[resource]), resource
+        if "/" in resource:  # an extended resource (a GPU) is never overcommitted: the API server wants them equal
+            assert quantity(request) == quantity(limits.get(resource, -1)), resource
+    for limit in limits.values():
+        quantity(limit)
+
+
+# -- KServe -------------------------------------------------------------------------------------------------
+
+
+def test_the_runtimes_read_the_manifest_where_kserves_storage_initializer_puts_the_model() -> None:
+    for runtime in of_kind("ServingRuntime"):
+        for container in runtime["spec"]["containers"]:
+            assert environment(container)["FNSERVE_MANIFEST"] == "/mnt/models/manifest.toml"
+
+
+def test_a_runtime_that_asks_for_a_gpu_runs_the_cuda_image() -> None:
+    for runtime in of_kind("ServingRuntime"):
+        container = runtime["spec"]["containers"][0]
+        gpus = container.get("resources", {}).get("limits", {}).get(GPU)
+        assert bool(gpus) == container["image"].endswith(":cuda"), runtime["metadata"]["name"]
 
 
 def test_the_inference_services_name_a_runtime_that_serves_their_format_and_protocol() -> None:
-    runtimes = {doc["metadata"]["name"]: doc["spec"] for _, doc in DOCUMENTS if doc["kind"] == "ServingRuntime"}
-    services = [doc for _, doc in DOCUMENTS if doc["kind"] == "InferenceService"]
-    for service in services:
-        model = service["spec"]["predictor"]["model"]
+    runtimes = {doc["metadata"]["name"]: doc["spec"] for doc in of_kind("ServingRuntime")}
+    for service in of_kind("InferenceService"):
+        name, predictor = service["metadata"]["name"], service["spec"]["predictor"]
+        model = predictor["model"]
         runtime = runtimes[model["runtime"]]
-        formats = {f["name"] for f in runtime["supportedModelFormats"]}
-        assert model["modelFormat"]["name"] in formats
-        assert model["protocolVersion"] in runtime["protocolVersions"]
-        image = runtime["containers"][0]["image"]
-        gpus = model.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
-        assert bool(gpus) == image.endswith(":cuda"), service["metadata"]["name"]  # a GPU needs the CUDA variant
-        annotations = service["metadata"]["annotations"]
-        assert annotations["serving.kserve.io/deploymentMode"] == "Standard"
-        assert service["spec"]["predictor"]["maxReplicas"] > service["spec"]["predictor"]["minReplicas"]
+        assert model["modelFormat"]["name"] in {f["name"] for f in runtime["supportedModelFormats"]}, name
+        assert model["protocolVersion"] in runtime["protocolVersions"], name
+        container = runtime["containers"][0]
+        gpus = model.get("resources", {}).get("limits", {}).get(GPU)
+        assert bool(gpus) == container["image"].endswith(":cuda"), name  # a GPU needs the CUDA variant
+        if model["protocolVersion"] == "grpc-v2":  # Standard mode makes a Service port of each container port
+            grpc = int(environment(container)["FNSERVE_GRPC_PORT"])
+            assert grpc in {p["containerPort"] for p in model["ports"]}, name
+        for port in model.get("ports", []):
+            assert port["containerPort"] in EXPOSED, name
+        assert model["storageUri"].startswith(("s3://", "gs://", "pvc://", "https://")), name
+        assert service["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Standard", name
+        assert 1 <= predictor["minReplicas"] < predictor["maxReplicas"], name
+        assert predictor["scaleMetric"] == "cpu" and 0 < predictor["scaleTarget"] <= 100, name
 
 
-def test_the_autoscaler_scales_the_deployment_the_service_fronts() -> None:
+# -- the plain Deployment --------------------------------------------------------------------------------------
+
+
+def test_the_service_autoscaler_and_budget_cover_the_deployments_pods() -> None:
     docs = {doc["kind"]: doc for _, doc in DOCUMENTS if doc["metadata"]["name"] == "fnserve"}
-    deployment, service, hpa = docs["Deployment"], docs["Service"], docs["HorizontalPodAutoscaler"]
+    deployment, service, hpa, budget = (
+        docs[kind] for kind in ("Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget")
+    )
     labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert service["spec"]["selector"].items() <= labels.items()
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = environment(container)
+    by_number = {port_number(container, p["targetPort"]): p for p in service["spec"]["ports"]}
+    assert by_number[int(env["FNSERVE_PORT"])]["appProtocol"] == "http"
+    assert by_number[int(env["FNSERVE_GRPC_PORT"])]["appProtocol"] in ("kubernetes.io/h2c", "grpc")
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "fnserve"}
-    assert hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
-    pod = deployment["spec"]["template"]["spec"]
-    assert pod["containers"][0]["resources"]["requests"]["cpu"]  # CPU utilisation needs a request
-    named = {p["name"] for p in pod["containers"][0]["ports"]}
-    assert {p["targetPort"] for p in service["spec"]["ports"]} <= named
+    assert "replicas" not in deployment["spec"]  # the HPA's to set: an apply would reset it
+    assert 1 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
+    assert container["resources"]["requests"]["cpu"]  # CPU utilisation is measured against the request
+    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] > 0  # new replicas load models
+    # A budget that the HPA's minimum cannot exceed would block every node drain.
+    assert budget["spec"]["minAvailable"] < hpa["spec"]["minReplicas"]
