@@ -37,6 +37,7 @@ usage() {
     echo "options (or the variables of the same name): --project --region --name --memory --cpu --min-instances"
     echo "  --max-instances --concurrency --jobs-concurrency --max-delivery-attempts --redis --vpc-connector"
     echo "  --bucket --models --public --dry-run"
+    echo "PYTHON: the interpreter whose pip builds fnserve's wheel (python3)"
 }
 
 while [ $# -gt 0 ]; do
@@ -85,11 +86,18 @@ run() {
 exists() { [ "$DRY_RUN" != 1 ] && "$@" >/dev/null 2>&1; }
 
 # fnserve itself as a wheel built from this checkout: the functions install it with its gcp extra, so their
-# requirements are pyproject's, never a list kept by hand beside it.
+# requirements are pyproject's, never a list kept by hand beside it. Built from a fresh copy of what the build
+# reads, not in the checkout: there setuptools reuses build/lib, and a module deleted since an earlier build
+# would still ship in the wheel.
 WHEEL_DIR=$BUILD/wheel
-rm -rf "$WHEEL_DIR"
-mkdir -p "$WHEEL_DIR"
-${PYTHON:-python3} -m pip wheel --quiet --no-deps --wheel-dir "$WHEEL_DIR" "$ROOT" >&2
+SRC=$BUILD/src
+rm -rf "$WHEEL_DIR" "$SRC"
+mkdir -p "$WHEEL_DIR" "$SRC/layers/fnserve"
+cp "$ROOT/pyproject.toml" "$ROOT/README.md" "$ROOT/LICENSE" "$SRC/"
+cp -R "$ROOT/layers/fnserve/fnserve" "$SRC/layers/fnserve/fnserve"
+find "$SRC" -name __pycache__ -type d -prune -exec rm -rf {} +
+${PYTHON:-python3} -m pip wheel --quiet --no-deps --wheel-dir "$WHEEL_DIR" "$SRC" >&2
+rm -rf "$SRC"
 WHEEL=$(cd "$WHEEL_DIR" && ls fnserve-*.whl)
 
 stage() {  # stage NAME: the function's source, as Cloud Functions builds it (main.py, requirements.txt)

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.parser
 import hashlib
 import json
 import os
 import subprocess
 import sys
+import tomllib
 import uuid
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,8 +27,10 @@ import orjson
 import pytest
 import redis
 import tritonclient.http as triton
+from packaging.requirements import Requirement
 from tritonclient.utils import InferenceServerException
 
+import fnserve
 from fnserve import bootstrap, jobsclient
 from fnserve.core.jobs import job_message
 from fnserve.core.service import InferenceService
@@ -391,11 +396,17 @@ def test_concurrent_events_run_as_one_batch_and_one_runtime_call() -> None:
     assert sorted(processor.store.records) == sorted(f"job#g-{i}" for i in range(100))
 
 
+def _spec(requirement: Requirement) -> tuple[str, str, list[str]]:
+    """What a requirement asks for, however it is spelled (its marker aside: the wheel adds the extra's)."""
+    return requirement.name, str(requirement.specifier), sorted(requirement.extras)
+
+
 def test_the_deploy_script_stages_sources_that_serve_and_deploys_least_privilege(tmp_path: Path) -> None:
     build = tmp_path / "build"
     command = ["bash", str(REPO / "infra" / "gcp" / "deploy.sh"), "--project", PROJECT, "--redis"]
     command += ["redis://10.0.0.3:6379/0", "--bucket", "gs://payloads", "--vpc-connector", "fnserve", "--dry-run"]
-    done = subprocess.run(command, env={**os.environ, "BUILD": str(build)}, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "BUILD": str(build), "PYTHON": sys.executable}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     commands = done.stdout.splitlines()
     deploys = [line for line in commands if line.startswith("gcloud functions deploy")]
@@ -417,6 +428,21 @@ def test_the_deploy_script_stages_sources_that_serve_and_deploys_least_privilege
     wheel = next(api.glob("fnserve-*-py3-none-any.whl"))
     assert sorted(p.name for p in api.iterdir()) == sorted([wheel.name, "main.py", "models", "requirements.txt"])
     assert (api / "requirements.txt").read_text().split() == [f"./{wheel.name}[gcp]"]
+    # The wheel is this checkout's: its version, pyproject's gcp extra, its modules and no others (a module deleted
+    # from the source but left in an earlier build's build/lib would otherwise ship).
+    assert wheel.name == f"fnserve-{fnserve.__version__}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as whl:
+        modules = {name for name in whl.namelist() if name.endswith(".py")}
+        metadata = email.parser.Parser().parsestr(
+            whl.read(f"fnserve-{fnserve.__version__}.dist-info/METADATA").decode()
+        )
+    source = REPO / "layers" / "fnserve"
+    assert modules == {path.relative_to(source).as_posix() for path in (source / "fnserve").rglob("*.py")}
+    gcp = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gcp"]
+    shipped = [Requirement(line) for line in metadata.get_all("Requires-Dist", [])]
+    assert sorted(map(_spec, map(Requirement, gcp))) == sorted(
+        _spec(r) for r in shipped if 'extra == "gcp"' in str(r.marker)
+    )
     venv = tmp_path / "venv"
     uv = str(Path(sys.executable).parent / "uv")
     subprocess.run([uv, "venv", "--quiet", "--python", sys.executable, str(venv)], check=True, timeout=120)

@@ -27,6 +27,7 @@ from tritonclient.grpc import service_pb2 as tpb
 from tritonclient.grpc import service_pb2_grpc as tpb_grpc
 from tritonclient.utils import InferenceServerException
 
+import fnserve
 from tests.functional.conftest import MAX_REQUEST_BYTES, Served, serve_with_grpc, stop, wait_for
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, sample_arrays, write_test_manifest
 from tests.moto import free_port
@@ -75,7 +76,8 @@ def status(exc: InferenceServerException) -> str:
 def test_health_and_metadata(client: triton.InferenceServerClient) -> None:
     assert client.is_server_live() and client.is_server_ready()
     server = client.get_server_metadata()
-    assert server.name == "fnserve" and "binary_tensor_data" in server.extensions
+    assert (server.name, server.version) == ("fnserve", fnserve.__version__)
+    assert "binary_tensor_data" in server.extensions
     assert client.is_model_ready("digits-accurate") and client.is_model_ready("digits-accurate", "1")
     meta = client.get_model_metadata("digits-accurate", "1")
     assert (meta.name, list(meta.versions), meta.platform) == ("digits-accurate", ["1"], "onnxruntime_onnx")

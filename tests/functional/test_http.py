@@ -10,6 +10,7 @@ import numpy as np
 import orjson
 import pytest
 
+import fnserve
 from tests.functional.conftest import MAX_REQUEST_BYTES
 from tests.helpers import DEMO_HOLDOUT, sample_arrays
 
@@ -31,6 +32,7 @@ def test_health_and_server_metadata(client: httpx.Client) -> None:
     for path in ("/v2", "/v2/"):
         meta = client.get(path).json()
         assert meta["name"] == "fnserve" and "binary_tensor_data" in meta["extensions"]
+        assert meta["version"] == fnserve.__version__
 
 
 def test_model_metadata_and_readiness(client: httpx.Client) -> None:
