@@ -94,12 +94,12 @@ def build(dockerfile: Path, tag: str, args: Mapping[str, str], log: Path) -> Bui
 
 
 def _trusted_ca(scratch: Path) -> list[str]:
-    """The host's CA bundle, for pip in the build's RUN steps when the host names one (a machine behind a TLS
-    proxy: the base's own bundle does not know the proxy's CA); mounted for the build, never kept in the image."""
-    bundle = next(
-        (os.environ[name] for name in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE") if os.environ.get(name)), None
-    )
-    if bundle is None or not Path(bundle).is_file():
+    """The host's CA bundle, for pip in the build's RUN steps (a machine behind a TLS proxy: the base's own bundle
+    does not know the proxy's CA); mounted for the build, never kept in the image."""
+    named = (os.environ.get(name) for name in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"))
+    # Else the system's bundle (which a proxy's CA joins through update-ca-certificates).
+    bundle = next((path for path in named if path), SYSTEM_CA)
+    if not Path(bundle).is_file():
         return []
     config = scratch / "pip.conf"
     config.write_text(f"[global]\ncert = {BUILD_CA}\n")
@@ -107,6 +107,7 @@ def _trusted_ca(scratch: Path) -> list[str]:
 
 
 BUILD_CA = "/etc/fnserve-build-ca.crt"
+SYSTEM_CA = "/etc/ssl/certs/ca-certificates.crt"
 
 
 @dataclass
