@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from fnserve.adapters.local.images import image_exists
 from tests.bench._timing import fresh_process_seconds
 from tests.helpers import REPO
 from tests.moto import aws_env, moto_server
@@ -105,33 +105,23 @@ assert answer["statusCode"] == 200, answer
 
 
 def image_seconds(models: Path, event_file: Path, moto_url: str) -> float:
-    """From ``buildah run`` to the first answer through the Runtime API."""
+    """From ``buildah run`` to the first answer through the Runtime API (the container is made before)."""
+    from fnserve.adapters.local.images import LAMBDA_USER, Container
     from fnserve.adapters.local.runtime_api import RuntimeApi
-    from tests.image.buildah import BUILDAH
 
-    container = subprocess.run([*BUILDAH, "from", "--quiet", IMAGE], capture_output=True, text=True, check=True)
-    name = container.stdout.strip()
-    try:
-        with RuntimeApi(timeout=300) as api:
-            env = {**aws_env(moto_url), "AWS_LAMBDA_RUNTIME_API": api.address}
-            args = [arg for key, value in env.items() for arg in ("--env", f"{key}={value}")]
+    with RuntimeApi(timeout=300) as api:
+        env = {**aws_env(moto_url), "AWS_LAMBDA_RUNTIME_API": api.address}
+        command = ["/opt/fnserve/bin/python", "-m", "awslambdaric", "functions/api/app.handler"]
+        container = Container(IMAGE, command, env, LAMBDA_USER, {str(models): "/opt/models"}).create()
+        try:
             t0 = time.perf_counter()
-            process = subprocess.Popen(
-                [*BUILDAH, "run", "--isolation", "chroot", "--user", "993:990", "--volume", f"{models}:/opt/models"]
-                + [*args, name, "--", "/opt/fnserve/bin/python", "-m", "awslambdaric", "functions/api/app.handler"],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            try:
-                answer = api.invoke(json.loads(event_file.read_text()))
-                seconds = time.perf_counter() - t0
-                assert answer["statusCode"] == 200, answer
-            finally:
-                process.terminate()
-                process.wait(30)
-        return seconds
-    finally:
-        subprocess.run([*BUILDAH, "rm", name], capture_output=True)
+            container.start()
+            answer = api.invoke(json.loads(event_file.read_text()))
+            seconds = time.perf_counter() - t0
+            assert answer["statusCode"] == 200, answer
+        finally:
+            container.stop()
+    return seconds
 
 
 def main() -> None:
@@ -164,13 +154,7 @@ def main() -> None:
                     or fresh_process_seconds(api, {**base, "FNSERVE_MANIFEST": "s3://models/manifest.toml"}, REPO)
                 ),
             }
-            if (
-                shutil.which("buildah")
-                and subprocess.run(
-                    ["buildah", "--storage-driver", "vfs", "inspect", IMAGE], capture_output=True
-                ).returncode
-                == 0
-            ):
+            if shutil.which("buildah") and image_exists(IMAGE):
                 rows["Lambda image (buildah run + Runtime API)"] = lambda: image_seconds(
                     manifest.parent, event_file, url
                 )

@@ -21,17 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fnserve.adapters.local.images import BUILDAH, Container, buildah
+from fnserve.adapters.local.images import BUILDAH, Container, buildah, image_exists
 from tests.helpers import REPO
 
 SUITE = "bookworm"
 BASE = f"localhost/fnserve-base:{SUITE}"
 BASE_PYTHON = "python3.11"  # bookworm's
 MIRROR = "http://deb.debian.org/debian"
-
-
-def image_exists(name: str) -> bool:
-    return subprocess.run([*BUILDAH, "inspect", "--type", "image", name], capture_output=True).returncode == 0
 
 
 def ensure_base() -> str:

@@ -40,6 +40,11 @@ def buildah(*args: str) -> str:
     return done.stdout.strip()
 
 
+def image_exists(image: str) -> bool:
+    """Whether ``image`` is in buildah's local storage."""
+    return subprocess.run([*BUILDAH, "inspect", "--type", "image", image], capture_output=True).returncode == 0
+
+
 def image_config(image: str) -> dict[str, Any]:
     """The image's configuration (Entrypoint, Cmd, Env, User, WorkingDir); pulled when it is not here."""
     if shutil.which("buildah") is None:
@@ -47,7 +52,7 @@ def image_config(image: str) -> dict[str, Any]:
             f"{image} is a container image: fnserve local starts images with buildah, which is not installed "
             "(Debian: apt-get install buildah; it runs as root)"
         )
-    if subprocess.run([*BUILDAH, "inspect", "--type", "image", image], capture_output=True).returncode != 0:
+    if not image_exists(image):
         buildah("pull", "--quiet", image)
     config: dict[str, Any] = json.loads(buildah("inspect", "--type", "image", image))["Docker"]["config"]
     return config
@@ -66,8 +71,14 @@ class Container:
     name: str = ""
     process: subprocess.Popen[bytes] | None = None
 
+    def create(self) -> Container:
+        """The container, made from the image (with vfs storage, a copy of its files), not yet running."""
+        if not self.name:
+            self.name = buildah("from", "--quiet", "--pull=false", self.image)
+        return self
+
     def start(self) -> Container:
-        self.name = buildah("from", "--quiet", "--pull=false", self.image)
+        self.create()
         args = [arg for key, value in self.env.items() for arg in ("--env", f"{key}={value}")]
         args += [arg for host, inside in self.volumes.items() for arg in ("--volume", f"{host}:{inside}")]
         if self.user is not None:
@@ -132,7 +143,6 @@ class ImagePool:
         self._closing = False
         self._command: list[str] = []
         self._env: dict[str, str] = {}
-        self.replaced = 0  # containers replaced after a timeout or an exit
 
     def start(self, wait_ready: float = 120.0) -> ImagePool:
         """Start the containers and wait until each has initialised (its first poll of the Runtime API).
@@ -229,7 +239,6 @@ class ImagePool:
             return
         fresh = self._start_one()
         fresh.api.wait_initialised(120.0)  # an init error is the next invocation's answer, as on Lambda
-        self.replaced += 1
         self._idle.put(fresh)
 
     def _relay(self, runtime: _Runtime) -> None:

@@ -65,8 +65,7 @@ class RuntimeApi:
         self._events: queue.Queue[_Invocation] = queue.Queue()
         self._running: dict[str, _Invocation] = {}
         self._lock = threading.Lock()
-        self.init_error: dict[str, Any] | None = None
-        self._init_failed = threading.Event()
+        self.init_error: dict[str, Any] | None = None  # what the runtime posted to /init/error
         self._initialised = threading.Event()  # the runtime asked for its first event, or reported an init error
         self._exited: str | None = None
         self._host = host
@@ -97,8 +96,8 @@ class RuntimeApi:
         deadline = time.monotonic() + limit
         try:
             while not invocation.done.wait(0.05):
-                if self._init_failed.is_set():
-                    raise InitError(self.init_error or {})
+                if self.init_error is not None:
+                    raise InitError(self.init_error)
                 if self._exited is not None:
                     raise RuntimeExited({"errorType": "Runtime.ExitError", "errorMessage": self._exited})
                 if time.monotonic() > deadline:
@@ -153,7 +152,6 @@ class RuntimeApi:
 
     def _failed_init(self, error: dict[str, Any]) -> None:
         self.init_error = error
-        self._init_failed.set()
         self._initialised.set()
 
 
