@@ -207,3 +207,12 @@ def dockerfile_instructions(name: str, dockerfile: Path | None = None) -> list[s
     text = (dockerfile or REPO / "infra" / "container" / "Dockerfile").read_text().replace("\\\n", " ")
     last_stage = text[text.rindex("\nFROM ") :]
     return [m.group(1).strip() for m in re.finditer(rf"(?m)^{name} (.*)$", last_stage)]
+
+
+def demo_labels(model: str, rows: Any) -> list[int]:
+    """The labels onnxruntime itself gives a digits demo model's ``rows``: what a served answer must match."""
+    import numpy as np
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(DEMO_MANIFEST.parent / model / "1" / "model.onnx"))
+    return [int(label) for label in session.run(["label"], {"input": np.asarray(rows, dtype=np.float32)})[0]]

@@ -12,13 +12,12 @@ import json
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from fnserve.adapters.local.runtime_api import FunctionError, InitError, RuntimeApi
 from fnserve.aws.results import DynamoResultStore
 from fnserve.core.results import job_key
-from tests.helpers import DEMO_MANIFEST, REPO
+from tests.helpers import REPO, demo_labels
 from tests.moto import aws_env
 
 HANDLERS = {"api": "functions/api/app.handler", "batch": "functions/batch/app.handler"}
@@ -43,9 +42,8 @@ def function_env(moto_url: str) -> dict[str, str]:
 
 
 def expected_labels(inputs: dict[str, Any], model: str = "digits-accurate") -> list[int]:
-    session = ort.InferenceSession(str(DEMO_MANIFEST.parent / model / "1" / "model.onnx"))
-    rows = np.asarray(inputs["data"], dtype=np.float32).reshape(inputs["shape"])
-    return [int(label) for label in session.run(["label"], {"input": rows})[0]]
+    """onnxruntime's labels for a V2 JSON input tensor."""
+    return demo_labels(model, np.asarray(inputs["data"]).reshape(inputs["shape"]))
 
 
 def check_api(api: RuntimeApi) -> None:

@@ -15,12 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.helpers import DEMO_MANIFEST, REPO
 from tests.moto import free_port
-from tests.servers import wait_for
+from tests.servers import start_http
 
 UV = str(Path(sys.executable).parent / "uv")
 GPU_ONLY = {"gpu", "tensorrt"}
@@ -90,19 +89,6 @@ def serve(bin_dir: Path, env: dict[str, str], tmp_path: Path, grpc: bool) -> Non
     command = [str(bin_dir / "fnserve"), "serve", "--port", str(port)]
     if grpc:
         command += ["--grpc-port", str(free_port())]
-    log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
-    try:
-
-        def ready() -> bool:
-            assert process.poll() is None, log.read_text()[-3000:]
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(ready, 120, "fnserve serve from the fresh virtualenv to be ready")
-    finally:
-        process.terminate()
-        process.wait(30)
+    process, _ = start_http(command, port, tmp_path / "serve.log", env=env)
+    process.terminate()
+    process.wait(30)

@@ -8,6 +8,7 @@ FNSERVE_GRPC_PORT, as ``docker run -p`` would map them, and the HEALTHCHECK is r
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 from collections.abc import Iterator
@@ -16,21 +17,16 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import onnxruntime as ort
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
+from fnserve.bench.sweep import process_tree
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, demo_labels
 from tests.image.buildah import Built, Running, started
 from tests.moto import free_port
 from tests.servers import wait_for
 
 HOLDOUT = np.load(DEMO_HOLDOUT)
-
-
-def expected(model: str, rows: np.ndarray) -> np.ndarray:
-    session = ort.InferenceSession(str(DEMO_MANIFEST.parent / model / "1" / "model.onnx"))
-    return np.asarray(session.run(["label"], {"input": rows})[0])
 
 
 @contextmanager
@@ -53,19 +49,13 @@ def ping(running: Running, url: str) -> int | None:
         return None
 
 
-def server_pid(port: str) -> int:
-    """The host's pid of the process serving ``port`` (the one whose environment says so)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"FNSERVE_PORT={port}".encode() in environ and any(part.endswith(b"/fnserve") for part in cmdline[:2]):
-            return int(entry.name)
-    raise AssertionError(f"no fnserve process serves port {port}")
+def server_pid(running: Running) -> int:
+    """The host's pid of the container's ``fnserve`` process (the first below buildah's, its children after it)."""
+    for pid in process_tree(running.process.pid):
+        with contextlib.suppress(OSError):
+            if any(part.endswith(b"/fnserve") for part in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2]):
+                return pid
+    raise AssertionError("no fnserve process in the container")
 
 
 def uid(pid: int) -> int:
@@ -78,7 +68,7 @@ def test_the_image_serves_sagemaker_v2_and_grpc_as_its_non_root_user(server_imag
     with serving(server_image, tmp_path / "serve.log", env) as (running, url, grpc):
         wait_for(lambda: ping(running, url) == 200, 180, "the image's server to answer /ping with 200")
         port = url.rsplit(":", 1)[1]
-        pid = server_pid(port)
+        pid = server_pid(running)
         assert server_image.config["User"] == "10001" and uid(pid) == 10001
 
         health = server_image.config["Healthcheck"]["Test"]
@@ -107,7 +97,7 @@ def test_the_image_serves_sagemaker_v2_and_grpc_as_its_non_root_user(server_imag
         )
         assert answer.status_code == 200, answer.text
         label = next(output for output in answer.json()["outputs"] if output["name"] == "label")
-        assert label["data"] == expected("digits-accurate", rows).tolist()
+        assert label["data"] == demo_labels("digits-accurate", rows)
 
         for client_module, address in ((triton_http, url.removeprefix("http://")), (triton_grpc, grpc)):
             client = client_module.InferenceServerClient(address)
@@ -115,7 +105,7 @@ def test_the_image_serves_sagemaker_v2_and_grpc_as_its_non_root_user(server_imag
             tensor = client_module.InferInput("input", list(rows.shape), "FP32")
             tensor.set_data_from_numpy(rows)
             result = client.infer("digits-fast", [tensor])
-            np.testing.assert_array_equal(result.as_numpy("label"), expected("digits-fast", rows))
+            assert result.as_numpy("label").tolist() == demo_labels("digits-fast", rows)
             client.close()
 
         bad = httpx.post(f"{url}/v2/models/digits-fast/infer", content=b"{not json", timeout=10)

@@ -90,14 +90,20 @@ def test_the_defaults_scale_a_real_time_endpoint() -> None:
     assert conditions(SAGEMAKER_PATH, SAGEMAKER, ["ScalesRealtime"]) == {"ScalesRealtime": True}
 
 
-def test_real_time_tracks_invocations_per_instance() -> None:
-    policy = SAGEMAKER["Resources"]["InvocationsPolicy"]
-    assert policy["Condition"] == "ScalesRealtime"
+def target_tracking(policy: dict[str, Any], condition: str, target: str, metric: str) -> dict[str, Any]:
+    """A target-tracking policy's configuration, once its condition, target and predefined metric are checked."""
+    assert policy["Condition"] == condition
     props = policy["Properties"]
     assert props["PolicyType"] == "TargetTrackingScaling"
-    assert props["ScalingTargetId"] == {"Ref": "ScalableTarget"}
-    config = props["TargetTrackingScalingPolicyConfiguration"]
-    assert config["PredefinedMetricSpecification"] == {"PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"}
+    assert props["ScalingTargetId"] == {"Ref": target}
+    config: dict[str, Any] = props["TargetTrackingScalingPolicyConfiguration"]
+    assert config["PredefinedMetricSpecification"] == {"PredefinedMetricType": metric}
+    return config
+
+
+def test_real_time_tracks_invocations_per_instance() -> None:
+    policy = SAGEMAKER["Resources"]["InvocationsPolicy"]
+    config = target_tracking(policy, "ScalesRealtime", "ScalableTarget", "SageMakerVariantInvocationsPerInstance")
     assert config["TargetValue"] == {"Ref": "InvocationsPerInstanceTarget"}
     assert config["ScaleInCooldown"] == {"Ref": "ScaleInCooldown"}
     assert config["ScaleOutCooldown"] == {"Ref": "ScaleOutCooldown"}
@@ -214,14 +220,12 @@ def test_the_target_refers_to_the_alias_sam_publishes_so_it_waits_for_it(
 
 def test_provisioned_concurrency_tracks_its_utilisation() -> None:
     policy = SAM["Resources"]["ApiProvisionedConcurrencyPolicy"]
-    assert policy["Condition"] == "ScalesProvisionedConcurrency"
-    props = policy["Properties"]
-    assert props["PolicyType"] == "TargetTrackingScaling"
-    assert props["ScalingTargetId"] == {"Ref": "ApiProvisionedConcurrencyTarget"}
-    config = props["TargetTrackingScalingPolicyConfiguration"]
-    assert config["PredefinedMetricSpecification"] == {
-        "PredefinedMetricType": "LambdaProvisionedConcurrencyUtilization"
-    }
+    config = target_tracking(
+        policy,
+        "ScalesProvisionedConcurrency",
+        "ApiProvisionedConcurrencyTarget",
+        "LambdaProvisionedConcurrencyUtilization",
+    )
     assert config["TargetValue"] == {"Ref": "ProvisionedConcurrencyUtilization"}
     utilisation = SAM["Parameters"]["ProvisionedConcurrencyUtilization"]
     assert 0 < utilisation["MinValue"] <= utilisation["Default"] <= utilisation["MaxValue"] < 1
