@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 def register(registry: ModelRegistry) -> None:
     """Register the hooks with the runtime, where SnapStart is on (a no-op elsewhere)."""
     try:
-        from snapshot_restore_py import (  # type: ignore[import-not-found]
+        from snapshot_restore_py import (
             register_after_restore,
             register_before_snapshot,
         )
