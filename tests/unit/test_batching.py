@@ -86,20 +86,42 @@ def test_the_deadline_counts_from_the_first_request_of_a_batch() -> None:
         assert span <= window + 0.03, span  # every request joined within the window of the first
 
 
-def test_an_error_fails_its_batch_and_nothing_else() -> None:
+def test_a_failed_batch_is_split_until_only_its_culprit_fails() -> None:
     model = Recorder(delay=0.02)
 
-    async def main() -> list[Any]:
-        batcher = AdaptiveBatcher(model, max_batch_size=4, max_batch_time=0.05)
-        first = [batcher.predict({"x": np.full((1, 1), -1.0 if i == 1 else 1.0)}) for i in range(4)]
+    async def main() -> tuple[list[Any], AdaptiveBatcher]:
+        batcher = AdaptiveBatcher(model, max_batch_size=8, max_batch_time=0.05)
+        first = [batcher.predict({"x": np.full((1, 1), -1.0 if i == 5 else float(i))}) for i in range(8)]
         results = await asyncio.gather(*first, return_exceptions=True)
         later = await batcher.predict({"x": np.ones((1, 1))})
         await batcher.close()
-        return [*results, later]
+        return [*results, later], batcher
 
-    *batch, later = run(main())
-    assert all(isinstance(r, InvalidInput) for r in batch)  # the four shared one batch and its failure
+    (*batch, later), batcher = run(main())
+    assert isinstance(batch[5], InvalidInput)
+    for i, result in enumerate(batch):
+        if i != 5:
+            np.testing.assert_array_equal(result[0]["y"], [[2.0 * i]])
+    assert model.batches[0]["x"].shape[0] == 8  # they shared one batch, which failed
+    assert batcher.splits == 3  # 8 -> 4 -> 2 -> 1: halves, not one run per request
+    assert len(model.batches) == 1 + 2 * 3 + 1  # the failed runs, their good halves, and the later batch
     np.testing.assert_array_equal(later[0]["y"], [[2.0]])
+
+
+def test_every_culprit_of_a_batch_gets_its_own_error() -> None:
+    model = Recorder()
+
+    async def main() -> list[Any]:
+        batcher = AdaptiveBatcher(model, max_batch_size=16, max_batch_time=0.05)
+        bad = {0, 7, 8}
+        requests = [batcher.predict({"x": np.full((1, 1), -1.0 if i in bad else 1.0)}) for i in range(16)]
+        results = await asyncio.gather(*requests, return_exceptions=True)
+        await batcher.close()
+        return results
+
+    results = run(main())
+    assert [i for i, r in enumerate(results) if isinstance(r, InvalidInput)] == [0, 7, 8]
+    assert all(isinstance(r, tuple) for i, r in enumerate(results) if i not in (0, 7, 8))
 
 
 def test_outputs_that_do_not_split_back_are_refused() -> None:
@@ -109,7 +131,7 @@ def test_outputs_that_do_not_split_back_are_refused() -> None:
     async def main() -> list[Any]:
         batcher = AdaptiveBatcher(bad_model, max_batch_size=8, max_batch_time=0.05)
         results = await asyncio.gather(
-            *(batcher.predict({"x": np.ones((1, 1))}) for _ in range(3)), return_exceptions=True
+            *(batcher.predict({"x": np.ones((2, 1))}) for _ in range(3)), return_exceptions=True
         )
         await batcher.close()
         return results

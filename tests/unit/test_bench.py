@@ -152,7 +152,7 @@ def test_the_variant_manifest_of_a_demo_pipeline_loads(tmp_path: Path, monkeypat
     assert [m.name for m in loaded.models] == ["digits-accurate"] and loaded.models[0].max_batch_time_ms == 2
     assert [p.name for p in loaded.pipelines] == ["digits-image"]
     service = InferenceService(ModelRegistry(loaded))
-    assert service.pipeline("digits-image") is not None  # its labels file resolves against the demo's folder
+    assert service.servable("digits-image").name == "digits-image"  # its labels file resolves against the demo's folder
     assert DEMO_MANIFEST.read_bytes() == before
 
 

@@ -63,6 +63,56 @@ def test_python_lists_are_accepted(service: InferenceService) -> None:
     np.testing.assert_array_equal(out["k1"], [6])
 
 
+def test_float_narrowing_refuses_values_past_the_narrower_range(service: InferenceService) -> None:
+    inputs = feed()
+    inputs["x"] = inputs["x"].astype(np.float64)
+    inputs["x"][1, 2] = 1e308  # an FP32 infinity, had it been cast
+    with pytest.raises(InvalidInput, match="input 'x' of model 'scale': values out of range for FP32"):
+        service.predict("scale", inputs)
+    inputs["x"][1, 2] = np.inf  # an infinity sent as one stays one
+    assert np.isinf(service.predict("scale", inputs)["y"][1, 2])
+
+
+def test_runtime_errors_are_the_inputs_when_a_kernel_refuses_it_and_the_servers_otherwise() -> None:
+    from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
+
+    from fnserve.core.errors import InferenceError
+    from fnserve.core.servable import runtime_error
+
+    gather = (
+        "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Non-zero status code returned while running Gather node. "
+        "Name:'/emb/Gather' Status Message: indices element out of data bounds, idx=40000 must be within [-30522,30521]"
+    )
+    error = runtime_error("m", InvalidArgument(gather))
+    assert isinstance(error, InvalidInput)
+    assert error.message == (
+        "model 'm' cannot run this input: Gather node '/emb/Gather': "
+        "indices element out of data bounds, idx=40000 must be within [-30522,30521]"
+    )
+    add = (
+        "[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Add node. Name:'/emb/Add_1' "
+        "Status Message: /onnxruntime_src/onnxruntime/core/providers/cpu/math/element_wise_ops.h:583 void "
+        "onnxruntime::BroadcastIterator::Append(ptrdiff_t, ptrdiff_t) axis == 1 || axis == largest was false. "
+        "Attempting to broadcast an axis by a dimension other than 1. 512 by 600"
+    )
+    error = runtime_error("m", Fail(add))
+    assert isinstance(error, InvalidInput)
+    assert error.message.endswith(
+        "Add node '/emb/Add_1': Attempting to broadcast an axis by a dimension other than 1. 512 by 600"
+    )
+    for machine in (
+        Fail(
+            "[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running MatMul node. Name:'mm' "
+            "Status Message: CUDA error cudaErrorMemoryAllocation:out of memory"
+        ),
+        RuntimeException("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Failed to allocate memory for requested buffer"),
+        ValueError("something else entirely"),
+    ):
+        error = runtime_error("m", machine)
+        assert isinstance(error, InferenceError) and error.status_code == 500
+        assert error.message == "inference failed in model 'm'"  # the server's detail stays in its log
+
+
 @pytest.mark.parametrize(
     ("name", "dtype"),
     [("k", np.float32), ("k", np.uint64), ("x", np.int64), ("x", np.complex64), ("k", np.str_)],

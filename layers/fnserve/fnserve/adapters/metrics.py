@@ -74,6 +74,12 @@ class ServerMetrics:
             buckets=BATCH_BUCKETS,
             registry=r,
         )
+        self.batch_splits = Counter(
+            "fnserve_batch_splits",
+            "Failed batches split in halves and run again, to answer every request but the one at fault.",
+            ["model"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "fnserve_batch_queue_depth",
             "Requests waiting in the adaptive batcher, by model.",
@@ -139,6 +145,7 @@ class ServerMetrics:
         self.known = frozenset([*plane.service.registry.names(), *plane.service.pipelines, *cascades])
         for model, batcher in plane.batchers.items():
             batcher.on_batch = self.batch_observer(model)
+            batcher.on_split = self.batch_splits.labels(model).inc
 
     def telemetry(self, transport: str) -> RequestMetrics:
         """The per-request record of one transport (``http``, ``grpc``)."""

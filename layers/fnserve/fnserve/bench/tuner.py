@@ -35,6 +35,7 @@ from fnserve.bench.sweep import (
 )
 from fnserve.core._cpus import available_cpus
 from fnserve.core.errors import ConfigError, InvalidInput
+from fnserve.core.servable import PipelineServable
 from fnserve.core.service import InferenceService
 
 STAGES = ("layout", "threads", "batching")
@@ -79,9 +80,10 @@ def resolve(service: InferenceService, name: str | None) -> Target:
         if len(names) != 1:
             raise InvalidInput(f"the manifest serves {len(names)} models ({', '.join(names)}): choose one with --model")
         name = names[0]
-    pipeline = service.pipeline(name)
-    if pipeline is not None:
-        return Target(name, pipeline.inputs, pipeline.model, pipeline)
+    if name in service.pipelines:
+        servable = service.servable(name)
+        assert isinstance(servable, PipelineServable)
+        return Target(name, servable.inputs, servable.model, servable.pipeline)
     if name in {c.name for c in manifest.cascades}:
         raise InvalidInput(f"{name!r} is a cascade: benchmark its fast and slow models one at a time")
     if name not in {m.name for m in manifest.models}:

@@ -9,8 +9,10 @@ one: a steady trickle cannot hold a batch open). Inputs are concatenated along a
 variable-length inputs padded up to their bucket's length so that padding stays small;
 outputs are split back by each request's rows, with a check that they split exactly. With
 ``batch_buckets``, a batch's rows are padded up to the next bucket (rows of zeros, whose outputs
-are dropped), so that a GPU sees a few batch shapes, each warmed at start. An
-error fails every request of its batch, and nothing else. Up to ``max_concurrent`` batches
+are dropped), so that a GPU sees a few batch shapes, each warmed at start. A batch whose
+run fails is split in halves and each half run again, down to single requests, so an error
+reaches only the request that causes it (a token id past the vocabulary fails that request
+with its 422, never the 31 beside it; MLServer fans one error out to the whole batch). Up to ``max_concurrent`` batches
 of a length bucket run at once (one per worker process); while all are busy, requests queue,
 and the next batch takes whatever has queued, up to ``max_batch_size``, without waiting further. A request
 whose caller has gone (its future cancelled: a gRPC deadline, a client that hung up) before its
@@ -31,7 +33,7 @@ import numpy as np
 
 from fnserve.core._rows import split_rows
 from fnserve.core.datatypes import Arrays
-from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
+from fnserve.core.errors import FnserveError, InferenceError, InvalidInput, ModelNotReady
 from fnserve.core.providers import RAN_ON, RanOn
 
 Runner = Callable[[Arrays], Awaitable[Arrays]]
@@ -79,7 +81,9 @@ class AdaptiveBatcher:
         self._tasks: dict[_Key, asyncio.Task[None]] = {}
         self._running: set[asyncio.Task[None]] = set()
         self.batches = 0  # how many runs, for tests and metrics
+        self.splits = 0  # failed runs split in halves to find the request at fault
         self.on_batch: Callable[[int], None] | None = None  # called with each batch's rows (metrics)
+        self.on_split: Callable[[], None] | None = None  # called when a failed batch is split (metrics)
 
     async def predict(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> tuple[Arrays, float]:
         """This request's outputs, and the seconds it waited in the queue."""
@@ -163,35 +167,51 @@ class AdaptiveBatcher:
 
     async def _execute(self, batch: list[_Pending], bucket: int) -> None:
         started = time.monotonic()
-        self.batches += 1
         ran_on = RanOn()
         RAN_ON.set(ran_on)  # this batch's task: the runner's thread says which device ran it
+        await self._answer(batch, bucket, started, ran_on)
+
+    async def _answer(self, batch: list[_Pending], bucket: int, started: float, ran_on: RanOn) -> None:
+        """Run ``batch`` and answer each of its requests. A failed run is split in halves, each run again,
+        until every error lands on the request that causes it: the others of its batch still get their answer."""
         try:
-            names = list(batch[0].inputs)
-            rows = [p.rows for p in batch]
-            padding = self._batch_padding(sum(rows))
-            stacked = {
-                name: np.concatenate(
-                    [self._padded(p.inputs[name], name, bucket) for p in batch]
-                    + self._filler(batch, name, bucket, padding)
-                )
-                for name in names
-            }
-            if self.on_batch is not None:
-                self.on_batch(sum(rows))
-            outputs = await self._run(stacked)
-            parts = split_rows(outputs, rows + [padding] if padding else rows, "batched inference")[: len(batch)]
-        except Exception as exc:  # one failure answers every request of the batch, and only them
+            parts = await self._attempt(batch, bucket)
+        except Exception as exc:
             error = exc if isinstance(exc, FnserveError) else InferenceError(f"batched inference failed: {exc}")
-            for pending in batch:
-                if not pending.future.done():
-                    pending.future.set_exception(error)
+            waiting = [p for p in batch if not p.future.done()]
+            if len(waiting) > 1 and not isinstance(error, ModelNotReady):  # not loaded: every half would fail alike
+                half = len(waiting) // 2
+                self.splits += 1
+                if self.on_split is not None:
+                    self.on_split()
+                await self._answer(waiting[:half], bucket, started, ran_on)
+                await self._answer(waiting[half:], bucket, started, ran_on)
+                return
+            for pending in waiting:
+                pending.future.set_exception(error)
             return
         for pending, part in zip(batch, parts, strict=True):
             if pending.ran_on is not None:
                 pending.ran_on.device = ran_on.device
             if not pending.future.done():
                 pending.future.set_result((part, started - pending.arrived))
+
+    async def _attempt(self, batch: list[_Pending], bucket: int) -> list[Arrays]:
+        """One runtime call for ``batch``: its requests stacked (padded to the bucket), outputs split back."""
+        self.batches += 1
+        names = list(batch[0].inputs)
+        rows = [p.rows for p in batch]
+        padding = self._batch_padding(sum(rows))
+        stacked = {
+            name: np.concatenate(
+                [self._padded(p.inputs[name], name, bucket) for p in batch] + self._filler(batch, name, bucket, padding)
+            )
+            for name in names
+        }
+        if self.on_batch is not None:
+            self.on_batch(sum(rows))
+        outputs = await self._run(stacked)
+        return split_rows(outputs, rows + [padding] if padding else rows, "batched inference")[: len(batch)]
 
     def _batch_padding(self, rows: int) -> int:
         """Rows of zeros that bring a batch up to its batch bucket (none past the largest)."""

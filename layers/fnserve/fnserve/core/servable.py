@@ -1,0 +1,219 @@
+"""What a served name runs: a model, or a pipeline of steps around one, behind one interface.
+
+The service asks every servable the same things, whatever it is: check a request's tensors
+(:meth:`Servable.validate`), name the outputs it gets (:meth:`Servable.requested`), turn it into its
+model's feed (:meth:`Servable.stage`: a pipeline's pre steps), and turn the model's outputs into its
+answer (:meth:`Servable.finish`: a pipeline's post steps); :meth:`Servable.run` does all of it for a
+whole batch, in chunks of the model's ``max_batch_size``. The adaptive batcher runs the model
+between ``stage`` and ``finish``, over the feeds of many requests. Cascades are routing between two
+servables, in :mod:`fnserve.core.cascade`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
+
+from fnserve.core.datatypes import Arrays
+from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
+from fnserve.core.pipeline import Pipeline, Staged, concatenate
+from fnserve.core.providers import note_device
+from fnserve.core.registry import LoadedModel, TensorSpec, requested_outputs
+from fnserve.core.validation import check
+
+logger = logging.getLogger(__name__)
+
+
+class Servable:
+    """A model served under its own name: its tensors are the graph's."""
+
+    kind: ClassVar[str] = "model"
+
+    def __init__(self, model: LoadedModel) -> None:
+        self.model = model
+        self._serve(model.name, model.inputs, model.outputs, model.version, model.settings.cache_ttl_seconds)
+
+    def _serve(
+        self,
+        name: str,
+        inputs: tuple[TensorSpec, ...],
+        outputs: tuple[TensorSpec, ...],
+        version_key: str,
+        ttl: int | None,
+    ) -> None:
+        self.name = name
+        self.inputs = inputs
+        self.outputs = outputs
+        self.input_names = tuple(spec.name for spec in inputs)
+        self.output_names = tuple(spec.name for spec in outputs)
+        self.output_set = frozenset(self.output_names)
+        self.version_key = version_key  # what a cache key says of the version
+        self.ttl = ttl  # None: not cached
+        # Jobs stack only where every tensor is batch-first: an output whose first dimension the graph
+        # fixes (a reduction over the batch) could not be split back by rows.
+        self.stackable = all(spec.shape and spec.shape[0] == -1 for spec in (*inputs, *outputs))
+
+    @property
+    def what(self) -> str:
+        """``model 'x'`` or ``pipeline 'x'``, for messages."""
+        return f"{self.kind} {self.name!r}"
+
+    def validate(self, inputs: Mapping[str, Any]) -> tuple[Arrays, int]:
+        """Names, datatypes and shapes checked against the inputs: the feed and its batch size, or a 422."""
+        return check(self.inputs, self.kind, self.name, inputs, strings=True)
+
+    def requested(self, outputs: Sequence[str] | None) -> tuple[str, ...]:
+        """The outputs a request gets (all when it names none, each once), or the 422 for names it lacks."""
+        if outputs is None:
+            return self.output_names
+        return requested_outputs(self.kind, self.name, self.output_names, self.output_set, outputs)
+
+    def stage(self, feed: Arrays, timings: dict[str, float] | None = None) -> Staged:
+        """A validated request as its model's feed."""
+        return Staged(feed, feed)
+
+    def finish(
+        self, staged: Staged, outputs: Mapping[str, np.ndarray[Any, Any]], names: Sequence[str], timings: Any = None
+    ) -> Arrays:
+        """The requested outputs, from the model's outputs for this request's rows."""
+        return {name: outputs[name] for name in names}
+
+    def model_outputs(self, names: Sequence[str]) -> Sequence[str]:
+        """What the model must compute for a request that asks for ``names``."""
+        return names
+
+    def run(self, feed: Arrays, batch: int, names: Sequence[str], timings: dict[str, float] | None = None) -> Arrays:
+        """A validated batch end to end, in chunks of at most the model's ``max_batch_size`` rows."""
+        model = self.model
+        limit = model.settings.max_batch_size
+        if batch <= limit:
+            results = run_model(model, names, feed)
+        else:
+            chunks = [
+                run_model(model, names, {k: v[start : start + limit] for k, v in feed.items()})
+                for start in range(0, batch, limit)
+            ]
+            results = [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
+        return dict(zip(names, results, strict=True))
+
+    def metadata(self) -> dict[str, Any]:
+        """V2 model metadata (without the versions, which only the registry knows)."""
+        return {
+            "name": self.name,
+            "platform": "onnxruntime_onnx",
+            "inputs": [spec.to_metadata() for spec in self.inputs],
+            "outputs": [spec.to_metadata() for spec in self.outputs],
+            "parameters": self.model.placement.to_metadata(),
+        }
+
+
+class PipelineServable(Servable):
+    """A pipeline: its own tensors (text or images in, labels or embeddings out), its steps around its model."""
+
+    kind: ClassVar[str] = "pipeline"
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.model = pipeline.model
+        self.pipeline = pipeline
+        settings = pipeline.settings
+        self._serve(pipeline.name, pipeline.inputs, pipeline.outputs, pipeline.version_key, settings.cache_ttl_seconds)
+
+    def validate(self, inputs: Mapping[str, Any]) -> tuple[Arrays, int]:
+        # BYTES stay as sent (text or image bytes): the steps decide what they are.
+        return check(self.inputs, self.kind, self.name, inputs, strings=False)
+
+    def stage(self, feed: Arrays, timings: dict[str, float] | None = None) -> Staged:
+        staged = self.pipeline.stage(feed, timings)
+        staged.feed = check(self.model.inputs, "model", self.model.name, staged.feed, strings=True)[0]
+        return staged
+
+    def finish(
+        self,
+        staged: Staged,
+        outputs: Mapping[str, np.ndarray[Any, Any]],
+        names: Sequence[str],
+        timings: dict[str, float] | None = None,
+    ) -> Arrays:
+        return self.pipeline.finish(staged, outputs, names, timings)
+
+    def model_outputs(self, names: Sequence[str]) -> Sequence[str]:
+        return self.pipeline.model_outputs
+
+    def run(self, feed: Arrays, batch: int, names: Sequence[str], timings: dict[str, float] | None = None) -> Arrays:
+        """Pre steps, model, post steps, chunk by chunk of at most the model's ``max_batch_size`` rows
+        (rows of like length together, then put back in order)."""
+        pipeline = self.pipeline
+        order = pipeline.order(feed, batch)
+        if order is not None:
+            feed = {name: array[order] for name, array in feed.items()}
+        parts = []
+        for chunk in pipeline.chunks(feed, batch):
+            staged = self.stage(chunk, timings)
+            run = run_model(self.model, pipeline.model_outputs, staged.feed)
+            parts.append(pipeline.finish(staged, dict(zip(pipeline.model_outputs, run, strict=True)), names, timings))
+        result = concatenate(parts, self.what)
+        if order is None:
+            return result
+        back = np.empty_like(order)
+        back[order] = np.arange(len(order))
+        return {name: array[back] for name, array in result.items()}
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "platform": "fnserve_pipeline",
+            "inputs": [spec.to_metadata() for spec in self.inputs],
+            "outputs": [spec.to_metadata() for spec in self.outputs],
+        }
+
+
+def run_model(model: LoadedModel, names: Sequence[str], feed: Arrays) -> list[np.ndarray[Any, Any]]:
+    """One ``session.run``; its errors as the client's (422) or the server's (500)."""
+    if model.placement.device != "cpu":
+        note_device(model.placement.device)
+    try:
+        return model.session.run(names, feed)
+    except FnserveError:
+        raise
+    except Exception as exc:
+        raise runtime_error(model.name, exc) from exc
+
+
+# What onnxruntime says when the fault is the machine's, not the input's: memory, a device, its libraries.
+_MACHINE_FAULT = re.compile(r"out of memory|failed to allocate|bad_alloc|cuda|cudnn|cublas|tensorrt|rocm", re.I)
+_SOURCE_LINE = re.compile(r"^\S+\.(?:h|cc|cpp|cu):\d+ (?:.*? was false\. )?")
+_NODE = re.compile(
+    r"Non-zero status code returned while running (\S+) node\. Name:'([^']*)' Status Message: (.*)", re.S
+)
+
+
+def runtime_error(model: str, exc: Exception) -> FnserveError:
+    """An error raised by ``session.run``, as the client's or the server's.
+
+    Input that passed validation but that the graph cannot run (a token id past the vocabulary, a
+    sequence longer than the position table, a shape an inner node constrains) fails in a kernel:
+    onnxruntime's INVALID_ARGUMENT, or FAIL "while running <op> node". That is the input's fault
+    (422, with the runtime's reason); memory, devices and anything else are the server's (500).
+    """
+    text = str(exc)
+    kernel = "returned while running" in text
+    if isinstance(exc, InvalidArgument) or (isinstance(exc, Fail | RuntimeException) and kernel):
+        if not _MACHINE_FAULT.search(text):
+            return InvalidInput(f"model {model!r} cannot run this input: {_reason(text)}")
+    logger.error("inference failed in model %r", model, exc_info=exc)
+    return InferenceError(f"inference failed in model {model!r}")
+
+
+def _reason(text: str) -> str:
+    """onnxruntime's message without its error-code prefix and source locations: the node and what it says."""
+    text = text.split(" : ", 3)[-1] if text.startswith("[ONNXRuntimeError]") else text
+    node = _NODE.match(text)
+    if node is None:
+        return text.strip()
+    op, name, message = node.groups()
+    return f"{op} node {name!r}: {_SOURCE_LINE.sub('', message.strip())}"
