@@ -9,6 +9,11 @@
     GET /v2/results/{id}, with the follow-up function run on the received messages (the
     event source mapping's batching window, up to MaximumBatchingWindowInSeconds in AWS,
     comes on top).
+(c) Jobs naming the cascade: the digits holdout ten times over, one row per job, as one SQS
+    event (in-memory result store): the cascade beside every job on the accurate model and
+    every job on the fast one, interleaved, medians; the share of jobs the slow model ran,
+    the accuracy of each, and the slow model's runtime on the whole batch against on the
+    unsure jobs only.
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ from fnserve.adapters.lambda_.sqs import create_handler as create_sqs_handler
 from fnserve.adapters.local.events import LambdaContext, sqs_event
 from fnserve.adapters.logs import logger
 from fnserve.aws import clients
+from fnserve.core.jobs import job_message
 from fnserve.settings import Settings
 from tests.bench._timing import interleaved
-from tests.helpers import DEMO_HOLDOUT, REPO, write_test_manifest
+from tests.helpers import DEMO_HOLDOUT, REPO, MemoryStore, write_test_manifest
 from tests.moto import aws_env, moto_server
 
 ROUNDS = int(os.environ.get("BENCH_CASCADE_ROUNDS", "300"))
@@ -47,6 +53,49 @@ def event(model: str, row: int) -> dict[str, Any]:
     )
     base["headers"]["content-length"] = str(len(base["body"]))
     return base
+
+
+def jobs() -> None:
+    from fnserve.core.cascade import confidence
+    from fnserve.core.processor import JobProcessor
+    from fnserve.core.service import InferenceService
+
+    manifest = write_test_manifest(Path(tempfile.mkdtemp(prefix="fnserve-bench-")), cascade=True)
+    service = InferenceService.from_manifest(manifest, eager=True)
+    cascade = service.registry.manifest.cascades[0]
+    x, y = np.tile(HOLDOUT["input"], (10, 1)), np.tile(HOLDOUT["labels"], 10)
+    events = {
+        name: [(f"m{i}", json.dumps(job_message(f"j{i}", name, {"input": x[i : i + 1]})), 1) for i in range(len(x))]
+        for name in ("digits", "digits-accurate", "digits-fast")
+    }
+    stores = {name: MemoryStore() for name in events}
+    processor = {name: JobProcessor(service, stores[name], ttl_seconds=60) for name in events}
+    timings = interleaved([lambda n=name: processor[n].process(events[n]) for name in events], 7, warmup=1)  # type: ignore[misc]
+    accuracy, answered = {}, {}
+    for name, store in stores.items():
+        records = [store.records[f"job#j{i}"] for i in range(len(x))]
+        accuracy[name] = float(np.mean([r.outputs()["label"][0] == label for r, label in zip(records, y, strict=True)]))
+        answered[name] = sum(r.model == cascade.slow for r in records)
+    slow = service.registry.get(cascade.slow).session
+    probabilities = service.predict(cascade.fast, {"input": x})["probabilities"]
+    unsure = x[confidence(probabilities, cascade) < cascade.threshold]
+    whole, only = interleaved([lambda: slow.run(None, {"input": x}), lambda: slow.run(None, {"input": unsure})], 50)
+    base = statistics.median(timings[1])
+    print(f"\n(c) jobs naming the cascade: {len(x)} jobs of one row in one event (7 interleaved rounds, medians)")
+    for (name, label), samples in zip(
+        (
+            ("digits-accurate", "every job on digits-accurate"),
+            ("digits", "cascade 'digits'"),
+            ("digits-fast", "every job on digits-fast"),
+        ),
+        (timings[1], timings[0], timings[2]),
+        strict=True,
+    ):
+        median = statistics.median(samples)
+        print(f"    {label:<32}{median * 1e3:8.1f} ms  {median / base:5.2f}x   accuracy {accuracy[name]:.4f}")
+    print(f"    the slow model ran {answered['digits']} of {len(x)} jobs ({answered['digits'] / len(x):.1%})")
+    ran, could = statistics.median(only), statistics.median(whole)
+    print(f"    its runtime: {ran * 1e3:.3f} ms on the unsure rows, {could * 1e3:.3f} ms on all ({ran / could:.2f}x)")
 
 
 def main() -> None:
@@ -131,6 +180,7 @@ def main() -> None:
         print(f"\n(b) final answer through the follow-up path, median of {len(finals)}: {final:.1f} ms")
         print("    (request + SendMessage + ReceiveMessage + follow-up function + GET /v2/results, moto on loopback)")
         clients.reset()
+    jobs()
 
 
 if __name__ == "__main__":

@@ -494,3 +494,34 @@ def test_s3_errors_fail_only_the_job_that_references_the_object(
             assert found.pending == ["by-ref"]
         redelivered = not own_fault
         assert response == {"batchItemFailures": [{"itemIdentifier": "msg-00001"}] if redelivered else []}
+
+
+def test_jobs_naming_a_cascade_get_the_slow_models_answer_only_where_the_fast_one_is_unsure(
+    aws: Aws, tmp_path: Path
+) -> None:
+    from fnserve.core.cascade import confidence
+    from fnserve.core.manifest import load_manifest
+
+    manifest = write_test_manifest(tmp_path, cascade=True)
+    cascade = load_manifest(manifest).cascades[0]
+    fast_session = ort.InferenceSession(str(DEMO_MANIFEST.parent / "digits-fast" / "1" / "model.onnx"))
+    rows = DIGITS[:60]
+    fast_label, fast_probabilities = fast_session.run(["label", "probabilities"], {"input": rows})
+    unsure = confidence(fast_probabilities, cascade) < cascade.threshold
+    assert 0 < unsure.sum() < len(rows)  # the holdout has both kinds
+    handler = create_handler(settings=settings(aws, manifest))
+    bodies = [json.dumps(job_message(f"c-{i}", "digits", {"input": rows[i : i + 1]})) for i in range(len(rows))]
+    bodies.append(json.dumps(job_message("c-label", "digits", {"input": rows[:1]}, outputs=["label"])))
+    bodies.append(json.dumps(job_message("c-version", "digits", {"input": rows[:1]}, version="1")))
+    assert handler(sqs_event(bodies), LambdaContext()) == {"batchItemFailures": []}
+    ids = [f"c-{i}" for i in range(len(rows))]
+    records = DynamoResultStore(aws.table).get([job_key(i) for i in [*ids, "c-label", "c-version"]])
+    for i, job_id in enumerate(ids):
+        record = records[job_key(job_id)]
+        assert record.status == "done"
+        assert record.model == ("digits-accurate" if unsure[i] else "digits-fast")  # which model answered
+        expected = labels(rows[i : i + 1]) if unsure[i] else fast_label[i : i + 1]
+        np.testing.assert_array_equal(record.outputs()["label"], expected)
+    assert list(records[job_key("c-label")].outputs()) == ["label"]
+    assert records[job_key("c-version")].status == "failed"
+    assert "cascade 'digits' has no versions" in (records[job_key("c-version")].error or "")

@@ -42,6 +42,14 @@ def confidence(scores: np.ndarray[Any, Any], cascade: CascadeSettings) -> np.nda
     return np.asarray(top2[:, 1] - top2[:, 0])
 
 
+def output(outputs: Mapping[str, np.ndarray[Any, Any]], cascade: CascadeSettings) -> np.ndarray[Any, Any]:
+    """The fast model's output that the rule reads."""
+    scores = outputs.get(cascade.output)
+    if scores is None:
+        raise InvalidInput(f"cascade {cascade.name!r}: model {cascade.fast!r} has no output {cascade.output!r}")
+    return scores
+
+
 def confident(scores: np.ndarray[Any, Any], cascade: CascadeSettings) -> bool:
     """Whether every row of a request clears the threshold (then the slow model is skipped)."""
     return bool(np.all(confidence(scores, cascade) >= cascade.threshold))
@@ -54,9 +62,7 @@ def settle(
     model's outputs where the row is confident, the slow model's elsewhere; and which rows the slow
     model answered. For offline runs (``fnserve predict``); both models must share their output names."""
     fast = service.infer(cascade.fast, inputs, version=cascade.fast_version).outputs
-    if cascade.output not in fast:
-        raise InvalidInput(f"cascade {cascade.name!r}: model {cascade.fast!r} has no output {cascade.output!r}")
-    unsure = confidence(fast[cascade.output], cascade) < cascade.threshold
+    unsure = confidence(output(fast, cascade), cascade) < cascade.threshold
     if not unsure.any():
         return dict(fast), unsure
     rows = np.flatnonzero(unsure)
@@ -107,10 +113,9 @@ class CascadeRunner:
         cascade = self.cascades[name]
         requested = self.service.output_names(cascade.fast, outputs, version=cascade.fast_version)
         fast = self.service.infer(cascade.fast, inputs, version=cascade.fast_version)
-        if cascade.output not in fast.outputs:
-            raise InvalidInput(f"cascade {name!r}: model {cascade.fast!r} has no output {cascade.output!r}")
+        scores = output(fast.outputs, cascade)
         answer = fast if outputs is None else dataclasses.replace(fast, outputs={o: fast.outputs[o] for o in requested})
-        if confident(fast.outputs[cascade.output], cascade):
+        if confident(scores, cascade):
             return CascadeAnswer(answer, "skipped", self.ids.mint("skipped", name))
         queue = cascade.queue_url or self.default_queue
         if self.sender is None or queue is None:

@@ -12,6 +12,11 @@ has nowhere to store its reason, so it is reported until SQS moves it to the dea
 queue. Same-shaped jobs are stacked into one runtime call; if a stacked run fails, its jobs
 are run one by one to find the one at fault.
 
+A job names a model, a pipeline or a cascade, as a request does. A cascade's jobs all run on its
+fast model; the ones it is unsure of run on the slow one too (stacked again); each job's result is
+the final answer, stored under the model that gave it. No follow-up: the batch pays for the
+accurate answer where it is needed, and only there.
+
 Idempotency: queues deliver at least once. A redelivered job (receive count above 1, or 0:
 not known, as from a Pub/Sub subscription without a dead-letter policy) whose result is
 already stored is neither recomputed nor written again; the check is one batched read per
@@ -21,14 +26,19 @@ makes a conditional write per record, where this path batches every read and wri
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fnserve.core.errors import FnserveError
+import numpy as np
+
+from fnserve.core.cascade import confidence, output
+from fnserve.core.errors import FnserveError, ModelNotFound
 from fnserve.core.jobs import Job, JobGroup, PayloadLoader, job_identity, parse_jobs
+from fnserve.core.manifest import CascadeSettings
 from fnserve.core.results import ResultRecord, ResultStore, job_key
 from fnserve.core.service import InferenceService, Prediction
 
@@ -61,6 +71,18 @@ class _Work:
     job_ids: list[str]
     group: JobGroup | None = None
     jobs: list[Job] | None = None
+
+    def select(self, keep: Sequence[int]) -> _Work:
+        """The work of only the jobs at positions ``keep``."""
+        return _Work(
+            self.model,
+            self.version,
+            self.outputs,
+            [self.message_ids[n] for n in keep],
+            [self.job_ids[n] for n in keep],
+            group=self.group.select(keep) if self.group is not None else None,
+            jobs=[self.jobs[n] for n in keep] if self.jobs is not None else None,
+        )
 
 
 class _Results:
@@ -127,6 +149,7 @@ class JobProcessor:
         self.ttl_seconds = ttl_seconds
         self.load_payload = load_payload
         self.max_receive_count = max_receive_count
+        self.cascades = {c.name: c for c in service.registry.manifest.cascades}
 
     def process(self, records: Sequence[tuple[str, str | bytes, int]]) -> Outcome:
         """``records``: (message id, body, delivery count) of each message of the batch; a count of 0 means
@@ -179,21 +202,59 @@ class JobProcessor:
         return outcome
 
     def _run(self, unit: _Work) -> Sequence[Prediction | FnserveError]:
+        """One result or error per job of ``unit``, whatever its name serves: a model, a pipeline, a cascade."""
+        cascade = self.cascades.get(unit.model)
+        if cascade is None:
+            return self._infer(unit, unit.model, unit.version, unit.outputs)
+        if unit.version is not None:
+            return [ModelNotFound(f"cascade {unit.model!r} has no versions")] * len(unit.job_ids)
+        return self._cascade(cascade, unit)
+
+    def _infer(
+        self, unit: _Work, name: str, version: str | None, outputs: tuple[str, ...] | None
+    ) -> Sequence[Prediction | FnserveError]:
         service = self.service
         try:
             if unit.group is not None:
                 group = unit.group
                 try:
-                    return service.infer_stacked(
-                        unit.model, group.inputs, group.rows, version=unit.version, outputs=unit.outputs
-                    )
+                    return service.infer_stacked(name, group.inputs, group.rows, version=version, outputs=outputs)
                 except FnserveError:  # find out which jobs are at fault: run them one by one
                     jobs = [job.inputs for job in group.split()]
             else:
                 jobs = [job.inputs for job in unit.jobs or []]
-            return service.infer_many(unit.model, jobs, version=unit.version, outputs=unit.outputs)
+            return service.infer_many(name, jobs, version=version, outputs=outputs)
         except FnserveError as exc:  # unknown model or version, unknown outputs: every job of the unit
             return [exc] * len(unit.job_ids)
+
+    def _cascade(self, cascade: CascadeSettings, unit: _Work) -> Sequence[Prediction | FnserveError]:
+        """Every job on the fast model, and only those it is unsure of on the slow one: one final answer per
+        job, stored under the model that gave it (one stacked call per model, as for any job)."""
+        try:
+            requested = self.service.output_names(cascade.fast, unit.outputs, version=cascade.fast_version)
+        except FnserveError as exc:
+            return [exc] * len(unit.job_ids)
+        answers: list[Prediction | FnserveError] = list(self._infer(unit, cascade.fast, cascade.fast_version, None))
+        ran = [n for n, answer in enumerate(answers) if not isinstance(answer, FnserveError)]
+        if not ran:
+            return answers
+        try:  # the rule over every job's rows at once; a job is sure when all of its rows are
+            scores = [output(answers[n].outputs, cascade) for n in ran]  # type: ignore[union-attr]
+            sure = confidence(np.concatenate(scores), cascade) >= cascade.threshold
+        except FnserveError as exc:  # the fast model lacks the output the rule reads: the cascade cannot serve
+            return [exc] * len(unit.job_ids)
+        starts = np.cumsum([0, *(len(s) for s in scores[:-1])])
+        unsure = [n for n, all_sure in zip(ran, np.logical_and.reduceat(sure, starts), strict=True) if not all_sure]
+        if unit.outputs is not None:
+            for n in ran:
+                fast = answers[n]
+                assert not isinstance(fast, FnserveError)
+                answers[n] = dataclasses.replace(fast, outputs={name: fast.outputs[name] for name in requested})
+        if unsure:
+            slow = self._infer(unit.select(unsure), cascade.slow, cascade.slow_version, unit.outputs)
+            for n, answer in zip(unsure, slow, strict=True):
+                answers[n] = answer
+        return answers
 
     def final(self, receive_count: int) -> bool:
         """Whether this is a message's last delivery (the queue's maxReceiveCount)."""
@@ -219,15 +280,5 @@ class JobProcessor:
             if len(keep) == len(unit.job_ids):
                 kept.append(unit)
             elif keep:
-                kept.append(
-                    _Work(
-                        unit.model,
-                        unit.version,
-                        unit.outputs,
-                        [unit.message_ids[n] for n in keep],
-                        [unit.job_ids[n] for n in keep],
-                        group=unit.group.select(keep) if unit.group is not None else None,
-                        jobs=[unit.jobs[n] for n in keep] if unit.jobs is not None else None,
-                    )
-                )
+                kept.append(unit.select(keep))
         return kept
