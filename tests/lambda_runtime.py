@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from fnserve.adapters.local.runtime_api import FunctionError, InitError, RuntimeApi
-from fnserve.aws.results import DynamoResultStore
 from fnserve.core.results import job_key
+from fnserve.stores.dynamodb import DynamoResultStore
 from tests.helpers import REPO, demo_labels
 from tests.moto import aws_env
 

@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from fnserve.adapters.lambda_.events import LambdaContext, sqs_event
 from fnserve.adapters.lambda_.http import create_handler
 from fnserve.adapters.lambda_.sqs import create_handler as create_sqs_handler
-from fnserve.adapters.local.events import LambdaContext, sqs_event
 from fnserve.adapters.logs import logger
 from fnserve.aws import clients
 from fnserve.core.jobs import job_message

@@ -33,7 +33,7 @@ import numpy as np
 import onnxruntime as ort
 import orjson
 
-from fnserve.adapters.local.events import LambdaContext
+from fnserve.adapters.lambda_.events import LambdaContext
 from tests.bench._timing import interleaved, percentile
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
 from tests.moto import free_port

@@ -34,7 +34,7 @@ import httpx
 import numpy as np
 import onnxruntime as ort
 
-from fnserve.adapters.local.events import LambdaContext
+from fnserve.adapters.lambda_.events import LambdaContext
 from fnserve.bench.load import run_wrk
 from tests.bench._timing import interleaved, percentile
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO

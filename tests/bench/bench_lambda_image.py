@@ -98,7 +98,7 @@ API = f"""
 import json, sys
 sys.path.insert(0, {str(REPO / "functions" / "api")!r})
 import app
-from fnserve.adapters.local.events import LambdaContext
+from fnserve.adapters.lambda_.events import LambdaContext
 answer = app.handler(json.load(open(EVENT)), LambdaContext(function_name="cold"))
 assert answer["statusCode"] == 200, answer
 """

@@ -34,8 +34,8 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
+from fnserve.adapters.lambda_.events import LambdaContext, sqs_event
 from fnserve.adapters.lambda_.sqs import create_handler
-from fnserve.adapters.local.events import LambdaContext, sqs_event
 from fnserve.core._cpus import available_cpus
 from fnserve.core.jobs import job_message
 from fnserve.core.service import InferenceService

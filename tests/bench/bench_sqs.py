@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from fnserve.adapters.lambda_.events import LambdaContext, sqs_event
 from fnserve.adapters.lambda_.sqs import create_handler, records_of
-from fnserve.adapters.local.events import LambdaContext, sqs_event
 from fnserve.aws import clients
 from fnserve.core.jobs import job_message, parse_job
 from fnserve.core.results import ResultRecord, job_key

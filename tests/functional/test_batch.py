@@ -15,10 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 from fnserve import jobsclient
+from fnserve.adapters.lambda_.events import LambdaContext, sqs_event
 from fnserve.adapters.lambda_.sqs import create_handler, records_of
-from fnserve.adapters.local.events import LambdaContext, sqs_event
 from fnserve.aws import clients
-from fnserve.aws.results import DynamoResultStore
 from fnserve.bootstrap import build_dataplane, build_service
 from fnserve.cli import app
 from fnserve.core.jobs import job_message
@@ -26,6 +25,7 @@ from fnserve.core.processor import JobProcessor
 from fnserve.core.results import ResultRecord, job_key
 from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
+from fnserve.stores.dynamodb import DynamoResultStore
 from tests.functional.conftest import Aws
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, sample_arrays, write_test_manifest
 

@@ -13,12 +13,12 @@ import onnxruntime as ort
 import pytest
 
 from fnserve.adapters.http.app import create_app
+from fnserve.adapters.lambda_.events import LambdaContext, sqs_event
 from fnserve.adapters.lambda_.sqs import create_handler as create_sqs_handler
-from fnserve.adapters.local.events import LambdaContext, sqs_event
 from fnserve.aws import clients
-from fnserve.aws.results import DynamoResultStore
 from fnserve.bootstrap import build_dataplane
 from fnserve.settings import Settings
+from fnserve.stores.dynamodb import DynamoResultStore
 from tests.functional.conftest import Aws, wait_for
 from tests.functional.test_batch import AsgiClient, received_event
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, write_test_manifest

@@ -34,9 +34,9 @@ import fnserve
 from fnserve import bootstrap, jobsclient
 from fnserve.core.jobs import job_message
 from fnserve.core.service import InferenceService
-from fnserve.gcp import pubsub
-from fnserve.gcp import storage as gcs_storage
 from fnserve.settings import Settings
+from fnserve.stores import gcs as gcs_storage
+from fnserve.stores import pubsub
 from tests.functional.conftest import Gcs
 from tests.functional.test_cascade import CORRECTED, LABELS, SLOW_LABEL
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO

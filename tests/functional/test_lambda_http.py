@@ -18,7 +18,7 @@ import onnxruntime as ort
 import orjson
 import pytest
 
-from fnserve.adapters.local.events import LambdaContext
+from fnserve.adapters.lambda_.events import LambdaContext
 from tests.functional.conftest import Aws
 from tests.helpers import BAD_NUMBERS, DEMO_MANIFEST, REPO
 
@@ -246,7 +246,7 @@ watched = ("fastapi", "starlette", "pydantic.v1", "pydantic_settings", "boto3", 
 print(json.dumps(sorted(m for m in watched if m in sys.modules)))
 """
 API_CALL = """
-from fnserve.adapters.local.events import LambdaContext
+from fnserve.adapters.lambda_.events import LambdaContext
 event = json.load(open({event!r}))
 assert app.handler(event, LambdaContext())["statusCode"] == 200
 """
@@ -302,7 +302,7 @@ POWERTOOLS_CALL = """
 import json, sys
 sys.path.insert(0, {function!r})
 import app
-from fnserve.adapters.local.events import LambdaContext
+from fnserve.adapters.lambda_.events import LambdaContext
 print("---")
 app.handler(json.load(open({event!r})), LambdaContext())
 """

@@ -19,8 +19,8 @@ import pytest
 
 from fnserve.adapters.local.runtime_api import RuntimeApi
 from fnserve.aws import clients
-from fnserve.aws.results import DynamoResultStore
 from fnserve.core.results import job_key
+from fnserve.stores.dynamodb import DynamoResultStore
 from tests.functional.conftest import Aws
 from tests.helpers import DEMO_MANIFEST, REPO
 from tests.lambda_runtime import (

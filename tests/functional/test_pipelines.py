@@ -28,14 +28,14 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from fnserve.adapters.http.app import create_app
+from fnserve.adapters.lambda_.events import LambdaContext, sqs_event
 from fnserve.adapters.lambda_.sqs import create_handler as create_sqs_handler
-from fnserve.adapters.local.events import LambdaContext, sqs_event
-from fnserve.aws.results import DynamoResultStore
 from fnserve.bootstrap import build_dataplane
 from fnserve.core.errors import FnserveError, InferenceError, InvalidInput, ModelNotReady
 from fnserve.core.jobs import job_message
 from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
+from fnserve.stores.dynamodb import DynamoResultStore
 from tests.functional.conftest import Aws, Served, start_server
 from tests.functional.test_batch import AsgiClient, received_event
 from tests.functional.test_cascade import Get

@@ -153,7 +153,7 @@ def test_push_refuses_a_destination_that_is_not_a_bucket(demo: Path) -> None:
 
 
 def test_push_to_cloud_storage_then_served_from_there(gcs: Gcs, demo: Path, tmp_path: Path) -> None:
-    from fnserve.gcp import storage
+    from fnserve.stores import gcs as storage
 
     bucket = storage.client().create_bucket(f"models-{uuid.uuid4().hex[:8]}").name
     fnserve("models", "push", f"gs://{bucket}", "-m", str(demo))

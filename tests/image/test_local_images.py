@@ -11,8 +11,8 @@ import pytest
 
 from fnserve.adapters.local.emulator import Emulator, Local
 from fnserve.aws import clients
-from fnserve.aws.results import DynamoResultStore
 from fnserve.core.results import job_key
+from fnserve.stores.dynamodb import DynamoResultStore
 from tests.helpers import REPO
 from tests.image.buildah import Built
 from tests.lambda_runtime import event, expected_labels

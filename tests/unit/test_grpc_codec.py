@@ -6,12 +6,14 @@ import asyncio
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from google.protobuf import descriptor_pb2
 from tritonclient.grpc import service_pb2 as triton_pb
 
+from fnserve.adapters.envelope import DeadlineExceeded, grpc_code
 from fnserve.adapters.grpc import codec
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
 from fnserve.adapters.grpc.service import InferenceServicer
@@ -154,9 +156,20 @@ def test_a_deadline_already_passed_runs_nothing(tmp_path: Path) -> None:
     model.session.run = lambda *a, **k: calls.append(1) or real_run(*a, **k)  # type: ignore[method-assign]
 
     parsed = codec.parse_request(request.SerializeToString())
-    with pytest.raises(TimeoutError):
-        asyncio.run(servicer._infer(parsed, remaining=0.0))
-    assert calls == []
-    response, version, _, timings = asyncio.run(servicer._infer(parsed, remaining=30.0))
-    assert calls == [1] and version == "1" and "infer" in timings
+
+    def serve(deadline: float) -> Any:
+        async def arrived() -> codec.ParsedRequest:
+            return parsed
+
+        def encode(answer: Any, decoded: codec.GrpcRequest) -> bytes:
+            return codec.encode_response(answer.name, answer.version, answer.outputs, "", {}, decoded.raw_outputs)
+
+        decode = lambda p: codec.decode_request(p.message, p.raw)  # noqa: E731
+        return asyncio.run(servicer.envelope.serve("digits-accurate", None, arrived(), decode, encode, None, deadline))
+
+    with pytest.raises(DeadlineExceeded) as raised:
+        serve(0.0)
+    assert calls == [] and raised.value.status_code == 504 and grpc_code(504) == "DEADLINE_EXCEEDED"
+    response, answer, timings = serve(30.0)
+    assert calls == [1] and answer.version == "1" and "infer" in timings
     assert len(pb.ModelInferResponse.FromString(response).raw_output_contents) == 2

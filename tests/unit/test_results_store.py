@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from botocore.stub import Stubber
 
-from fnserve.aws.results import DynamoCacheBackend, DynamoResultStore, _to_dynamo
 from fnserve.core.cache import ResultCache
+from fnserve.stores.dynamodb import DynamoCacheBackend, DynamoResultStore, _to_dynamo
 
 TABLE = "results"
 

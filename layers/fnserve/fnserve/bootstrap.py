@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fnserve.aws.clients import Budget
-from fnserve.aws.queue import SqsFollowups
-from fnserve.aws.results import DynamoCacheBackend, DynamoResultStore
 from fnserve.core._cpus import AFFINITY_DIR_ENV, pin_process
 from fnserve.core.cache import CircuitBreaker, ResultCache
 from fnserve.core.cascade import CascadeRunner
@@ -30,7 +28,9 @@ from fnserve.core.results import ResultStore
 from fnserve.core.service import InferenceService
 from fnserve.settings import AwsSettings, InferenceSettings, Settings
 from fnserve.stores import objects
+from fnserve.stores.dynamodb import DynamoCacheBackend, DynamoResultStore
 from fnserve.stores.redis import RedisCacheBackend, RedisResultStore
+from fnserve.stores.sqs import SqsFollowups
 
 if TYPE_CHECKING:
     from fnserve.core.dataplane import DataPlane
@@ -212,13 +212,13 @@ class Followups:
     """Sends cascade follow-ups to their destination: a Pub/Sub topic (``projects/P/topics/T``), else an SQS queue."""
 
     def __init__(self, bucket: str | None) -> None:
-        from fnserve.gcp.pubsub import PubsubFollowups  # the client library itself loads on first publish
+        from fnserve.stores.pubsub import PubsubFollowups  # the client library itself loads on first publish
 
         self.sqs = SqsFollowups(bucket)
         self.pubsub = PubsubFollowups(bucket)
 
     def send(self, destination: str, job: dict[str, Any]) -> None:
-        from fnserve.gcp.pubsub import is_topic
+        from fnserve.stores.pubsub import is_topic
 
         (self.pubsub if is_topic(destination) else self.sqs).send(destination, job)
 

@@ -12,14 +12,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from fnserve.aws.clients import client
 from fnserve.core.errors import InvalidInput
-from fnserve.core.jobs import MAX_MESSAGE_BYTES, job_message
+from fnserve.core.jobs import SubmitReport, job_message
 from fnserve.core.results import ResultStore, job_key
 from fnserve.datafiles import LABEL_KEYS
-from fnserve.stores.objects import job_body
-
-SEND_BATCH = 10
+from fnserve.stores import sqs
 
 
 def jobs_from_file(
@@ -64,13 +61,6 @@ def jobs_from_file(
         yield job_message(f"{prefix}-{n:06d}", model, chunk, version=version, binary=binary)
 
 
-@dataclass
-class SubmitReport:
-    ids: list[str] = field(default_factory=list)
-    by_reference: int = 0
-    failed: dict[str, str] = field(default_factory=dict)
-
-
 def submit(
     queue_url: str,
     jobs: Iterator[dict[str, Any]],
@@ -78,40 +68,8 @@ def submit(
     bucket: str | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> SubmitReport:
-    """Send jobs 10 per SendMessageBatch; bodies over SQS's limit go to S3 by reference."""
-    sqs = client("sqs")
-    report = SubmitReport()
-    batch: list[dict[str, str]] = []
-
-    def flush() -> None:
-        if not batch:
-            return
-        response = sqs.send_message_batch(QueueUrl=queue_url, Entries=batch)
-        failed = {f["Id"]: f for f in response.get("Failed", [])}
-        retry = [e for e in batch if e["Id"] in failed and not failed[e["Id"]].get("SenderFault")]
-        if retry:
-            response = sqs.send_message_batch(QueueUrl=queue_url, Entries=retry)
-            failed = {f["Id"]: f for f in response.get("Failed", [])} | {
-                k: v for k, v in failed.items() if v.get("SenderFault")
-            }
-        for entry in batch:
-            job_id = orjson.loads(entry["MessageBody"])["id"]
-            if entry["Id"] in failed:
-                report.failed[job_id] = str(failed[entry["Id"]].get("Message", "send failed"))
-            else:
-                report.ids.append(job_id)
-        if progress:
-            progress(len(batch))
-        batch.clear()
-
-    for job in jobs:
-        body, by_reference = job_body(job, bucket, MAX_MESSAGE_BYTES)
-        report.by_reference += by_reference
-        batch.append({"Id": str(len(batch)), "MessageBody": body})
-        if len(batch) == SEND_BATCH:
-            flush()
-    flush()
-    return report
+    """Send jobs to an SQS queue, 10 per SendMessageBatch; bodies over SQS's limit go to S3 by reference."""
+    return sqs.submit(queue_url, jobs, SubmitReport(), bucket=bucket, progress=progress)
 
 
 def publish(
@@ -122,7 +80,7 @@ def publish(
     progress: Callable[[int], None] | None = None,
 ) -> SubmitReport:
     """Publish jobs to a Pub/Sub topic (``projects/P/topics/T``); bodies over its limit go to the bucket."""
-    from fnserve.gcp import pubsub
+    from fnserve.stores import pubsub
 
     return pubsub.submit(topic, jobs, SubmitReport(), bucket=bucket, progress=progress)
 
@@ -141,7 +99,7 @@ def open_store(where: str) -> ResultStore:
         from fnserve.stores.redis import RedisResultStore
 
         return RedisResultStore.from_url(where, payload_source=objects.get_bytes)
-    from fnserve.aws.results import DynamoResultStore
+    from fnserve.stores.dynamodb import DynamoResultStore
 
     return DynamoResultStore(where)
 

@@ -234,7 +234,7 @@ class ServerMetrics:
 
 
 class RequestMetrics:
-    """The :class:`~fnserve.adapters.http.app.Telemetry` of one transport, into :class:`ServerMetrics`.
+    """The :class:`~fnserve.adapters.envelope.Telemetry` of one transport, into :class:`ServerMetrics`.
 
     A record is appended to a list (~0.2 µs); :meth:`ServerMetrics.flush` adds them up and
     writes each series once. Through prometheus-client directly, a request's counter and five

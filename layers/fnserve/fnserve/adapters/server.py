@@ -31,7 +31,9 @@ import onnxruntime as ort
 
 from fnserve import bootstrap, tracing
 from fnserve.adapters import fronts
-from fnserve.adapters.http.app import Companion, Telemetry, V2App, create_app
+from fnserve.adapters.envelope import Telemetry
+from fnserve.adapters.http.app import V2App, create_app
+from fnserve.adapters.http.routes import Companion
 from fnserve.adapters.logs import logger
 from fnserve.adapters.starting import not_ready_until_loaded
 from fnserve.core._cpus import AFFINITY_DIR_ENV, available_cpus

@@ -29,7 +29,7 @@ import logging
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -318,3 +318,12 @@ def job_message(
     if outputs:
         message["outputs"] = [{"name": n} for n in outputs]
     return message
+
+
+@dataclass
+class SubmitReport:
+    """What a send of jobs to a queue or topic did: the ids sent, how many by reference, the ids refused and why."""
+
+    ids: list[str] = field(default_factory=list)
+    by_reference: int = 0
+    failed: dict[str, str] = field(default_factory=dict)

@@ -2,7 +2,7 @@
 
 One table (or keyspace) holds two kinds of entries: job results under ``job#<job id>``
 (batch jobs and cascade follow-ups, read back by id) and the result cache's shared tier under
-``cache#<content hash>``. A backend (``fnserve.aws.results`` for DynamoDB) is the only
+``cache#<content hash>``. A backend (``fnserve.stores.dynamodb`` for DynamoDB) is the only
 translator between a :class:`ResultRecord` and its service's items.
 """
 

@@ -17,15 +17,6 @@ from fnserve.core.errors import ConfigError, InvalidInput
 SCHEMES = ("s3", "gs")
 
 
-def split_uri(uri: str, scheme: str) -> tuple[str, str]:
-    """``scheme://bucket/key`` -> (bucket, key), or a 422 naming the bad URI."""
-    prefix = f"{scheme}://"
-    bucket, _, key = uri.removeprefix(prefix).partition("/")
-    if not uri.startswith(prefix) or not bucket or not key:
-        raise InvalidInput(f"{uri!r} must be {prefix}bucket/key")
-    return bucket, key
-
-
 def get_bytes(uri: str) -> bytes:
     """An object's bytes (a 422 for a bad or missing reference, a 503 for an outage)."""
     data: bytes = _backend(uri).get_bytes(uri)
@@ -35,10 +26,10 @@ def get_bytes(uri: str) -> bytes:
 def put_bytes(bucket: str, key: str, data: bytes) -> str:
     """Store ``data`` as ``key`` in ``bucket`` (``gs://name`` for Cloud Storage, else S3); returns its URI."""
     if bucket.startswith("gs://"):
-        from fnserve.gcp import storage
+        from fnserve.stores import gcs
 
-        return storage.put_bytes(bucket[5:].rstrip("/"), key, data)
-    from fnserve.aws import s3
+        return gcs.put_bytes(bucket[5:].rstrip("/"), key, data)
+    from fnserve.stores import s3
 
     return s3.put_bytes(bucket.removeprefix("s3://").rstrip("/"), key, data)
 
@@ -63,11 +54,11 @@ def stored_sha256(uri: str) -> str | None:
 def _backend(uri: str) -> Any:
     """The module serving ``uri``'s scheme (imported on first use: each pulls in its cloud's client)."""
     if uri.startswith("gs://"):
-        from fnserve.gcp import storage
+        from fnserve.stores import gcs
 
-        return storage
+        return gcs
     if uri.startswith("s3://"):
-        from fnserve.aws import s3
+        from fnserve.stores import s3
 
         return s3
     raise InvalidInput(f"{uri!r} is not an s3:// or gs:// URI")

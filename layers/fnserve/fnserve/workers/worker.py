@@ -23,7 +23,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from fnserve.adapters.local.events import LambdaContext
+from fnserve.adapters.lambda_.events import LambdaContext
 from fnserve.core.errors import FnserveError, HandlerError
 from fnserve.workers.messages import InitFailed, Invoke, Output, Raised, Ready, Returned, Started, Usage
 

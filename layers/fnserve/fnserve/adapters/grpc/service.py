@@ -11,17 +11,14 @@ go back as trailing metadata (``x-request-id``, ``server-timing``) and into the 
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any
 
 import grpc
 
 from fnserve import __version__, tracing
-from fnserve.adapters import logs
+from fnserve.adapters.envelope import EXTENSIONS, Envelope, NoTelemetry, Telemetry, grpc_code
 from fnserve.adapters.grpc import codec
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
-from fnserve.adapters.http.app import EXTENSIONS, NoTelemetry, Telemetry
 from fnserve.adapters.http.wire import new_request_id, server_timing
 from fnserve.adapters.logs import logger
 from fnserve.core.dataplane import DataPlane
@@ -29,20 +26,10 @@ from fnserve.core.errors import BadRequest, FnserveError
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
-# HTTP status of an fnserve error -> gRPC status. What a client sent wrong is never UNKNOWN or INTERNAL.
-STATUS = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    404: grpc.StatusCode.NOT_FOUND,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    422: grpc.StatusCode.INVALID_ARGUMENT,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
-
 
 def status_of(error: FnserveError) -> grpc.StatusCode:
-    """The gRPC status of an fnserve error (a server-side fault, 500 or 502, is INTERNAL)."""
-    return STATUS.get(error.status_code, grpc.StatusCode.INTERNAL)
+    """The gRPC status an fnserve error is answered with (:func:`fnserve.adapters.envelope.grpc_code`)."""
+    return grpc.StatusCode[grpc_code(error.status_code)]
 
 
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name  # "inference.GRPCInferenceService"
@@ -53,8 +40,7 @@ class InferenceServicer:
 
     def __init__(self, plane: DataPlane, *, access_log: bool = True, telemetry: Telemetry | None = None) -> None:
         self.plane = plane
-        self.access_log = access_log
-        self.telemetry = telemetry or NoTelemetry()
+        self.envelope = Envelope(plane, "grpc", telemetry or NoTelemetry(), access_log=access_log)
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -86,77 +72,36 @@ class InferenceServicer:
 
     async def ModelInfer(self, request: codec.ParsedRequest, context: Context) -> Any:
         rid, traceparent = _request_metadata(context)
-        name = request.message.model_name
         logger.thread_safe_append_keys(request_id=rid)
-        span = tracing.start_request(name, "grpc", traceparent)
+        message = request.message
         try:
-            response, version, cache, timings = await self._infer(request, context.time_remaining())
-        except FnserveError as exc:
-            self._refused(context, rid, name, exc.status_code, exc.message, span)
-            await context.abort(status_of(exc), exc.message)
-        except TimeoutError:
-            message = "the deadline passed before the inference finished"
-            self._refused(context, rid, name, 504, message, span)
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, message)
-        except Exception:
-            logger.exception("unhandled error", extra={"model": name, "transport": "grpc"})
-            self._refused(context, rid, name, 500, "internal server error", span)
-            await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
-        except BaseException:  # cancelled: the client went away, or its deadline passed
-            if span is not None:
-                span.end(499, error="cancelled")
-            raise
-        context.set_trailing_metadata((("x-request-id", rid), ("server-timing", server_timing(timings))))
-        if self.access_log:
-            logs.access(
-                "inference",
-                {"model": name, "version": version, "status": 200, "transport": "grpc", **timings},
+            response, _, timings = await self.envelope.serve(
+                message.model_name,
+                message.model_version or None,
+                _arrived(request),
+                _decode,
+                lambda answer, decoded: codec.encode_response(
+                    answer.name, answer.version, answer.outputs, message.id, answer.parameters, decoded.raw_outputs
+                ),
+                traceparent,
+                context.time_remaining(),
             )
-        self.telemetry.record(name, 200, timings, cache, version)
-        if span is not None:
-            span.end(200, timings)
+        except FnserveError as exc:
+            context.set_trailing_metadata((("x-request-id", rid),))
+            await context.abort(status_of(exc), exc.message)
+        context.set_trailing_metadata((("x-request-id", rid), ("server-timing", server_timing(timings))))
         return response
 
-    async def _infer(
-        self, parsed: codec.ParsedRequest, remaining: float | None
-    ) -> tuple[bytes, str, str, dict[str, float]]:
-        """The serialised response, the version that answered, the cache state, and the stage timings."""
-        t0 = time.perf_counter()
-        if parsed.error is not None:
-            raise BadRequest(parsed.error)
-        request = parsed.message
-        decoded = codec.decode_request(request, parsed.raw)
-        t1 = time.perf_counter()
-        call = self.plane.infer(
-            request.model_name, decoded.inputs, version=request.model_version or None, outputs=decoded.outputs
-        )
-        if remaining is None:
-            answer = await call
-        else:
-            remaining -= t1 - t0
-            if remaining <= 0:
-                call.close()  # never started
-                raise TimeoutError()
-            answer = await asyncio.wait_for(call, remaining)
-        t2 = time.perf_counter()
-        response = codec.encode_response(
-            answer.name, answer.version, answer.outputs, request.id, answer.parameters, decoded.raw_outputs
-        )
-        t3 = time.perf_counter()
-        timings = {"decode": round((t1 - t0) * 1e3, 3), **answer.timings, "encode": round((t3 - t2) * 1e3, 3)}
-        return response, answer.version, answer.cache, timings
 
-    def _refused(
-        self, context: Context, rid: str, name: str, status: int, message: str, span: tracing.RequestSpan | None
-    ) -> None:
-        """A refusal's trailing metadata, access line, record and span; ``status`` is its HTTP status, as in metrics."""
-        context.set_trailing_metadata((("x-request-id", rid),))
-        if self.access_log and status != 500:
-            fields = {"model": name, "status": status, "error": message, "transport": "grpc"}
-            logs.access("inference refused", fields)
-        self.telemetry.record(name, status, {}, "off")
-        if span is not None:
-            span.end(status, error=message)
+async def _arrived(parsed: codec.ParsedRequest) -> codec.ParsedRequest:
+    """A request gRPC has already read, as the envelope awaits a body."""
+    return parsed
+
+
+def _decode(parsed: codec.ParsedRequest) -> codec.GrpcRequest:
+    if parsed.error is not None:
+        raise BadRequest(parsed.error)
+    return codec.decode_request(parsed.message, parsed.raw)
 
 
 def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:

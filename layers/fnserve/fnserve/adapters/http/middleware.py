@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fnserve.adapters.http.wire import error_body, request_id
+from fnserve.adapters.http.wire import error_body, error_parts, request_id
 from fnserve.adapters.logs import logger
 from fnserve.core.errors import FnserveError
 
@@ -70,8 +70,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def fnserve_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, FnserveError)
-        headers = {"retry-after": str(exc.retry_after)} if exc.retry_after is not None else None
-        return error_response(exc.message, exc.status_code, headers)
+        status, body, headers = error_parts(exc)
+        return Response(body, status_code=status, media_type=JSON, headers=headers)
 
     async def validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)

@@ -9,20 +9,29 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Annotated
+from typing import Annotated, Protocol
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
 
 from fnserve import __version__
+from fnserve.adapters.envelope import EXTENSIONS
 from fnserve.adapters.http import openapi
-from fnserve.adapters.http.app import EXTENSIONS, Companion, InferenceRoute, read_body
+from fnserve.adapters.http.infer import InferenceRoute, read_body
 from fnserve.adapters.http.middleware import RequestContext, install_error_handlers, json_response
 from fnserve.adapters.http.sagemaker import SageMakerRoutes
 from fnserve.core.followups import ResultState
 from fnserve.core.tensors import JSON_HEADER, json_tensor
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Companion(Protocol):
+    """A server that lives as long as the app, on its event loop (the gRPC server beside HTTP)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 def build(

@@ -27,7 +27,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
 
-from fnserve.adapters.http.app import JSON, InferenceRoute, encode_v2, read_body
+from fnserve.adapters.http.infer import JSON, InferenceRoute, encode_v2, read_body
 from fnserve.adapters.http.middleware import json_response
 from fnserve.core.dataplane import Answer
 from fnserve.core.errors import BadRequest, InvalidInput

@@ -13,6 +13,8 @@ from typing import Any
 
 import orjson
 
+from fnserve.core.errors import FnserveError
+
 # Request ids made here: unique per process (random prefix) and cheap (a counter, no uuid4 per request).
 _ID_PREFIX = uuid.uuid4().hex[:12]
 _ID_COUNTER = itertools.count(1)
@@ -48,3 +50,9 @@ def server_timing(timings: Mapping[str, float], device: str | None = None) -> st
 
 def error_body(message: str) -> bytes:
     return orjson.dumps({"error": message})
+
+
+def error_parts(error: FnserveError) -> tuple[int, bytes, dict[str, str]]:
+    """An error as HTTP answers it: its status, ``{"error": message}``, and ``Retry-After`` when it says when."""
+    headers = {"retry-after": str(error.retry_after)} if error.retry_after is not None else {}
+    return error.status_code, error_body(error.message), headers

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as StarletteRoute
 
-from fnserve.adapters.local import events
+from fnserve.adapters.lambda_ import events
 from fnserve.adapters.local.schedules import Schedule
 from fnserve.core.errors import FnserveError, InvocationTimeout
 from fnserve.workers.pool import Pool

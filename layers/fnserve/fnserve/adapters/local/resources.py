@@ -16,7 +16,7 @@ import secrets
 import socket
 from typing import Any
 
-from fnserve.adapters.local.events import REGION, arn
+from fnserve.adapters.lambda_.events import REGION, arn
 from fnserve.adapters.local.template import Resolver, Template
 from fnserve.aws import clients
 from fnserve.core.errors import ConfigError

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from fnserve.adapters.local import events
+from fnserve.adapters.lambda_ import events
 from fnserve.adapters.logs import logger
 from fnserve.aws import clients
 from fnserve.workers.pool import Pool

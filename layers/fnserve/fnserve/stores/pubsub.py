@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from fnserve import tracing
 from fnserve.core.errors import InvalidInput
+from fnserve.core.jobs import SubmitReport
 from fnserve.stores.objects import job_body
 
 if TYPE_CHECKING:
     from google.cloud.pubsub_v1 import PublisherClient
 
-    from fnserve.jobsclient import SubmitReport
 
 # Pub/Sub's message limit (10 MB, data and attributes together).
 MAX_MESSAGE_BYTES = 10_000_000

@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from fnserve.aws import s3
 from fnserve.aws.clients import DEFAULT_BUDGET, Budget, client, store_error
 from fnserve.core.errors import StoreUnavailable
 from fnserve.core.results import ResultRecord, cache_entry_key
+from fnserve.stores import s3
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fnserve.core.errors import ConfigError, FnserveError, InvalidInput, StoreUnavailable
-from fnserve.stores.objects import split_uri
+from fnserve.stores._uri import split_uri
 
 if TYPE_CHECKING:
     from google.cloud.storage import Client

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fnserve.aws.clients import client, store_error
-from fnserve.stores.objects import split_uri
+from fnserve.stores._uri import split_uri
 
 
 def fetch_model(uri: str, target: Path) -> Path:
