@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import ManifestWriter
+from tests.helpers import ManifestWriter, close_main_loop
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -22,14 +20,7 @@ def close_left_event_loop() -> Iterator[None]:
     test is running then (warnings are errors here).
     """
     yield
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            loop = asyncio.get_event_loop_policy().get_event_loop()
-    except RuntimeError:  # none is set: nothing to close
-        return
-    loop.close()
-    asyncio.set_event_loop(None)
+    close_main_loop()
 
 
 @pytest.fixture

@@ -216,3 +216,21 @@ def demo_labels(model: str, rows: Any) -> list[int]:
 
     session = ort.InferenceSession(str(DEMO_MANIFEST.parent / model / "1" / "model.onnx"))
     return [int(label) for label in session.run(["label"], {"input": np.asarray(rows, dtype=np.float32)})[0]]
+
+
+def close_main_loop() -> None:
+    """Close the event loop left set for the main thread (Mangum makes one, as Lambda keeps one), if any.
+
+    Left alone, it is collected at a random later point, and its unclosed sockets fail whichever
+    test is running then (warnings are errors here)."""
+    import asyncio
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            loop = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:  # none is set: nothing to close
+        return
+    loop.close()
+    asyncio.set_event_loop(None)

@@ -12,8 +12,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from fnserve.adapters.server import build_app
 from fnserve.aws import clients
+from fnserve.bootstrap import server_app
 from fnserve.settings import Settings
 from tests.faults import FaultyProxy, faulty_proxy
 from tests.functional.conftest import Aws, wait_for
@@ -55,7 +55,7 @@ def test_a_stalled_dynamodb_fails_no_inference_and_is_left_alone_until_it_answer
     # A cooldown longer than the 27 quick requests after the breaker opens take, even on a loaded
     # machine (at 0.2 s a slow run let one half-open probe through: 8 stalled calls, not 6).
     settings = cached_settings(aws, tmp_path, cache_breaker_cooldown_seconds=1.0)
-    app = build_app(settings)
+    app = server_app(settings)
     cache = app.state.plane.service.cache
     proxy.set("stall")
 
@@ -83,7 +83,7 @@ def test_a_stalled_dynamodb_fails_no_inference_and_is_left_alone_until_it_answer
     wait_for(shared_tier_back, 30, "the cache's shared tier to be used again")
     row = next(rows)
     asyncio.run(load([row]))
-    fresh = build_app(settings)  # another process: an empty in-process tier
+    fresh = server_app(settings)  # another process: an empty in-process tier
     again = asyncio.run(call(fresh, "POST", "/v2/models/digits-accurate/infer", json=infer_body(row)))
     assert again.headers["x-fnserve-cache"] == "hit"
 
@@ -92,7 +92,7 @@ def test_health_answers_while_a_request_waits_on_a_stalled_dynamodb(
     aws: Aws, proxy: FaultyProxy, tmp_path: Path
 ) -> None:
     # A long budget, so the stalled request is still waiting when health is asked.
-    app = build_app(cached_settings(aws, tmp_path, request_store_timeout_seconds=30))
+    app = server_app(cached_settings(aws, tmp_path, request_store_timeout_seconds=30))
     proxy.set("stall")
 
     async def scenario() -> None:
@@ -111,7 +111,7 @@ def test_health_answers_while_a_request_waits_on_a_stalled_dynamodb(
 def test_results_are_a_503_with_retry_after_while_dynamodb_is_out(
     aws: Aws, proxy: FaultyProxy, tmp_path: Path, mode: Any
 ) -> None:
-    app = build_app(cached_settings(aws, tmp_path))
+    app = server_app(cached_settings(aws, tmp_path))
     proxy.set(mode)
     response = asyncio.run(call(app, "GET", "/v2/results/job-1"))
     assert response.status_code == 503, response.text

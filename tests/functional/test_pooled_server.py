@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -15,8 +16,9 @@ import onnxruntime as ort
 import orjson
 import pytest
 
-from fnserve.adapters.server import build_app, inference_pool
+from fnserve.adapters.server import inference_pool
 from fnserve.bench.sweep import process_tree
+from fnserve.bootstrap import server_app
 from fnserve.core.errors import HandlerError
 from fnserve.settings import Settings
 from fnserve.workers.pool import WorkerPool
@@ -62,7 +64,7 @@ def test_the_front_process_loads_no_model_and_answers_as_onnxruntime_does(
     pool: WorkerPool, batched_manifest: Path
 ) -> None:
     settings = Settings(manifest=str(batched_manifest), parallel_workers=2, access_log=False)
-    app = build_app(settings, pool)
+    app = server_app(settings, pool)
     service = app.state.plane.service
     assert all(isinstance(service.registry.get(name).session, PoolSession) for name in service.registry.names())
 
@@ -102,7 +104,7 @@ def test_a_worker_killed_under_load_fails_only_its_request_and_comes_back(batche
     settings = Settings(manifest=str(DEMO_MANIFEST), parallel_workers=2, access_log=False)
     pool = inference_pool(settings)
     try:
-        app = build_app(settings, pool)
+        app = server_app(settings, pool)
         victim = pool.worker_pids()[0]
 
         async def main() -> list[httpx.Response]:
@@ -129,7 +131,7 @@ def test_a_worker_killed_under_load_fails_only_its_request_and_comes_back(batche
 
 
 def test_without_workers_inference_runs_in_the_server_process(batched_manifest: Path) -> None:
-    app = build_app(Settings(manifest=str(batched_manifest), parallel_workers=0, access_log=False, eager_load=True))
+    app = server_app(Settings(manifest=str(batched_manifest), parallel_workers=0, access_log=False, eager_load=True))
     service = app.state.plane.service
     assert isinstance(service.registry.get("digits-accurate").session, ort.InferenceSession)
     responses = post_all(app, [body(DIGITS[i : i + 1]) for i in range(8)], "digits-accurate")
@@ -204,8 +206,9 @@ def test_a_mixed_pool_overflows_past_the_gpu_capacity_and_says_which_device_answ
     overflow = inference_pool(settings)
     try:
         assert [(g.device, g.pool.size, g.limit) for g in overflow.groups] == [("gpu", 1, 1), ("cpu", 1, 1)]
-        assert overflow.groups[1].pool.spec.env["FNSERVE_DEVICE"] == "cpu"  # CPU providers alone there
-        app = build_app(settings, overflow)
+        sent = [json.loads(group.pool.spec.env["FNSERVE_SETTINGS"]) for group in overflow.groups]
+        assert [s["device"] for s in sent] == ["any", "cpu"]  # CPU providers alone in the CPU workers
+        app = server_app(settings, overflow)
         responses = post_all(app, [body(DIGITS[i : i + 1]) for i in range(40)], "digits-fast")
         session = ort.InferenceSession(str(FAST))
         devices = []

@@ -13,13 +13,12 @@ import pytest
 from google.protobuf import descriptor_pb2
 from tritonclient.grpc import service_pb2 as triton_pb
 
-from fnserve.adapters.envelope import DeadlineExceeded, grpc_code
 from fnserve.adapters.grpc import codec
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
 from fnserve.adapters.grpc.service import InferenceServicer
 from fnserve.bootstrap import build_dataplane
 from fnserve.core.datatypes import V2_TO_NUMPY
-from fnserve.core.errors import InvalidInput
+from fnserve.core.errors import DeadlineExceeded, InvalidInput, grpc_code
 from fnserve.settings import Settings
 from tests.helpers import REPO, sample_arrays, write_test_manifest
 
@@ -165,7 +164,9 @@ def test_a_deadline_already_passed_runs_nothing(tmp_path: Path) -> None:
             return codec.encode_response(answer.name, answer.version, answer.outputs, "", {}, decoded.raw_outputs)
 
         decode = lambda p: codec.decode_request(p.message, p.raw)  # noqa: E731
-        return asyncio.run(servicer.envelope.serve("digits-accurate", None, arrived(), decode, encode, None, deadline))
+        return asyncio.run(
+            servicer.plane.serve(servicer.watcher, "digits-accurate", None, arrived(), decode, encode, None, deadline)
+        )
 
     with pytest.raises(DeadlineExceeded) as raised:
         serve(0.0)

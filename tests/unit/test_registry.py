@@ -190,12 +190,10 @@ def test_cpu_fallback_runs_on_the_cpu_and_says_so(
     assert "TensorrtExecutionProvider" in caplog.text and "running on ['CPUExecutionProvider']" in caplog.text
 
 
-def test_a_cpu_worker_of_a_mixed_pool_runs_a_gpu_model_on_its_cpu_providers(
-    write_manifest: ManifestWriter, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("FNSERVE_DEVICE", "cpu")
+def test_a_cpu_worker_of_a_mixed_pool_runs_a_gpu_model_on_its_cpu_providers(write_manifest: ManifestWriter) -> None:
     providers = [{"name": "CUDAExecutionProvider", "device_id": 0}, "CPUExecutionProvider"]
-    loaded = registry(write_manifest({"data": model_bytes(), "execution_providers": providers})).get("scale")
+    manifest = write_manifest({"data": model_bytes(), "execution_providers": providers})
+    loaded = registry(manifest, cpu_only=True).get("scale")
     assert loaded.session.get_providers() == ["CPUExecutionProvider"]
     assert loaded.placement.device == "cpu" and loaded.placement.fallback is None  # placed there, not fallen back
 

@@ -120,3 +120,16 @@ def test_available_cpus_honours_a_cgroup_quota(monkeypatch: pytest.MonkeyPatch, 
     assert _cpus.available_cpus() == 2
     cpu_max.write_text("max 100000\n")
     assert _cpus.available_cpus() == 16
+
+
+def test_settings_cross_to_a_child_process_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server's resolved settings, secrets included, are what its front processes and workers read, whatever
+    FNSERVE_* variables they also inherit; a child's own arguments still win."""
+    monkeypatch.setenv("FNSERVE_LOG_LEVEL", "DEBUG")  # the server's environment said so; its flags said otherwise
+    parent = Settings(manifest="/m.toml", log_level="WARNING", parallel_workers=0, result_id_key="s3cret", device="cpu")
+    for key, value in parent.to_env().items():
+        monkeypatch.setenv(key, value)
+    child = Settings()
+    assert child == parent
+    assert child.result_id_key is not None and child.result_id_key.get_secret_value() == "s3cret"
+    assert Settings(log_level="ERROR").log_level == "ERROR"

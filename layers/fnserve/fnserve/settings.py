@@ -14,11 +14,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from fnserve.core._cpus import available_cpus
 
 _PREFIX = "FNSERVE_"
+WHOLE = "FNSERVE_SETTINGS"  # every setting of a parent process (a server's), as JSON: see EnvSettings.to_env
 
 
 class EnvSettings(BaseModel):
@@ -34,10 +36,25 @@ class EnvSettings(BaseModel):
 
     def __init__(self, **values: Any) -> None:
         environ = {key.upper(): value for key, value in os.environ.items() if key.upper().startswith(_PREFIX)}
+        whole = orjson.loads(environ[WHOLE]) if WHOLE in environ else {}  # a parent process's, as it resolved them
         for name in type(self).model_fields:
-            if name not in values and (value := environ.get(_PREFIX + name.upper())) is not None:
+            if name in values:
+                continue
+            if name in whole:
+                values[name] = whole[name]
+            elif (value := environ.get(_PREFIX + name.upper())) is not None:
                 values[name] = value
         super().__init__(**values)
+
+    def to_env(self) -> dict[str, str]:
+        """These settings whole, as one variable a child process's settings read first (secrets included: the
+        variable goes only to processes this one starts)."""
+        values = {
+            name: value.get_secret_value() if isinstance(value, SecretStr) else value
+            for name, value in self
+            if name in type(self).model_fields
+        }
+        return {WHOLE: orjson.dumps(values, default=str).decode()}
 
 
 class InferenceSettings(EnvSettings):
@@ -63,6 +80,11 @@ class InferenceSettings(EnvSettings):
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log level of fnserve's loggers."
+    )
+    device: Literal["any", "cpu"] = Field(
+        default="any",
+        description="cpu: every model on its CPU providers alone (the CPU workers of a mixed-device pool: a "
+        "placement, not a fall back); any: the providers each model's manifest entry lists.",
     )
 
     @field_validator("manifest", mode="before")

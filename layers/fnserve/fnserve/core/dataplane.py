@@ -1,31 +1,51 @@
-"""The data plane: the one entry every transport calls (HTTP, Lambda through HTTP, and later gRPC).
+"""The data plane: the one entry every transport calls (HTTP, and through it Lambda, Cloud Functions and
+SageMaker; gRPC).
 
 A served name is a plain model, a batched model (adaptive batching wraps its runner), a
 pipeline (steps around a model, batched with it when it is) or a cascade (of models or
 pipelines); :meth:`DataPlane.resolve` turns it into one callable with one signature, and every
-callable gives one answer type. Transports translate their wire format to these calls and
-the :class:`Answer` back; they decide nothing about inference.
+callable gives one answer type. :meth:`DataPlane.serve` is the envelope of every request, whatever
+carried it: decoded, inferred, encoded, timed, with a caller's deadline, and watched (the span, the
+access line, the metrics: a transport's :class:`Watcher`); an error is an :class:`FnserveError`
+whose class says its REST status and gRPC code. Transports only say how a request is decoded and an
+answer encoded; they decide nothing about inference.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from fnserve.core.batching import AdaptiveBatcher
 from fnserve.core.cascade import CascadeRunner
 from fnserve.core.datatypes import Arrays
-from fnserve.core.errors import ModelNotFound, ResultNotFound
+from fnserve.core.errors import ClientGone, DeadlineExceeded, FnserveError, ModelNotFound, ResultNotFound
 from fnserve.core.followups import ResultLookup, ResultState
 from fnserve.core.manifest import CascadeSettings
 from fnserve.core.providers import RAN_ON, RanOn
 from fnserve.core.service import InferenceService, Prediction
 
 T = TypeVar("T")
+B = TypeVar("B")  # a request as it arrives: HTTP's body bytes, gRPC's parsed message
 Infer = Callable[[Mapping[str, Any], Sequence[str] | None], Awaitable["Answer"]]
+logger = logging.getLogger(__name__)
+
+
+class Decoded(Protocol):
+    """A request decoded from its transport's format: the tensors, and the outputs asked for (None: all)."""
+
+    @property
+    def inputs(self) -> Mapping[str, Any]: ...
+
+    @property
+    def outputs(self) -> Sequence[str] | None: ...
+
+
+R = TypeVar("R", bound=Decoded)  # a request decoded: V2's InferenceRequest, gRPC's GrpcRequest
 
 
 @dataclass(slots=True)  # not frozen: one per request (a frozen init costs 4x), and timings are added as it goes
@@ -47,6 +67,22 @@ class Answer:
     parameters: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     device: str | None = None
+
+
+class Watch(Protocol):
+    """One request, watched: told how it ended (a transport ends its span, writes its access line, counts it)."""
+
+    def served(self, answer: Answer, timings: dict[str, float]) -> None: ...
+
+    def refused(self, error: FnserveError) -> None: ...
+
+    def cancelled(self, reason: str) -> None: ...
+
+
+class Watcher(Protocol):
+    """What watches a transport's requests (:class:`fnserve.adapters.envelope.RequestWatcher`)."""
+
+    def start(self, name: str, traceparent: str | None) -> Watch: ...
 
 
 class DataPlane:
@@ -91,6 +127,62 @@ class DataPlane:
         self._ready_when: list[Callable[[], bool]] = []
 
     # -- inference ------------------------------------------------------------------------------
+
+    async def serve(
+        self,
+        watcher: Watcher,
+        name: str,
+        version: str | None,
+        body: Awaitable[B],
+        decode: Callable[[B], R],
+        encode: Callable[[Answer, R], T],
+        traceparent: str | None = None,
+        deadline: float | None = None,
+    ) -> tuple[T, Answer, dict[str, float]]:
+        """One request, whatever carried it: the encoded answer, the answer, and the milliseconds of each stage.
+
+        ``deadline``: the seconds the caller waits (gRPC's); past it the inference is dropped (not
+        computed, if it is still queued) and a :class:`DeadlineExceeded` raised. A refusal is raised as
+        an :class:`FnserveError`, anything unexpected as a 500 "internal server error" (its traceback
+        logged). ``traceparent``: the caller's trace, which the watcher's span continues.
+        """
+        watch = watcher.start(name, traceparent)
+        try:
+            t0 = time.perf_counter()
+            decoded = decode(await body)
+            t1 = time.perf_counter()
+            if deadline is None:
+                answer = await self.infer(name, decoded.inputs, version=version, outputs=decoded.outputs)
+            else:
+                left = deadline - (t1 - t0)
+                if left <= 0:
+                    raise TimeoutError()
+                async with asyncio.timeout(left):  # in this task: a deadline costs no task of its own
+                    answer = await self.infer(name, decoded.inputs, version=version, outputs=decoded.outputs)
+            t2 = time.perf_counter()
+            payload = encode(answer, decoded)
+            t3 = time.perf_counter()
+        except FnserveError as exc:
+            watch.refused(exc)
+            raise
+        except TimeoutError:
+            error: FnserveError = DeadlineExceeded("the deadline passed before the inference finished")
+            watch.refused(error)
+            raise error from None
+        except ClientGone:
+            watch.cancelled("client gone")
+            raise
+        except Exception as exc:
+            logger.exception("unhandled error", extra={"model": name})
+            error = FnserveError("internal server error")
+            watch.refused(error)
+            raise error from exc
+        except BaseException:  # cancelled: the client went away, or the server is stopping
+            watch.cancelled("cancelled")
+            raise
+        timings = {"decode": round((t1 - t0) * 1e3, 3), **answer.timings, "encode": round((t3 - t2) * 1e3, 3)}
+        watch.served(answer, timings)
+        return payload, answer, timings
 
     async def infer(
         self,

@@ -1,4 +1,4 @@
-"""One error hierarchy; each class carries the HTTP status it maps to."""
+"""One error hierarchy; each class carries the HTTP status it maps to, and :func:`grpc_code` the gRPC code of each."""
 
 from __future__ import annotations
 
@@ -103,6 +103,31 @@ class InvocationTimeout(FnserveError):
     """The invocation ran past its timeout; its worker was replaced."""
 
     status_code = 504
+
+
+class DeadlineExceeded(InvocationTimeout):
+    """The caller's deadline passed before its inference finished (dropped, not computed, if still queued)."""
+
+
+class ClientGone(Exception):  # noqa: N818 - not an error anyone answers: there is nobody to answer
+    """The client went away before its request arrived: nothing to answer, nothing to record."""
+
+
+# The gRPC status of each HTTP status (names of grpc.StatusCode): what a client sent wrong is never
+# UNKNOWN or INTERNAL. A server-side fault (500, 502) is INTERNAL.
+GRPC_CODES = {
+    400: "INVALID_ARGUMENT",
+    404: "NOT_FOUND",
+    413: "RESOURCE_EXHAUSTED",
+    422: "INVALID_ARGUMENT",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
+def grpc_code(status: int) -> str:
+    """The name of the gRPC status code an error of HTTP ``status`` is answered with."""
+    return GRPC_CODES.get(status, "INTERNAL")
 
 
 def _known() -> dict[str, type[FnserveError]]:

@@ -7,8 +7,8 @@ prints "EP Error ... Falling back"): :func:`check` turns that into a :class:`Mod
 with the reason, unless the model opts into ``cpu_fallback``, when it becomes a warning and
 the model's metadata says so. Never a silent fall back.
 
-``FNSERVE_DEVICE=cpu`` makes a process run every model on its CPU providers alone (the CPU
-workers of a mixed-device pool): that is a placement, not a fall back.
+``cpu_only`` (a process's ``FNSERVE_DEVICE=cpu``) runs every model on its CPU providers alone (the
+CPU workers of a mixed-device pool): that is a placement, not a fall back.
 
 CUDA's, cuDNN's and TensorRT's libraries installed by pip are loaded before a session asks for them
 (:func:`preload_cuda`, :func:`preload_tensorrt`): the dynamic loader does not look in site-packages.
@@ -35,7 +35,6 @@ CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
 GPU_PROVIDERS = frozenset({CUDA, TENSORRT})
-DEVICE_ENV = "FNSERVE_DEVICE"
 
 OrtProvider = str | tuple[str, dict[str, Any]]
 
@@ -83,11 +82,11 @@ def name_of(provider: Provider) -> str:
     return provider if isinstance(provider, str) else provider.name
 
 
-def requested(settings: ModelSettings) -> list[Provider]:
+def requested(settings: ModelSettings, cpu_only: bool = False) -> list[Provider]:
     """The providers this process should ask for: the manifest's, or its CPU ones alone in a CPU worker."""
-    if os.environ.get(DEVICE_ENV, "").lower() == "cpu":
-        cpu_only = [p for p in settings.execution_providers if name_of(p) not in GPU_PROVIDERS]
-        return cpu_only or [CPU]
+    if cpu_only:
+        cpus = [p for p in settings.execution_providers if name_of(p) not in GPU_PROVIDERS]
+        return cpus or [CPU]
     return list(settings.execution_providers)
 
 
@@ -133,10 +132,10 @@ def preload_tensorrt() -> None:
                     logger.warning("TensorRT library %s did not load: %s", library, exc)
 
 
-def ort_providers(settings: ModelSettings, where: str) -> tuple[list[OrtProvider], str | None]:
+def ort_providers(settings: ModelSettings, where: str, cpu_only: bool = False) -> tuple[list[OrtProvider], str | None]:
     """ONNX Runtime's provider list (names with their options) for a model, and the fall back's reason when a
     GPU provider is not in this build of ONNX Runtime (a :class:`ModelLoadError` unless ``cpu_fallback``)."""
-    wanted = requested(settings)
+    wanted = requested(settings, cpu_only)
     names = [name_of(p) for p in wanted]
     if any(n in GPU_PROVIDERS for n in names) and any(n in GPU_PROVIDERS for n in ort.get_available_providers()):
         preload_cuda()
@@ -160,11 +159,11 @@ def ort_providers(settings: ModelSettings, where: str) -> tuple[list[OrtProvider
     return chosen or [CPU], reason
 
 
-def check(session: Any, settings: ModelSettings, where: str, fallback: str | None) -> Placement:
+def check(session: Any, settings: ModelSettings, where: str, fallback: str | None, cpu_only: bool = False) -> Placement:
     """Where ``session`` really runs; a GPU provider asked for and not registered is a :class:`ModelLoadError`
     unless ``cpu_fallback`` (then a warning, and the placement says why)."""
     got = tuple(session.get_providers())
-    lost = [n for n in (name_of(p) for p in requested(settings)) if n in GPU_PROVIDERS and n not in got]
+    lost = [n for n in (name_of(p) for p in requested(settings, cpu_only)) if n in GPU_PROVIDERS and n not in got]
     if lost and fallback is None:
         fallback = f"{lost} could not be created (see onnxruntime's 'EP Error' above); the session runs on {list(got)}"
         if not settings.cpu_fallback:

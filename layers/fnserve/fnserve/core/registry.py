@@ -118,8 +118,10 @@ class ModelRegistry:
         intra_op_threads: int | None = None,
         cache_dir: Path | None = None,
         fetchers: Mapping[str, Fetcher] | None = None,
+        cpu_only: bool = False,
     ) -> None:
         self.manifest = manifest
+        self.cpu_only = cpu_only  # every model on its CPU providers alone (a mixed pool's CPU workers)
         self._threads = intra_op_threads or default_intra_op_threads(workers)
         self._cache_dir = cache_dir
         self._fetchers = dict(fetchers or {})
@@ -216,7 +218,7 @@ class ModelRegistry:
         if digest != settings.sha256:
             raise ModelLoadError(f"{where}: file {path} has sha256 {digest}, but the manifest says {settings.sha256}")
         options = session_options(settings, settings.intra_op_threads or self._threads)
-        providers, fallback = ort_providers(settings, where)
+        providers, fallback = ort_providers(settings, where, self.cpu_only)
 
         def create() -> Any:
             try:
@@ -226,7 +228,7 @@ class ModelRegistry:
                 raise ModelLoadError(f"{where}: {path} cannot be loaded: {exc}") from exc
 
         first = create()
-        placement = check(first, settings, where, fallback)
+        placement = check(first, settings, where, fallback, self.cpu_only)
         inputs = tensor_specs(first.get_inputs(), settings.inputs, where, "input")
         outputs = tensor_specs(first.get_outputs(), settings.outputs, where, "output")
         session: Session = first

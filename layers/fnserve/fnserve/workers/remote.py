@@ -9,7 +9,7 @@ Everything above the session (:class:`~fnserve.core.service.InferenceService`, t
 batcher, the data plane) is the same code in both modes. :func:`handle` is what a worker answers.
 
 A mixed-device pool is two pools: the GPU's workers (the manifest's providers) and CPU
-workers (``FNSERVE_DEVICE=cpu``: CPU providers alone). :class:`Overflow` fills the GPU up to a
+workers (``device = "cpu"``: CPU providers alone). :class:`Overflow` fills the GPU up to a
 number of calls in flight, then sends calls to CPU workers while one is idle; when both are
 full, calls queue for the GPU, the faster device.
 """

@@ -16,19 +16,19 @@ from typing import Any
 import grpc
 
 from fnserve import __version__, tracing
-from fnserve.adapters.envelope import EXTENSIONS, Envelope, NoTelemetry, Telemetry, grpc_code
+from fnserve.adapters.envelope import EXTENSIONS, NoTelemetry, RequestWatcher, Telemetry
 from fnserve.adapters.grpc import codec
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
 from fnserve.adapters.http.wire import new_request_id, server_timing
 from fnserve.adapters.logs import logger
 from fnserve.core.dataplane import DataPlane
-from fnserve.core.errors import BadRequest, FnserveError
+from fnserve.core.errors import BadRequest, FnserveError, grpc_code
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
 def status_of(error: FnserveError) -> grpc.StatusCode:
-    """The gRPC status an fnserve error is answered with (:func:`fnserve.adapters.envelope.grpc_code`)."""
+    """The gRPC status an fnserve error is answered with (:func:`fnserve.core.errors.grpc_code`)."""
     return grpc.StatusCode[grpc_code(error.status_code)]
 
 
@@ -40,7 +40,7 @@ class InferenceServicer:
 
     def __init__(self, plane: DataPlane, *, access_log: bool = True, telemetry: Telemetry | None = None) -> None:
         self.plane = plane
-        self.envelope = Envelope(plane, "grpc", telemetry or NoTelemetry(), access_log=access_log)
+        self.watcher = RequestWatcher("grpc", telemetry or NoTelemetry(), access_log=access_log)
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -75,7 +75,8 @@ class InferenceServicer:
         logger.thread_safe_append_keys(request_id=rid)
         message = request.message
         try:
-            response, _, timings = await self.envelope.serve(
+            response, _, timings = await self.plane.serve(
+                self.watcher,
                 message.model_name,
                 message.model_version or None,
                 _arrived(request),

@@ -1,23 +1,24 @@
 """The V2 inference route over HTTP: a request's body decoded (V2 JSON, or Triton's binary tensor extension),
 its answer encoded, with the request id, ``Server-Timing`` and cache headers; the rest is the
-:class:`~fnserve.adapters.envelope.Envelope` every transport shares.
+envelope every transport shares (:meth:`fnserve.core.dataplane.DataPlane.serve`).
 
-Inference requests take a shorter road than the other routes: :class:`~fnserve.adapters.http.app.V2App`
-hands them to :meth:`InferenceRoute.infer_asgi` as plain ASGI, before Starlette's middleware stack,
-router and FastAPI's dependency solving (~60 µs a request, more than the digits model's own run),
-with the same request id, errors, headers, log line and metrics as the FastAPI route.
+Inference requests take a shorter road than the other routes: :class:`V2App` answers them as
+plain ASGI, before Starlette's middleware stack, router and FastAPI's dependency solving (~60 µs
+a request, more than the digits model's own run), with the same request id, errors, headers,
+log line and metrics as the FastAPI route.
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
-from fnserve.adapters.envelope import ClientGone, Envelope, Telemetry
+from fnserve.adapters.envelope import RequestWatcher, Telemetry
 from fnserve.adapters.http.wire import error_parts, request_id, server_timing
 from fnserve.adapters.logs import logger
 from fnserve.core.dataplane import Answer, DataPlane
-from fnserve.core.errors import BadRequest, FnserveError, PayloadTooLarge
+from fnserve.core.errors import BadRequest, ClientGone, FnserveError, PayloadTooLarge
 from fnserve.core.tensors import JSON_HEADER, InferenceRequest, decode_request, encode_response
 from fnserve.settings import Settings
 
@@ -25,8 +26,39 @@ ASGIMessage = MutableMapping[str, Any]  # as Starlette and Mangum type them
 Receive = Callable[[], Awaitable[ASGIMessage]]
 Send = Callable[[ASGIMessage], Awaitable[None]]
 
+ASGIApp = Callable[[ASGIMessage, Receive, Send], Awaitable[None]]
+
 JSON = "application/json"
 BINARY = "application/octet-stream"
+
+
+class V2App:
+    """The V2 API over ASGI: ``POST /v2/models/{name}[/versions/{v}]/infer`` answered here, the rest by FastAPI."""
+
+    def __init__(self, inference: InferenceRoute, routes: Callable[[], ASGIApp]) -> None:
+        self.inference = inference
+        self.routes = routes  # builds the app of the other routes
+        self.state = types.SimpleNamespace()  # what the process keeps beside the app (the server's pool)
+        self._fastapi: ASGIApp | None = None
+
+    def fastapi(self) -> ASGIApp:
+        """The FastAPI app of the other routes, built on first use (or ahead, by a server at start)."""
+        if self._fastapi is None:
+            self._fastapi = self.routes()
+        return self._fastapi
+
+    async def __call__(self, scope: ASGIMessage, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            parts = scope["path"].split("/")
+            # ["", "v2", "models", name, "infer"] or [..., name, "versions", version, "infer"]
+            if parts[-1] == "infer" and parts[1:3] == ["v2", "models"] and all(parts[3:-1]):
+                if len(parts) == 5:
+                    await self.inference.infer_asgi(scope, receive, send, parts[3], None)
+                    return
+                if len(parts) == 7 and parts[4] == "versions":
+                    await self.inference.infer_asgi(scope, receive, send, parts[3], parts[5])
+                    return
+        await (self._fastapi or self.fastapi())(scope, receive, send)
 
 
 class InferenceRoute:
@@ -34,7 +66,7 @@ class InferenceRoute:
 
     def __init__(self, plane: DataPlane, settings: Settings, telemetry: Telemetry) -> None:
         self.plane = plane
-        self.envelope = Envelope(plane, "http", telemetry, access_log=settings.access_log)
+        self.watcher = RequestWatcher("http", telemetry, access_log=settings.access_log)
         self.limit = settings.max_request_bytes
         self.max_wait = settings.max_wait_seconds
         self.default_model = settings.default_model
@@ -100,8 +132,8 @@ class InferenceRoute:
         traceparent: str | None = None,
     ) -> tuple[bytes, str, dict[str, str]]:
         """One inference, however its body is written: (payload, media type, headers); a refusal is raised."""
-        (payload, media_type, encoded), answer, timings = await self.envelope.serve(
-            name, version, body, decode, encode, traceparent
+        (payload, media_type, encoded), answer, timings = await self.plane.serve(
+            self.watcher, name, version, body, decode, encode, traceparent
         )
         headers = {"server-timing": server_timing(timings, answer.device), **encoded}
         if answer.cache != "off":
