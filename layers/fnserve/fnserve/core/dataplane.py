@@ -3,8 +3,8 @@ SageMaker; gRPC).
 
 A served name is a plain model, a batched model (adaptive batching wraps its runner), a
 pipeline (steps around a model, batched with it when it is) or a cascade (of models or
-pipelines); :meth:`DataPlane.resolve` turns it into one callable with one signature, and every
-callable gives one answer type. :meth:`DataPlane.serve` is the envelope of every request, whatever
+pipelines); :meth:`DataPlane.infer` routes each to what serves it, and every route gives one
+answer type. :meth:`DataPlane.serve` is the envelope of every request, whatever
 carried it: decoded, inferred, encoded, timed, with a caller's deadline, and watched (the span, the
 access line, the metrics: a transport's :class:`Watcher`); an error is an :class:`FnserveError`
 whose class says its REST status and gRPC code. Transports only say how a request is decoded and an
@@ -31,7 +31,6 @@ from fnserve.core.service import InferenceService, Prediction
 
 T = TypeVar("T")
 B = TypeVar("B")  # a request as it arrives: HTTP's body bytes, gRPC's parsed message
-Infer = Callable[[Mapping[str, Any], Sequence[str] | None], Awaitable["Answer"]]
 logger = logging.getLogger(__name__)
 
 
@@ -196,23 +195,25 @@ class DataPlane:
         started = time.perf_counter()
         ran_on = RanOn()
         RAN_ON.set(ran_on)  # this request's task (and the threads it waits on) say which device ran it
-        answer = await self.resolve(name, version)(inputs, outputs)
+        answer = await self._route(name, version, inputs, outputs)
         answer.device = ran_on.device
         timings = answer.timings
         spent = timings.get("queue", 0.0) + timings.get("pre", 0.0) + timings.get("post", 0.0) if timings else 0.0
         timings["infer"] = round((time.perf_counter() - started) * 1e3 - spent, 3)
         return answer
 
-    def resolve(self, name: str, version: str | None = None) -> Infer:
-        """The callable serving ``name`` (and ``version``); unknown names fail when it is called."""
+    def _route(
+        self, name: str, version: str | None, inputs: Mapping[str, Any], outputs: Sequence[str] | None
+    ) -> Awaitable[Answer]:
+        """What serves ``name`` (and ``version``): a cascade, a batched model or pipeline, or one run alone."""
         if self.cascades is not None and name in self.cascades.cascades:
             if version is not None:
                 raise ModelNotFound(f"cascade {name!r} has no versions")
-            return lambda inputs, outputs: self._cascade(name, inputs, outputs)
+            return self._cascade(name, inputs, outputs)
         batcher = self.batchers.get(self.batched_model.get(name, name)) if version is None else None
         if batcher is not None:
-            return lambda inputs, outputs: self._batched(batcher, name, inputs, outputs)
-        return lambda inputs, outputs: self._model(name, version, inputs, outputs)
+            return self._batched(batcher, name, inputs, outputs)
+        return self._model(name, version, inputs, outputs)
 
     async def _model(
         self, name: str, version: str | None, inputs: Mapping[str, Any], outputs: Sequence[str] | None
