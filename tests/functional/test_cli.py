@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import socket
 import subprocess
 import sys
@@ -205,3 +206,43 @@ def test_serve_on_a_port_another_program_holds_stops_at_once(tmp_path: Path) -> 
         )
     assert done.returncode != 0 and f"port {port} on 127.0.0.1 is in use" in done.stderr, done.stderr
     assert "loaded model" not in done.stderr
+
+
+# -- the first hour's rough edges ---------------------------------------------------------------
+
+
+def test_quantize_a_scikit_learn_linear_model_says_there_is_nothing_to_quantize(tmp_path: Path) -> None:
+    """skl2onnx lists the default opset twice, which onnxruntime's quantizer refused outright."""
+    fast = MODELS_DIR / "digits-fast" / "1" / "model.onnx"
+    result = runner.invoke(app, ["quantize", str(fast), "-o", str(tmp_path / "q.onnx"), "--rounds", "10", "--force"])
+    assert result.exit_code == 0, result.output
+    assert "nothing quantized: none of this graph's operators (LinearClassifier" in result.output
+    assert "WARNING:root" not in result.output  # onnxruntime's own advice on the root logger is not shown
+
+
+def test_models_push_help_shows_its_destinations() -> None:
+    result = runner.invoke(app, ["models", "push", "--help"])
+    assert result.exit_code == 0, result.output  # was a rich MarkupError on "[/prefix]"
+    assert "s3://bucket/prefix" in result.output
+
+
+def test_serving_a_model_file_instead_of_a_manifest_says_how_to_write_one(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["serve", "-m", str(ACCURATE), "--port", "0"])
+    assert result.exit_code == 1
+    assert "is not a manifest" in result.output and "fnserve manifest add" in result.output
+    copy = tmp_path / "model.bin"  # whatever its name, a binary file is not a manifest
+    copy.write_bytes(ACCURATE.read_bytes())
+    assert "fnserve manifest add" in runner.invoke(app, ["serve", "-m", str(copy), "--port", "0"]).output
+
+
+def test_results_of_bytes_outputs_are_written_as_text_to_jsonl(tmp_path: Path) -> None:
+    from fnserve.jobsclient import Results, write_results
+
+    labels = np.array([b"seven", b"\xff"], dtype=object)  # a pipeline's label names; the second is no UTF-8
+    results = Results(done={"j1": {"labels": labels, "scores": np.array([0.9, 0.1], np.float32)}}, failed={"j2": "x"})
+    out = tmp_path / "out.jsonl"
+    write_results(results, ["j1", "j2", "j3"], out)
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines[0]["outputs"]["labels"] == ["seven", "\\xff"]
+    assert [line["status"] for line in lines] == ["done", "failed", "pending"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]  # no partial file left beside it

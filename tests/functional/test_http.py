@@ -149,6 +149,7 @@ ERRORS = [
         "Inference-Header-Content-Length must be an integer",
     ),
     ("post", "/v2/models/nope/infer", {"json": digits_request()}, 404, "model 'nope' not found"),
+    ("post", "/v2/models/nope/infer", {"json": {}}, 404, "model 'nope' not found"),  # the absence wins over the body
     (
         "post",
         "/v2/models/digits-fast/versions/9/infer",

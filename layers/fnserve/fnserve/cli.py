@@ -138,7 +138,12 @@ def _echo_tensors(meta: dict[str, Any]) -> None:
 
 @models_app.command("push")
 def models_push(
-    destination: Annotated[str, typer.Argument(help="s3://bucket[/prefix] or gs://bucket[/prefix].")],
+    destination: Annotated[
+        str,
+        typer.Argument(
+            help="A bucket, and a prefix in it if you like: s3://bucket, s3://bucket/prefix, gs://bucket/prefix."
+        ),
+    ],
     manifest: ManifestOpt = DEFAULT_MANIFEST,
 ) -> None:
     """Upload a manifest's models and step files to a bucket, and a manifest there naming them by URI.
@@ -338,6 +343,7 @@ def _quantize_and_compare(
             mode=mode + (" per-channel" if per_channel else " per-tensor"),
             size_before=q.file_size(model),
             size_after=q.file_size(candidate),
+            unquantized_ops=q.unquantized_ops(candidate),
         )
         for batch in (1, 64):
             task = progress.add_task(f"timing batch {batch}", total=rounds)

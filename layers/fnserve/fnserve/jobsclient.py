@@ -123,11 +123,19 @@ def fetch_results(where: str | ResultStore, ids: Sequence[str]) -> Results:
     return results
 
 
+def _text(value: Any) -> str:
+    """A BYTES element in JSON: its text, as V2's JSON form has it (bytes that are not UTF-8 escaped)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 def write_results(results: Results, ids: Sequence[str], path: Path) -> None:
     """.jsonl: one line per job with its state; .npz: each output stacked over the done jobs, plus ``ids``;
     .npy: the one output, stacked over the done jobs."""
     if path.suffix == ".jsonl":
-        with path.open("wb") as out:
+        partial = path.with_name(f".{path.name}.partial")  # a failure leaves no half-written file under the name
+        with partial.open("wb") as out:
             for job_id in ids:
                 line: dict[str, Any] = {"id": job_id}
                 if job_id in results.done:
@@ -137,7 +145,8 @@ def write_results(results: Results, ids: Sequence[str], path: Path) -> None:
                     line |= {"status": "failed", "error": results.failed[job_id]}
                 else:
                     line["status"] = "pending"
-                out.write(orjson.dumps(line, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+                out.write(orjson.dumps(line, default=_text, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+        partial.replace(path)
         return
     if path.suffix not in (".npz", ".npy"):
         raise InvalidInput(f"{path}: expected .npy, .npz or .jsonl")

@@ -11,6 +11,7 @@ interval of their median. The model is "slower" only when the whole interval lie
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import statistics
 import tempfile
@@ -92,6 +93,7 @@ class QuantizeReport:
     accuracy_before: float | None = None
     accuracy_after: float | None = None
     agreement: dict[str, str] = field(default_factory=dict)
+    unquantized_ops: list[str] | None = None  # set when nothing was quantized: the graph's operators
 
     def slower_at(self) -> list[int]:
         """Batch sizes at which the quantized model is confidently slower (see :attr:`Latency.slower`)."""
@@ -113,6 +115,11 @@ class QuantizeReport:
             out.append(f"accuracy          {self.accuracy_before:.4f} -> {self.accuracy_after:.4f}")
         for name, text in self.agreement.items():
             out.append(f"output {name}: {text}")
+        if self.unquantized_ops is not None:
+            out.append(
+                f"nothing quantized: none of this graph's operators ({', '.join(self.unquantized_ops)}) is one "
+                "onnxruntime quantizes (MatMul, Gemm, Conv, Gather, ...); the output computes what the input does"
+            )
         return out
 
 
@@ -149,7 +156,8 @@ def quantize(
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     src, dst = src.resolve(), dst.resolve()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _quiet_root_logger():
+        src = _one_opset_per_domain(src, Path(tmp) / "source.onnx")
         prepared = Path(tmp) / "prepared.onnx"
         try:
             # In the temporary directory: ORT's symbolic shape inference drops a copy of the model
@@ -172,6 +180,64 @@ def quantize(
                 activation_type=QuantType.QInt8,
                 weight_type=QuantType.QInt8,
             )
+
+
+# Operators only a quantized graph has: integer kernels, and the (de)quantizing nodes around them.
+QUANTIZED_OPS = frozenset(
+    {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "DynamicQuantizeLinear",
+        "MatMulInteger",
+        "ConvInteger",
+        "QLinearMatMul",
+        "QLinearConv",
+        "DynamicQuantizeMatMul",
+        "QGemm",
+        "QAttention",
+        "QEmbedLayerNormalization",
+    }
+)
+
+
+def unquantized_ops(path: Path) -> list[str] | None:
+    """The operators of the model at ``path`` when none of them is a quantized one (None when some are)."""
+    import onnx
+
+    ops = [node.op_type for node in onnx.load(str(path)).graph.node]
+    return None if QUANTIZED_OPS.intersection(ops) else sorted(set(ops))
+
+
+def _one_opset_per_domain(src: Path, scratch: Path) -> Path:
+    """``src``, or a copy of it at ``scratch`` whose opset imports name each domain once (the highest version).
+
+    skl2onnx lists the default domain twice (every scikit-learn linear model: digits-fast, wine, breast
+    cancer), and onnxruntime's quantizer then fails with "Failed to find proper ai.onnx domain"."""
+    import onnx
+
+    model = onnx.load(str(src))
+    versions: dict[str, int] = {}
+    for opset in model.opset_import:
+        versions[opset.domain] = max(opset.version, versions.get(opset.domain, 0))
+    if len(versions) == len(model.opset_import):
+        return src
+    del model.opset_import[:]
+    model.opset_import.extend(onnx.helper.make_opsetid(domain, version) for domain, version in versions.items())
+    onnx.save(model, str(scratch))
+    return scratch
+
+
+@contextlib.contextmanager
+def _quiet_root_logger() -> Iterator[None]:
+    """onnxruntime's quantizer warns on the root logger ("Please consider to run pre-processing"), which
+    fnserve runs itself: not a line for the user."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
 
 
 def session(path: Path, threads: int | None = None) -> ort.InferenceSession:

@@ -46,17 +46,17 @@ def serve(
     outright (their pipe to it closes). With ``server_processes > 1``, that many front processes serve the
     port (:mod:`fnserve.adapters.fronts`), each building its own app (:func:`app_factory`).
     """
-    made: list[str | None] = [metrics_dir() if settings.metrics else None]
+    made: dict[str, str] = {}  # variables this call set, naming the directories it made
+    if settings.metrics and (metrics := metrics_dir()) is not None:
+        made[MULTIPROC_ENV] = metrics
     if settings.cpu_affinity:  # the slot locks of the processes pinned to CPUs (bootstrap.pin_inference)
-        locks = tempfile.mkdtemp(prefix="fnserve-cpus-")
-        made.append(locks)
-        os.environ[AFFINITY_DIR_ENV] = locks
+        made[AFFINITY_DIR_ENV] = os.environ[AFFINITY_DIR_ENV] = tempfile.mkdtemp(prefix="fnserve-cpus-")
     try:
         _serve(settings, host, port, on_ready)
     finally:
-        for path in made:
-            if path is not None:
-                shutil.rmtree(path, ignore_errors=True)
+        for variable, path in made.items():  # neither left naming a removed directory (a later server's)
+            shutil.rmtree(path, ignore_errors=True)
+            os.environ.pop(variable, None)
 
 
 def metrics_dir() -> str | None:

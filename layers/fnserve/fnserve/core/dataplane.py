@@ -14,6 +14,7 @@ answer encoded; they decide nothing about inference.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -124,6 +125,7 @@ class DataPlane:
             if p.version in (None, service.registry.resolve(p.model).version)
         }
         self._ready_when: list[Callable[[], bool]] = []
+        self.names = frozenset(self.served_names())
 
     # -- inference ------------------------------------------------------------------------------
 
@@ -147,6 +149,12 @@ class DataPlane:
         """
         watch = watcher.start(name, traceparent)
         try:
+            # Before the body: an unknown name is a 404 whatever was sent. A request naming none (gRPC bytes
+            # that are not a request) is judged by its body.
+            if name and name not in self.names:
+                if inspect.iscoroutine(body):
+                    body.close()  # never read
+                raise ModelNotFound(f"model {name!r} not found")
             t0 = time.perf_counter()
             decoded = decode(await body)
             t1 = time.perf_counter()

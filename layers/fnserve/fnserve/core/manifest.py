@@ -503,19 +503,31 @@ def load_manifest(path: str | Path) -> Manifest:
     Every problem is a :class:`ConfigError` naming the file and the offending field.
     """
     path = Path(path)
+    if path.suffix == ".onnx":
+        raise ConfigError(_not_a_manifest(path))
     try:
         text = path.read_text(encoding="utf-8")
         # TOML is the format people write; JSON (a TOML-shaped document) is what fnserve writes itself.
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except FileNotFoundError:
         raise ConfigError(f"manifest {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+    except UnicodeDecodeError:  # binary: a model, most likely, where a manifest was expected
+        raise ConfigError(_not_a_manifest(path)) from None
+    except (OSError, tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"manifest {path} cannot be read: {exc}") from exc
     data.setdefault("base_dir", str(path.resolve().parent))
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"manifest {path} is invalid: {_describe(exc, data)}") from None
+
+
+def _not_a_manifest(path: Path) -> str:
+    return (
+        f"{path} is not a manifest (TOML) but a binary file, a model perhaps: fnserve serves the models a "
+        f"manifest lists. Write one with `fnserve manifest add {path} --name NAME --manifest manifest.toml`, "
+        "then serve manifest.toml"
+    )
 
 
 def _describe(exc: ValidationError, data: dict[str, Any]) -> str:
