@@ -141,6 +141,28 @@ def test_a_function_that_cannot_start_fails_start_with_its_init_error(tmp_path: 
     assert not [p for p in multiprocessing.active_children() if p.name == "fnserve-fragile"]
 
 
+def test_a_recycle_after_a_worker_broke_while_starting_keeps_the_pool_dispatching(tmp_path: Path) -> None:
+    """A worker that failed its init is forgotten when it exits; a recycle (fnserve local --reload, after the code
+    is fixed) then retires it too. Forgetting it twice killed the dispatcher thread, and every later invocation
+    waited forever (seen under load in the emulator's reload test)."""
+    (tmp_path / "app.py").write_text(FRAGILE)
+    broken = tmp_path / "broken"
+    spec = FunctionSpec(name="fragile", code_dir=str(tmp_path), env={"BROKEN_IF": str(broken)}, timeout=10)
+    pool = WorkerPool(spec, workers=1).start()
+    try:
+        broken.touch()
+        with pytest.raises(WorkerDied):
+            pool.invoke({"action": "exit"}).result(timeout=10)
+        with pytest.raises(HandlerError, match="cannot start"):
+            pool.invoke({}).result(timeout=60)  # its replacement broke while starting
+        broken.unlink()
+        pool.recycle()
+        assert isinstance(pool.invoke({}).result(timeout=60), int)
+        assert pool.recycles == 1
+    finally:
+        pool.close()
+
+
 def test_an_init_error_is_the_answer_until_a_later_invocation_starts_cleanly(tmp_path: Path) -> None:
     (tmp_path / "app.py").write_text(FRAGILE)
     broken = tmp_path / "broken"

@@ -223,7 +223,10 @@ class WorkerPool:
         return worker
 
     def _forget(self, worker: _Worker) -> None:
-        """Stop watching a dead worker, and read what it said before it died."""
+        """Stop watching a dead worker, and read what it said before it died (once: a worker that broke while
+        starting is forgotten when it exits, and may be retired by a recycle after that)."""
+        if worker.conn.closed:
+            return
         self._drain(worker)
         for fd in (worker.conn.fileno(), worker.process.sentinel):
             with contextlib.suppress(KeyError, ValueError):
