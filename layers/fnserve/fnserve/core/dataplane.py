@@ -161,21 +161,20 @@ class DataPlane:
             if deadline is None:
                 answer = await self.infer(name, decoded.inputs, version=version, outputs=decoded.outputs)
             else:
-                left = deadline - (t1 - t0)
-                if left <= 0:
-                    raise TimeoutError()
-                async with asyncio.timeout(left):  # in this task: a deadline costs no task of its own
-                    answer = await self.infer(name, decoded.inputs, version=version, outputs=decoded.outputs)
+                try:
+                    left = deadline - (t1 - t0)
+                    if left <= 0:
+                        raise TimeoutError()
+                    async with asyncio.timeout(left):  # in this task: a deadline costs no task of its own
+                        answer = await self.infer(name, decoded.inputs, version=version, outputs=decoded.outputs)
+                except TimeoutError:
+                    raise DeadlineExceeded("the deadline passed before the inference finished") from None
             t2 = time.perf_counter()
             payload = encode(answer, decoded)
             t3 = time.perf_counter()
         except FnserveError as exc:
             watch.refused(exc)
             raise
-        except TimeoutError:
-            error: FnserveError = DeadlineExceeded("the deadline passed before the inference finished")
-            watch.refused(error)
-            raise error from None
         except ClientGone:
             watch.cancelled("client gone")
             raise
