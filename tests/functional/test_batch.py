@@ -293,6 +293,12 @@ def test_submit_handler_results_round_trip(aws: Aws, manifest: Path, tmp_path: P
     assert lines[0]["outputs"]["label"] == labels(DIGITS[:2]).tolist()
     several = runner.invoke(app, ["results", str(ids), "--table", aws.table, "-o", str(tmp_path / "r.npy")])
     assert several.exit_code == 1 and "a .npy holds one, use .npz or .jsonl" in several.output
+    printed = runner.invoke(app, ["results", str(ids), "--table", aws.table])  # no -o: JSON lines on stdout
+    assert printed.exit_code == 0, printed.output
+    assert [json.loads(line) for line in printed.stdout.splitlines()] == lines
+    assert "done 13, failed 0, pending 0" in printed.stderr
+    nowhere = runner.invoke(app, ["results", str(ids)], env={"FNSERVE_RESULTS_TABLE": "", "FNSERVE_RESULTS": ""})
+    assert nowhere.exit_code == 1 and "--table" in nowhere.output and "not both" not in nowhere.output
 
 
 def test_expired_items_are_ignored_on_read(aws: Aws) -> None:

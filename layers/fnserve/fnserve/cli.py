@@ -577,7 +577,10 @@ def submit(
 @app.command()
 def results(
     ids_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Job ids, one per line.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Write results to .npy, .npz or .jsonl.")],
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Write results to .npy, .npz or .jsonl (default: JSON lines on stdout)."),
+    ] = None,
     table: Annotated[
         str | None, typer.Option("--table", envvar="FNSERVE_RESULTS_TABLE", help="DynamoDB results table.")
     ] = None,
@@ -589,15 +592,26 @@ def results(
     """Fetch stored results of jobs; say which are done, failed or still pending."""
     from fnserve import jobsclient
 
-    if (table is None) == (results_url is None):
+    if table is not None and results_url is not None:
         raise _fail("give where the results are: --table (DynamoDB) or --results (a Redis URL), not both")
+    if table is None and results_url is None:
+        raise _fail(
+            "give where the results are: --table (a DynamoDB table, or FNSERVE_RESULTS_TABLE) or --results "
+            "(a Redis URL, or FNSERVE_RESULTS); `make run` prints the line for its table"
+        )
     ids = [line.strip() for line in ids_file.read_text().splitlines() if line.strip()]
     found = jobsclient.fetch_results(table or results_url or "", ids)
+    counts = f"done {len(found.done)}, failed {len(found.failed)}, pending {len(found.pending)}"
+    if output is None:
+        for line in jobsclient.jsonl_lines(found, ids):
+            typer.echo(line)
+        typer.echo(counts, err=True)
+        return
     try:
         jobsclient.write_results(found, ids, output)
     except FnserveError as exc:
         raise _fail(exc.message) from None
-    typer.echo(f"done {len(found.done)}, failed {len(found.failed)}, pending {len(found.pending)} -> {output}")
+    typer.echo(f"{counts} -> {output}")
     for job_id, reason in list(found.failed.items())[:20]:
         typer.echo(f"  failed {job_id}: {reason}")
 

@@ -130,22 +130,28 @@ def _text(value: Any) -> str:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+def jsonl_lines(results: Results, ids: Sequence[str]) -> Iterator[str]:
+    """One JSON line per job, in ``ids``' order: its id, status, and outputs or error."""
+    for job_id in ids:
+        line: dict[str, Any] = {"id": job_id}
+        if job_id in results.done:
+            line["status"] = "done"
+            line["outputs"] = {k: v.tolist() for k, v in results.done[job_id].items()}
+        elif job_id in results.failed:
+            line |= {"status": "failed", "error": results.failed[job_id]}
+        else:
+            line["status"] = "pending"
+        yield orjson.dumps(line, default=_text, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
 def write_results(results: Results, ids: Sequence[str], path: Path) -> None:
     """.jsonl: one line per job with its state; .npz: each output stacked over the done jobs, plus ``ids``;
     .npy: the one output, stacked over the done jobs."""
     if path.suffix == ".jsonl":
         partial = path.with_name(f".{path.name}.partial")  # a failure leaves no half-written file under the name
-        with partial.open("wb") as out:
-            for job_id in ids:
-                line: dict[str, Any] = {"id": job_id}
-                if job_id in results.done:
-                    line["status"] = "done"
-                    line["outputs"] = {k: v.tolist() for k, v in results.done[job_id].items()}
-                elif job_id in results.failed:
-                    line |= {"status": "failed", "error": results.failed[job_id]}
-                else:
-                    line["status"] = "pending"
-                out.write(orjson.dumps(line, default=_text, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+        with partial.open("w") as out:
+            for line in jsonl_lines(results, ids):
+                out.write(line + "\n")
         partial.replace(path)
         return
     if path.suffix not in (".npz", ".npy"):
