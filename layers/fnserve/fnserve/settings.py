@@ -49,11 +49,7 @@ class EnvSettings(BaseModel):
     def to_env(self) -> dict[str, str]:
         """These settings whole, as one variable a child process's settings read first (secrets included: the
         variable goes only to processes this one starts)."""
-        values = {
-            name: value.get_secret_value() if isinstance(value, SecretStr) else value
-            for name, value in self
-            if name in type(self).model_fields
-        }
+        values = {name: value.get_secret_value() if isinstance(value, SecretStr) else value for name, value in self}
         return {WHOLE: orjson.dumps(values, default=str).decode()}
 
 

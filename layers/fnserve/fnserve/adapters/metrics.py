@@ -141,8 +141,7 @@ class ServerMetrics:
                 placement = registry.get(name, version).placement
                 fallback = str(placement.fallback is not None).lower()
                 self.placement.labels(name, version, ",".join(placement.providers), placement.device, fallback).set(1)
-        cascades = plane.cascades.cascades if plane.cascades is not None else {}
-        self.known = frozenset([*plane.service.registry.names(), *plane.service.pipelines, *cascades])
+        self.known = plane.names
         for model, batcher in plane.batchers.items():
             batcher.on_batch = self.batch_observer(model)
             batcher.on_split = self.batch_splits.labels(model).inc

@@ -33,6 +33,7 @@ class Servable:
     """A model served under its own name: its tensors are the graph's."""
 
     kind: ClassVar[str] = "model"
+    timed: ClassVar[bool] = False  # whether its answers time stages of their own (a pipeline's pre and post steps)
 
     def __init__(self, model: LoadedModel) -> None:
         self.model = model
@@ -83,10 +84,6 @@ class Servable:
         """The requested outputs, from the model's outputs for this request's rows."""
         return {name: outputs[name] for name in names}
 
-    def model_outputs(self, names: Sequence[str]) -> Sequence[str]:
-        """What the model must compute for a request that asks for ``names``."""
-        return names
-
     def run(self, feed: Arrays, batch: int, names: Sequence[str], timings: dict[str, float] | None = None) -> Arrays:
         """A validated batch end to end, in chunks of at most the model's ``max_batch_size`` rows."""
         model = self.model
@@ -116,6 +113,7 @@ class PipelineServable(Servable):
     """A pipeline: its own tensors (text or images in, labels or embeddings out), its steps around its model."""
 
     kind: ClassVar[str] = "pipeline"
+    timed: ClassVar[bool] = True
 
     def __init__(self, pipeline: Pipeline) -> None:
         self.model = pipeline.model
@@ -140,9 +138,6 @@ class PipelineServable(Servable):
         timings: dict[str, float] | None = None,
     ) -> Arrays:
         return self.pipeline.finish(staged, outputs, names, timings)
-
-    def model_outputs(self, names: Sequence[str]) -> Sequence[str]:
-        return self.pipeline.model_outputs
 
     def run(self, feed: Arrays, batch: int, names: Sequence[str], timings: dict[str, float] | None = None) -> Arrays:
         """Pre steps, model, post steps, chunk by chunk of at most the model's ``max_batch_size`` rows

@@ -176,7 +176,7 @@ class InferenceService:
         key, hit = self._lookup(servable, feed, names)
         if hit is not None:
             return Prediction(hit, servable.model.name, servable.model.version, "hit")
-        timings: dict[str, float] | None = {} if isinstance(servable, PipelineServable) else None
+        timings: dict[str, float] | None = {} if servable.timed else None
         return self._store(servable, key, servable.run(feed, batch, names, timings), timings)
 
     def prepare(
@@ -198,7 +198,7 @@ class InferenceService:
         key, hit = self._lookup(servable, feed, names)
         if hit is not None:
             return Prepared(servable, None, names, key, hit)
-        timings: dict[str, float] | None = {} if isinstance(servable, PipelineServable) else None
+        timings: dict[str, float] | None = {} if servable.timed else None
         return Prepared(servable, servable.stage(feed, timings), names, key, None, timings)
 
     def finish(self, prepared: Prepared, outputs: Mapping[str, np.ndarray[Any, Any]]) -> Prediction:
