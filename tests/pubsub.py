@@ -6,7 +6,8 @@ to: :class:`Topics` serves ``google.pubsub.v1.Publisher/Publish`` over gRPC, whe
 client library (``PUBSUB_EMULATOR_HOST``) publishes, and :func:`deliver` does what a push
 subscription through Eventarc does: each message POSTed to the function as a CloudEvent in
 binary content mode, redelivered with an incremented ``deliveryAttempt`` while the function
-answers an error, and dead-lettered after the subscription's max delivery attempts.
+answers an error or no answer comes (a connection reset, as under load), and dead-lettered after the
+subscription's max delivery attempts.
 """
 
 from __future__ import annotations
@@ -104,12 +105,26 @@ def cloud_event(message: Message, attempt: int, subscription: str) -> tuple[dict
     return headers, json.dumps(data).encode()
 
 
+#: The status recorded for a push that got no answer: Pub/Sub counts it a failed attempt and redelivers.
+LOST = 0
+
+
 @dataclass
 class Delivery:
-    """What push delivery did: every answer's status per message id, and the dead-lettered messages."""
+    """What push delivery did: every attempt's status per message id (:data:`LOST` where no answer came),
+    and the dead-lettered messages."""
 
     statuses: dict[str, list[int]] = field(default_factory=dict)
     dead_lettered: list[Message] = field(default_factory=list)
+
+    def answers(self, message_id: str) -> list[int]:
+        """The statuses the function answered ``message_id`` with, pushes that got no answer left out."""
+        return [status for status in self.statuses[message_id] if status != LOST]
+
+    @property
+    def lost(self) -> int:
+        """How many pushes got no answer (each may or may not have reached the function)."""
+        return sum(statuses.count(LOST) for statuses in self.statuses.values())
 
 
 def deliver(
@@ -132,9 +147,12 @@ def deliver(
         for n in range(attempt, attempt + max_attempts):
             headers, body = cloud_event(message, n, subscription)
             async with gate:
-                response = await client.post(url, headers=headers, content=body)
-            delivery.statuses.setdefault(message.id, []).append(response.status_code)
-            if 200 <= response.status_code < 300:
+                try:
+                    status = (await client.post(url, headers=headers, content=body)).status_code
+                except httpx.TransportError:
+                    status = LOST
+            delivery.statuses.setdefault(message.id, []).append(status)
+            if 200 <= status < 300:
                 return
         delivery.dead_lettered.append(message)
 

@@ -235,12 +235,15 @@ def test_500_jobs_with_poison_good_ones_stored_once_poison_failed_and_nothing_lo
     client.config_resetstat()
     delivery = deliver(jobs_function, messages, max_attempts=MAX_ATTEMPTS)
     # Every job with an id is acknowledged at once; the two without one go to the dead-letter topic.
-    by_body = {m.data: delivery.statuses[m.id] for m in messages}
-    assert all(statuses == [200] for body, statuses in by_body.items() if b'"id"' in body), by_body
+    # (A push that got no answer, a reset under load, is redelivered as Pub/Sub does: see tests/pubsub.py.)
+    by_body = {m.data: delivery.answers(m.id) for m in messages}
+    assert all(answers == [200] for body, answers in by_body.items() if b'"id"' in body), by_body
     assert sorted(m.data for m in delivery.dead_lettered) == sorted(poison_jobs()[-2:])
-    assert by_body[b"{not json"] == [503] * MAX_ATTEMPTS
+    assert by_body[b"{not json"] and set(by_body[b"{not json"]) == {503}
+    assert all(len(delivery.statuses[m.id]) == MAX_ATTEMPTS for m in delivery.dead_lettered)
     writes = redis_calls(client).get("set", 0)
-    assert writes == 498  # one SET per job with an id: 494 done, 4 failed
+    # One SET per job with an id: 494 done, 4 failed (a failed job pushed again after a lost answer: once more).
+    assert 498 <= writes <= 498 + delivery.lost, (writes, delivery.lost)
     found = jobsclient.fetch_results(results_url, report.ids)
     assert not found.failed and not found.pending and len(found.done) == 494
     for x, job in zip(rows, good, strict=True):
@@ -253,12 +256,14 @@ def test_500_jobs_with_poison_good_ones_stored_once_poison_failed_and_nothing_lo
     assert "gs://payloads/gone.json cannot be read: it does not exist" in poison.failed["poison-gone"]
     # Gathered: the instance ran the concurrent events as batches, not one by one.
     batches = [line["records"] for line in log_lines(jobs_function) if line.get("message") == "batch"]
-    assert sum(batches) == 500 + 2 * (MAX_ATTEMPTS - 1) and len(batches) < 100, batches
+    pushes = sum(len(statuses) for statuses in delivery.statuses.values())  # 500 + 2 × (MAX_ATTEMPTS - 1) if none lost
+    assert pushes - delivery.lost <= sum(batches) <= pushes and len(batches) < 100, (batches, delivery.lost)
     # Pub/Sub delivers again (an ack lost, a slow instance): nothing is computed or written twice.
     again = [m for m in messages if b'"id"' in m.data]
     redelivered = deliver(jobs_function, again, max_attempts=1, attempt=2)
-    assert all(statuses == [200] for statuses in redelivered.statuses.values())
-    assert redis_calls(client).get("set", 0) == writes + 4  # only the failed ones are run (and refused) again
+    assert all(redelivered.answers(m.id) == [200] for m in again)
+    rewrites = redis_calls(client).get("set", 0) - writes
+    assert 4 <= rewrites <= 4 + redelivered.lost  # only the failed ones are run (and refused) again
     assert jobsclient.fetch_results(results_url, report.ids).done.keys() == found.done.keys()
 
 
@@ -270,7 +275,8 @@ def test_a_fault_that_may_heal_is_redelivered_then_stored_failed_and_dead_letter
     [message] = topics.take(JOBS_TOPIC)
     delivery = deliver(jobs_function, [message], max_attempts=MAX_ATTEMPTS)
     # As on SQS: the last delivery stores the reason and still fails, so the message reaches the dead-letter topic.
-    assert delivery.statuses[message.id] == [503] * MAX_ATTEMPTS and delivery.dead_lettered == [message]
+    assert set(delivery.answers(message.id)) == {503} and delivery.dead_lettered == [message]
+    assert len(delivery.statuses[message.id]) == MAX_ATTEMPTS
     failed = jobsclient.fetch_results(results_url, ["s3-outage"]).failed["s3-outage"]
     assert "s3://inputs/job.json cannot be read" in failed
 
@@ -283,7 +289,7 @@ def test_inputs_by_reference_to_cloud_storage(jobs_function: str, topics: Topics
     assert report.by_reference == 1 and report.ids == ["by-gcs"]
     [message] = topics.take(JOBS_TOPIC)
     assert orjson.loads(message.data)["payload"]["uri"] == "gs://payloads/fnserve/jobs/by-gcs.json"
-    assert deliver(jobs_function, [message]).statuses[message.id] == [200]
+    assert deliver(jobs_function, [message]).answers(message.id) == [200]
     assert jobsclient.fetch_results(results_url, ["by-gcs"]).done["by-gcs"]["label"].shape == (300,)
 
 
@@ -305,7 +311,8 @@ def test_a_cascade_follows_up_over_its_own_topic(
     assert all(a["parameters"]["followup_status"] == "pending" for a in answers), answers
     followups = topics.take(FOLLOWUP_TOPIC)
     assert len(followups) == 3
-    assert all(s == [200] for s in deliver(jobs_function, followups).statuses.values())
+    delivery = deliver(jobs_function, followups)
+    assert all(delivery.answers(m.id) == [200] for m in followups)
     for i, answer in zip(rows, answers, strict=True):
         result = httpx.get(f"{function}{answer['parameters']['followup_url']}").json()
         assert result["status"] == "done" and result["model_name"] == "digits-accurate", result
@@ -329,7 +336,9 @@ def test_submit_and_results_from_the_command_line(
     assert submitted.returncode == 0, submitted.stderr
     count = len(ids.read_text().split())
     assert count == -(-len(DIGITS) // 20) and f"submitted {count} jobs" in submitted.stderr
-    assert all(s == [200] for s in deliver(jobs_function, topics.take(JOBS_TOPIC)).statuses.values())
+    messages = topics.take(JOBS_TOPIC)
+    delivery = deliver(jobs_function, messages)
+    assert messages and all(delivery.answers(m.id) == [200] for m in messages)
     out = tmp_path / "out.npz"
     fetched = subprocess.run(
         [fnserve, "results", str(ids), "--results", results_url, "-o", str(out)],
