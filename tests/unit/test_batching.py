@@ -86,6 +86,50 @@ def test_the_deadline_counts_from_the_first_request_of_a_batch() -> None:
         assert span <= window + 0.03, span  # every request joined within the window of the first
 
 
+def test_a_lone_request_runs_at_once_without_waiting_out_the_window() -> None:
+    model = Recorder()
+    window = 5.0  # were it waited out, the test would take this long and its queue wait would show it
+
+    async def main() -> list[float]:
+        batcher = AdaptiveBatcher(model, max_batch_size=64, max_batch_time=window)
+        waits = []
+        for i in range(3):  # one client, one request at a time: nothing else is on its way
+            _, waited = await batcher.predict({"x": np.full((1, 1), float(i))})
+            waits.append(waited)
+        await batcher.close()
+        return waits
+
+    waits = run(main())
+    assert len(model.batches) == 3 and all(w < window / 2 for w in waits), waits
+
+
+def test_a_closed_loop_of_clients_runs_as_one_batch_not_two_cohorts() -> None:
+    """Eight clients that send again as soon as they are answered, the first ones before the others arrive: their
+    answers come back a little apart, and a batch that waits only out the window of a request that queued while the
+    last batch ran splits them into two cohorts for good (3 and 5, 3 and 5, ...). Waiting for the rows that were in
+    flight lately merges them: batches of 8."""
+    model = Recorder(delay=0.05)
+    sizes: list[int] = []
+
+    async def client(batcher: AdaptiveBatcher, i: int) -> None:
+        await asyncio.sleep(0.006 * i)  # they start apart: 0-42 ms, against a 20 ms window
+        for _ in range(16):
+            out, _ = await batcher.predict({"x": np.full((1, 1), float(i))})
+            assert out["y"][0, 0] == 2 * i
+            await asyncio.sleep(0.001)  # the client reads its answer and sends the next request
+
+    async def main() -> None:
+        batcher = AdaptiveBatcher(model, max_batch_size=64, max_batch_time=0.02)
+        batcher.on_batch = sizes.append
+        await asyncio.gather(*(client(batcher, i) for i in range(8)))
+        await batcher.close()
+
+    run(main())
+    assert sum(sizes) == 8 * 16
+    settled = sizes[4:-2]  # past the staggered start, before the last stragglers
+    assert sorted(settled)[len(settled) // 2] == 8, sizes
+
+
 def test_a_failed_batch_is_split_until_only_its_culprit_fails() -> None:
     model = Recorder(delay=0.02)
 

@@ -4,8 +4,13 @@ Requests queue per model and shape: their length bucket, and the other dimension
 input once padded, so that only requests that stack share a batch (a request of another
 length without buckets waits in its own queue, never failing a batch it cannot join; a
 shape's queue goes after ``IDLE_SECONDS`` unused). A batch closes when it holds ``max_batch_size``
-rows or when ``max_batch_time`` has passed since its *first* request (not since the last
-one: a steady trickle cannot hold a batch open). Inputs are concatenated along axis 0,
+rows, when it holds the rows that were in flight at once lately (the most in the last second or
+two, less those running now: the rows on their way), or when ``max_batch_time`` has passed since
+its first request, or since it could run if that is later (never since the last one: a steady
+trickle cannot hold a batch open). So a lone client's request runs at once, paying no window, and
+a closed loop of N clients runs as batches of N: waiting out only the window of a request that
+queued while the last batch ran would split them into two cohorts of N/2 for good (MiniLM on 2
+cores: batches of 4.3 rows, not 16, and 15% fewer requests a second). Inputs are concatenated along axis 0,
 variable-length inputs padded up to their bucket's length so that padding stays small;
 outputs are split back by each request's rows, with a check that they split exactly. With
 ``batch_buckets``, a batch's rows are padded up to the next bucket (rows of zeros, whose outputs
@@ -14,7 +19,8 @@ run fails is split in halves and each half run again, down to single requests, s
 reaches only the request that causes it (a token id past the vocabulary fails that request
 with its 422, never the 31 beside it; MLServer fans one error out to the whole batch). Up to ``max_concurrent`` batches
 of a length bucket run at once (one per worker process); while all are busy, requests queue,
-and the next batch takes whatever has queued, up to ``max_batch_size``, without waiting further. A request
+and the next batch takes whatever has queued, up to ``max_batch_size``, then waits only for the rows on their
+way. A request
 whose caller has gone (its future cancelled: a gRPC deadline, a client that hung up) before its
 batch forms is dropped, not computed. asyncio objects are made inside the running loop, on first
 use, never at import.
@@ -39,6 +45,58 @@ from fnserve.core.providers import RAN_ON, RanOn
 Runner = Callable[[Arrays], Awaitable[Arrays]]
 _Key = tuple[int, tuple[tuple[str, tuple[int, ...]], ...]]  # length bucket, and each input's padded row shape
 IDLE_SECONDS = 300.0  # a shape's queue (and its task) is dropped after this long without a request
+PEAK_SECONDS = 1.0  # how long the most rows seen in flight at once is remembered: what a batch expects
+
+
+class _Flight:
+    """One queue's rows in flight (queued, or in a batch that runs), the most there were at once lately, and the rows
+    of the batches running now. A batch about to form waits for the rows that are coming (the most lately, less those
+    running), and no longer: a lone client's request runs at once, and a closed loop of N clients, whose answers come
+    back as N requests a little apart, runs as one batch of N, not as two cohorts of N/2 that alternate."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.running = 0
+        self._peak = 0
+        self._previous = 0
+        self._since = time.monotonic()
+        self._waiter: asyncio.Future[None] | None = None  # a forming batch's, while it waits for rows
+        self._needed = 0
+
+    def arrive(self, rows: int) -> None:
+        self.rows += rows
+        now = time.monotonic()
+        if now - self._since > PEAK_SECONDS:
+            recent = now - self._since < 2 * PEAK_SECONDS
+            self._previous, self._peak, self._since = self._peak if recent else 0, 0, now
+        self._peak = max(self._peak, self.rows)
+
+    def expected(self) -> int:
+        """Rows a batch forming now may expect to gather: the most in flight lately, less the rows running."""
+        return max(self._peak, self._previous, self.rows) - self.running
+
+    def queued(self, rows: int) -> None:
+        """``rows`` joined the queue: a batch waiting for them goes on once it has all it waits for."""
+        if self._waiter is not None:
+            self._needed -= rows
+            if self._needed <= 0:
+                _wake(self._waiter)
+
+    async def more(self, rows: int, deadline: float) -> None:
+        """Until ``rows`` more rows join the queue, or ``deadline`` (``time.monotonic``): one future and one timer a
+        batch, not a task and a timer a request as ``asyncio.wait_for(queue.get())`` would cost."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        self._needed = rows
+        timer = loop.call_later(left, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
 
 
 @dataclass
@@ -48,6 +106,11 @@ class _Pending:
     future: asyncio.Future[tuple[Arrays, float]]
     ran_on: RanOn | None  # the request's: told which device ran its batch
     arrived: float = field(default_factory=time.monotonic)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class AdaptiveBatcher:
@@ -79,6 +142,7 @@ class AdaptiveBatcher:
         self.max_concurrent = max_concurrent
         self._queues: dict[_Key, asyncio.Queue[_Pending]] = {}
         self._tasks: dict[_Key, asyncio.Task[None]] = {}
+        self._flights: dict[_Key, _Flight] = {}
         self._running: set[asyncio.Task[None]] = set()
         self.batches = 0  # how many runs, for tests and metrics
         self.splits = 0  # failed runs split in halves to find the request at fault
@@ -96,10 +160,19 @@ class AdaptiveBatcher:
         queue = self._queues.get(key)
         if queue is None:  # created here, inside the running loop
             queue = self._queues[key] = asyncio.Queue(self.max_queue)
-            self._tasks[key] = asyncio.get_running_loop().create_task(self._loop(queue, key))
+            flight = self._flights[key] = _Flight()
+            self._tasks[key] = asyncio.get_running_loop().create_task(self._loop(queue, key, flight))
+        else:
+            flight = self._flights[key]
         future: asyncio.Future[tuple[Arrays, float]] = asyncio.get_running_loop().create_future()
-        await queue.put(_Pending(arrays, rows.pop(), future, RAN_ON.get()))
-        return await future
+        pending = _Pending(arrays, rows.pop(), future, RAN_ON.get())
+        flight.arrive(pending.rows)
+        try:
+            await queue.put(pending)
+            flight.queued(pending.rows)
+            return await future
+        finally:
+            flight.rows -= pending.rows
 
     def queued(self) -> int:
         """Requests waiting for a batch, over every length bucket."""
@@ -120,7 +193,7 @@ class AdaptiveBatcher:
         i = bisect.bisect_left(self.buckets, length)
         return self.buckets[i] if i < len(self.buckets) else length  # longer than every bucket: alone
 
-    async def _loop(self, queue: asyncio.Queue[_Pending], key: _Key) -> None:
+    async def _loop(self, queue: asyncio.Queue[_Pending], key: _Key, flight: _Flight) -> None:
         bucket = key[0]
         slots = asyncio.Semaphore(self.max_concurrent)
         carried: _Pending | None = None  # the request that would have overflowed the last batch
@@ -131,13 +204,14 @@ class AdaptiveBatcher:
 
         while True:
             await slots.acquire()  # a batch is formed only when it can run at once
+            ready = time.monotonic()
             if carried is None and queue.empty():
                 try:
                     carried = await asyncio.wait_for(queue.get(), IDLE_SECONDS)
                 except TimeoutError:  # a shape nobody sends any more: its queue and this task go
                     slots.release()
                     if queue.empty():  # no await since the check: no request can join it now
-                        del self._queues[key], self._tasks[key]
+                        del self._queues[key], self._tasks[key], self._flights[key]
                         return
                     continue
             first = carried or queue.get_nowait()
@@ -145,15 +219,17 @@ class AdaptiveBatcher:
             while first.future.done():  # its caller went away (a deadline, a disconnect): not computed
                 first = await queue.get()
             batch, rows = [first], first.rows
-            deadline = first.arrived + self.max_batch_time
+            deadline = max(first.arrived, ready) + self.max_batch_time
             while rows < self.max_batch_size:
-                left = deadline - time.monotonic()
-                if left <= 0 and queue.empty():
-                    break
-                try:
-                    item = queue.get_nowait() if left <= 0 else await asyncio.wait_for(queue.get(), left)
-                except (TimeoutError, asyncio.QueueEmpty):
-                    break
+                if queue.empty():  # wait for the rows on their way, if any, until the deadline at most
+                    coming = min(self.max_batch_size, flight.expected()) - rows
+                    if coming <= 0:
+                        break
+                    await flight.more(coming, deadline)  # all of them, or the deadline: take what came
+                    if queue.empty():
+                        break
+                    continue
+                item = queue.get_nowait()
                 if item.future.done():
                     continue
                 if rows + item.rows > self.max_batch_size:
@@ -161,15 +237,19 @@ class AdaptiveBatcher:
                     break
                 batch.append(item)
                 rows += item.rows
-            task = asyncio.get_running_loop().create_task(self._execute(batch, bucket))
+            task = asyncio.get_running_loop().create_task(self._execute(batch, bucket, flight, rows))
             self._running.add(task)
             task.add_done_callback(finished)
 
-    async def _execute(self, batch: list[_Pending], bucket: int) -> None:
+    async def _execute(self, batch: list[_Pending], bucket: int, flight: _Flight, rows: int) -> None:
         started = time.monotonic()
         ran_on = RanOn()
         RAN_ON.set(ran_on)  # this batch's task: the runner's thread says which device ran it
-        await self._answer(batch, bucket, started, ran_on)
+        flight.running += rows
+        try:
+            await self._answer(batch, bucket, started, ran_on)
+        finally:
+            flight.running -= rows
 
     async def _answer(self, batch: list[_Pending], bucket: int, started: float, ran_on: RanOn) -> None:
         """Run ``batch`` and answer each of its requests. A failed run is split in halves, each run again,

@@ -144,7 +144,8 @@ class ModelSettings(BaseModel):
         default=None,
         gt=0,
         description="Adaptive batching in long-running servers: gather concurrent requests for at most this long "
-        "after the first one (and at most max_batch_size rows); off when unset.",
+        "after the first one (and at most max_batch_size rows), and only while more are on their way (as many as "
+        "were in flight lately): a lone request runs at once; off when unset.",
     )
     length_buckets: list[int] = Field(
         default_factory=list,

@@ -151,6 +151,8 @@ def array_from_json(name: str, datatype: str, dtype: np.dtype[Any], data: Any) -
         raw = np.asarray(data)
     except ValueError:
         raise InvalidInput(f"input {name!r}: 'data' is a ragged nested list") from None
+    if raw.dtype == dtype and dtype.kind in "iu":  # whole numbers that numpy read as this very type: they fit
+        return raw
     kind = raw.dtype.kind
     if raw.size == 0:
         return raw.astype(dtype)
