@@ -2,7 +2,8 @@
 
 ``app`` under uvicorn is the server peer; ``handler`` (the same app under Mangum) is the
 Lambda peer. It runs the same ONNX session on the same V2 JSON and answers the same V2
-JSON, with no validation, no binary extension, no logging and no metrics.
+JSON (FP32 and INT64 tensors, whatever the model's), with no validation, no binary
+extension, no logging and no metrics.
 """
 
 from __future__ import annotations
@@ -22,22 +23,21 @@ session = ort.InferenceSession(MODEL, sess_options=options, providers=["CPUExecu
 app = FastAPI()
 
 
+OUTPUTS = [o.name for o in session.get_outputs()]
+DTYPES = {"FP32": np.float32, "INT64": np.int64}
+DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
+
+
 @app.post("/v2/models/{name}/infer")
 async def infer(name: str, request: Request) -> dict[str, Any]:
     body = await request.json()
-    tensor = body["inputs"][0]
-    x = np.asarray(tensor["data"], dtype=np.float32).reshape(tensor["shape"])
-    label, probabilities = session.run(None, {tensor["name"]: x})
+    feed = {t["name"]: np.asarray(t["data"], dtype=DTYPES[t["datatype"]]).reshape(t["shape"]) for t in body["inputs"]}
+    outputs = session.run(None, feed)
     return {
         "model_name": name,
         "outputs": [
-            {"name": "label", "datatype": "INT64", "shape": list(label.shape), "data": label.tolist()},
-            {
-                "name": "probabilities",
-                "datatype": "FP32",
-                "shape": list(probabilities.shape),
-                "data": probabilities.ravel().tolist(),
-            },
+            {"name": n, "datatype": DATATYPES[a.dtype], "shape": list(a.shape), "data": a.ravel().tolist()}
+            for n, a in zip(OUTPUTS, outputs, strict=True)
         ],
     }
 

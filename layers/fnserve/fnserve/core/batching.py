@@ -18,7 +18,8 @@ are dropped), so that a GPU sees a few batch shapes, each warmed at start. A bat
 run fails is split in halves and each half run again, down to single requests, so an error
 reaches only the request that causes it (a token id past the vocabulary fails that request
 with its 422, never the 31 beside it; MLServer fans one error out to the whole batch). Up to ``max_concurrent`` batches
-of a length bucket run at once (one per worker process); while all are busy, requests queue,
+of the model run at once, over all its length buckets (one per worker process; in a front process, one:
+more would only share its cores); while all are busy, requests queue, the bucket waiting longest goes next,
 and the next batch takes whatever has queued, up to ``max_batch_size``, then waits only for the rows on their
 way. A request
 whose caller has gone (its future cancelled: a gRPC deadline, a client that hung up) before its
@@ -143,6 +144,7 @@ class AdaptiveBatcher:
         self._queues: dict[_Key, asyncio.Queue[_Pending]] = {}
         self._tasks: dict[_Key, asyncio.Task[None]] = {}
         self._flights: dict[_Key, _Flight] = {}
+        self._slots: asyncio.Semaphore | None = None  # batches that may run at once, over every length bucket
         self._running: set[asyncio.Task[None]] = set()
         self.batches = 0  # how many runs, for tests and metrics
         self.splits = 0  # failed runs split in halves to find the request at fault
@@ -159,6 +161,8 @@ class AdaptiveBatcher:
         key = (bucket, tuple((name, self._row_shape(a, name, bucket)) for name, a in sorted(arrays.items())))
         queue = self._queues.get(key)
         if queue is None:  # created here, inside the running loop
+            if self._slots is None:
+                self._slots = asyncio.Semaphore(self.max_concurrent)
             queue = self._queues[key] = asyncio.Queue(self.max_queue)
             flight = self._flights[key] = _Flight()
             self._tasks[key] = asyncio.get_running_loop().create_task(self._loop(queue, key, flight))
@@ -195,7 +199,8 @@ class AdaptiveBatcher:
 
     async def _loop(self, queue: asyncio.Queue[_Pending], key: _Key, flight: _Flight) -> None:
         bucket = key[0]
-        slots = asyncio.Semaphore(self.max_concurrent)
+        slots = self._slots
+        assert slots is not None  # made with the first queue
         carried: _Pending | None = None  # the request that would have overflowed the last batch
 
         def finished(task: asyncio.Task[None]) -> None:
@@ -203,21 +208,23 @@ class AdaptiveBatcher:
             slots.release()
 
         while True:
-            await slots.acquire()  # a batch is formed only when it can run at once
+            if carried is None:
+                if not queue.empty():
+                    carried = queue.get_nowait()
+                else:
+                    try:
+                        carried = await asyncio.wait_for(queue.get(), IDLE_SECONDS)
+                    except TimeoutError:  # a shape nobody sends any more: its queue and this task go
+                        if queue.empty():  # no await since the check: no request can join it now
+                            del self._queues[key], self._tasks[key], self._flights[key]
+                            return
+                        continue
+            await slots.acquire()  # a batch is formed only when it can run at once (the slots are the model's)
             ready = time.monotonic()
-            if carried is None and queue.empty():
-                try:
-                    carried = await asyncio.wait_for(queue.get(), IDLE_SECONDS)
-                except TimeoutError:  # a shape nobody sends any more: its queue and this task go
-                    slots.release()
-                    if queue.empty():  # no await since the check: no request can join it now
-                        del self._queues[key], self._tasks[key], self._flights[key]
-                        return
-                    continue
-            first = carried or queue.get_nowait()
-            carried = None
-            while first.future.done():  # its caller went away (a deadline, a disconnect): not computed
-                first = await queue.get()
+            first, carried = carried, None
+            if first.future.done():  # its caller went away (a deadline, a disconnect): not computed
+                slots.release()
+                continue
             batch, rows = [first], first.rows
             deadline = max(first.arrived, ready) + self.max_batch_time
             while rows < self.max_batch_size:
