@@ -109,6 +109,7 @@ bench: setup bench-models
 	$(PY) -m tests.bench.bench_cold
 	$(PY) -m tests.bench.bench_lambda_image
 	$(PY) -m tests.bench.bench_serve
+	$(PY) -m tests.bench.bench_batching
 	$(PY) -m tests.bench.bench_grpc
 	$(PY) -m tests.bench.bench_metrics
 	$(PY) -m tests.bench.bench_pipeline
