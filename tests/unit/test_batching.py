@@ -206,6 +206,28 @@ def test_length_buckets_group_and_pad() -> None:
     assert [float(r[0]["y"][0]) for r in results] == [3, 4, 5, 7, 8, 2, 12]  # padding added zeros only
 
 
+def test_on_a_cpu_a_batch_is_padded_to_its_longest_request_not_its_bucket() -> None:
+    seen: list[np.ndarray] = []
+
+    async def model(feed: Arrays) -> Arrays:
+        seen.append(feed["x"])
+        return {"y": feed["x"].sum(axis=1)}
+
+    async def main(pad_to_bucket: bool) -> list[float]:
+        batcher = AdaptiveBatcher(
+            model, max_batch_size=8, max_batch_time=0.05, buckets=[8, 16], pad_inputs=["x"], pad_to_bucket=pad_to_bucket
+        )
+        results = await asyncio.gather(*(batcher.predict({"x": np.ones((1, n))}) for n in (9, 11, 3)))
+        await batcher.close()
+        return [float(r[0]["y"][0]) for r in results]
+
+    assert run(main(pad_to_bucket=False)) == [9, 11, 3]
+    assert sorted(x.shape for x in seen) == [(1, 3), (2, 11)]  # 9 and 11 share bucket 16, padded to 11; 3 alone
+    seen.clear()
+    assert run(main(pad_to_bucket=True)) == [9, 11, 3]  # a GPU's: the bucket lengths it warmed
+    assert sorted(x.shape for x in seen) == [(1, 8), (2, 16)]
+
+
 class Gate:
     """A fake model that holds every batch until the test opens the gate; counts batches running at once."""
 

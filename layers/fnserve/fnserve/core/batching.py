@@ -12,7 +12,11 @@ a closed loop of N clients runs as batches of N: waiting out only the window of 
 queued while the last batch ran would split them into two cohorts of N/2 for good (MiniLM on 2
 cores: batches of 4.3 rows, not 16, and 15% fewer requests a second). Inputs are concatenated along axis 0,
 variable-length inputs padded up to their bucket's length so that padding stays small;
-outputs are split back by each request's rows, with a check that they split exactly. With
+outputs are split back by each request's rows, with a check that they split exactly. On a CPU
+(``pad_to_bucket`` false) a batch is padded only up to its longest request, not to its bucket: the
+bucket groups requests of like length, and every padded token would cost as much as a real one
+(MiniLM: a lone 13-token request ran 23% longer padded to 16). A GPU model keeps its bucket lengths,
+each warmed at start. With
 ``batch_buckets``, a batch's rows are padded up to the next bucket (rows of zeros, whose outputs
 are dropped), so that a GPU sees a few batch shapes, each warmed at start. A batch whose
 run fails is split in halves and each half run again, down to single requests, so an error
@@ -127,6 +131,7 @@ class AdaptiveBatcher:
         batch_buckets: Sequence[int] = (),
         pad_inputs: Sequence[str] = (),
         pad_value: float = 0.0,
+        pad_to_bucket: bool = True,
         max_queue: int = 10_000,
         max_concurrent: int = 1,
     ) -> None:
@@ -139,6 +144,7 @@ class AdaptiveBatcher:
         self.batch_buckets = sorted(batch_buckets)
         self.pad_inputs = tuple(pad_inputs)
         self.pad_value = pad_value
+        self.pad_to_bucket = pad_to_bucket
         self.max_queue = max_queue
         self.max_concurrent = max_concurrent
         self._queues: dict[_Key, asyncio.Queue[_Pending]] = {}
@@ -188,12 +194,16 @@ class AdaptiveBatcher:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _length(self, inputs: Arrays) -> int:
+        """The length of this request's variable-length inputs (0 when nothing is padded)."""
+        lengths = [inputs[name].shape[1] for name in self.pad_inputs if name in inputs and inputs[name].ndim > 1]
+        return max(lengths, default=0)
+
     def _bucket(self, inputs: Arrays) -> int:
         """The padded length of this request's variable-length inputs (0 when nothing is padded)."""
-        lengths = [inputs[name].shape[1] for name in self.pad_inputs if name in inputs and inputs[name].ndim > 1]
-        if not lengths:
+        length = self._length(inputs)
+        if not length:
             return 0
-        length = max(lengths)
         i = bisect.bisect_left(self.buckets, length)
         return self.buckets[i] if i < len(self.buckets) else length  # longer than every bucket: alone
 
@@ -289,9 +299,10 @@ class AdaptiveBatcher:
         names = list(batch[0].inputs)
         rows = [p.rows for p in batch]
         padding = self._batch_padding(sum(rows))
+        length = bucket if self.pad_to_bucket else max(self._length(p.inputs) for p in batch)
         stacked = {
             name: np.concatenate(
-                [self._padded(p.inputs[name], name, bucket) for p in batch] + self._filler(batch, name, bucket, padding)
+                [self._padded(p.inputs[name], name, length) for p in batch] + self._filler(batch, name, length, padding)
             )
             for name in names
         }

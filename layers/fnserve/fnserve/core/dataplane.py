@@ -350,6 +350,8 @@ def _batchers(service: InferenceService, max_concurrent: int) -> dict[str, Adapt
             batch_buckets=settings.batch_buckets,
             pad_inputs=settings.pad_inputs,
             pad_value=settings.pad_value,
+            # A GPU sees the bucket lengths it warmed at start; a CPU runs no padding it can do without.
+            pad_to_bucket=bool(settings.batch_buckets) or settings.execution_providers != ["CPUExecutionProvider"],
             max_concurrent=max_concurrent,
         )
     return found
