@@ -300,12 +300,7 @@ class AdaptiveBatcher:
         rows = [p.rows for p in batch]
         padding = self._batch_padding(sum(rows))
         length = bucket if self.pad_to_bucket else max(self._length(p.inputs) for p in batch)
-        stacked = {
-            name: np.concatenate(
-                [self._padded(p.inputs[name], name, length) for p in batch] + self._filler(batch, name, length, padding)
-            )
-            for name in names
-        }
+        stacked = {name: self._stack([p.inputs[name] for p in batch], name, length, padding) for name in names}
         if self.on_batch is not None:
             self.on_batch(sum(rows))
         outputs = await self._run(stacked)
@@ -316,13 +311,6 @@ class AdaptiveBatcher:
         i = bisect.bisect_left(self.batch_buckets, rows)
         return self.batch_buckets[i] - rows if i < len(self.batch_buckets) else 0
 
-    def _filler(self, batch: list[_Pending], name: str, bucket: int, padding: int) -> list[np.ndarray[Any, Any]]:
-        if not padding:
-            return []
-        like = batch[0].inputs[name]
-        shape = (padding, *self._row_shape(like, name, bucket))
-        return [np.full(shape, b"" if like.dtype == object else 0, dtype=like.dtype)]
-
     def _pads(self, array: np.ndarray[Any, Any], name: str, bucket: int) -> bool:
         return bool(bucket) and name in self.pad_inputs and array.ndim >= 2 and array.shape[1] != bucket
 
@@ -332,9 +320,23 @@ class AdaptiveBatcher:
             return tuple(array.shape[1:])
         return (bucket, *array.shape[2:])
 
-    def _padded(self, array: np.ndarray[Any, Any], name: str, bucket: int) -> np.ndarray[Any, Any]:
-        if not self._pads(array, name, bucket):
-            return array
-        width = [(0, 0)] * array.ndim
-        width[1] = (0, bucket - array.shape[1])
-        return np.pad(array, width, constant_values=self.pad_value)
+    def _stack(self, arrays: list[np.ndarray[Any, Any]], name: str, length: int, padding: int) -> np.ndarray[Any, Any]:
+        """``arrays`` one after another along axis 0, each padded to ``length`` along axis 1 when ``name`` is a padded
+        input, then ``padding`` rows of zeros (a batch bucket's). Written into one array made at once: ``np.pad``
+        a request cost more than the model's whole tokenizer call."""
+        first = arrays[0]
+        if not padding and not any(self._pads(a, name, length) for a in arrays):
+            return first if len(arrays) == 1 else np.concatenate(arrays)
+        rows = sum(a.shape[0] for a in arrays)
+        shape = (rows + padding, *self._row_shape(first, name, length))
+        if first.dtype == object:
+            out = np.full(shape, b"", dtype=object)
+        else:
+            out = np.full(shape, self.pad_value if name in self.pad_inputs else 0, dtype=first.dtype)
+        row = 0
+        for array in arrays:
+            out[(slice(row, row + array.shape[0]), *(slice(0, n) for n in array.shape[1:]))] = array
+            row += array.shape[0]
+        if padding:
+            out[rows:] = b"" if first.dtype == object else 0
+        return out
