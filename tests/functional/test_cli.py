@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import grpc
+import httpx
 import numpy as np
 import pytest
+from tritonclient.grpc import service_pb2 as tpb
+from tritonclient.grpc import service_pb2_grpc as tpb_grpc
 from typer.testing import CliRunner
 
 from fnserve import quantize as q
 from fnserve.cli import app
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
+from tests.moto import free_port
+from tests.servers import start_http
 
 MODELS_DIR = DEMO_MANIFEST.parent
 ACCURATE = MODELS_DIR / "digits-accurate" / "1" / "model.onnx"
@@ -204,8 +211,56 @@ def test_serve_on_a_port_another_program_holds_stops_at_once(tmp_path: Path) -> 
             timeout=60,
             cwd=tmp_path,
         )
-    assert done.returncode != 0 and f"port {port} on 127.0.0.1 is in use" in done.stderr, done.stderr
+    assert done.returncode != 0 and f"port {port} on 127.0.0.1 is in use by pid {os.getpid()}" in done.stderr
     assert "loaded model" not in done.stderr
+
+
+def test_a_second_server_on_either_port_of_the_first_stops_at_once_and_the_first_keeps_every_request(
+    tmp_path: Path,
+) -> None:
+    """gRPC sets SO_REUSEPORT by default: a second server used to join the first one's gRPC port and split its
+    calls, each answering for its own models."""
+    fnserve = str(Path(sys.executable).parent / "fnserve")
+    http, grpc_port, other = free_port(), free_port(), free_port()
+    first = [fnserve, "serve", "-m", str(DEMO_MANIFEST), "--port", str(http), "--grpc-port", str(grpc_port)]
+    proc, url = start_http(first, http, tmp_path / "first.log")
+    try:
+        for second in (
+            [fnserve, "serve", "-m", str(DEMO_MANIFEST), "--port", str(http)],
+            [fnserve, "serve", "-m", str(DEMO_MANIFEST), "--port", str(other), "--grpc-port", str(grpc_port)],
+        ):
+            done = subprocess.run(second, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+            assert done.returncode != 0 and "loaded model" not in done.stderr, done.stderr
+            taken = http if "--grpc-port" not in second else grpc_port
+            assert f"port {taken} on 127.0.0.1 is in use by pid " in done.stderr, done.stderr
+        body = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]}
+        answers = [httpx.post(f"{url}/v2/models/digits-fast/infer", json=body).status_code for _ in range(20)]
+        assert answers == [200] * 20
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = tpb_grpc.GRPCInferenceServiceStub(channel)
+            for _ in range(20):  # each call a new connection would be hashed over the group, were there one
+                assert stub.ServerReady(tpb.ServerReadyRequest(), timeout=10).ready
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_the_emulator_on_a_taken_port_stops_before_it_starts_anything(tmp_path: Path) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "fnserve"), "local", "--template", str(REPO / "template.yaml")]
+            + ["--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+    assert done.returncode != 0, done.stdout
+    assert f"the gateway's port {port} on 127.0.0.1 is in use by pid {os.getpid()}" in done.stderr, done.stderr
+    assert "moto" not in done.stdout + done.stderr  # nothing started: not the AWS emulator, not a function
 
 
 # -- the first hour's rough edges ---------------------------------------------------------------

@@ -24,7 +24,7 @@ from fnserve.adapters import fronts
 from fnserve.adapters.http.infer import V2App
 from fnserve.adapters.layout import choose_layout
 from fnserve.adapters.logs import logger
-from fnserve.adapters.starting import not_ready_until_loaded
+from fnserve.adapters.starting import not_ready_until_loaded, refuse_taken
 from fnserve.core._cpus import AFFINITY_DIR_ENV, available_cpus
 from fnserve.core._heap import freeze_heap
 from fnserve.core.service import InferenceService
@@ -83,6 +83,9 @@ def _serve(
         "access_log": False,
         "log_level": "warning",
     }
+    if settings.grpc_port is not None:  # refused here, before any model loads, not shared through SO_REUSEPORT
+        grpc_host = settings.grpc_host if "grpc_host" in settings.model_fields_set else host
+        refuse_taken(grpc_host, settings.grpc_port, "gRPC")
     with not_ready_until_loaded(host, port):
         settings, app = _load(settings, host, on_ready)
     if app is None:

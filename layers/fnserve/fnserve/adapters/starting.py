@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from fnserve.core.errors import ConfigError
 
@@ -66,9 +68,7 @@ def not_ready_until_loaded(host: str, port: int) -> Iterator[None]:
     try:
         server = server_class((host, port), _NotReady)
     except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(f"port {port} on {host} is in use by another program: pick another one") from None
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        raise _refusal("", host, port, exc) from None
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="fnserve-starting")
     thread.start()
     try:
@@ -77,3 +77,56 @@ def not_ready_until_loaded(host: str, port: int) -> Iterator[None]:
         server.shutdown()
         thread.join()
         server.server_close()
+
+
+def refuse_taken(host: str, port: int, what: str) -> None:
+    """Stop a start at once when another program listens on ``host:port`` (``what``: "gRPC", the "gateway").
+
+    Probed with a plain bind, not ``SO_REUSEPORT``: gRPC sets that option by default, and a second server
+    would otherwise join the first one's port and split its traffic, each answering for its own models.
+    A previous run's connections in TIME_WAIT do not count (``SO_REUSEADDR``). Port 0 is never taken.
+    """
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise _refusal(what, host, port, exc) from None
+
+
+def _refusal(what: str, host: str, port: int, exc: OSError) -> ConfigError:
+    named = f"{what} port" if what else "port"
+    if exc.errno == errno.EADDRINUSE:
+        holder = port_holder(port)
+        by = f"{holder}" if holder else "another program"
+        return ConfigError(f"{named} {port} on {host} is in use by {by}: pick another one")
+    return ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+
+
+def port_holder(port: int) -> str | None:
+    """The process listening on TCP ``port``, as "pid N (its command)", where /proc shows it (Linux, a process
+    this user may read); None otherwise."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:  # LISTEN
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in inodes for fd in (entry / "fd").iterdir()):
+                command = " ".join((entry / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ").split())
+                return f"pid {entry.name} ({command[:120]})"
+        except OSError:
+            continue
+    return None

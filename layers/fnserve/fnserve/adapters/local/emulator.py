@@ -85,6 +85,9 @@ class Emulator:
 
     def start(self) -> Local:
         """Start everything; if any part cannot start (a function whose init fails, say), stop the rest."""
+        from fnserve.adapters.starting import refuse_taken
+
+        refuse_taken(self.host, self.port, "the gateway's")  # at once, not after every function has started
         try:
             endpoint, self._moto = start_aws()
             physical, attributes = create_resources(self.template, self.parameters, self.visibility_timeout)
