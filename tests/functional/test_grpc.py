@@ -412,8 +412,8 @@ def test_a_grpc_port_in_use_stops_the_start_with_the_reason(tmp_path: Path) -> N
             text=True,
             timeout=60,
         )
-    assert result.returncode != 0
-    assert f"gRPC cannot listen on 127.0.0.1:{port}" in result.stdout + result.stderr
+    assert result.returncode != 0 and "loaded model" not in result.stderr  # before any model loads
+    assert f"gRPC port {port} on 127.0.0.1 is in use by pid {os.getpid()}" in result.stdout + result.stderr
 
 
 def test_bytes_that_are_not_a_request_are_invalid_argument(channel: grpc.Channel) -> None:
