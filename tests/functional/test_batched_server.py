@@ -66,6 +66,12 @@ def test_batching_settings_are_checked_when_they_load() -> None:
     base = {"name": "m", "path": "m.onnx", "sha256": "a" * 64}
     with pytest.raises(ValidationError, match="only apply with max_batch_time_ms"):
         ModelSettings.model_validate({**base, "length_buckets": [8]})
+    with pytest.raises(
+        ValidationError, match="max_queue_delay_ms and max_queue_size only apply with max_batch_time_ms"
+    ):
+        ModelSettings.model_validate({**base, "max_queue_size": 8, "max_queue_delay_ms": 100})
+    with pytest.raises(ValidationError, match="max_queue_size"):
+        ModelSettings.model_validate({**base, "max_batch_time_ms": 5, "max_queue_size": 0})
     with pytest.raises(ValidationError, match="pad_inputs needs length_buckets"):
         ModelSettings.model_validate({**base, "max_batch_time_ms": 5, "pad_inputs": ["ids"]})
     with pytest.raises(ValidationError, match="positive and ascending"):
@@ -106,3 +112,75 @@ def test_a_batched_model_with_a_cache_ttl_serves_a_repeat_request_from_the_cache
     assert [o["name"] for o in other_repeat.json()["outputs"]] == ["label"]
     assert batcher.batches == 2  # the hits never reached the batcher
     assert "queue;dur=" in first.headers["server-timing"] and "queue" not in repeat.headers["server-timing"]
+
+
+def test_a_flood_on_one_model_is_refused_at_once_while_another_keeps_answering(tmp_path: Path) -> None:
+    """MiniLM busy with one heavy request (64 rows of 256 tokens: seconds of CPU): of the small requests sent behind
+    it, two rows' worth queue (max_queue_size = 2) and the rest are refused at once, 503 with Retry-After; the
+    queued ones are refused in turn at their deadline (max_queue_delay_ms), never run; digits answers throughout."""
+    import tomllib
+
+    demo = tomllib.loads(DEMO_MANIFEST.read_text())["models"]
+    minilm = next(m for m in demo if m["name"] == "minilm-l6")
+    digits = next(m for m in demo if m["name"] == "digits-accurate")
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(
+        f'''[[models]]
+name = "minilm-l6"
+path = "{DEMO_MANIFEST.parent / minilm["path"]}"
+sha256 = "{minilm["sha256"]}"
+max_batch_size = 64
+max_batch_time_ms = 2
+length_buckets = [16, 256]
+pad_inputs = ["input_ids", "attention_mask", "token_type_ids"]
+max_queue_size = 2
+max_queue_delay_ms = 300
+
+[[models]]
+name = "digits-accurate"
+path = "{DEMO_MANIFEST.parent / digits["path"]}"
+sha256 = "{digits["sha256"]}"
+max_batch_time_ms = 2
+'''
+    )
+    plane = DataPlane(InferenceService.from_manifest(manifest, eager=True), batching=True)
+    app = create_app(plane, Settings(manifest=manifest, access_log=False))
+    minilm_batcher = plane.batchers["minilm-l6"]
+
+    def tokens(rows: int, length: int) -> dict[str, object]:
+        ids = np.full((rows, length), 1000, np.int64)
+        names = ("input_ids", "attention_mask", "token_type_ids")
+        arrays = (ids, np.ones_like(ids), np.zeros_like(ids))
+        return {
+            "inputs": [
+                {"name": n, "shape": list(a.shape), "datatype": "INT64", "data": a.ravel().tolist()}
+                for n, a in zip(names, arrays, strict=True)
+            ]
+        }
+
+    digit = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": DIGITS[0].tolist()}]}
+
+    async def main() -> tuple[httpx.Response, list[httpx.Response], list[httpx.Response], int]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://fnserve", timeout=120) as client:
+            url = "/v2/models/minilm-l6/infer"
+            heavy = asyncio.create_task(client.post(url, json=tokens(64, 256)))
+            while minilm_batcher.batches < 1:  # the heavy batch runs: the small ones queue behind it
+                await asyncio.sleep(0.001)
+            small = [asyncio.create_task(client.post(url, json=tokens(1, 16))) for _ in range(5)]
+            answered_meanwhile = 0
+            while not all(task.done() for task in small):
+                response = await client.post("/v2/models/digits-accurate/infer", json=digit)
+                assert response.status_code == 200, response.text
+                answered_meanwhile += 1
+            return await heavy, [t.result() for t in small], [], answered_meanwhile
+
+    heavy, small, _, digits_answered = asyncio.run(main())
+    assert heavy.status_code == 200, heavy.text
+    assert [r.status_code for r in small] == [503] * 5
+    for response in small:
+        assert response.headers["retry-after"] == "1" and "is overloaded" in response.json()["error"]
+    reasons = sorted("max_queue_delay_ms" in r.json()["error"] for r in small)
+    assert reasons == [False, False, False, True, True], [r.json() for r in small]  # 3 at once, 2 at their deadline
+    assert minilm_batcher.batches == 1 and minilm_batcher.shed == 5  # the refused ones never ran
+    assert digits_answered > 0  # the other model answered while this one was flooded

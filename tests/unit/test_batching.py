@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from fnserve.core.batching import AdaptiveBatcher
-from fnserve.core.errors import InferenceError, InvalidInput
+from fnserve.core.errors import InferenceError, InvalidInput, Overloaded, grpc_code
 
 Arrays = dict[str, np.ndarray]
 
@@ -379,3 +379,69 @@ def test_a_shapes_queue_is_dropped_when_idle(monkeypatch: Any) -> None:
         await batcher.close()
 
     run(main())
+
+
+def test_past_max_queue_a_request_is_refused_at_once_and_the_queued_ones_still_run() -> None:
+    model = Gate()
+    reasons: list[str] = []
+
+    async def main() -> list[Any]:
+        batcher = AdaptiveBatcher(model, max_batch_size=8, max_batch_time=0, max_queue=2, name="digits")
+        batcher.on_shed = reasons.append
+        running = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
+        await until(lambda: model.running == 1)  # the slot is busy: what comes next queues
+        queued = [asyncio.create_task(batcher.predict({"x": np.ones((1, 1))})) for _ in range(2)]
+        await until(lambda: batcher.queued() == 2)
+        refused = await asyncio.gather(
+            *(batcher.predict({"x": np.ones((1, 1))}) for _ in range(3)), return_exceptions=True
+        )
+        assert model.running == 1  # refused while the batch still ran: at once, not after waiting
+        model.open.set()
+        answered = await asyncio.gather(running, *queued)
+        await batcher.close()
+        return [*refused, *answered]
+
+    *refused, first, second, third = run(main())
+    for error in refused:
+        assert isinstance(error, Overloaded) and error.status_code == 503 and error.retry_after == 1
+        assert "model 'digits' is overloaded: 2 rows wait already, 2 at most (max_queue_size)" in error.message
+    assert grpc_code(Overloaded.status_code) == "UNAVAILABLE"
+    assert all(isinstance(r, tuple) for r in (first, second, third))
+    assert model.sizes == [1, 2] and reasons == ["queue_full"] * 3
+
+
+def test_a_request_past_its_queue_deadline_is_refused_and_never_run() -> None:
+    model = Gate()
+    reasons: list[str] = []
+
+    async def main() -> list[Any]:
+        batcher = AdaptiveBatcher(model, max_batch_size=8, max_batch_time=0, max_queue_delay=0.05)
+        batcher.on_shed = reasons.append
+        running = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
+        await until(lambda: model.running == 1)
+        late = await asyncio.gather(
+            *(batcher.predict({"x": np.full((1, 1), 2.0)}) for _ in range(3)), return_exceptions=True
+        )
+        model.open.set()  # the slot frees only after their deadline: nothing of theirs may run
+        await running
+        after = await batcher.predict({"x": np.ones((1, 1))})  # a later request is served as ever
+        await batcher.close()
+        return [*late, after]
+
+    *late, after = run(main())
+    assert all(isinstance(e, Overloaded) and "waited 50 ms (max_queue_delay_ms)" in e.message for e in late), late
+    assert model.sizes == [1, 1]  # the first and the later one: the three late ones never ran
+    assert reasons == ["queue_deadline"] * 3 and isinstance(after, tuple)
+
+
+def test_the_queue_deadline_does_not_apply_once_a_batch_runs_the_request() -> None:
+    model = Recorder(delay=0.1)  # a run longer than the deadline
+
+    async def main() -> tuple[Arrays, float]:
+        batcher = AdaptiveBatcher(model, max_batch_size=8, max_batch_time=0, max_queue_delay=0.02)
+        result = await batcher.predict({"x": np.ones((1, 1))})
+        await batcher.close()
+        return result
+
+    out, _ = run(main())
+    np.testing.assert_array_equal(out["y"], [[2.0]])

@@ -80,9 +80,16 @@ class ServerMetrics:
             ["model"],
             registry=r,
         )
+        self.shed = Counter(
+            "fnserve_requests_shed",
+            "Requests an adaptive batcher refused at once (503, gRPC UNAVAILABLE), never run, by reason: queue_full "
+            "(max_queue_size requests waited already) or queue_deadline (max_queue_delay_ms passed before a batch).",
+            ["model", "reason"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "fnserve_batch_queue_depth",
-            "Requests waiting in the adaptive batcher, by model.",
+            "Rows waiting in the adaptive batcher for a batch, by model.",
             ["model"],
             multiprocess_mode="livesum",
             registry=r,
@@ -145,6 +152,7 @@ class ServerMetrics:
         for model, batcher in plane.batchers.items():
             batcher.on_batch = self.batch_observer(model)
             batcher.on_split = self.batch_splits.labels(model).inc
+            batcher.on_shed = lambda reason, model=model: self.shed.labels(model, reason).inc()
 
     def telemetry(self, transport: str) -> RequestMetrics:
         """The per-request record of one transport (``http``, ``grpc``)."""

@@ -44,7 +44,7 @@ import numpy as np
 
 from fnserve.core._rows import split_rows
 from fnserve.core.datatypes import Arrays
-from fnserve.core.errors import FnserveError, InferenceError, InvalidInput, ModelNotReady
+from fnserve.core.errors import FnserveError, InferenceError, InvalidInput, ModelNotReady, Overloaded
 from fnserve.core.providers import RAN_ON, RanOn
 
 Runner = Callable[[Arrays], Awaitable[Arrays]]
@@ -111,6 +111,14 @@ class _Pending:
     future: asyncio.Future[tuple[Arrays, float]]
     ran_on: RanOn | None  # the request's: told which device ran its batch
     arrived: float = field(default_factory=time.monotonic)
+    expiry: asyncio.TimerHandle | None = None  # refuses it at its queue deadline, unless a batch takes it first
+
+
+def _taken(pending: _Pending) -> None:
+    """A batch took ``pending``: its queue deadline no longer applies (it runs)."""
+    if pending.expiry is not None:
+        pending.expiry.cancel()
+        pending.expiry = None
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
@@ -132,8 +140,10 @@ class AdaptiveBatcher:
         pad_inputs: Sequence[str] = (),
         pad_value: float = 0.0,
         pad_to_bucket: bool = True,
-        max_queue: int = 10_000,
+        max_queue: int = 1024,
+        max_queue_delay: float | None = None,
         max_concurrent: int = 1,
+        name: str = "model",
     ) -> None:
         if max_batch_size < 1 or max_batch_time < 0 or max_concurrent < 1:
             raise ValueError("max_batch_size and max_concurrent must be >= 1, max_batch_time >= 0")
@@ -146,6 +156,8 @@ class AdaptiveBatcher:
         self.pad_value = pad_value
         self.pad_to_bucket = pad_to_bucket
         self.max_queue = max_queue
+        self.max_queue_delay = max_queue_delay
+        self.name = name
         self.max_concurrent = max_concurrent
         self._queues: dict[_Key, asyncio.Queue[_Pending]] = {}
         self._tasks: dict[_Key, asyncio.Task[None]] = {}
@@ -156,6 +168,8 @@ class AdaptiveBatcher:
         self.splits = 0  # failed runs split in halves to find the request at fault
         self.on_batch: Callable[[int], None] | None = None  # called with each batch's rows (metrics)
         self.on_split: Callable[[], None] | None = None  # called when a failed batch is split (metrics)
+        self.on_shed: Callable[[str], None] | None = None  # called with the reason of each refusal (metrics)
+        self.shed = 0  # requests refused: the queue full, or their queue deadline passed
 
     async def predict(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> tuple[Arrays, float]:
         """This request's outputs, and the seconds it waited in the queue."""
@@ -169,24 +183,54 @@ class AdaptiveBatcher:
         if queue is None:  # created here, inside the running loop
             if self._slots is None:
                 self._slots = asyncio.Semaphore(self.max_concurrent)
-            queue = self._queues[key] = asyncio.Queue(self.max_queue)
+            queue = self._queues[key] = asyncio.Queue()  # bounded by max_queue over every bucket, in predict
             flight = self._flights[key] = _Flight()
             self._tasks[key] = asyncio.get_running_loop().create_task(self._loop(queue, key, flight))
         else:
             flight = self._flights[key]
-        future: asyncio.Future[tuple[Arrays, float]] = asyncio.get_running_loop().create_future()
+        waiting = self.queued()
+        if waiting and waiting + max(rows) > self.max_queue:  # at once: no waiting behind work that cannot finish
+            self._refuse("queue_full")  # (an empty queue takes any request: one bigger than the bound still runs)
+            raise Overloaded(
+                f"model {self.name!r} is overloaded: {waiting} rows wait already, {self.max_queue} at most "
+                "(max_queue_size); try again shortly"
+            )
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[tuple[Arrays, float]] = loop.create_future()
         pending = _Pending(arrays, rows.pop(), future, RAN_ON.get())
+        if self.max_queue_delay is not None:
+            pending.expiry = loop.call_later(self.max_queue_delay, self._expire, pending)
         flight.arrive(pending.rows)
         try:
-            await queue.put(pending)
+            queue.put_nowait(pending)
             flight.queued(pending.rows)
             return await future
         finally:
             flight.rows -= pending.rows
+            if pending.expiry is not None:
+                pending.expiry.cancel()
+
+    def _expire(self, pending: _Pending) -> None:
+        """A request's queue deadline: still waiting for its batch, it is refused and never run."""
+        if pending.future.done():
+            return
+        assert self.max_queue_delay is not None
+        self._refuse("queue_deadline")
+        pending.future.set_exception(
+            Overloaded(
+                f"model {self.name!r} is overloaded: the request waited {self.max_queue_delay * 1e3:g} ms "
+                "(max_queue_delay_ms) without a batch; try again shortly"
+            )
+        )
+
+    def _refuse(self, reason: str) -> None:
+        self.shed += 1
+        if self.on_shed is not None:
+            self.on_shed(reason)
 
     def queued(self) -> int:
-        """Requests waiting for a batch, over every length bucket."""
-        return sum(queue.qsize() for queue in self._queues.values())
+        """Rows waiting for a batch, over every length bucket."""
+        return sum(flight.rows - flight.running for flight in self._flights.values())
 
     async def close(self) -> None:
         tasks = [*self._tasks.values(), *self._running]
@@ -236,6 +280,7 @@ class AdaptiveBatcher:
                 slots.release()
                 continue
             batch, rows = [first], first.rows
+            _taken(first)
             deadline = max(first.arrived, ready) + self.max_batch_time
             while rows < self.max_batch_size:
                 if queue.empty():  # wait for the rows on their way, if any, until the deadline at most
@@ -253,6 +298,7 @@ class AdaptiveBatcher:
                     carried = item  # it would overflow: run what we have; it starts the next batch
                     break
                 batch.append(item)
+                _taken(item)
                 rows += item.rows
             task = asyncio.get_running_loop().create_task(self._execute(batch, bucket, flight, rows))
             self._running.add(task)

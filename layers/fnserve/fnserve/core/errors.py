@@ -58,6 +58,14 @@ class ModelNotReady(FnserveError):
     status_code = 503
 
 
+class Overloaded(FnserveError):
+    """More arrives than the model can serve in time: its queue is full, or the request waited past its queue
+    deadline. Refused at once (never run), to be tried again shortly: 503 with Retry-After, gRPC UNAVAILABLE."""
+
+    status_code = 503
+    retry_after = 1
+
+
 class ModelLoadError(ModelNotReady):
     """A model file is missing, corrupt, fails its checksum or is not valid ONNX."""
 

@@ -147,6 +147,19 @@ class ModelSettings(BaseModel):
         "after the first one (and at most max_batch_size rows), and only while more are on their way (as many as "
         "were in flight lately): a lone request runs at once; off when unset.",
     )
+    max_queue_size: int = Field(
+        default=1024,
+        ge=1,
+        description="Adaptive batching: the most rows that wait for a batch; a request that would go past it is "
+        "refused at once (503 with Retry-After, gRPC UNAVAILABLE) instead of waiting behind work that cannot finish "
+        "in time.",
+    )
+    max_queue_delay_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="Adaptive batching: a request still waiting for its batch this long after it arrived is refused "
+        "(503 with Retry-After, gRPC UNAVAILABLE) and never run; unset: it waits its turn.",
+    )
     length_buckets: list[int] = Field(
         default_factory=list,
         description="Sequence lengths that batched variable-length inputs are padded up to (sorted, positive).",
@@ -231,6 +244,9 @@ class ModelSettings(BaseModel):
             raise ValueError(
                 "length_buckets, batch_buckets and pad_inputs only apply with max_batch_time_ms (adaptive batching)"
             )
+        queueing = {"max_queue_size", "max_queue_delay_ms"} & self.model_fields_set
+        if queueing and self.max_batch_time_ms is None:
+            raise ValueError(f"{' and '.join(sorted(queueing))} only apply with max_batch_time_ms (adaptive batching)")
         return self
 
     @model_validator(mode="after")
