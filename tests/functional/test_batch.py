@@ -19,7 +19,7 @@ from fnserve.adapters.lambda_.events import LambdaContext, sqs_event
 from fnserve.adapters.lambda_.sqs import create_handler, records_of
 from fnserve.aws import clients
 from fnserve.bootstrap import build_dataplane, build_service
-from fnserve.cli import app
+from fnserve.cli import app, explain
 from fnserve.core.jobs import job_message
 from fnserve.core.processor import JobProcessor
 from fnserve.core.results import ResultRecord, job_key
@@ -299,6 +299,15 @@ def test_submit_handler_results_round_trip(aws: Aws, manifest: Path, tmp_path: P
     assert "done 13, failed 0, pending 0" in printed.stderr
     nowhere = runner.invoke(app, ["results", str(ids)], env={"FNSERVE_RESULTS_TABLE": "", "FNSERVE_RESULTS": ""})
     assert nowhere.exit_code == 1 and "--table" in nowhere.output and "not both" not in nowhere.output
+
+
+def test_results_from_a_table_that_does_not_exist_name_the_table(aws: Aws, tmp_path: Path) -> None:
+    ids = tmp_path / "ids.txt"
+    ids.write_text("some-job\n")
+    result = CliRunner().invoke(app, ["results", str(ids), "--table", "nope"])
+    assert result.exit_code != 0 and result.exception is not None
+    said = explain(result.exception)  # the line the fnserve script prints after "error: "
+    assert said == "reading results from DynamoDB table 'nope': it does not exist", said
 
 
 def test_expired_items_are_ignored_on_read(aws: Aws) -> None:

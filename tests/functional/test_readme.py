@@ -163,3 +163,11 @@ def test_readme_transcripts_run_and_print_what_they_show(transcript: str, tmp_pa
     for expected in shown.strip().splitlines():
         if not expected.startswith(timed):
             assert expected in printed, f"README shows {expected!r}; fnserve printed:\n" + "\n".join(printed)
+
+
+def test_what_the_readmes_batch_commands_write_is_ignored_by_git() -> None:
+    """``--ids ids.txt``, ``-o out.jsonl`` and the like land where the reader runs them: the repository's root."""
+    written = set(re.findall(r"(?:--ids|-o|>)\s+([\w.-]+\.(?:txt|jsonl|npz|npy))\b", README))
+    assert {"ids.txt", "out.jsonl"} <= written, written
+    ignored = subprocess.run(["git", "check-ignore", *sorted(written)], cwd=REPO, capture_output=True, text=True)
+    assert set(ignored.stdout.split()) == written, f"not ignored: {written - set(ignored.stdout.split())}"

@@ -139,7 +139,7 @@ class DynamoResultStore:
                 try:
                     response = self.dynamodb.batch_get_item(RequestItems=request)
                 except Exception as exc:
-                    raise store_error(exc, "reading results from DynamoDB") from exc
+                    raise store_error(exc, f"reading results from DynamoDB table {self.table!r}") from exc
                 for raw in response.get("Responses", {}).get(self.table, []):
                     item = _from_dynamo(raw)
                     if item.get(TTL_ATTRIBUTE, float("inf")) > now:
