@@ -7,6 +7,7 @@ import copy
 import importlib.util
 import io
 import json
+import logging
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -215,6 +216,36 @@ def test_logs_and_emf_metrics_carry_the_request(
     names = {m["Name"] for m in directive["Metrics"]}
     assert {"Requests", "Latency", "DecodeLatency", "InferLatency", "EncodeLatency"} <= names
     assert "Errors" not in names
+
+
+def test_powertools_log_level_and_metrics_switch_take_effect_in_the_api_function(
+    capsys: pytest.CaptureFixture[str], log_stream: io.StringIO
+) -> None:
+    from fnserve.adapters.logs import logger
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FNSERVE_MANIFEST", str(DEMO_MANIFEST))
+        mp.delenv("FNSERVE_LOG_LEVEL", raising=False)
+        mp.setenv("POWERTOOLS_LOG_LEVEL", "DEBUG")
+        mp.setenv("POWERTOOLS_METRICS_DISABLED", "true")
+        quiet = load_function(REPO / "functions" / "api" / "app.py").handler
+    try:
+        assert logger.log_level == logging.DEBUG
+        event = json.loads((REPO / "events" / "api-http-infer.json").read_text())
+        capsys.readouterr()
+        assert quiet(event, LambdaContext())["statusCode"] == 200
+        assert not [line for line in _log_lines(capsys.readouterr().out) if "_aws" in line]  # no EMF metrics
+    finally:
+        logger.setLevel("INFO")
+    with pytest.MonkeyPatch.context() as mp:  # fnserve's own setting, when given, wins
+        mp.setenv("FNSERVE_MANIFEST", str(DEMO_MANIFEST))
+        mp.setenv("FNSERVE_LOG_LEVEL", "WARNING")
+        mp.setenv("POWERTOOLS_LOG_LEVEL", "DEBUG")
+        load_function(REPO / "functions" / "api" / "app.py")
+    try:
+        assert logger.log_level == logging.WARNING
+    finally:
+        logger.setLevel("INFO")
 
 
 def test_error_requests_count_as_errors(handler: Handler, capsys: pytest.CaptureFixture[str]) -> None:

@@ -37,6 +37,13 @@ def test_every_fnserve_variable_is_a_setting() -> None:
     assert {v for v in variables if v.startswith("FNSERVE_")} <= fields
 
 
+def test_logs_are_json_at_a_level_lambda_sets() -> None:
+    """Lambda's advanced logging controls: the level reaches fnserve as AWS_LAMBDA_LOG_LEVEL (see adapters.logs)."""
+    logging_config = TEMPLATE["Globals"]["Function"]["LoggingConfig"]
+    assert logging_config["LogFormat"] == "JSON" and logging_config["ApplicationLogLevel"] == "INFO"
+    assert "FNSERVE_LOG_LEVEL" not in TEMPLATE["Globals"]["Function"]["Environment"]["Variables"]
+
+
 def test_runtime_and_architecture() -> None:
     zipped = [f["Properties"] for f in FUNCTIONS.values() if f["Properties"].get("PackageType") != "Image"]
     assert len(zipped) == 3 and all(f["Runtime"] in ("python3.12", "python3.13") for f in zipped)

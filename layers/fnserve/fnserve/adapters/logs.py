@@ -47,6 +47,21 @@ def _dumps(record: dict[str, Any]) -> str:
 logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME") or "fnserve", json_serializer=_dumps)
 
 
+def level(explicit: str | None) -> str:
+    """The log level to apply: fnserve's own setting when one was given (``FNSERVE_LOG_LEVEL``); else Powertools'
+    ``POWERTOOLS_LOG_LEVEL``, then Lambda's ``AWS_LAMBDA_LOG_LEVEL`` (the function's ``LoggingConfig``
+    ``ApplicationLogLevel``), which Powertools itself reads in that order; else INFO."""
+    for found in (explicit, os.environ.get("POWERTOOLS_LOG_LEVEL"), os.environ.get("AWS_LAMBDA_LOG_LEVEL")):
+        if found:
+            return found.upper()
+    return "INFO"
+
+
+def truthy(name: str) -> bool:
+    """An environment variable read as Powertools reads its flags (``POWERTOOLS_METRICS_DISABLED=true``)."""
+    return os.environ.get(name, "").strip().lower() in ("1", "y", "yes", "t", "true", "on")
+
+
 def access(message: str, fields: dict[str, Any]) -> None:
     """One INFO line like the logger's (its keys, the request's keys, then ``fields``), straight to its stream."""
     if logger.log_level > logging.INFO:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from fnserve.adapters import logs
 from fnserve.adapters.envelope import NoTelemetry, Telemetry
 from fnserve.adapters.http.infer import InferenceRoute, V2App
 from fnserve.adapters.logs import logger
@@ -38,7 +39,7 @@ def create_app(
     """The ASGI application serving ``plane``; ``companions`` start with the server and stop first when it
     stops, then the batchers, then ``on_shutdown`` runs; ``metrics`` renders ``GET /metrics`` (Prometheus)."""
     settings = settings or Settings()
-    logger.setLevel(settings.log_level)
+    logger.setLevel(logs.level(settings.log_level if "log_level" in settings.model_fields_set else None))
     inference = InferenceRoute(plane, settings, telemetry or NoTelemetry())
 
     def routes() -> FastAPI:

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 import orjson
 
 from fnserve import bootstrap, tracing
+from fnserve.adapters import logs
 from fnserve.adapters.http.app import create_app
 from fnserve.adapters.lambda_ import asgi as lambda_asgi
 from fnserve.adapters.lambda_ import snapstart
@@ -45,9 +46,12 @@ class EmfTelemetry:
         self.namespace = namespace or os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "fnserve"
         self.service = service or os.environ.get("POWERTOOLS_SERVICE_NAME") or "fnserve"
         self.out = out
+        self.disabled = logs.truthy("POWERTOOLS_METRICS_DISABLED")  # as Powertools' own Metrics honours it
         self._pending: dict[str, Any] | None = None
 
     def record(self, model: str, status: int, timings: dict[str, float], cache: str, version: str = "") -> None:
+        if self.disabled:
+            return
         counts = {"Requests": 1.0}
         if status >= 400:
             counts["Errors"] = 1.0
