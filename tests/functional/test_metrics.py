@@ -132,7 +132,7 @@ def test_batches_workers_and_respawns_are_counted(tmp_path: Path) -> None:
         assert value(scrape, "fnserve_inference_workers", device="workers", state="busy") == 0
         # Where each model runs, as its workers said: the front process loads none itself.
         placement = dict(model="digits-accurate", version="1", providers="CPUExecutionProvider", device="cpu")
-        assert value(scrape, "fnserve_model_placement", **placement, fallback="false") == 1
+        assert value(scrape, "fnserve_model_placement_info", **placement, fallback="false") == 1
         assert value(scrape, "fnserve_worker_respawns_total") == 0
 
         worker = next(

@@ -158,7 +158,7 @@ def test_serve_answers_from_the_gpu(gpu_models: Path, tmp_path: Path) -> None:
         placements = [
             line
             for line in httpx.get(f"{url}/metrics").text.splitlines()
-            if line.startswith("fnserve_model_placement{")
+            if line.startswith("fnserve_model_placement_info{")
         ]
         assert any('model="minilm-fp16"' in line and 'device="cuda:0"' in line for line in placements), placements
     finally:

@@ -109,7 +109,7 @@ class ServerMetrics:
             registry=r,
         )
         self.placement = Gauge(
-            "fnserve_model_placement",
+            "fnserve_model_placement_info",
             "1 for each model version's placement: its execution providers, device, and whether a GPU provider "
             "asked for fell back to the CPU (cpu_fallback).",
             ["model", "version", "providers", "device", "fallback"],
