@@ -414,7 +414,7 @@ def test_the_emulator_shows_a_requests_spans_on_its_console(monkeypatch: pytest.
             return "\n".join(console.lines)
 
         wait_for(lambda: spans().count(f'"trace_id": "0x{trace_id}"') >= 4, 30, "the request's spans on the console")
-        assert '"name": "infer digits-accurate"' in spans() and '"name": "decode"' in spans()
+        assert '"name": "POST /v2/models/{model_name}/infer"' in spans() and '"name": "decode"' in spans()
     finally:
         emulator.stop()
         clients.reset()

@@ -60,9 +60,16 @@ def test_a_request_and_its_follow_up_share_one_trace(spans: InMemorySpanExporter
     assert follow_up(settings, 1) == {"batchItemFailures": []}
 
     finished = {s.name: s for s in spans.get_finished_spans()}
-    served = finished["infer digits"]
+    served = finished["POST /v2/models/{model_name}/infer"]  # OpenTelemetry's "{method} {route}"
     assert hex_trace(served) == TRACE_ID and format(served.parent.span_id, "016x") == CALLER_SPAN  # type: ignore[union-attr]
-    assert served.attributes["http.response.status_code"] == 200  # type: ignore[index]
+    assert dict(served.attributes or {}) == {
+        "http.request.method": "POST",
+        "http.route": "/v2/models/{model_name}/infer",
+        "url.path": "/v2/models/digits/infer",
+        "http.response.status_code": 200,
+        "fnserve.model": "digits",
+        "fnserve.transport": "http",
+    }
     children = [s for s in spans.get_finished_spans() if s.parent and s.parent.span_id == served.context.span_id]
     stages = [s for s in children if s.name != "process job"]  # the follow-up's span is its child too (below)
     assert [s.name for s in stages] == ["decode", "infer", "encode"]
@@ -72,6 +79,9 @@ def test_a_request_and_its_follow_up_share_one_trace(spans: InMemorySpanExporter
     assert hex_trace(job) == TRACE_ID and job.parent is not None and job.parent.span_id == served.context.span_id
     batch = finished["process jobs"]
     assert [link.context.span_id for link in batch.links] == [served.context.span_id]
+    for consumer in (job, batch):
+        attributes = consumer.attributes or {}
+        assert attributes["messaging.system"] == "aws_sqs" and attributes["messaging.operation.type"] == "process"
 
 
 def test_an_untraced_request_starts_its_own_trace_and_a_refusal_is_an_error(
@@ -80,7 +90,7 @@ def test_an_untraced_request_starts_its_own_trace_and_a_refusal_is_an_error(
     client = app_client(settings)
     client.post("/v2/models/digits-accurate/infer", json=request([SURE[0]]))
     client.post("/v2/models/digits-accurate/infer", json={"inputs": []})
-    ok, refused = [s for s in spans.get_finished_spans() if s.name == "infer digits-accurate"]
+    ok, refused = [s for s in spans.get_finished_spans() if s.name == "POST /v2/models/{model_name}/infer"]
     assert ok.parent is None and hex_trace(ok) != TRACE_ID and ok.status.status_code.name == "UNSET"
     assert refused.attributes["http.response.status_code"] == 422  # type: ignore[index]
     assert refused.status.status_code.name == "ERROR" and "non-empty" in (refused.status.description or "")
@@ -123,9 +133,22 @@ def test_the_server_exports_spans_for_http_and_grpc_when_asked(tmp_path: Path, m
                 found.setdefault(span["context"]["trace_id"].removeprefix("0x"), set()).add(span["name"])
             return found
 
+        def exported_attributes() -> list[tuple[str, dict[str, object]]]:
+            spans = []
+            for chunk in served.log.read_text().split("\n}\n"):
+                start = chunk.find('{\n    "name"')
+                if start >= 0:
+                    span = json.loads(chunk[start:] + "\n}")
+                    spans.append((span["name"], span["attributes"]))
+            return spans
+
         wait_for(lambda: {TRACE_ID, grpc_trace} <= exported().keys(), 30, "both traces on the server's stdout")
-        assert {"infer digits-accurate", "decode", "infer", "encode"} <= exported()[TRACE_ID]
-        assert {"infer digits-accurate", "decode", "infer", "encode"} <= exported()[grpc_trace]
+        assert {"POST /v2/models/{model_name}/infer", "decode", "infer", "encode"} <= exported()[TRACE_ID]
+        grpc_span = "inference.GRPCInferenceService/ModelInfer"  # OpenTelemetry's "{rpc.service}/{rpc.method}"
+        assert {grpc_span, "decode", "infer", "encode"} <= exported()[grpc_trace]
+        attributes = next(a for name, a in exported_attributes() if name == grpc_span)
+        assert attributes["rpc.system"] == "grpc" and attributes["rpc.method"] == "ModelInfer"
+        assert attributes["rpc.service"] == "inference.GRPCInferenceService" and attributes["rpc.grpc.status_code"] == 0
     finally:
         stop(served)
     assert os.environ["OTEL_TRACES_EXPORTER"] == "console"
@@ -139,3 +162,35 @@ def test_in_lambda_a_follow_up_carries_the_x_ray_trace_header(
     app_client(settings).post("/v2/models/digits/infer", json=request([CORRECTED[0]]))
     record = received_event(aws, 1)["Records"][0]
     assert record["attributes"]["AWSTraceHeader"] == header
+
+
+def test_on_lambda_and_cloud_functions_the_resource_says_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    for variable in ("AWS_LAMBDA_FUNCTION_NAME", "K_SERVICE", "FUNCTION_TARGET"):
+        monkeypatch.delenv(variable, raising=False)
+    assert tracing.platform_attributes() == {}
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", "fnserve-api")
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_VERSION", "7")
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "2048")
+    monkeypatch.setenv("AWS_LAMBDA_LOG_STREAM_NAME", "2026/11/25/[7]abc")
+    assert tracing.platform_attributes() == {
+        "cloud.provider": "aws",
+        "cloud.platform": "aws_lambda",
+        "cloud.region": "eu-west-1",
+        "faas.name": "fnserve-api",
+        "faas.version": "7",
+        "faas.instance": "2026/11/25/[7]abc",
+        "faas.max_memory": 2048 * 2**20,
+    }
+    monkeypatch.delenv("AWS_LAMBDA_FUNCTION_NAME")
+    monkeypatch.setenv("K_SERVICE", "fnserve-infer")
+    monkeypatch.setenv("K_REVISION", "fnserve-infer-00003")
+    monkeypatch.setenv("FUNCTION_TARGET", "infer")
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "proj")
+    assert tracing.platform_attributes() == {
+        "cloud.provider": "gcp",
+        "cloud.platform": "gcp_cloud_functions",
+        "cloud.account.id": "proj",
+        "faas.name": "fnserve-infer",
+        "faas.version": "fnserve-infer-00003",
+    }

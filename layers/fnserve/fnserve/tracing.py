@@ -6,7 +6,8 @@ then exported over OTLP/HTTP in batches, or ``OTEL_TRACES_EXPORTER=console`` (th
 local view: spans as JSON on stdout); otherwise OpenTelemetry is not even imported, and every
 call here returns at its first line.
 
-A request's span (``infer <name>``, kind SERVER) continues the caller's trace when the
+A request's span (kind SERVER, ``POST /v2/models/{model_name}/infer`` or the gRPC method, see
+:func:`start_request`) continues the caller's trace when the
 request carries ``traceparent`` (HTTP header, gRPC metadata). It is the current span while
 the data plane works, so a cascade's follow-up job carries it on (the ``traceparent``
 message attribute, :func:`current_traceparent`); the stage spans (decode, queue, infer,
@@ -73,7 +74,7 @@ def _provider_from_environment() -> TracerProvider | None:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
     service = os.environ.get("OTEL_SERVICE_NAME") or os.environ.get("AWS_LAMBDA_FUNCTION_NAME") or "fnserve"
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    provider = TracerProvider(resource=Resource.create({"service.name": service, **platform_attributes()}))
     exporter: SpanExporter
     if console:
         exporter = ConsoleSpanExporter()
@@ -85,15 +86,52 @@ def _provider_from_environment() -> TracerProvider | None:
     return provider
 
 
+# OpenTelemetry's semantic conventions: the OIP's gRPC service, and gRPC's status codes by name (grpc.StatusCode).
+GRPC_SERVICE = "inference.GRPCInferenceService"
+_GRPC_CODES = {"OK": 0, "CANCELLED": 1, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4, "NOT_FOUND": 5}
+_GRPC_CODES |= {"RESOURCE_EXHAUSTED": 8, "INTERNAL": 13, "UNAVAILABLE": 14}
+
+
+def platform_attributes() -> dict[str, str | int]:
+    """The resource's ``cloud.*`` and ``faas.*`` attributes on AWS Lambda and Google Cloud Functions (their
+    runtimes' variables), as OpenTelemetry's FaaS conventions name them; none elsewhere."""
+    env = os.environ
+    if env.get("AWS_LAMBDA_FUNCTION_NAME"):
+        found: dict[str, str | int] = {
+            "cloud.provider": "aws",
+            "cloud.platform": "aws_lambda",
+            "faas.name": env["AWS_LAMBDA_FUNCTION_NAME"],
+        }
+        for key, variable in (
+            ("cloud.region", "AWS_REGION"),
+            ("faas.version", "AWS_LAMBDA_FUNCTION_VERSION"),
+            ("faas.instance", "AWS_LAMBDA_LOG_STREAM_NAME"),
+        ):
+            if env.get(variable):
+                found[key] = env[variable]
+        if env.get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "").isdigit():
+            found["faas.max_memory"] = int(env["AWS_LAMBDA_FUNCTION_MEMORY_SIZE"]) * 2**20  # bytes
+        return found
+    if env.get("K_SERVICE") and env.get("FUNCTION_TARGET"):  # Cloud Functions (2nd gen) on Cloud Run
+        found = {"cloud.provider": "gcp", "cloud.platform": "gcp_cloud_functions", "faas.name": env["K_SERVICE"]}
+        if env.get("K_REVISION"):
+            found["faas.version"] = env["K_REVISION"]
+        if env.get("GOOGLE_CLOUD_PROJECT"):
+            found["cloud.account.id"] = env["GOOGLE_CLOUD_PROJECT"]
+        return found
+    return {}
+
+
 class RequestSpan:
     """An inference's span while it runs: current (for follow-ups), ended by :meth:`end` with its stages."""
 
-    __slots__ = ("span", "token", "started_ns")
+    __slots__ = ("span", "token", "started_ns", "grpc")
 
-    def __init__(self, span: Span, token: object, started_ns: int) -> None:
+    def __init__(self, span: Span, token: object, started_ns: int, grpc: bool = False) -> None:
         self.span = span
         self.token = token
         self.started_ns = started_ns
+        self.grpc = grpc
 
     def end(self, status: int, timings: dict[str, float] | None = None, error: str | None = None) -> None:
         """End the span: its HTTP status, its error, and a child span per stage (laid end to end from its start)."""
@@ -105,7 +143,12 @@ class RequestSpan:
         if not span.is_recording():  # sampled out (OTEL_TRACES_SAMPLER): nothing to write
             context.detach(self.token)  # type: ignore[arg-type]
             return
-        span.set_attribute("http.response.status_code", status)
+        if self.grpc:
+            from fnserve.core.errors import grpc_code
+
+            span.set_attribute("rpc.grpc.status_code", _GRPC_CODES.get("OK" if status < 400 else grpc_code(status), 2))
+        else:
+            span.set_attribute("http.response.status_code", status)
         if error is not None:
             span.set_status(Status(StatusCode.ERROR, error))
         end_ns = time.time_ns()
@@ -123,8 +166,10 @@ class RequestSpan:
         context.detach(self.token)  # type: ignore[arg-type]
 
 
-def start_request(name: str, transport: str, traceparent: str | None) -> RequestSpan | None:
-    """The span of an inference on ``name`` (None when tracing is off), current until it ends."""
+def start_request(name: str, version: str | None, transport: str, traceparent: str | None) -> RequestSpan | None:
+    """The span of an inference on ``name`` (None when tracing is off), current until it ends; named and described
+    as OpenTelemetry's semantic conventions have a server span: ``{method} {route}`` with ``http.*`` and ``url.path``
+    over HTTP, ``{service}/{method}`` with ``rpc.*`` over gRPC."""
     if _tracer is None:
         return None
     from opentelemetry import context, trace
@@ -132,15 +177,21 @@ def start_request(name: str, transport: str, traceparent: str | None) -> Request
 
     parent = _propagator.extract({TRACEPARENT: traceparent}) if traceparent else None
     started = time.time_ns()
-    span = _tracer.start_span(
-        f"infer {name}",
-        context=parent,
-        kind=SpanKind.SERVER,
-        start_time=started,
-        attributes={"fnserve.model": name, "fnserve.transport": transport},
-    )
+    attributes: dict[str, str] = {"fnserve.model": name, "fnserve.transport": transport}
+    grpc = transport == "grpc"
+    if grpc:
+        title = f"{GRPC_SERVICE}/ModelInfer"
+        attributes |= {"rpc.system": "grpc", "rpc.service": GRPC_SERVICE, "rpc.method": "ModelInfer"}
+    else:
+        route = "/v2/models/{model_name}" + ("/versions/{model_version}" if version else "") + "/infer"
+        path = f"/v2/models/{name}" + (f"/versions/{version}" if version else "") + "/infer"
+        title = f"POST {route}"
+        attributes |= {"http.request.method": "POST", "http.route": route, "url.path": path}
+    if version:
+        attributes["fnserve.model_version"] = version
+    span = _tracer.start_span(title, context=parent, kind=SpanKind.SERVER, start_time=started, attributes=attributes)
     token = context.attach(trace.set_span_in_context(span))
-    return RequestSpan(span, token, started)
+    return RequestSpan(span, token, started, grpc)
 
 
 def current_traceparent() -> str | None:
@@ -175,7 +226,11 @@ def job_spans(records: Sequence[dict[str, Any]], started_ns: int, failures: Iter
         kind=SpanKind.CONSUMER,
         start_time=started_ns,
         links=links,
-        attributes={"messaging.system": "aws_sqs", "messaging.batch.message_count": len(records)},
+        attributes={
+            "messaging.system": "aws_sqs",
+            "messaging.operation.type": "process",
+            "messaging.batch.message_count": len(records),
+        },
     )
     batch_link = [Link(batch.get_span_context())]
     for message_id, parent in parents.items():
@@ -185,7 +240,11 @@ def job_spans(records: Sequence[dict[str, Any]], started_ns: int, failures: Iter
             kind=SpanKind.CONSUMER,
             start_time=started_ns,
             links=batch_link,
-            attributes={"messaging.system": "aws_sqs", "messaging.message.id": message_id},
+            attributes={
+                "messaging.system": "aws_sqs",
+                "messaging.operation.type": "process",
+                "messaging.message.id": message_id,
+            },
         )
         if message_id in failed:
             span.set_status(Status(StatusCode.ERROR, "the job will be delivered again"))

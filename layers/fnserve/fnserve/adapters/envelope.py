@@ -38,8 +38,8 @@ class RequestWatcher:
         self.access_log = access_log
         self.where = {} if transport == "http" else {"transport": transport}
 
-    def start(self, name: str, traceparent: str | None) -> _Watch:
-        return _Watch(self, name, tracing.start_request(name, self.transport, traceparent))
+    def start(self, name: str, version: str | None, traceparent: str | None) -> _Watch:
+        return _Watch(self, name, tracing.start_request(name, version, self.transport, traceparent))
 
 
 class _Watch:

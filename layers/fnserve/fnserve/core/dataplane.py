@@ -82,7 +82,7 @@ class Watch(Protocol):
 class Watcher(Protocol):
     """What watches a transport's requests (:class:`fnserve.adapters.envelope.RequestWatcher`)."""
 
-    def start(self, name: str, traceparent: str | None) -> Watch: ...
+    def start(self, name: str, version: str | None, traceparent: str | None) -> Watch: ...
 
 
 class DataPlane:
@@ -147,7 +147,7 @@ class DataPlane:
         an :class:`FnserveError`, anything unexpected as a 500 "internal server error" (its traceback
         logged). ``traceparent``: the caller's trace, which the watcher's span continues.
         """
-        watch = watcher.start(name, traceparent)
+        watch = watcher.start(name, version, traceparent)
         try:
             # Before the body: an unknown name is a 404 whatever was sent. A request naming none (gRPC bytes
             # that are not a request) is judged by its body.
