@@ -224,12 +224,12 @@ def test_cli_errors_are_one_line_saying_what_to_do(tmp_path: Path) -> None:
     plain = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert plain.returncode == 1
     assert plain.stderr.strip().splitlines() == [
-        "error: reading results from DynamoDB: no AWS region is configured; set AWS_DEFAULT_REGION"
+        "error: reading results from DynamoDB table 't': no AWS region is configured; set AWS_DEFAULT_REGION"
     ]
     unreachable = {**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
     down = subprocess.run(cmd, cwd=tmp_path, env=unreachable, capture_output=True, text=True, timeout=60)
     assert down.stderr.strip().splitlines() == [
-        "error: reading results from DynamoDB: it cannot be reached, try again later"
+        "error: reading results from DynamoDB table 't': it cannot be reached, try again later"
     ]
     debug = [sys.executable, "-m", "fnserve", "--debug", *cmd[3:]]
     traced = subprocess.run(debug, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)

@@ -101,7 +101,7 @@ def open_store(where: str) -> ResultStore:
         return RedisResultStore.from_url(where, payload_source=objects.get_bytes)
     from fnserve.stores.dynamodb import DynamoResultStore
 
-    return DynamoResultStore(where)
+    return DynamoResultStore(where, named=True)  # a person at a shell: errors say which table
 
 
 def fetch_results(where: str | ResultStore, ids: Sequence[str]) -> Results:

@@ -87,7 +87,8 @@ class DynamoResultStore:
     """Batched, retried reads and writes of result records, as items keyed by ``pk``.
 
     ``budget`` bounds each DynamoDB call (timeouts, attempts); ``max_attempts`` and the delays
-    bound the retries of what a call leaves unprocessed.
+    bound the retries of what a call leaves unprocessed. ``named``: errors name the table (a person's
+    command line, ``fnserve results --table``; never a server's answers to its clients).
     """
 
     def __init__(
@@ -101,8 +102,10 @@ class DynamoResultStore:
         base_delay: float = 0.05,
         max_delay: float = 2.0,
         sleep: Callable[[float], None] = time.sleep,
+        named: bool = False,
     ) -> None:
         self.table = table
+        self._reading = f"reading results from DynamoDB table {table!r}" if named else "reading results from DynamoDB"
         self.bucket = bucket
         self._dynamodb = dynamodb
         self.budget = budget
@@ -139,7 +142,7 @@ class DynamoResultStore:
                 try:
                     response = self.dynamodb.batch_get_item(RequestItems=request)
                 except Exception as exc:
-                    raise store_error(exc, f"reading results from DynamoDB table {self.table!r}") from exc
+                    raise store_error(exc, self._reading) from exc
                 for raw in response.get("Responses", {}).get(self.table, []):
                     item = _from_dynamo(raw)
                     if item.get(TTL_ATTRIBUTE, float("inf")) > now:
