@@ -445,3 +445,22 @@ def test_the_queue_deadline_does_not_apply_once_a_batch_runs_the_request() -> No
 
     out, _ = run(main())
     np.testing.assert_array_equal(out["y"], [[2.0]])
+
+
+def test_a_batch_just_answered_does_not_count_as_waiting() -> None:
+    """Between a batch's answers and its callers resuming, a request that arrives must not find the batch's rows
+    counted as waiting (with max_queue_size near a batch's size, it would be refused for nothing)."""
+    seen: list[int] = []
+
+    async def main() -> None:
+        async def model(feed: Arrays) -> Arrays:
+            # Runs after the batch is answered and before its callers resume, as a request arriving then would.
+            asyncio.get_running_loop().call_soon(lambda: seen.append(batcher.queued()))
+            return {"y": feed["x"]}
+
+        batcher = AdaptiveBatcher(model, max_batch_size=8, max_batch_time=0.05, max_queue=2)
+        await asyncio.gather(*(batcher.predict({"x": np.ones((1, 1))}) for _ in range(2)))
+        await batcher.close()
+
+    run(main())
+    assert seen == [0]
