@@ -98,6 +98,7 @@ def test_requests_over_both_transports_and_processes_add_up(two_processes: tuple
         return value(after, name, **labels) - value(before, name, **labels)
 
     assert added(total, model="digits-accurate", transport="http", status="200", version="1") == 40
+    assert 0 < value(after, "fnserve_model_load_seconds", model="digits-accurate", version="1") < 600  # its cold start
     assert added(total, model="digits-accurate", transport="grpc", status="200", version="1") == 15
     assert added(total, model="digits-accurate", transport="http", status="422") == 5
     assert added(total, model="_unknown", transport="http", status="404") == 3
@@ -133,6 +134,7 @@ def test_batches_workers_and_respawns_are_counted(tmp_path: Path) -> None:
         # Where each model runs, as its workers said: the front process loads none itself.
         placement = dict(model="digits-accurate", version="1", providers="CPUExecutionProvider", device="cpu")
         assert value(scrape, "fnserve_model_placement_info", **placement, fallback="false") == 1
+        assert value(scrape, "fnserve_model_load_seconds", model="digits-accurate", version="1") > 0  # its worker's
         assert value(scrape, "fnserve_worker_respawns_total") == 0
 
         worker = next(

@@ -116,6 +116,14 @@ class ServerMetrics:
             multiprocess_mode="max",
             registry=r,
         )
+        self.load_seconds = Gauge(
+            "fnserve_model_load_seconds",
+            "Seconds each model version took to load in this server: fetch, checksum, session(s), warm-up (what a "
+            "cold start pays for it).",
+            ["model", "version"],
+            multiprocess_mode="max",
+            registry=r,
+        )
         self.respawns = Counter("fnserve_worker_respawns", "Inference workers replaced after dying.", registry=r)
         self.cache_lookups = Counter(
             "fnserve_cache_lookups",
@@ -145,7 +153,10 @@ class ServerMetrics:
             for version in registry.versions(name):
                 if registry.in_process and not registry.is_loaded(name, version):
                     continue  # loaded on first use; models in workers are described, loaded or not here
-                placement = registry.get(name, version).placement
+                loaded = registry.get(name, version)
+                placement = loaded.placement
+                if loaded.load_seconds:
+                    self.load_seconds.labels(name, version).set(loaded.load_seconds)
                 fallback = str(placement.fallback is not None).lower()
                 self.placement.labels(name, version, ",".join(placement.providers), placement.device, fallback).set(1)
         self.known = plane.names

@@ -68,6 +68,7 @@ class LoadedModel:
     output_set: frozenset[str]
     path: Path
     placement: Placement = Placement((CPU,), "cpu")
+    load_seconds: float = 0.0  # fetch, check, session(s) and warm-up: what a cold start pays for this model
 
     @property
     def name(self) -> str:
@@ -207,6 +208,7 @@ class ModelRegistry:
 
     def _load(self, settings: ModelSettings) -> LoadedModel:
         where = f"model {settings.name!r} version {settings.version!r}"
+        began = time.perf_counter()
         path = self._local_path(settings)
         try:
             data = path.read_bytes()
@@ -251,10 +253,12 @@ class ModelRegistry:
                 shaped = f", a CUDA graph per shape ({len(keys)})"
         if settings.warmup:
             warm_up(session, settings, inputs, [o.name for o in outputs], placement, where)
+        seconds = time.perf_counter() - began
         logger.info(
-            "loaded %s from %s (%d threads, providers %s, device %s%s)%s",
+            "loaded %s from %s in %.2f s (%d threads, providers %s, device %s%s)%s",
             where,
             path,
+            seconds,
             options.intra_op_num_threads,
             list(placement.providers),
             placement.device,
@@ -270,6 +274,7 @@ class ModelRegistry:
             output_set=frozenset(o.name for o in outputs),
             path=path,
             placement=placement,
+            load_seconds=seconds,
         )
 
     def _local_path(self, settings: ModelSettings) -> Path:

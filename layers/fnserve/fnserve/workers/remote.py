@@ -143,6 +143,7 @@ class PooledRegistry(ModelRegistry):
             path=Path(settings.path),
             # Where the first group's workers run it; in a mixed pool each call also says which group ran it.
             placement=Placement(tuple(placement["providers"]), placement["device"], placement.get("cpu_fallback")),
+            load_seconds=float(described.get("load_seconds", 0.0)),  # in the worker that described it
         )
 
 
@@ -161,6 +162,7 @@ def handle(service: InferenceService, event: RunModel | Describe) -> Arrays | De
                         "name": name,
                         "version": version,
                         "placement": loaded.placement.to_metadata(),
+                        "load_seconds": loaded.load_seconds,
                         "inputs": [spec.to_metadata() for spec in loaded.inputs],
                         "outputs": [spec.to_metadata() for spec in loaded.outputs],
                     }
