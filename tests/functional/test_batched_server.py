@@ -9,9 +9,11 @@ import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from fnserve.adapters.http.app import create_app
+from fnserve.adapters.metrics import ServerMetrics
 from fnserve.core.cache import ResultCache
 from fnserve.core.dataplane import DataPlane
 from fnserve.core.manifest import ModelSettings
@@ -112,6 +114,20 @@ def test_a_batched_model_with_a_cache_ttl_serves_a_repeat_request_from_the_cache
     assert [o["name"] for o in other_repeat.json()["outputs"]] == ["label"]
     assert batcher.batches == 2  # the hits never reached the batcher
     assert "queue;dur=" in first.headers["server-timing"] and "queue" not in repeat.headers["server-timing"]
+    # /metrics counts the lookups by model: a cache's hit ratio per model, not one for the whole server.
+    metrics = ServerMetrics()
+    metrics.watch(plane, None)
+    lookups = {
+        (s.labels["model"], s.labels["tier"], s.labels["result"]): s.value
+        for family in text_string_to_metric_families(metrics.render().decode())
+        for s in family.samples
+        if s.name == "fnserve_cache_lookups_total"
+    }
+    assert lookups == {
+        ("digits-accurate", "local", "hit"): 2,
+        ("digits-accurate", "remote", "hit"): 0,
+        ("digits-accurate", "all", "miss"): 2,
+    }
 
 
 def test_a_flood_on_one_model_is_refused_at_once_while_another_keeps_answering(tmp_path: Path) -> None:

@@ -127,8 +127,8 @@ class ServerMetrics:
         self.respawns = Counter("fnserve_worker_respawns", "Inference workers replaced after dying.", registry=r)
         self.cache_lookups = Counter(
             "fnserve_cache_lookups",
-            "Result cache lookups by tier and result (hit in the local or the remote tier, miss).",
-            ["tier", "result"],
+            "Result cache lookups by model (or pipeline), tier and result (hit in the local or the remote tier, miss).",
+            ["model", "tier", "result"],
             registry=r,
         )
         self.cache_errors = Counter(
@@ -228,11 +228,13 @@ class ServerMetrics:
                 self.queue_depth.labels(model).set(batcher.queued())
             cache = self._plane.service.cache
             if cache is not None:
-                stats = cache.stats
-                self._advance(self.cache_lookups.labels("local", "hit"), "local_hits", stats.local_hits)
-                self._advance(self.cache_lookups.labels("remote", "hit"), "remote_hits", stats.remote_hits)
-                self._advance(self.cache_lookups.labels("all", "miss"), "misses", stats.misses)
-                self._advance(self.cache_errors, "errors", stats.errors)
+                for model, stats in list(cache.by_model.items()):
+                    for tier, result, field in (("local", "hit", "local_hits"), ("remote", "hit", "remote_hits")):
+                        self._advance(
+                            self.cache_lookups.labels(model, tier, result), f"{field}-{model}", getattr(stats, field)
+                        )
+                    self._advance(self.cache_lookups.labels(model, "all", "miss"), f"misses-{model}", stats.misses)
+                self._advance(self.cache_errors, "errors", cache.stats.errors)
         if self._pool is not None:
             for group in self._pool.groups:
                 busy = group.pool.busy()

@@ -138,6 +138,7 @@ class ResultCache:
         self.backend = backend
         self.breaker = breaker or CircuitBreaker("result cache backend")
         self.stats = CacheStats()
+        self.by_model: dict[str, CacheStats] = {}  # the same lookups, by the model (or pipeline) they were for
         self._entries: OrderedDict[str, tuple[float, Arrays, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -147,8 +148,16 @@ class ResultCache:
         """Whether lookups may leave the process (a blocking call: keep it off event loops)."""
         return self.backend is not None
 
-    def get_many(self, keys: Sequence[str]) -> dict[str, Arrays]:
-        """Hits among ``keys``: the local tier first, the backend for the rest."""
+    def get_many(self, keys: Sequence[str], model: str | None = None) -> dict[str, Arrays]:
+        """Hits among ``keys``: the local tier first, the backend for the rest; counted for ``model`` too."""
+        if model is None:
+            return self._get_many(keys, None)
+        stats = self.by_model.get(model)
+        if stats is None:
+            stats = self.by_model[model] = CacheStats()
+        return self._get_many(keys, stats)
+
+    def _get_many(self, keys: Sequence[str], stats: CacheStats | None) -> dict[str, Arrays]:
         found: dict[str, Arrays] = {}
         now = time.time()
         with self._lock:
@@ -161,13 +170,18 @@ class ResultCache:
                     continue
                 self._entries.move_to_end(key)
                 found[key] = entry[1]
-        self.stats.local_hits += len(found)
+        local = len(found)
+        remote_hits = 0
         missing = [k for k in dict.fromkeys(keys) if k not in found]
         if missing and self.backend is not None:
             remote = self._backend_get(missing)
-            self.stats.remote_hits += len(remote)
+            remote_hits = len(remote)
             found.update(remote)
-        self.stats.misses += len(set(keys) - set(found))
+        misses = len(set(keys) - set(found))
+        for counted in (self.stats, stats) if stats is not None else (self.stats,):
+            counted.local_hits += local
+            counted.remote_hits += remote_hits
+            counted.misses += misses
         return found
 
     def put_many(self, results: Mapping[str, Arrays], ttl_seconds: int) -> None:

@@ -233,7 +233,7 @@ class InferenceService:
         if servable.ttl is None or self.cache is None:
             return None, None
         key = cache_key(servable.name, servable.version_key, feed, names)
-        return key, self.cache.get_many([key]).get(key)
+        return key, self.cache.get_many([key], servable.name).get(key)
 
     def _store(
         self, servable: Servable, key: str | None, result: Arrays, timings: dict[str, float] | None = None
@@ -337,7 +337,7 @@ class InferenceService:
         if servable.ttl is None or self.cache is None or not feeds:
             return {}, {}
         keys = {i: cache_key(servable.name, servable.version_key, feed, names) for i, feed in feeds.items()}
-        found = self.cache.get_many(list(keys.values()))
+        found = self.cache.get_many(list(keys.values()), servable.name)
         return keys, {i: found[key] for i, key in keys.items() if key in found}
 
     # -- metadata and readiness ---------------------------------------------------------------
