@@ -80,7 +80,8 @@ def not_ready_until_loaded(host: str, port: int) -> Iterator[None]:
 
 
 def refuse_taken(host: str, port: int, what: str) -> None:
-    """Stop a start at once when another program listens on ``host:port`` (``what``: "gRPC", the "gateway").
+    """Stop a start at once when another program listens on ``host:port`` (``what`` names it: "gRPC", "the
+    gateway's").
 
     Probed with a plain bind, not ``SO_REUSEPORT``: gRPC sets that option by default, and a second server
     would otherwise join the first one's port and split its traffic, each answering for its own models.
