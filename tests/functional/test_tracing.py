@@ -96,6 +96,17 @@ def test_an_untraced_request_starts_its_own_trace_and_a_refusal_is_an_error(
     assert refused.status.status_code.name == "ERROR" and "non-empty" in (refused.status.description or "")
 
 
+def test_sagemaker_invocations_are_spans_of_their_own_route(spans: InMemorySpanExporter, settings: Settings) -> None:
+    client = app_client(settings)
+    target = {"x-amzn-sagemaker-target-model": "digits-accurate", "traceparent": TRACEPARENT}
+    assert client.post("/invocations", json=request([SURE[0]]), headers=target).status_code == 200
+    [served] = [s for s in spans.get_finished_spans() if s.kind.name == "SERVER"]
+    assert served.name == "POST /invocations" and hex_trace(served) == TRACE_ID
+    attributes = served.attributes or {}
+    assert attributes["http.route"] == attributes["url.path"] == "/invocations"
+    assert attributes["fnserve.model"] == "digits-accurate" and attributes["http.response.status_code"] == 200
+
+
 def test_without_configuration_nothing_is_traced_and_follow_ups_carry_no_trace(settings: Settings, aws: Aws) -> None:
     assert not tracing.configure()  # no OTEL_* variables here
     client = app_client(settings)

@@ -146,7 +146,8 @@ class RequestSpan:
         if self.grpc:
             from fnserve.core.errors import grpc_code
 
-            span.set_attribute("rpc.grpc.status_code", _GRPC_CODES.get("OK" if status < 400 else grpc_code(status), 2))
+            code = "OK" if status < 400 else "CANCELLED" if status == 499 else grpc_code(status)  # 499: caller gone
+            span.set_attribute("rpc.grpc.status_code", _GRPC_CODES.get(code, 2))
         else:
             span.set_attribute("http.response.status_code", status)
         if error is not None:
@@ -166,10 +167,13 @@ class RequestSpan:
         context.detach(self.token)  # type: ignore[arg-type]
 
 
-def start_request(name: str, version: str | None, transport: str, traceparent: str | None) -> RequestSpan | None:
+def start_request(
+    name: str, version: str | None, transport: str, traceparent: str | None, route: str | None = None
+) -> RequestSpan | None:
     """The span of an inference on ``name`` (None when tracing is off), current until it ends; named and described
     as OpenTelemetry's semantic conventions have a server span: ``{method} {route}`` with ``http.*`` and ``url.path``
-    over HTTP, ``{service}/{method}`` with ``rpc.*`` over gRPC."""
+    over HTTP (``route``: a fixed one, SageMaker's ``/invocations``; else the V2 route), ``{service}/{method}``
+    with ``rpc.*`` over gRPC."""
     if _tracer is None:
         return None
     from opentelemetry import context, trace
@@ -182,6 +186,9 @@ def start_request(name: str, version: str | None, transport: str, traceparent: s
     if grpc:
         title = f"{GRPC_SERVICE}/ModelInfer"
         attributes |= {"rpc.system": "grpc", "rpc.service": GRPC_SERVICE, "rpc.method": "ModelInfer"}
+    elif route is not None:
+        title = f"POST {route}"
+        attributes |= {"http.request.method": "POST", "http.route": route, "url.path": route}
     else:
         route = "/v2/models/{model_name}" + ("/versions/{model_version}" if version else "") + "/infer"
         path = f"/v2/models/{name}" + (f"/versions/{version}" if version else "") + "/infer"

@@ -32,14 +32,15 @@ class NoTelemetry:
 class RequestWatcher:
     """Watches one transport's requests; ``transport`` names it in spans and (beside HTTP) in access lines."""
 
-    def __init__(self, transport: str, telemetry: Telemetry, *, access_log: bool) -> None:
+    def __init__(self, transport: str, telemetry: Telemetry, *, access_log: bool, route: str | None = None) -> None:
         self.transport = transport
+        self.route = route  # a fixed HTTP route its spans are named by (SageMaker's /invocations); else V2's
         self.telemetry = telemetry
         self.access_log = access_log
         self.where = {} if transport == "http" else {"transport": transport}
 
     def start(self, name: str, version: str | None, traceparent: str | None) -> _Watch:
-        return _Watch(self, name, tracing.start_request(name, version, self.transport, traceparent))
+        return _Watch(self, name, tracing.start_request(name, version, self.transport, traceparent, self.route))
 
 
 class _Watch:

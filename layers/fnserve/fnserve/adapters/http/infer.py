@@ -116,11 +116,11 @@ class InferenceRoute:
         body: Awaitable[bytes],
         json_length: str | None,
         traceparent: str | None = None,
+        watcher: RequestWatcher | None = None,
     ) -> tuple[bytes, str, dict[str, str]]:
         """One V2 inference (JSON, or the binary tensor extension): (payload, media type, headers)."""
-        return await self.serve(
-            name, version, body, lambda raw: decode_request(raw, _json_length(json_length)), encode_v2, traceparent
-        )
+        decode = lambda raw: decode_request(raw, _json_length(json_length))  # noqa: E731
+        return await self.serve(name, version, body, decode, encode_v2, traceparent, watcher)
 
     async def serve(
         self,
@@ -130,10 +130,12 @@ class InferenceRoute:
         decode: Callable[[bytes], InferenceRequest],
         encode: Encoder,
         traceparent: str | None = None,
+        watcher: RequestWatcher | None = None,
     ) -> tuple[bytes, str, dict[str, str]]:
-        """One inference, however its body is written: (payload, media type, headers); a refusal is raised."""
+        """One inference, however its body is written: (payload, media type, headers); a refusal is raised.
+        ``watcher``: another route's (SageMaker's), else the V2 route's."""
         (payload, media_type, encoded), answer, timings = await self.plane.serve(
-            self.watcher, name, version, body, decode, encode, traceparent
+            watcher or self.watcher, name, version, body, decode, encode, traceparent
         )
         headers = {"server-timing": server_timing(timings, answer.device), **encoded}
         if answer.cache != "off":

@@ -27,6 +27,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
 
+from fnserve.adapters.envelope import RequestWatcher
 from fnserve.adapters.http.infer import JSON, InferenceRoute, encode_v2, read_body
 from fnserve.adapters.http.middleware import json_response
 from fnserve.core.dataplane import Answer
@@ -45,6 +46,8 @@ class SageMakerRoutes:
     def __init__(self, inference: InferenceRoute) -> None:
         self.inference = inference
         self.plane = inference.plane
+        watching = inference.watcher  # the same records and access lines; spans named by this route
+        self.watcher = RequestWatcher("http", watching.telemetry, access_log=watching.access_log, route="/invocations")
         self.default_model = inference.default_model
 
     async def ping(self) -> Response:
@@ -60,7 +63,7 @@ class SageMakerRoutes:
         media = headers.get("content-type", JSON).split(";")[0].strip().lower()
         if media not in (NPY, NPZ):
             payload, media_type, extra = await self.inference.answer(
-                name, version, body, headers.get(JSON_HEADER), headers.get("traceparent")
+                name, version, body, headers.get(JSON_HEADER), headers.get("traceparent"), self.watcher
             )
             return Response(payload, media_type=media_type, headers=extra)
         accept = headers.get("accept", JSON).split(";")[0].strip().lower()
@@ -71,6 +74,7 @@ class SageMakerRoutes:
             lambda raw: InferenceRequest(self.arrays(name, version, media, raw, attributes)),
             lambda answer, request: self.encode(answer, request, accept, attributes),
             headers.get("traceparent"),
+            self.watcher,
         )
         return Response(payload, media_type=media_type, headers=extra)
 
