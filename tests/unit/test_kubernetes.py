@@ -21,6 +21,7 @@ import yaml
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from fnserve.adapters.envelope import NoTelemetry, RequestWatcher
 from fnserve.adapters.http import routes
 from tests.helpers import REPO, dockerfile_instructions
 
@@ -141,7 +142,8 @@ class Plane:
 
 def app(ready: bool) -> FastAPI:
     """fnserve serve's HTTP app, its models loaded (ready) or not."""
-    return routes.build(SimpleNamespace(plane=Plane(ready), default_model=None), metrics=lambda: b"")
+    watcher = RequestWatcher("http", NoTelemetry(), access_log=False)
+    return routes.build(SimpleNamespace(plane=Plane(ready), default_model=None, watcher=watcher), metrics=lambda: b"")
 
 
 def get_paths(application: FastAPI) -> set[str]:
