@@ -6,6 +6,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -133,31 +134,25 @@ def test_the_server_exports_spans_for_http_and_grpc_when_asked(tmp_path: Path, m
         client.infer("digits-accurate", [inp], headers={"traceparent": f"00-{grpc_trace}-b7ad6b7169203331-01"})
         client.close()
 
-        def exported() -> dict[str, set[str]]:
-            text = served.log.read_text()
-            found: dict[str, set[str]] = {}
-            for chunk in text.split("\n}\n"):
-                start = chunk.find('{\n    "name"')
-                if start < 0:
-                    continue
-                span = json.loads(chunk[start:] + "\n}")
-                found.setdefault(span["context"]["trace_id"].removeprefix("0x"), set()).add(span["name"])
-            return found
-
-        def exported_attributes() -> list[tuple[str, dict[str, object]]]:
+        def exported_spans() -> list[dict[str, Any]]:
             spans = []
             for chunk in served.log.read_text().split("\n}\n"):
                 start = chunk.find('{\n    "name"')
                 if start >= 0:
-                    span = json.loads(chunk[start:] + "\n}")
-                    spans.append((span["name"], span["attributes"]))
+                    spans.append(json.loads(chunk[start:] + "\n}"))
             return spans
+
+        def exported() -> dict[str, set[str]]:
+            found: dict[str, set[str]] = {}
+            for span in exported_spans():
+                found.setdefault(span["context"]["trace_id"].removeprefix("0x"), set()).add(span["name"])
+            return found
 
         wait_for(lambda: {TRACE_ID, grpc_trace} <= exported().keys(), 30, "both traces on the server's stdout")
         assert {"POST /v2/models/{model_name}/infer", "decode", "infer", "encode"} <= exported()[TRACE_ID]
         grpc_span = "inference.GRPCInferenceService/ModelInfer"  # OpenTelemetry's "{rpc.service}/{rpc.method}"
         assert {grpc_span, "decode", "infer", "encode"} <= exported()[grpc_trace]
-        attributes = next(a for name, a in exported_attributes() if name == grpc_span)
+        attributes = next(span["attributes"] for span in exported_spans() if span["name"] == grpc_span)
         assert attributes["rpc.system"] == "grpc" and attributes["rpc.method"] == "ModelInfer"
         assert attributes["rpc.service"] == "inference.GRPCInferenceService" and attributes["rpc.grpc.status_code"] == 0
     finally:

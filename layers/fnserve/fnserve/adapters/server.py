@@ -83,11 +83,12 @@ def _serve(
         "access_log": False,
         "log_level": "warning",
     }
+    if "grpc_host" not in settings.model_fields_set:
+        settings = settings.model_copy(update={"grpc_host": host})  # gRPC listens where HTTP does, unless told
     if settings.grpc_port is not None:  # refused here, before any model loads, not shared through SO_REUSEPORT
-        grpc_host = settings.grpc_host if "grpc_host" in settings.model_fields_set else host
-        refuse_taken(grpc_host, settings.grpc_port, "gRPC")
+        refuse_taken(settings.grpc_host, settings.grpc_port, "gRPC")
     with not_ready_until_loaded(host, port):
-        settings, app = _load(settings, host, on_ready)
+        settings, app = _load(settings, on_ready)
     if app is None:
         fronts.run(f"{__name__}:app_factory", settings.server_processes, options)
         return
@@ -99,14 +100,11 @@ def _serve(
 
 
 def _load(
-    settings: Settings, host: str, on_ready: Callable[[InferenceService, Settings], None] | None
+    settings: Settings, on_ready: Callable[[InferenceService, Settings], None] | None
 ) -> tuple[Settings, V2App | None]:
     """Every model loaded, and the layout chosen: the one front process's app, or None (and the settings the
     front processes get) when several serve the port, each building its own."""
-    update: dict[str, Any] = {"eager_load": True}
-    if "grpc_host" not in settings.model_fields_set:
-        update["grpc_host"] = host  # gRPC listens where HTTP does, unless told otherwise
-    settings = bootstrap.with_local_manifest(settings.model_copy(update=update))
+    settings = bootstrap.with_local_manifest(settings.model_copy(update={"eager_load": True}))
     if settings.gpu_workers and "parallel_workers" not in settings.model_fields_set:
         # GPU workers alone, unless CPU workers to overflow to are asked for.
         settings = settings.model_copy(update={"parallel_workers": 0})
