@@ -89,8 +89,11 @@ def raw_job(job_id: str, **fields: Any) -> str:
 
 # A job's own fault, with an id: stored as failed with its reason, not redelivered.
 POISON = {
-    "unknown-model": (json.dumps(job_message("p-model", "nope", {"input": DIGITS[:1]})), "model 'nope' not found"),
-    "unknown-version": (job("p-version", slice(0, 1), version="9"), "no version '9'"),
+    "unknown-model": (
+        json.dumps(job_message("p-model", "nope", {"input": DIGITS[:1]})),
+        "Request for unknown model: 'nope' is not found",
+    ),
+    "unknown-version": (job("p-version", slice(0, 1), version="9"), "'digits-accurate' version 9 is not found"),
     "wrong-shape": (
         json.dumps(job_message("p-shape", "digits-accurate", {"input": DIGITS[:1, :10]})),
         "must have 64 at axis 1",
@@ -539,4 +542,4 @@ def test_jobs_naming_a_cascade_get_the_slow_models_answer_only_where_the_fast_on
         np.testing.assert_array_equal(record.outputs()["label"], expected)
     assert list(records[job_key("c-label")].outputs()) == ["label"]
     assert records[job_key("c-version")].status == "failed"
-    assert "cascade 'digits' has no versions" in (records[job_key("c-version")].error or "")
+    assert "a cascade has no versions" in (records[job_key("c-version")].error or "")

@@ -43,7 +43,7 @@ def test_predict_prints_predictions_beside_true_labels() -> None:
 def test_predict_reports_a_clear_error_for_unknown_models() -> None:
     result = runner.invoke(app, ["predict", "nope", str(DEMO_HOLDOUT), "-m", str(DEMO_MANIFEST)])
     assert result.exit_code == 1
-    assert "model 'nope' not found" in result.output
+    assert "Request for unknown model: 'nope' is not found" in result.output
 
 
 def test_models_lists_inputs_and_outputs() -> None:

@@ -173,7 +173,9 @@ def test_bad_input_is_a_422_with_what_is_wrong(function: str) -> None:
     client.close()
     body = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": DIGITS[0].tolist()}]}
     response = httpx.post(f"{function}/v2/models/nope/infer", json=body)
-    assert response.status_code == 404 and response.json() == {"error": "model 'nope' not found"}
+    assert response.status_code == 404 and response.json() == {
+        "error": "Request for unknown model: 'nope' is not found"
+    }
     assert httpx.post(f"{function}/v2/models/digits-accurate/infer", content=b"{oops").status_code == 400
 
 
@@ -251,7 +253,7 @@ def test_500_jobs_with_poison_good_ones_stored_once_poison_failed_and_nothing_lo
         np.testing.assert_array_equal(found.done[job["id"]]["label"], expected["label"])
     poison = jobsclient.fetch_results(results_url, ["poison-shape", "poison-model", "poison-empty", "poison-gone"])
     assert "must have 64 at axis 1" in poison.failed["poison-shape"]
-    assert poison.failed["poison-model"] == "model 'no-such-model' not found"
+    assert poison.failed["poison-model"] == "Request for unknown model: 'no-such-model' is not found"
     assert "'inputs' must be a non-empty list" in poison.failed["poison-empty"]
     assert "gs://payloads/gone.json cannot be read: it does not exist" in poison.failed["poison-gone"]
     # Gathered: the instance ran the concurrent events as batches, not one by one.

@@ -150,18 +150,34 @@ def test_every_datatype_round_trips_in_raw_contents(client: triton.InferenceServ
             np.testing.assert_array_equal(got, array)
 
 
-def test_typed_contents_in_typed_contents_out(stub: tpb_grpc.GRPCInferenceServiceStub) -> None:
+def test_typed_contents_in_raw_contents_out_as_triton_answers(stub: tpb_grpc.GRPCInferenceServiceStub) -> None:
     x = DIGITS[:5]
     request = tpb.ModelInferRequest(model_name="digits-accurate", id="typed")
     request.inputs.add(name="input", datatype="FP32", shape=x.shape).contents.fp32_contents.extend(x.ravel())
     response = stub.ModelInfer(request, timeout=10)
-    assert not response.raw_output_contents  # asked in typed contents, answered in typed contents
+    # Triton answers in raw_output_contents whatever the request sent: clients index raw_output_contents[i].
+    assert [o.name for o in response.outputs] == ["label", "probabilities"]
+    assert not any(o.HasField("contents") for o in response.outputs)
+    label, probabilities = raw_onnxruntime("digits-accurate", x)
+    np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], "<i8"), label)
+    np.testing.assert_allclose(
+        np.frombuffer(response.raw_output_contents[1], "<f4").reshape(5, 10), probabilities, rtol=1e-6
+    )
+    assert response.id == "typed"
+
+
+def test_typed_contents_out_when_asked(stub: tpb_grpc.GRPCInferenceServiceStub) -> None:
+    x = DIGITS[:5]
+    request = tpb.ModelInferRequest(model_name="digits-accurate", id="typed")
+    request.inputs.add(name="input", datatype="FP32", shape=x.shape).contents.fp32_contents.extend(x.ravel())
+    request.parameters["binary_data_output"].bool_param = False
+    response = stub.ModelInfer(request, timeout=10)
+    assert not response.raw_output_contents
     label, probabilities = raw_onnxruntime("digits-accurate", x)
     outputs = {o.name: o for o in response.outputs}
     assert list(outputs["label"].contents.int64_contents) == label.tolist()
     assert list(outputs["probabilities"].shape) == [5, 10]
     np.testing.assert_allclose(outputs["probabilities"].contents.fp32_contents, probabilities.ravel(), rtol=1e-6)
-    assert response.id == "typed"
 
 
 def test_the_request_id_and_stage_timings_come_back_as_trailing_metadata(
@@ -261,7 +277,11 @@ def bad(case: str) -> tpb.ModelInferRequest:
     ("case", "code", "says"),
     [
         ("unknown model", grpc.StatusCode.NOT_FOUND, "'nope'"),
-        ("unknown version", grpc.StatusCode.NOT_FOUND, "version '9'"),
+        (
+            "unknown version",
+            grpc.StatusCode.NOT_FOUND,
+            "Request for unknown model: 'digits-accurate' version 9 is not found",
+        ),
         ("no inputs", grpc.StatusCode.INVALID_ARGUMENT, "non-empty list"),
         ("unknown datatype", grpc.StatusCode.INVALID_ARGUMENT, "unknown datatype 'FP8'"),
         ("negative shape", grpc.StatusCode.INVALID_ARGUMENT, "non-negative"),

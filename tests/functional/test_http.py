@@ -148,17 +148,29 @@ ERRORS = [
         400,
         "Inference-Header-Content-Length must be an integer",
     ),
-    ("post", "/v2/models/nope/infer", {"json": digits_request()}, 404, "model 'nope' not found"),
-    ("post", "/v2/models/nope/infer", {"json": {}}, 404, "model 'nope' not found"),  # the absence wins over the body
+    (
+        "post",
+        "/v2/models/nope/infer",
+        {"json": digits_request()},
+        404,
+        "Request for unknown model: 'nope' is not found",
+    ),
+    (
+        "post",
+        "/v2/models/nope/infer",
+        {"json": {}},
+        404,
+        "Request for unknown model: 'nope' is not found",
+    ),  # the absence wins over the body
     (
         "post",
         "/v2/models/digits-fast/versions/9/infer",
         {"json": digits_request()},
         404,
-        "model 'digits-fast' has no version '9'; available: 1",
+        "Request for unknown model: 'digits-fast' version 9 is not found; available: 1",
     ),
-    ("get", "/v2/models/nope", {}, 404, "model 'nope' not found"),
-    ("get", "/v2/models/nope/ready", {}, 404, "model 'nope' not found"),
+    ("get", "/v2/models/nope", {}, 404, "Request for unknown model: 'nope' is not found"),
+    ("get", "/v2/models/nope/ready", {}, 404, "Request for unknown model: 'nope' is not found"),
     ("get", "/v2/nothing-here", {}, 404, "Not Found"),
     ("get", "/v2/models/digits-fast/infer", {}, 405, "Method Not Allowed"),
     (

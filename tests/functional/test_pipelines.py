@@ -84,7 +84,7 @@ BAD = {
     "non-utf8-text": ("minilm-embed", "text", strings(b"caf\xe9"), "text must be UTF-8"),
     "empty-text": ("minilm-embed", "text", strings(""), "text is empty"),
     "blank-text": ("minilm-embed", "text", strings(" \n"), "text is empty"),
-    "text-wrong-shape": ("minilm-embed", "text", strings("a", "b").reshape(2, 1), "must have rank 1"),
+    "text-wrong-shape": ("minilm-embed", "text", strings("a", "b").reshape(1, 2), "must have rank 1"),  # [n, 1] is [n]
     "text-empty-batch": ("minilm-embed", "text", strings(), "is an empty batch"),
     "text-as-numbers": ("minilm-embed", "text", np.ones(2, np.float32), "must be BYTES"),
     "corrupt-image": ("digits-image", "image", strings(b"\x89PNG not really"), "not a JPEG, PNG or WebP image"),
@@ -120,18 +120,22 @@ def test_metadata_shows_the_pipelines_own_tensors(service: InferenceService) -> 
         "name": "minilm-embed",
         "versions": [],
         "platform": "fnserve_pipeline",
-        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+        # One text a row, as Triton describes it (dims [1] reshaped to []): [n, 1] and [n] are both taken.
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1, 1]}],
         "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, 384]}],
     }
     meta = service.model_metadata("digits-image")
-    assert meta["inputs"] == [{"name": "image", "datatype": "BYTES", "shape": [-1]}]
+    assert meta["inputs"] == [{"name": "image", "datatype": "BYTES", "shape": [-1, 1]}]
     assert [(o["name"], o["datatype"], o["shape"]) for o in meta["outputs"]] == [
         ("label", "INT64", [-1]),
         ("probabilities", "FP32", [-1, 10]),
         ("labels", "BYTES", [-1, 3]),
         ("scores", "FP32", [-1, 3]),
     ]
-    with pytest.raises(FnserveError, match="pipeline 'minilm-embed' has no versions"):
+    with pytest.raises(
+        FnserveError,
+        match="Request for unknown model: 'minilm-embed' version 1 is not found: a pipeline has no versions",
+    ):
         service.model_metadata("minilm-embed", "1")
 
 

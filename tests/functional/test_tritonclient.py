@@ -83,5 +83,5 @@ def test_errors_reach_the_client_with_their_message(client: triton.InferenceServ
     inp.set_data_from_numpy(np.zeros((1, 3), np.float32))
     with pytest.raises(InferenceServerException, match="must have 64 at axis 1"):
         client.infer("digits-fast", [inp])
-    with pytest.raises(InferenceServerException, match="model 'nope' not found"):
+    with pytest.raises(InferenceServerException, match="Request for unknown model: 'nope' is not found"):
         client.infer("nope", [inp])

@@ -24,10 +24,10 @@ def test_powertools_lines_show_level_message_and_their_own_keys() -> None:
             "function_request_id": "r-1",
             "request_id": "r-1",
             "job": "p-1",
-            "error": "model 'nope' not found",
+            "error": "Request for unknown model: 'nope' is not found",
         }
     )
-    assert render(line) == "WARNING job refused  job=p-1 error=\"model 'nope' not found\""
+    assert render(line) == "WARNING job refused  job=p-1 error=\"Request for unknown model: 'nope' is not found\""
 
 
 def test_emf_blobs_are_one_metrics_line_and_plain_text_stays() -> None:

@@ -41,7 +41,7 @@ def test_a_model_answers_with_its_version_cache_state_and_timings(plane: DataPla
 def test_unknown_names_and_versions_are_404(plane: DataPlane) -> None:
     with pytest.raises(ModelNotFound):
         asyncio.run(plane.infer("nope", feed()))
-    with pytest.raises(ModelNotFound, match="no version '2'"):
+    with pytest.raises(ModelNotFound, match="'scale' version 2 is not found"):
         asyncio.run(plane.infer("scale", feed(), version="2"))
 
 

@@ -112,9 +112,9 @@ def test_default_version_is_the_highest(write_manifest: ManifestWriter) -> None:
 
 def test_unknown_models_and_versions_are_404s(write_manifest: ManifestWriter) -> None:
     reg = registry(write_manifest({"data": model_bytes()}))
-    with pytest.raises(ModelNotFound, match="model 'other' not found"):
+    with pytest.raises(ModelNotFound, match="Request for unknown model: 'other' is not found"):
         reg.get("other")
-    with pytest.raises(ModelNotFound, match="model 'scale' has no version '7'; available: 1"):
+    with pytest.raises(ModelNotFound, match="Request for unknown model: 'scale' version 7 is not found; available: 1"):
         reg.get("scale", "7")
     assert ModelNotFound.status_code == 404
 

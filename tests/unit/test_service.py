@@ -38,7 +38,7 @@ def test_unknown_output_is_422(service: InferenceService) -> None:
 def test_unknown_model_and_version_are_404(service: InferenceService) -> None:
     with pytest.raises(ModelNotFound):
         service.predict("nope", feed())
-    with pytest.raises(ModelNotFound, match="no version '3'"):
+    with pytest.raises(ModelNotFound, match="'scale' version 3 is not found"):
         service.predict("scale", feed(), version="3")
 
 
@@ -167,7 +167,7 @@ def test_metadata_comes_from_the_graph(service: InferenceService) -> None:
         "platform": "onnxruntime_onnx",
         "inputs": [
             {"name": "x", "datatype": "FP32", "shape": [-1, 3]},
-            {"name": "k", "datatype": "INT64", "shape": [-1]},
+            {"name": "k", "datatype": "INT64", "shape": [-1, 1]},  # one value a row, as Triton describes it
         ],
         "outputs": [
             {"name": "y", "datatype": "FP32", "shape": [-1, 3]},

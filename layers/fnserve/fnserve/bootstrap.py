@@ -22,6 +22,7 @@ from fnserve.core.cascade import CascadeRunner
 from fnserve.core.errors import ConfigError, InvalidInput
 from fnserve.core.followups import FollowupIds, ResultLookup
 from fnserve.core.manifest import load_manifest, step_files
+from fnserve.core.model_config import Instances
 from fnserve.core.processor import JobProcessor
 from fnserve.core.registry import ModelRegistry
 from fnserve.core.results import ResultStore
@@ -305,6 +306,9 @@ def server_app(settings: Settings, pool: Overflow | None = None, service: Infere
     # Blocking calls wait in threads when there are any: models in workers, DynamoDB, SQS follow-ups.
     blocking = pool is not None or store is not None or bool(service.registry.manifest.cascades)
     plane = build_dataplane(settings, service=service, store=store, batching=True, offload=blocking)
+    # Sessions of each model running at once: every front process's own, or its workers'.
+    per_process = (settings.parallel_workers + settings.gpu_workers) if pool is not None else 1
+    plane.instances = Instances(settings.server_processes * per_process)
     tracing.configure()
     metrics = None
     if settings.metrics:
@@ -319,6 +323,9 @@ def server_app(settings: Settings, pool: Overflow | None = None, service: Infere
     if listening is not None:  # counted in last, once its gRPC server (if any) is up too
         plane.ready_when(listening)
         companions.append(listening)
+        shared = os.environ.get(fronts.STATISTICS_DIR_ENV)
+        if shared:  # each one's statistics where the others add them up
+            companions.append(fronts.SharedStatistics(plane.statistics.share(Path(shared))))
     app = create_app(
         plane,
         settings,

@@ -15,7 +15,8 @@ from fnserve.adapters import logs
 from fnserve.core.dataplane import Answer
 from fnserve.core.errors import FnserveError
 
-EXTENSIONS = ["binary_tensor_data"]  # the V2 protocol extensions fnserve speaks, on every transport
+# The V2 protocol extensions fnserve speaks, on every transport (Triton's names).
+EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration"]
 
 
 class Telemetry(Protocol):

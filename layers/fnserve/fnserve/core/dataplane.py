@@ -24,11 +24,14 @@ from typing import Any, Protocol, TypeVar
 from fnserve.core.batching import AdaptiveBatcher
 from fnserve.core.cascade import CascadeRunner
 from fnserve.core.datatypes import Arrays
-from fnserve.core.errors import ClientGone, DeadlineExceeded, FnserveError, ModelNotFound, ResultNotFound
+from fnserve.core.errors import ClientGone, DeadlineExceeded, FnserveError, ResultNotFound, unknown_model
 from fnserve.core.followups import ResultLookup, ResultState
 from fnserve.core.manifest import CascadeSettings
+from fnserve.core.model_config import Instances, triton_config
 from fnserve.core.providers import RAN_ON, RanOn
+from fnserve.core.servable import PipelineServable
 from fnserve.core.service import InferenceService, Prediction
+from fnserve.core.statistics import Statistics
 
 T = TypeVar("T")
 B = TypeVar("B")  # a request as it arrives: HTTP's body bytes, gRPC's parsed message
@@ -125,7 +128,23 @@ class DataPlane:
             if p.version in (None, service.registry.resolve(p.model).version)
         }
         self._ready_when: list[Callable[[], bool]] = []
+        self.instances = Instances()  # a server says how many sessions of a model run at once
         self.names = frozenset(self.served_names())
+        registry = service.registry
+        # The version a request's figures go under when it names none: a model's default; a pipeline's or a
+        # cascade's, that of the model it runs (its fast one's): Triton's tools read every version as a number.
+        self._counted = {name: registry.resolve(name).version for name in registry.names()}
+        for p in registry.manifest.pipelines:
+            self._counted[p.name] = p.version or self._counted[p.model]
+        for c in cascades.cascades.values() if cascades is not None else ():
+            self._counted[c.name] = c.fast_version or self._counted[c.fast]
+        self._models_here = frozenset(registry.names())
+        self.statistics = Statistics(
+            [
+                *((name, version, registry.executions[(name, version)]) for name, version in registry.executions),
+                *((name, self._counted[name], None) for name in self.served_names() if name not in self._models_here),
+            ]
+        )
 
     # -- inference ------------------------------------------------------------------------------
 
@@ -148,13 +167,14 @@ class DataPlane:
         logged). ``traceparent``: the caller's trace, which the watcher's span continues.
         """
         watch = watcher.start(name, version, traceparent)
+        arrived = time.perf_counter_ns()
         try:
             # Before the body: an unknown name is a 404 whatever was sent. A request naming none (gRPC bytes
             # that are not a request) is judged by its body.
             if name and name not in self.names:
                 if inspect.iscoroutine(body):
                     body.close()  # never read
-                raise ModelNotFound(f"model {name!r} not found")
+                raise unknown_model(name)
             t0 = time.perf_counter()
             decoded = decode(await body)
             t1 = time.perf_counter()
@@ -174,6 +194,7 @@ class DataPlane:
             t3 = time.perf_counter()
         except FnserveError as exc:
             watch.refused(exc)
+            self.statistics.failed(name, self._version_of(name, version), time.perf_counter_ns() - arrived)
             raise
         except ClientGone:
             watch.cancelled("client gone")
@@ -182,12 +203,21 @@ class DataPlane:
             logger.exception("unhandled error", extra={"model": name})
             error = FnserveError("internal server error")
             watch.refused(error)
+            self.statistics.failed(name, self._version_of(name, version), time.perf_counter_ns() - arrived)
             raise error from exc
         except BaseException:  # cancelled: the client went away, or the server is stopping
             watch.cancelled("cancelled")
             raise
         timings = {"decode": round((t1 - t0) * 1e3, 3), **answer.timings, "encode": round((t3 - t2) * 1e3, 3)}
         watch.served(answer, timings)
+        self.statistics.served(
+            name,
+            self._version_of(name, version),
+            time.perf_counter_ns() - arrived,
+            timings,
+            answer.cache,
+            _rows(decoded.inputs),
+        )
         return payload, answer, timings
 
     async def infer(
@@ -215,7 +245,7 @@ class DataPlane:
         """What serves ``name`` (and ``version``): a cascade, a batched model or pipeline, or one run alone."""
         if self.cascades is not None and name in self.cascades.cascades:
             if version is not None:
-                raise ModelNotFound(f"cascade {name!r} has no versions")
+                raise unknown_model(name, version, ": a cascade has no versions")
             return self._cascade(name, inputs, outputs)
         batcher = self.batchers.get(self.batched_model.get(name, name)) if version is None else None
         if batcher is not None:
@@ -273,6 +303,27 @@ class DataPlane:
         meta = self.service.model_metadata(cascade.fast, cascade.fast_version)
         return {**meta, "name": name, "versions": [], "platform": "fnserve_cascade"}
 
+    def config(self, name: str, version: str | None = None) -> dict[str, Any]:
+        """Triton's model configuration of a served name (:mod:`fnserve.core.model_config`)."""
+        cascade = self._cascade_settings(name, version)
+        if cascade is not None:
+            servable = self.service.servable(cascade.fast, cascade.fast_version)
+            return triton_config(name, servable, "fnserve_cascade", self.instances, [])
+        servable = self.service.servable(name, version)
+        if isinstance(servable, PipelineServable):
+            return triton_config(name, servable, "fnserve_pipeline", self.instances, [])
+        versions = [version] if version is not None else self.service.registry.versions(name)
+        return triton_config(name, servable, "onnxruntime_onnx", self.instances, versions)
+
+    def model_statistics(self, name: str | None = None, version: str | None = None) -> list[dict[str, Any]]:
+        """Triton's statistics (``model_stats``): of every served name, one name's versions, or one version's."""
+        if name is not None:
+            if not self.statistics.knows(name):
+                raise unknown_model(name)
+            if version is not None and version not in self.statistics.versions(name):
+                raise unknown_model(name, version)
+        return self.statistics.report(name, version)
+
     def model_ready(self, name: str, version: str | None = None) -> bool:
         """Whether a served name can answer (a cascade: both of its models)."""
         cascade = self._cascade_settings(name, version)
@@ -294,6 +345,12 @@ class DataPlane:
     def ready_when(self, condition: Callable[[], bool]) -> None:
         """Make :meth:`ready` also wait for ``condition`` (a server's: all its front processes listening)."""
         self._ready_when.append(condition)
+
+    def _version_of(self, name: str, version: str | None) -> str:
+        """The version a request to ``name`` is counted under."""
+        if version is not None:
+            return version
+        return self._counted.get(name, "")
 
     def _cascade_settings(self, name: str, version: str | None) -> CascadeSettings | None:
         if self.cascades is None or version is not None:
@@ -320,6 +377,14 @@ class DataPlane:
         """Stop the batchers (requests waiting in them are cancelled)."""
         for batcher in self.batchers.values():
             await batcher.close()
+
+
+def _rows(inputs: Mapping[str, Any]) -> int:
+    """A request's batch size: its first input's first dimension."""
+    for value in inputs.values():
+        shape = getattr(value, "shape", None)
+        return int(shape[0]) if shape else 1
+    return 1
 
 
 def _answer(name: str, prediction: Prediction) -> Answer:

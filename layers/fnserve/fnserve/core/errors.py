@@ -40,6 +40,12 @@ class ModelNotFound(FnserveError):
     status_code = 404
 
 
+def unknown_model(name: str, version: str | None = None, detail: str = "") -> ModelNotFound:
+    """A :class:`ModelNotFound` in Triton's words, which clients written against Triton match on."""
+    what = repr(name) if version is None else f"{name!r} version {version}"
+    return ModelNotFound(f"Request for unknown model: {what} is not found{detail}")
+
+
 class PayloadTooLarge(FnserveError):
     """The request body is over the configured size limit."""
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fnserve.core.cascade import confidence, output
-from fnserve.core.errors import FnserveError, ModelNotFound
+from fnserve.core.errors import FnserveError, unknown_model
 from fnserve.core.jobs import Job, JobGroup, PayloadLoader, job_identity, parse_jobs
 from fnserve.core.manifest import CascadeSettings
 from fnserve.core.results import ResultRecord, ResultStore, job_key
@@ -207,7 +207,7 @@ class JobProcessor:
         if cascade is None:
             return self._infer(unit, unit.model, unit.version, unit.outputs)
         if unit.version is not None:
-            return [ModelNotFound(f"cascade {unit.model!r} has no versions")] * len(unit.job_ids)
+            return [unknown_model(unit.model, unit.version, ": a cascade has no versions")] * len(unit.job_ids)
         return self._cascade(cascade, unit)
 
     def _infer(

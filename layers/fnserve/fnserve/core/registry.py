@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -16,10 +16,11 @@ import onnxruntime as ort
 
 from fnserve.core._cpus import default_intra_op_threads
 from fnserve.core.datatypes import ORT_TO_V2, V2_TO_NUMPY
-from fnserve.core.errors import InvalidInput, ModelLoadError, ModelNotFound
+from fnserve.core.errors import InvalidInput, ModelLoadError, unknown_model
 from fnserve.core.manifest import Manifest, ModelSettings, TensorOverride
 from fnserve.core.providers import CPU, Placement, check, cuda_graphs, ort_providers
 from fnserve.core.shaped import GraphSession, ShapeSessions, shape_key
+from fnserve.core.statistics import Executions
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class LoadedModel:
     path: Path
     placement: Placement = Placement((CPU,), "cpu")
     load_seconds: float = 0.0  # fetch, check, session(s) and warm-up: what a cold start pays for this model
+    executions: Executions = field(default_factory=Executions)  # its runs in this process (statistics)
 
     @property
     def name(self) -> str:
@@ -136,6 +138,8 @@ class ModelRegistry:
             versions.sort(key=_version_key)
             self._default[name] = versions[-1]
         self._loaded: dict[tuple[str, str | None], LoadedModel] = {}
+        # Each version's runs, counted across its loads (the statistics ask before a lazy model loads).
+        self.executions = {key: Executions() for key in self._entries}
         self._locks: dict[tuple[str, str], threading.Lock] = {k: threading.Lock() for k in self._entries}
 
     # -- lookup -------------------------------------------------------------------------------
@@ -149,7 +153,7 @@ class ModelRegistry:
         try:
             return list(self._versions[name])
         except KeyError:
-            raise ModelNotFound(f"model {name!r} not found") from None
+            raise unknown_model(name) from None
 
     def resolve(self, name: str, version: str | None = None) -> ModelSettings:
         """The manifest entry for a model version (the default version when None)."""
@@ -157,15 +161,13 @@ class ModelRegistry:
             try:
                 version = self._default[name]
             except KeyError:
-                raise ModelNotFound(f"model {name!r} not found") from None
+                raise unknown_model(name) from None
         try:
             return self._entries[(name, version)]
         except KeyError:
             if name not in self._versions:
-                raise ModelNotFound(f"model {name!r} not found") from None
-            raise ModelNotFound(
-                f"model {name!r} has no version {version!r}; available: {', '.join(self._versions[name])}"
-            ) from None
+                raise unknown_model(name) from None
+            raise unknown_model(name, version, f"; available: {', '.join(self._versions[name])}") from None
 
     def is_loaded(self, name: str, version: str | None = None) -> bool:
         """Whether the session of this model version exists already."""
@@ -275,6 +277,7 @@ class ModelRegistry:
             path=path,
             placement=placement,
             load_seconds=seconds,
+            executions=self.executions[(settings.name, settings.version)],
         )
 
     def _local_path(self, settings: ModelSettings) -> Path:

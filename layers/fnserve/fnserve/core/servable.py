@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -103,7 +104,7 @@ class Servable:
         return {
             "name": self.name,
             "platform": "onnxruntime_onnx",
-            "inputs": [spec.to_metadata() for spec in self.inputs],
+            "inputs": [input_metadata(spec) for spec in self.inputs],
             "outputs": [spec.to_metadata() for spec in self.outputs],
             "parameters": self.model.placement.to_metadata(),
         }
@@ -162,21 +163,41 @@ class PipelineServable(Servable):
         return {
             "name": self.name,
             "platform": "fnserve_pipeline",
-            "inputs": [spec.to_metadata() for spec in self.inputs],
+            "inputs": [input_metadata(spec) for spec in self.inputs],
             "outputs": [spec.to_metadata() for spec in self.outputs],
         }
+
+
+def input_metadata(spec: TensorSpec) -> dict[str, object]:
+    """An input's V2 metadata; one value a row (a pipeline's text) is ``[-1, 1]``, as Triton describes it
+    (dims [1] reshaped to []): Triton's tools shape what they send from it, and validation takes ``[n, 1]``
+    as ``[n]``. ``[n]`` stays as good."""
+    meta = spec.to_metadata()
+    if spec.shape == (-1,):
+        meta["shape"] = [-1, 1]
+    return meta
 
 
 def run_model(model: LoadedModel, names: Sequence[str], feed: Arrays) -> list[np.ndarray[Any, Any]]:
     """One ``session.run``; its errors as the client's (422) or the server's (500)."""
     if model.placement.device != "cpu":
         note_device(model.placement.device)
+    started = time.perf_counter_ns()
     try:
-        return model.session.run(names, feed)
+        outputs = model.session.run(names, feed)
     except FnserveError:
         raise
     except Exception as exc:
         raise runtime_error(model.name, exc) from exc
+    model.executions.ran(_rows(feed), time.perf_counter_ns() - started)
+    return outputs
+
+
+def _rows(feed: Arrays) -> int:
+    """A run's batch size: its inputs' first dimension (1 for a model whose inputs have none)."""
+    for array in feed.values():
+        return int(array.shape[0]) if array.ndim else 1
+    return 1
 
 
 # What onnxruntime says when the fault is the machine's, not the input's: memory, a device, its libraries.

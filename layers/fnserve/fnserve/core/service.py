@@ -24,8 +24,8 @@ from fnserve.core.errors import (
     InferenceError,
     InvalidInput,
     ModelLoadError,
-    ModelNotFound,
     ModelNotReady,
+    unknown_model,
 )
 from fnserve.core.manifest import load_manifest
 from fnserve.core.pipeline import Pipeline, Staged
@@ -124,7 +124,7 @@ class InferenceService:
         if name not in self.pipelines:
             return self._model(name, version)
         if version is not None:
-            raise ModelNotFound(f"pipeline {name!r} has no versions")
+            raise unknown_model(name, version, ": a pipeline has no versions")
         built = self._built.get(name)
         if built is None:
             with self._pipeline_lock:

@@ -32,10 +32,16 @@ def check(
             array = _strings(spec, kind, name, array)
         shape = array.shape
         if len(shape) != len(spec.shape):
-            raise InvalidInput(
-                f"input {spec.name!r} of {kind} {name!r} must have rank {len(spec.shape)} "
-                f"(shape {list(spec.shape)}), got shape {list(shape)}"
-            )
+            if shape[1:] == (1,) and spec.shape == (-1,):
+                # [batch, 1] for a [batch] input: Triton's reshape of dims [1] to [], as the model configuration
+                # of such an input says (fnserve.core.model_config); clients written for Triton send that.
+                array = array.reshape(shape[0])
+                shape = array.shape
+            else:
+                raise InvalidInput(
+                    f"input {spec.name!r} of {kind} {name!r} must have rank {len(spec.shape)} "
+                    f"(shape {list(spec.shape)}), got shape {list(shape)}"
+                )
         for axis, (want, got) in enumerate(zip(spec.shape, shape, strict=True)):
             if want != -1 and want != got:
                 raise InvalidInput(

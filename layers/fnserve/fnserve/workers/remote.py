@@ -144,6 +144,7 @@ class PooledRegistry(ModelRegistry):
             # Where the first group's workers run it; in a mixed pool each call also says which group ran it.
             placement=Placement(tuple(placement["providers"]), placement["device"], placement.get("cpu_fallback")),
             load_seconds=float(described.get("load_seconds", 0.0)),  # in the worker that described it
+            executions=self.executions[(settings.name, settings.version)],  # counted here, where runs are sent
         )
 
 

@@ -8,10 +8,11 @@ top-level fields and keeps them as views of the bytes gRPC received, which ``np.
 reads in place; protobuf parses the rest. Likewise :func:`encode_response` frames
 ``raw_output_contents`` itself, after the rest of the response that protobuf serialises: the
 tensors' bytes are copied once, into the message. Typed ``contents`` go through the same value checks
-as JSON data (ranges, integers, booleans). A response carries raw contents when the request
-sent raw contents (or asked with ``binary_data_output``/``binary_data``), or when an output
-has no typed field (FP16); typed contents otherwise. Errors are the data plane's own
-(:class:`~fnserve.core.errors.InvalidInput`), which the servicer maps to gRPC status codes.
+as JSON data (ranges, integers, booleans). A response carries raw contents, as Triton's always
+do (clients written against Triton read ``raw_output_contents[i]``); typed contents only when the
+request says ``binary_data_output`` false and every output has a typed field (FP16 has none).
+Errors are the data plane's own (:class:`~fnserve.core.errors.InvalidInput`), which the servicer
+maps to gRPC status codes.
 """
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ def decode_request(request: pb.ModelInferRequest, raw: Sequence[bytes | memoryvi
             array = _from_contents(name, tensor, dtype, size)
         arrays[name] = array.reshape(shape)
     outputs = [o.name for o in request.outputs]
-    return GrpcRequest(arrays, outputs or None, bool(raw) or _asks_binary(request))
+    return GrpcRequest(arrays, outputs or None, _raw_outputs(request))
 
 
 def _from_contents(
@@ -189,12 +190,11 @@ def _from_contents(
     return array_from_json(name, datatype, dtype, list(values))
 
 
-def _asks_binary(request: pb.ModelInferRequest) -> bool:
-    """Whether the request asks for raw output contents as the binary extension's parameters would."""
+def _raw_outputs(request: pb.ModelInferRequest) -> bool:
+    """Whether to answer in raw output contents: always, as Triton does, unless the request asks for typed
+    contents with the binary extension's parameter (``binary_data_output`` false)."""
     wanted = request.parameters.get("binary_data_output")
-    if wanted is not None and wanted.bool_param:
-        return True
-    return any(o.parameters["binary_data"].bool_param for o in request.outputs if "binary_data" in o.parameters)
+    return wanted is None or wanted.bool_param
 
 
 def encode_response(

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 
 from fnserve import __version__, tracing
 from fnserve.adapters.envelope import EXTENSIONS, NoTelemetry, RequestWatcher, Telemetry
@@ -70,6 +71,20 @@ class InferenceServicer:
             response.outputs.add(name=spec["name"], datatype=spec["datatype"], shape=spec["shape"])
         return response
 
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Context) -> Any:
+        try:
+            config = self.plane.config(request.name, request.version or None)
+        except FnserveError as exc:
+            await context.abort(status_of(exc), exc.message)
+        return pb.ModelConfigResponse(config=json_format.ParseDict(config, pb.ModelConfig()))
+
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Context) -> Any:
+        try:
+            stats = self.plane.model_statistics(request.name or None, request.version or None)
+        except FnserveError as exc:
+            await context.abort(status_of(exc), exc.message)
+        return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
+
     async def ModelInfer(self, request: codec.ParsedRequest, context: Context) -> Any:
         rid, traceparent = _request_metadata(context)
         logger.thread_safe_append_keys(request_id=rid)
@@ -115,6 +130,8 @@ def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHand
         "ModelReady": (servicer.ModelReady, pb.ModelReadyRequest, pb.ModelReadyResponse),
         "ServerMetadata": (servicer.ServerMetadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse),
         "ModelMetadata": (servicer.ModelMetadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse),
+        "ModelConfig": (servicer.ModelConfig, pb.ModelConfigRequest, pb.ModelConfigResponse),
+        "ModelStatistics": (servicer.ModelStatistics, pb.ModelStatisticsRequest, pb.ModelStatisticsResponse),
     }
     handlers = {
         name: unary(method, request.FromString, response.SerializeToString)

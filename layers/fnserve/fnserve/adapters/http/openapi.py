@@ -162,6 +162,64 @@ MODEL_READY: dict[int | str, Any] = {
     **_ERRORS,
 }
 
+# Triton's statistics extension: counts and nanoseconds per stage, per model version.
+_DURATION = {
+    "type": "object",
+    "properties": {"count": {"type": "integer", "minimum": 0}, "ns": {"type": "integer", "minimum": 0}},
+    "required": ["count", "ns"],
+}
+_STAGES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
+_MODEL_STAT = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "version": {"type": "string"},
+        "last_inference": {"type": "integer", "description": "Milliseconds since the epoch; 0: none yet"},
+        "inference_count": {"type": "integer", "description": "Rows run by the model (cache hits not included)"},
+        "execution_count": {"type": "integer", "description": "Model runs: a batch of requests is one"},
+        "inference_stats": {"type": "object", "properties": dict.fromkeys(_STAGES, _DURATION)},
+        "batch_stats": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "batch_size": {"type": "integer"},
+                    **dict.fromkeys(("compute_input", "compute_infer", "compute_output"), _DURATION),
+                },
+            },
+        },
+    },
+    "required": ["name", "version", "inference_count", "execution_count", "inference_stats", "batch_stats"],
+}
+STATISTICS: dict[int | str, Any] = {
+    200: _json(
+        {"type": "object", "properties": {"model_stats": {"type": "array", "items": _MODEL_STAT}}},
+        "Statistics of every model version asked for, since the server started (Triton's statistics extension)",
+    ),
+    **_ERRORS,
+}
+MODEL_CONFIG: dict[int | str, Any] = {
+    200: _json(
+        {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "platform": {"type": "string"},
+                "backend": {"type": "string"},
+                "max_batch_size": {"type": "integer"},
+                "input": {"type": "array", "items": {"type": "object"}},
+                "output": {"type": "array", "items": {"type": "object"}},
+                "dynamic_batching": {"type": "object"},
+                "instance_group": {"type": "array", "items": {"type": "object"}},
+            },
+            "required": ["name", "platform", "max_batch_size", "input", "output"],
+        },
+        "The model's configuration as Triton's model-configuration extension gives it",
+    ),
+    **_ERRORS,
+    503: _json(_ERROR, "The model cannot load"),
+}
+
 
 def infer(versioned: bool) -> dict[str, Any]:
     """Route documentation for infer; its path parameters are declared here, not as arguments."""

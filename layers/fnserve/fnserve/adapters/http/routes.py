@@ -78,9 +78,12 @@ def build(
     app.get("/v2/health/ready", tags=["health"], responses=openapi.READY)(routes.ready)
     app.get("/v2", tags=["metadata"], responses=openapi.SERVER_METADATA)(routes.server_metadata)
     app.get("/v2/", include_in_schema=False)(routes.server_metadata)
+    app.get("/v2/models/stats", tags=["statistics"], responses=openapi.STATISTICS)(routes.statistics)
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
         app.get(prefix, tags=["metadata"], responses=openapi.MODEL_METADATA)(routes.model_metadata)
         app.get(f"{prefix}/ready", tags=["health"], responses=openapi.MODEL_READY)(routes.model_ready)
+        app.get(f"{prefix}/config", tags=["metadata"], responses=openapi.MODEL_CONFIG)(routes.model_config)
+        app.get(f"{prefix}/stats", tags=["statistics"], responses=openapi.STATISTICS)(routes.statistics)
     app.get("/v2/results/{result_id}", tags=["results"], responses=openapi.RESULT)(routes.result)
     sagemaker = SageMakerRoutes(inference)  # SageMaker's hosting contract, beside the V2 routes
     app.get("/ping", tags=["sagemaker"], responses=openapi.PING)(sagemaker.ping)
@@ -133,6 +136,12 @@ class V2Routes:
         if is_ready:  # where it runs: its providers and device (and a CPU fall back's reason)
             body.update(self.plane.metadata(name, version).get("parameters", {}))
         return json_response(body, 200 if is_ready else 503)
+
+    async def model_config(self, name: str, version: str | None = None) -> Response:
+        return json_response(self.plane.config(name, version))
+
+    async def statistics(self, name: str | None = None, version: str | None = None) -> Response:
+        return json_response({"model_stats": self.plane.model_statistics(name, version)})
 
     async def result(
         self,

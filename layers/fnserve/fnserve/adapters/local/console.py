@@ -3,7 +3,7 @@
 Each invocation shows as Lambda's log stream shows it, under its function's name::
 
     BatchFunction  START RequestId: 6f1c...  Version: $LATEST
-    BatchFunction    WARNING job refused  job=p-1 error="job p-1: model 'nope' not found"
+    BatchFunction    WARNING job refused  job=p-1 error="job p-1: Request for unknown model: 'nope' is not found"
     BatchFunction    metrics JobsReceived=10 JobsDone=9 JobsRefused=1 JobsFailed=0
     BatchFunction  END RequestId: 6f1c...
     BatchFunction  REPORT RequestId: 6f1c...  Duration: 41.20 ms  Billed Duration: 42 ms  Memory Size:

@@ -5,7 +5,7 @@ import warnings
 
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as fnserve_dot_adapters_dot_grpc_dot_proto_dot_open__inference__grpc__pb2
 
-GRPC_GENERATED_VERSION = '1.81.1'
+GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -65,6 +65,16 @@ class GRPCInferenceServiceStub:
                 request_serializer=fnserve_dot_adapters_dot_grpc_dot_proto_dot_open__inference__grpc__pb2.ModelInferRequest.SerializeToString,
                 response_deserializer=fnserve_dot_adapters_dot_grpc_dot_proto_dot_open__inference__grpc__pb2.ModelInferResponse.FromString,
                 _registered_method=True)
+        self.ModelConfig = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelConfig',
+                request_serializer=fnserve_dot_adapters_dot_grpc_dot_proto_dot_open__inference__grpc__pb2.ModelConfigRequest.SerializeToString,
+                response_deserializer=fnserve_dot_adapters_dot_grpc_dot_proto_dot_open__inference__grpc__pb2.ModelConfigResponse.FromString,
+                _registered_method=True)
+        self.ModelStatistics = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelStatistics',
+                request_serializer=fnserve_dot_adapters_dot_grpc_dot_proto_dot_open__inference__grpc__pb2.ModelStatisticsRequest.SerializeToString,
+                response_deserializer=fnserve_dot_adapters_dot_grpc_dot_proto_dot_open__inference__grpc__pb2.ModelStatisticsResponse.FromString,
+                _registered_method=True)
 
 
 class GRPCInferenceServiceServicer:
@@ -120,6 +130,23 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModelConfig(self, request, context):
+        """fnserve: two of Triton's protocol extensions, on the method names and field numbers Triton's
+        clients use (perf_analyzer, model_analyzer, tritonclient), with the fields fnserve fills.
+
+        The model's configuration (Triton's model-configuration extension).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ModelStatistics(self, request, context):
+        """Per model version statistics since the server started (Triton's statistics extension).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -152,6 +179,16 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelInfer,
                     request_deserializer=fnserve_dot_adapters_dot_grpc_dot_proto_dot_open__inference__grpc__pb2.ModelInferRequest.FromString,
                     response_serializer=fnserve_dot_adapters_dot_grpc_dot_proto_dot_open__inference__grpc__pb2.ModelInferResponse.SerializeToString,
+            ),
+            'ModelConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelConfig,
+                    request_deserializer=fnserve_dot_adapters_dot_grpc_dot_proto_dot_open__inference__grpc__pb2.ModelConfigRequest.FromString,
+                    response_serializer=fnserve_dot_adapters_dot_grpc_dot_proto_dot_open__inference__grpc__pb2.ModelConfigResponse.SerializeToString,
+            ),
+            'ModelStatistics': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelStatistics,
+                    request_deserializer=fnserve_dot_adapters_dot_grpc_dot_proto_dot_open__inference__grpc__pb2.ModelStatisticsRequest.FromString,
+                    response_serializer=fnserve_dot_adapters_dot_grpc_dot_proto_dot_open__inference__grpc__pb2.ModelStatisticsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -317,6 +354,60 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelInfer',
             fnserve_dot_adapters_dot_grpc_dot_proto_dot_open__inference__grpc__pb2.ModelInferRequest.SerializeToString,
             fnserve_dot_adapters_dot_grpc_dot_proto_dot_open__inference__grpc__pb2.ModelInferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelConfig',
+            fnserve_dot_adapters_dot_grpc_dot_proto_dot_open__inference__grpc__pb2.ModelConfigRequest.SerializeToString,
+            fnserve_dot_adapters_dot_grpc_dot_proto_dot_open__inference__grpc__pb2.ModelConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelStatistics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelStatistics',
+            fnserve_dot_adapters_dot_grpc_dot_proto_dot_open__inference__grpc__pb2.ModelStatisticsRequest.SerializeToString,
+            fnserve_dot_adapters_dot_grpc_dot_proto_dot_open__inference__grpc__pb2.ModelStatisticsResponse.FromString,
             options,
             channel_credentials,
             insecure,
