@@ -71,7 +71,10 @@ def typed_request(arrays: dict[str, np.ndarray]) -> pb.ModelInferRequest:
 def test_typed_contents_of_every_datatype_decode_exactly_and_encode_back() -> None:
     arrays = {k: v for k, v in sample_arrays().items() if k != "FP16"}  # FP16 has no typed field
     decoded = codec.decode_request(typed_request(arrays))
-    assert not decoded.raw_outputs and decoded.outputs is None
+    assert decoded.raw_outputs and decoded.outputs is None  # answered raw, as Triton answers, unless asked
+    asking = typed_request(arrays)
+    asking.parameters["binary_data_output"].bool_param = False
+    assert not codec.decode_request(asking).raw_outputs
     for datatype, array in arrays.items():
         got = decoded.inputs[f"in_{datatype}"]
         assert got.dtype == V2_TO_NUMPY[datatype] and got.shape == array.shape, datatype
