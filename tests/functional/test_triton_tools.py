@@ -216,3 +216,11 @@ def test_config_and_statistics_are_documented(served: Served) -> None:
     paths = httpx.get(f"{served.url}/openapi.json").json()["paths"]
     for path in ("/v2/models/stats", "/v2/models/{name}/stats", "/v2/models/{name}/versions/{version}/config"):
         assert "get" in paths[path], path
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_grpc_compression_keeps_working(grpc: triton_grpc.InferenceServerClient, algorithm: str) -> None:
+    plain = grpc.infer("digits-accurate", [digits_input(4, triton_grpc)])
+    compressed = grpc.infer("digits-accurate", [digits_input(4, triton_grpc)], compression_algorithm=algorithm)
+    np.testing.assert_array_equal(plain.as_numpy("probabilities"), compressed.as_numpy("probabilities"))
+    np.testing.assert_array_equal(plain.as_numpy("label"), compressed.as_numpy("label"))

@@ -1,15 +1,20 @@
-"""The official Triton HTTP client works against fnserve unchanged, JSON and binary, both ways."""
+"""The official Triton HTTP client works against fnserve unchanged, JSON and binary, both ways, compressed or not."""
 
 from __future__ import annotations
 
+import gzip
+import zlib
 from collections.abc import Iterator
 
+import httpx
 import numpy as np
 import onnxruntime as ort
+import orjson
 import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
+from tests.functional.conftest import MAX_REQUEST_BYTES
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, sample_arrays
 
 HOLDOUT = np.load(DEMO_HOLDOUT)
@@ -85,3 +90,56 @@ def test_errors_reach_the_client_with_their_message(client: triton.InferenceServ
         client.infer("digits-fast", [inp])
     with pytest.raises(InferenceServerException, match="Request for unknown model: 'nope' is not found"):
         client.infer("nope", [inp])
+
+
+# -- compression, as tritonclient asks for it --------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+@pytest.mark.parametrize("binary", [False, True])
+def test_compressed_requests_and_answers(client: triton.InferenceServerClient, algorithm: str, binary: bool) -> None:
+    x = HOLDOUT["input"][:64]
+    inp = triton.InferInput("input", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=binary)
+    outputs = [triton.InferRequestedOutput(name, binary_data=binary) for name in ("label", "probabilities")]
+    result = client.infer(
+        "digits-accurate",
+        [inp],
+        outputs=outputs,
+        request_compression_algorithm=algorithm,
+        response_compression_algorithm=algorithm,
+    )
+    label, probabilities = raw_onnxruntime("digits-accurate", x)
+    np.testing.assert_array_equal(result.as_numpy("label"), label)
+    np.testing.assert_allclose(result.as_numpy("probabilities"), probabilities, rtol=1e-6)
+
+
+def test_what_compression_does_on_the_wire(server: str) -> None:
+    body = orjson.dumps(
+        {
+            "inputs": [
+                {"name": "input", "datatype": "FP32", "shape": [8, 64], "data": HOLDOUT["input"][:8].ravel().tolist()}
+            ]
+        }
+    )
+    url = f"{server}/v2/models/digits-accurate/infer"
+    plain = httpx.post(url, content=body, headers={"content-type": "application/json"})
+    asked = httpx.post(
+        url, content=gzip.compress(body), headers={"content-encoding": "gzip", "accept-encoding": "br;q=1, gzip;q=0.5"}
+    )
+    assert asked.status_code == 200 and asked.headers["content-encoding"] == "gzip"
+    assert asked.headers["vary"] == "accept-encoding"
+    assert int(asked.headers["content-length"]) < len(plain.content)  # compressed on the wire
+    assert asked.json()["outputs"] == plain.json()["outputs"]  # httpx inflates it
+    raw_deflate = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    raw = raw_deflate.compress(body) + raw_deflate.flush()
+    assert httpx.post(url, content=raw, headers={"content-encoding": "deflate"}).status_code == 200  # no zlib wrapper
+    unknown = httpx.post(url, content=body, headers={"content-encoding": "br"})
+    assert unknown.status_code == 415 and "Content-Encoding 'br' is not supported" in unknown.json()["error"]
+    corrupt = httpx.post(url, content=gzip.compress(body)[:-9], headers={"content-encoding": "gzip"})
+    assert corrupt.status_code == 400 and "not valid gzip" in corrupt.json()["error"]
+    bomb = gzip.compress(b" " * (MAX_REQUEST_BYTES + 1))  # small on the wire, over the limit unpacked
+    assert len(bomb) < MAX_REQUEST_BYTES
+    too_big = httpx.post(url, content=bomb, headers={"content-encoding": "gzip"})
+    assert too_big.status_code == 413 and "decompresses to over" in too_big.json()["error"]
+    assert httpx.get(f"{server}/v2/health/ready").status_code == 200

@@ -52,6 +52,12 @@ class PayloadTooLarge(FnserveError):
     status_code = 413
 
 
+class UnsupportedMediaType(FnserveError):
+    """A request body in a content coding (or type) the server does not read."""
+
+    status_code = 415
+
+
 class InvalidInput(FnserveError):
     """The request parsed, but its tensors do not fit the model."""
 
@@ -133,6 +139,7 @@ GRPC_CODES = {
     400: "INVALID_ARGUMENT",
     404: "NOT_FOUND",
     413: "RESOURCE_EXHAUSTED",
+    415: "INVALID_ARGUMENT",
     422: "INVALID_ARGUMENT",
     503: "UNAVAILABLE",
     504: "DEADLINE_EXCEEDED",

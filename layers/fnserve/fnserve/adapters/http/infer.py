@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 from fnserve.adapters.envelope import RequestWatcher, Telemetry
+from fnserve.adapters.http import compression
 from fnserve.adapters.http.wire import error_parts, request_id, server_timing
 from fnserve.adapters.logs import logger
 from fnserve.core.dataplane import Answer, DataPlane
@@ -77,7 +78,7 @@ class InferenceRoute:
         """One inference over ASGI, with what the FastAPI app's ``RequestContext`` and error handlers add."""
         rid = request_id(scope)
         logger.thread_safe_append_keys(request_id=rid)
-        declared = json_length = traceparent = None
+        declared = json_length = traceparent = encoding = accept = None
         for key, value in scope["headers"]:
             if key == b"content-length":
                 declared = value.decode("latin-1")
@@ -85,10 +86,20 @@ class InferenceRoute:
                 json_length = value.decode("latin-1")
             elif key == b"traceparent":
                 traceparent = value.decode("latin-1")
+            elif key == b"content-encoding":
+                encoding = value.decode("latin-1")
+            elif key == b"accept-encoding":
+                accept = value.decode("latin-1")
         headers: dict[str, str]
         try:
             payload, media_type, headers = await self.answer(
-                name, version, read_body(_asgi_body(receive), declared, self.limit), json_length, traceparent
+                name,
+                version,
+                read_body(_asgi_body(receive), declared, self.limit),
+                json_length,
+                traceparent,
+                encoding=encoding,
+                accept=accept,
             )
             status = 200
         except FnserveError as exc:
@@ -117,10 +128,22 @@ class InferenceRoute:
         json_length: str | None,
         traceparent: str | None = None,
         watcher: RequestWatcher | None = None,
+        *,
+        encoding: str | None = None,
+        accept: str | None = None,
     ) -> tuple[bytes, str, dict[str, str]]:
-        """One V2 inference (JSON, or the binary tensor extension): (payload, media type, headers)."""
+        """One V2 inference (JSON, or the binary tensor extension): (payload, media type, headers).
+        ``encoding``: the body's Content-Encoding; ``accept``: the Accept-Encoding the answer may use."""
+        if encoding is not None:
+            body = _decompressed(body, encoding, self.limit)
         decode = lambda raw: decode_request(raw, _json_length(json_length))  # noqa: E731
-        return await self.serve(name, version, body, decode, encode_v2, traceparent, watcher)
+        payload, media_type, headers = await self.serve(name, version, body, decode, encode_v2, traceparent, watcher)
+        coding = compression.accepted(accept)
+        if coding is not None:
+            payload = compression.compress(payload, coding)
+            headers["content-encoding"] = coding
+            headers["vary"] = "accept-encoding"
+        return payload, media_type, headers
 
     async def serve(
         self,
@@ -179,6 +202,11 @@ async def _asgi_body(receive: Receive) -> AsyncIterator[bytes]:
             yield chunk
         if not message.get("more_body", False):
             return
+
+
+async def _decompressed(body: Awaitable[bytes], encoding: str, limit: int) -> bytes:
+    # The binary extension's JSON length counts the decompressed body, as Triton counts it.
+    return compression.decompress(await body, encoding, limit)
 
 
 def _json_length(value: str | None) -> int | None:

@@ -114,6 +114,8 @@ class V2Routes:
             read_body(request.stream(), headers.get("content-length"), self.inference.limit),
             headers.get(JSON_HEADER),
             headers.get("traceparent"),
+            encoding=headers.get("content-encoding"),
+            accept=headers.get("accept-encoding"),
         )
         return Response(payload, media_type=media_type, headers=extra)
 
