@@ -13,7 +13,7 @@ PY312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12
 	$$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$c; break; }; done)
 SAM := SAM_CLI_TELEMETRY=0 PATH="$(dir $(PY312)):$$PATH" $(SAM_VENV)/bin/sam
 
-.PHONY: setup image-test run serve test test-gpu gpu-models test-servers lint sam-build sam-check deploy bench bench-models tune models minilm grpc-stubs clean
+.PHONY: setup image-test run serve test perf-analyzer test-gpu gpu-models test-servers lint sam-build sam-check deploy bench bench-models tune models minilm grpc-stubs clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fnserve needs Python >= 3.11"'
@@ -82,8 +82,24 @@ test-servers:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server)) >/dev/null 2>&1 || \
 		echo "could not install redis-server (apt-get install redis-server): the Redis tests will fail"; }
 
-test: lint sam-check test-servers
+test: lint sam-check test-servers perf-analyzer
 	$(BIN)/pytest
+
+# perf_analyzer, Triton's load generator: tritonclient's manylinux wheels ship it up to 2.39, linked to Debian's
+# libb64 and CUDA's runtime library (which it loads without a GPU; pip's nvidia-cuda-runtime-cu12 brings it).
+# A wrapper in .perf-analyzer/ sets the library path; fnserve bench uses perf_analyzer when it is on PATH, and
+# tests/functional/test_perf_analyzer.py drives fnserve serve with it over HTTP and gRPC.
+PERF_ANALYZER := .perf-analyzer
+perf-analyzer: $(PERF_ANALYZER)/perf_analyzer
+$(PERF_ANALYZER)/perf_analyzer: setup
+	@dpkg -s libb64-0d >/dev/null 2>&1 || { echo "installing libb64-0d (Debian) for perf_analyzer"; \
+		(DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libb64-0d || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libb64-0d)) >/dev/null 2>&1 || \
+		echo "could not install libb64-0d (apt-get install libb64-0d): perf_analyzer will not start"; }
+	$(PY) -m pip install -q --no-deps --target $(PERF_ANALYZER)/lib tritonclient==2.39.0 nvidia-cuda-runtime-cu12==12.9.79
+	printf '#!/bin/sh\nLD_LIBRARY_PATH="%s$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" exec "%s" "$$@"\n' \
+		"$(CURDIR)/$(PERF_ANALYZER)/lib/nvidia/cuda_runtime/lib" "$(CURDIR)/$(PERF_ANALYZER)/lib/bin/perf_analyzer" > $@
+	chmod +x $@
 
 # The images fnserve ships, built from their Dockerfiles and started by tests/image: the server (CPU variant) and
 # the Lambda functions' image, then the CUDA variant's build. No Docker engine: Debian's buildah (as root, chroot
@@ -167,7 +183,7 @@ grpc-stubs: setup
 		layers/fnserve/$(GRPC_PROTO:.proto=_pb2.py)
 
 clean:
-	rm -rf $(VENV) $(SAM_VENV) $(EXPORT_VENV) .bench .aws-sam .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SAM_VENV) $(EXPORT_VENV) $(PERF_ANALYZER) .bench .aws-sam .pytest_cache .mypy_cache .ruff_cache
 
 # The GPU suite and benchmark, on a machine with an NVIDIA GPU and fnserve[gpu] (onnxruntime-gpu, not onnxruntime).
 # Their models are exported by torch in the export environment (.venv-export, made here when missing).

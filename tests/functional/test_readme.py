@@ -46,7 +46,7 @@ def test_readme_python_example_runs(
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("FNSERVE_MANIFEST", str(DEMO_MANIFEST))
     monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "fnserve")
-    if "minilm-embed" in code or "digits-image" in code:  # the pipelines: the demo manifest's own server
+    if "minilm" in code or "digits-image" in code:  # MiniLM and the pipelines: the demo manifest's own server
         server = request.getfixturevalue("demo_server")
     code = code.replace("127.0.0.1:8080", server.removeprefix("http://"))
     if "127.0.0.1:8081" in code:  # the gRPC examples: a server with --grpc-port
@@ -111,6 +111,8 @@ ELSEWHERE = {  # a block's first command -> why it does not run here, and what p
     ".venv/bin/fnserve manifest add": "tests/functional/test_publish.py",
     ".venv/bin/fnserve quantize": "a usage line; the transcript below it runs in test_readme_transcripts_run",
     ".venv/bin/fnserve bench": "minutes of load: tests/functional/test_bench_cli.py runs a short sweep",
+    "make perf-analyzer": "make test sets perf_analyzer up; tests/functional/test_perf_analyzer.py runs it against "
+    "fnserve serve over HTTP and gRPC, on digits-accurate and on minilm-embed with --input-data",
 }
 
 

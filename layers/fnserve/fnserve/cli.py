@@ -643,7 +643,12 @@ def bench(
     stages: Annotated[str, typer.Option(help="Sweep stages, comma-separated.")] = "layout,threads,batching",
     seconds: Annotated[float, typer.Option(min=0.2, help="Seconds of load at each concurrency level.")] = 2.0,
     max_concurrency: Annotated[int, typer.Option(min=1, help="Highest concurrency tried.")] = 64,
-    generator: Annotated[str, typer.Option(help="Load generator: auto (wrk when installed), wrk, built-in.")] = "auto",
+    generator: Annotated[
+        str,
+        typer.Option(
+            help="Load generator: auto (perf_analyzer, else wrk, when installed), perf_analyzer, wrk, built-in."
+        ),
+    ] = "auto",
     confirm_seconds: Annotated[
         float, typer.Option(min=0, help="Seconds of the confirming run of the recommendation (0: none).")
     ] = 5.0,
@@ -671,16 +676,19 @@ def bench(
     from fnserve.bench.load import have_wrk
     from fnserve.bench.main import Options
     from fnserve.bench.main import bench as run_bench
+    from fnserve.bench.perf_analyzer import have as have_perf_analyzer
     from fnserve.bench.sweep import LoadOptions
     from fnserve.bench.tuner import STAGES
 
     chosen = tuple(s.strip() for s in stages.split(",") if s.strip())
     if unknown := [s for s in chosen if s not in STAGES]:
         raise _fail(f"unknown --stages {unknown}; they are {', '.join(STAGES)}")
-    if generator not in ("auto", "wrk", "built-in"):
-        raise _fail(f"--generator is auto, wrk or built-in, not {generator!r}")
+    if generator not in ("auto", "perf_analyzer", "wrk", "built-in"):
+        raise _fail(f"--generator is auto, perf_analyzer, wrk or built-in, not {generator!r}")
     if generator == "wrk" and not have_wrk():
         raise _fail("--generator wrk: wrk is not installed")
+    if generator == "perf_analyzer" and not have_perf_analyzer():
+        raise _fail("--generator perf_analyzer: perf_analyzer is not installed (make perf-analyzer sets it up)")
     try:
         sizes = tuple(int(m) for m in memory.split(",") if m.strip()) if lambda_ else ()
     except ValueError:

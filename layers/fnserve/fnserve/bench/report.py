@@ -94,7 +94,10 @@ def summary(report: Report, manifest: Path) -> str:
         f"most rows/s at batch {best.batch}, {best.threads} thread(s) x {best.processes} process(es): "
         f"{best.rows_per_second:,.0f} (what batching could reach at best)",
         f"load generator: {report.generator}, its own ceiling on this machine at least "
-        f"{report.generator_ceiling:,.0f} requests/s (it shares the CPUs with the server)",
+        f"{report.generator_ceiling:,.0f} requests/s (it shares the CPUs with the server)"
+        if report.generator != "perf_analyzer"
+        else f"load generator: perf_analyzer; this machine's loopback ceiling (fnserve's own generator against a "
+        f"bare server) at least {report.generator_ceiling:,.0f} requests/s",
     ]
     point = report.recommended_point()
     if report.recommended is None or point is None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fnserve.bench import load as loadgen
+from fnserve.bench import perf_analyzer
 from fnserve.bench.requests import Request
 from fnserve.core.errors import ConfigError
 
@@ -276,11 +277,16 @@ def _cpu(pid: int) -> float:
 class LoadOptions:
     seconds: float = 2.0
     max_concurrency: int = 64
-    generator: str = "auto"  # auto (wrk when installed), wrk, built-in
+    generator: str = "auto"  # auto (perf_analyzer, else wrk, when installed), perf_analyzer, wrk, built-in
     timings: bool = False  # collect Server-Timing stages (built-in generator only)
 
+    def perf_analyzer(self) -> bool:
+        auto = self.generator == "auto" and not self.timings and perf_analyzer.have()
+        return self.generator == "perf_analyzer" or auto
+
     def wrk(self) -> bool:
-        return self.generator == "wrk" or (self.generator == "auto" and not self.timings and loadgen.have_wrk())
+        auto = self.generator == "auto" and not self.timings and not self.perf_analyzer() and loadgen.have_wrk()
+        return self.generator == "wrk" or auto
 
 
 def measure_point(
@@ -289,7 +295,9 @@ def measure_point(
     """One closed-loop run at ``concurrency``, with the server's CPU time per answer."""
     path = f"/v2/models/{target}/infer"
     before = server.cpu_seconds()
-    if options.wrk() and all(r.headers.get("Content-Type") == "application/json" for r in requests):
+    if options.perf_analyzer():
+        found = perf_analyzer.run(server.port, target, requests, concurrency=concurrency, seconds=options.seconds)
+    elif options.wrk() and all(r.headers.get("Content-Type") == "application/json" for r in requests):
         threads = max(1, min(concurrency, (os.cpu_count() or 2) // 2))
         found = loadgen.run_wrk(
             f"http://127.0.0.1:{server.port}{path}",

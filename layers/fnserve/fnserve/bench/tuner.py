@@ -125,6 +125,7 @@ def run(plan: Plan, target: Target, progress: Callable[[str], None] = lambda _: 
     )
     use_wrk = plan.load.wrk() and all(r.headers.get("Content-Type") == "application/json" for r in plan.requests)
     progress("the load generator's own ceiling")
+    # perf_analyzer only speaks V2 to a model: the ceiling of the generator beside it bounds what the machine gives.
     ceiling = loadgen.ceiling(wrk=use_wrk, seconds=1.0)
     report = Report(
         plan.target,
@@ -132,7 +133,7 @@ def run(plan: Plan, target: Target, progress: Callable[[str], None] = lambda _: 
         cpus,
         first.rows,
         floor,
-        "wrk" if use_wrk else "built-in",
+        "perf_analyzer" if plan.load.perf_analyzer() else "wrk" if use_wrk else "built-in",
         ceiling,
         plan.p99_ms,
     )
