@@ -16,7 +16,9 @@ with the capacity of one server core it implies; gRPC's measured throughput and 
 ratios to REST binary's. On a two-core machine the client has one core, and for gRPC it (the
 Python client serialising each request) rather than the server may set the measured
 throughput: the capacity column is the server's side. "grpcio echo" is the floor of any
-Python gRPC server: grpcio answering fixed bytes, parsing nothing, loaded the same way.
+Python gRPC server: grpcio answering fixed bytes, parsing nothing, loaded the same way;
+"echo + run" also runs the digits model each call, the floor of any Python gRPC server that
+runs the model in its own process, which fnserve's gRPC CPU per request is printed against.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
 from tests.moto import free_port
 
 SECONDS = float(os.environ.get("BENCH_LOAD_SECONDS", "3"))
+ECHO, ECHO_RUN = "grpcio echo", "echo + run"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 WIDTH = 1024  # the sum model's row: 4 KiB of FP32
 
@@ -192,7 +195,7 @@ class Figures:
 
 
 async def measure(
-    server_pid: int, http_url: str, grpc_address: str, echo_pid: int, echo_address: str
+    server_pid: int, http_url: str, grpc_address: str, echoes: dict[str, tuple[int, str]]
 ) -> dict[str, dict[str, Figures]]:
     results: dict[str, dict[str, Figures]] = {}
     connector = aiohttp.TCPConnector(limit=0)
@@ -200,17 +203,21 @@ async def measure(
     async with (
         aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session,
         grpc.aio.insecure_channel(grpc_address, options=options) as channel,
-        grpc.aio.insecure_channel(echo_address, options=options) as echo_channel,
+        grpc.aio.insecure_channel(echoes[ECHO][1], options=options) as echo_channel,
+        grpc.aio.insecure_channel(echoes[ECHO_RUN][1], options=options) as echo_run_channel,
     ):
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
         echo = pb_grpc.GRPCInferenceServiceStub(echo_channel)
+        echo_run = pb_grpc.GRPCInferenceServiceStub(echo_run_channel)
         for p in payloads():
             clients = {
                 "REST JSON": (rest_json(session, http_url, p), server_pid),
                 "REST binary": (rest_binary(session, http_url, p), server_pid),
                 "gRPC": (grpc_raw(stub, p), server_pid),
-                "grpcio echo": (grpc_raw(echo, p), echo_pid),
+                ECHO: (grpc_raw(echo, p), echoes[ECHO][0]),
             }
+            if p.model == "digits-accurate":
+                clients[ECHO_RUN] = (grpc_raw(echo_run, p), echoes[ECHO_RUN][0])
             figures = {name: Figures([], [], [], []) for name in clients}
             for call, _ in clients.values():  # warm-up: connections, the first request of each
                 await closed_loop(call, p.concurrency, 0.3)
@@ -242,11 +249,14 @@ def report(payload: str, figures: dict[str, Figures]) -> None:
         print(f"  {name:<12} {rps:>9.1f} {p50:>9.3f} {p99:>9.3f} {cpu:>18.3f} {1e3 / cpu:>12.0f}/s")
     grpc_rps, _, _, grpc_cpu = figures["gRPC"].row()
     bin_rps, _, _, bin_cpu = figures["REST binary"].row()
-    echo_cpu = figures["grpcio echo"].row()[3]
+    echo_cpu = figures[ECHO].row()[3]
     print(
         f"  gRPC / REST binary: measured throughput {grpc_rps / bin_rps:.2f}x, "
         f"server capacity {bin_cpu / grpc_cpu:.2f}x; echo CPU / gRPC CPU {echo_cpu / grpc_cpu:.2f}"
     )
+    if ECHO_RUN in figures:
+        floor = figures[ECHO_RUN].row()[3]
+        print(f"  gRPC CPU per request: {grpc_cpu / floor:.2f}x the floor of echo + the model's run ({floor:.3f} ms)")
 
 
 def main() -> None:
@@ -264,31 +274,42 @@ def main() -> None:
         f"gRPC vs REST on one fnserve serve ({'server on CPU 0, clients on the rest' if pinned else 'unpinned'}), "
         f"{ROUNDS} rounds of {SECONDS:g} s per protocol, medians"
     )
-    echo_port = free_port()
-    echo_cmd = [sys.executable, "-c", ECHO_SERVER, str(echo_port)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    echo = subprocess.Popen(["taskset", "-c", "0", *echo_cmd] if pinned else echo_cmd)
+    digits = DEMO_MANIFEST.parent / "digits-accurate" / "1" / "model.onnx"
+    echoes, servers = {}, [proc]
+    for name, extra in ((ECHO, []), (ECHO_RUN, [str(digits)])):
+        port = free_port()
+        echo_cmd = [sys.executable, "-c", ECHO_SERVER, str(port), *extra]
+        servers.append(subprocess.Popen(["taskset", "-c", "0", *echo_cmd] if pinned else echo_cmd))
+        echoes[name] = (servers[-1].pid, f"127.0.0.1:{port}")
     try:
         wait_ready(proc, f"http://127.0.0.1:{http_port}")
-        asyncio.run(
-            measure(
-                proc.pid, f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", echo.pid, f"127.0.0.1:{echo_port}"
-            )
-        )
+        asyncio.run(measure(proc.pid, f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", echoes))
     finally:
-        for server in (proc, echo):
+        for server in servers:
             server.terminate()
             server.wait(timeout=30)
         shutil.rmtree(work, ignore_errors=True)
 
 
 # grpcio's floor: an asyncio server (uvloop, as fnserve's) answering ModelInfer with fixed bytes, parsing
-# nothing: what any Python gRPC server pays per call before its own work.
+# nothing: what any Python gRPC server pays per call before its own work. Given a model's path, it also runs the
+# model (one thread, as fnserve's sessions) on a fixed digit each call: what any Python gRPC server that runs the
+# model in its process pays (onnxruntime releases the GIL in run, and grpcio's threads then take their turn).
 ECHO_SERVER = """
 import asyncio, sys, grpc, uvloop
+import numpy as np, onnxruntime as ort
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
 answer = pb.ModelInferResponse(model_name="echo", raw_output_contents=[bytes(8)]).SerializeToString()
+session = None
+if len(sys.argv) > 2:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(sys.argv[2], options, providers=["CPUExecutionProvider"])
+    digit = np.zeros((1, 64), np.float32)
 async def infer(request, context):
+    if session is not None:
+        session.run(None, {"input": digit})
     return answer
 async def main():
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", -1)])

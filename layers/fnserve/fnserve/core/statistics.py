@@ -36,6 +36,7 @@ import orjson
 # Request stages in Triton's order; each is [count, nanoseconds].
 STAGES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
 Snapshot = dict[str, Any]  # one model version's figures in Triton's JSON form ($model_stat)
+PENDING = 10_000  # requests kept as they came before they are added up
 
 
 class Executions:
@@ -86,6 +87,8 @@ class Statistics:
         for name, version in self._entries:
             self._versions.setdefault(name, []).append(version)
         self.peers: Callable[[], Iterable[Mapping[str, Snapshot]]] | None = None  # other processes' snapshots
+        # (name, version, ns, timings or None for a refusal, cache, rows, when in ns since the epoch)
+        self._pending: list[tuple[str, str, int, Mapping[str, float] | None, str, int, int]] = []
 
     def knows(self, name: str) -> bool:
         return name in self._versions
@@ -96,13 +99,42 @@ class Statistics:
     # -- counting (the data plane, on its event loop) -------------------------------------------
 
     def served(self, name: str, version: str, ns: int, timings: Mapping[str, float], cache: str, rows: int) -> None:
-        """A successful request: ``ns`` from its arrival to its encoded answer, ``timings`` its stages (ms)."""
-        entry = self._entries.get((name, version))
-        if entry is None:
-            return
+        """A successful request: ``ns`` from its arrival to its encoded answer, ``timings`` its stages (ms).
+
+        Kept as it came (an append, ~0.1 µs) and added up when the figures are read, or every
+        :data:`PENDING` requests: adding up each request's eight stages here cost ~3 µs a request."""
+        pending = self._pending
+        pending.append((name, version, ns, timings, cache, rows, time.time_ns()))
+        if len(pending) >= PENDING:
+            self._add_up()
+
+    def failed(self, name: str, version: str, ns: int) -> None:
+        """A refused request (bad input, a model failure, a full queue, a deadline)."""
+        self._pending.append((name, version, ns, None, "", 0, 0))
+
+    def _add_up(self) -> None:
+        pending, self._pending = self._pending, []  # one event loop appends: nothing is lost between the two
+        for name, version, ns, timings, cache, rows, at in pending:
+            entry = self._entries.get((name, version))
+            if entry is None:
+                continue
+            if timings is None:
+                _add(entry[1].stages["fail"], ns)
+            else:
+                self._served(entry, ns, timings, cache, rows, at // 1_000_000)
+
+    @staticmethod
+    def _served(
+        entry: tuple[Executions | None, _Requests],
+        ns: int,
+        timings: Mapping[str, float],
+        cache: str,
+        rows: int,
+        now: int,
+    ) -> None:
         executions, requests = entry
         stages = requests.stages
-        requests.last = time.time_ns() // 1_000_000
+        requests.last = now
         _add(stages["success"], ns)
         _add(stages["queue"], _ns(timings.get("queue", 0.0)))
         infer = _ns(timings.get("infer", 0.0))
@@ -118,16 +150,11 @@ class Statistics:
             requests.rows += rows
             requests.runs += 1
 
-    def failed(self, name: str, version: str, ns: int) -> None:
-        """A refused request (bad input, a model failure, a full queue, a deadline)."""
-        entry = self._entries.get((name, version))
-        if entry is not None:
-            _add(entry[1].stages["fail"], ns)
-
     # -- reporting -----------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Snapshot]:
         """This process's figures, keyed ``name/version``."""
+        self._add_up()
         out = {}
         for (name, version), (executions, requests) in self._entries.items():
             stat: Snapshot = {"name": name, "version": version}
