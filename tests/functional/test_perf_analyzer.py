@@ -4,6 +4,7 @@ on a model and on a text pipeline; and ``fnserve bench``'s driver of it counts w
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from PIL import Image
 
 from fnserve.bench import perf_analyzer
 from fnserve.bench.requests import Request
@@ -69,6 +71,21 @@ def test_perf_analyzer_drives_a_text_pipeline(served: Served, protocol: str, tmp
     row = measure(served, "minilm-embed", protocol, tmp_path, "--input-data", str(data))
     assert float(row["Inferences/Second"]) > 0
     assert successes(served.url, "minilm-embed") - before > 10
+
+
+def test_perf_analyzer_drives_an_image_pipeline_from_the_bench_drivers_input_data(
+    served: Served, tmp_path: Path
+) -> None:
+    image = Image.fromarray(np.full((16, 16), 255, np.uint8))
+    png = io.BytesIO()
+    image.save(png, format="PNG")
+    request = Request(b"", {}, {"image": np.array([png.getvalue()], dtype=object)})
+    data = tmp_path / "images.json"
+    data.write_text(json.dumps(perf_analyzer.input_data([request])))  # the tensor's wire bytes, in base64
+    before = successes(served.url, "digits-image")
+    row = measure(served, "digits-image", "http", tmp_path, "--input-data", str(data))
+    assert float(row["Inferences/Second"]) > 0
+    assert successes(served.url, "digits-image") - before > 10
 
 
 def test_the_bench_driver_counts_what_the_server_answered(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:

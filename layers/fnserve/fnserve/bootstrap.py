@@ -300,6 +300,7 @@ def server_app(settings: Settings, pool: Overflow | None = None, service: Infere
     from fnserve import tracing
     from fnserve.adapters import fronts
     from fnserve.adapters.http.app import create_app
+    from fnserve.adapters.periodic import Every
 
     store = result_store(settings, for_requests=True)
     service = service or build_service(settings, store, pool)
@@ -324,8 +325,8 @@ def server_app(settings: Settings, pool: Overflow | None = None, service: Infere
         plane.ready_when(listening)
         companions.append(listening)
         shared = os.environ.get(fronts.STATISTICS_DIR_ENV)
-        if shared:  # each one's statistics where the others add them up
-            companions.append(fronts.SharedStatistics(plane.statistics.share(Path(shared))))
+        if shared:  # each one's statistics where the others add them up, every SHARE_SECONDS and at stop
+            companions.append(Every(fronts.SHARE_SECONDS, plane.statistics.share(Path(shared))))
     app = create_app(
         plane,
         settings,

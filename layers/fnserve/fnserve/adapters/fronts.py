@@ -19,7 +19,6 @@ the server with uvicorn's start-failure status.
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing
 import os
 import signal
@@ -27,7 +26,6 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
 from multiprocessing.sharedctypes import Synchronized
 from typing import Any
 
@@ -80,29 +78,6 @@ class AllListening:
 
 STATISTICS_DIR_ENV = "FNSERVE_STATISTICS_DIR"  # where front processes share their statistics (the server makes it)
 SHARE_SECONDS = 0.1  # how old another front process's figures may be in a statistics answer
-
-
-class SharedStatistics:
-    """A companion of a front process's app: its statistics written where its siblings read them
-    (:meth:`fnserve.core.statistics.Statistics.share`), every :data:`SHARE_SECONDS` and when it stops."""
-
-    def __init__(self, write: Callable[[], None]) -> None:
-        self._write = write
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        async def every_interval() -> None:
-            while True:
-                await asyncio.sleep(SHARE_SECONDS)
-                self._write()
-
-        self._task = asyncio.get_running_loop().create_task(every_interval())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
-        self._write()
 
 
 def all_listening() -> AllListening | None:

@@ -17,13 +17,14 @@ or tests), the values live in memory.
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+
+from fnserve.adapters.periodic import Every
 
 if TYPE_CHECKING:
     from fnserve.core.dataplane import DataPlane
@@ -141,7 +142,7 @@ class ServerMetrics:
         self._pool: Overflow | None = None
         self._seen: dict[str, int] = {}
         self.pending: list[tuple[str, str, str, int, dict[str, float]]] = []  # records not yet in the series
-        self._flusher: asyncio.Task[None] | None = None
+        self._flusher = Every(FLUSH_SECONDS, self.flush)
 
     def watch(self, plane: DataPlane, pool: Overflow | None = None) -> None:
         """Count ``plane``'s batches, say where each loaded model runs, and read its batchers, its cache and
@@ -175,19 +176,10 @@ class ServerMetrics:
 
     async def start(self) -> None:
         """Flush this process's records every :data:`FLUSH_SECONDS` (the app's lifespan starts it)."""
-
-        async def every_interval() -> None:
-            while True:
-                await asyncio.sleep(FLUSH_SECONDS)
-                self.flush()
-
-        self._flusher = asyncio.get_running_loop().create_task(every_interval())
+        await self._flusher.start()
 
     async def stop(self) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
-            self._flusher = None
-        self.flush()
+        await self._flusher.stop()
 
     def flush(self) -> None:
         """Add up the records since the last flush and write each series they touch once."""

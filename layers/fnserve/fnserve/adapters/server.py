@@ -49,7 +49,7 @@ def serve(
     made: dict[str, str] = {}  # variables this call set, naming the directories it made
     if settings.metrics and (metrics := metrics_dir()) is not None:
         made[MULTIPROC_ENV] = metrics
-    # Where several front processes add up each other's statistics (fronts.SharedStatistics).
+    # Where several front processes add up each other's statistics (bootstrap.server_app shares them).
     made[fronts.STATISTICS_DIR_ENV] = os.environ[fronts.STATISTICS_DIR_ENV] = tempfile.mkdtemp(prefix="fnserve-stats-")
     if settings.cpu_affinity:  # the slot locks of the processes pinned to CPUs (bootstrap.pin_inference)
         made[AFFINITY_DIR_ENV] = os.environ[AFFINITY_DIR_ENV] = tempfile.mkdtemp(prefix="fnserve-cpus-")

@@ -31,6 +31,7 @@ import numpy as np
 from fnserve.adapters.fronts import SHARE_SECONDS
 from fnserve.bench.load import Load
 from fnserve.bench.requests import Request
+from fnserve.core.tensors import binary_tensor
 
 COMMAND = "perf_analyzer"
 WINDOWS = 3  # perf_analyzer measures at least three windows that agree
@@ -46,7 +47,8 @@ def input_data(requests: Sequence[Request]) -> dict[str, Any]:
     for request in requests:
         step = {}
         for name, array in request.inputs.items():
-            row = np.asarray(array)[0]
+            whole = np.asarray(array)
+            row = whole[:1].reshape(whole.shape[1:])  # an array even for one value a row (a text, an image)
             step[name] = {"content": _content(row), "shape": list(row.shape) or [1]}
         steps.append(step)
     return {"data": steps}
@@ -55,16 +57,11 @@ def input_data(requests: Sequence[Request]) -> dict[str, Any]:
 def _content(row: np.ndarray[Any, Any]) -> Any:
     if row.dtype != object:
         return row.ravel().tolist()
-    values = []
-    for value in row.ravel() if row.ndim else [row.item()]:
-        if isinstance(value, bytes):
-            try:
-                values.append(value.decode())
-            except UnicodeDecodeError:  # an image: base64, which perf_analyzer decodes before it sends
-                return {"b64": base64.b64encode(value).decode()}
-        else:
-            values.append(str(value))
-    return values
+    values = row.ravel() if row.ndim else np.array([row.item()], dtype=object)
+    try:
+        return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
+    except UnicodeDecodeError:  # an image: perf_analyzer sends base64 content as the tensor's wire bytes as they are
+        return {"b64": base64.b64encode(binary_tensor(values, "BYTES")).decode()}
 
 
 def run(
