@@ -262,7 +262,9 @@ def test_500_jobs_with_poison_good_ones_stored_once_poison_failed_and_nothing_lo
     assert pushes - delivery.lost <= sum(batches) <= pushes and len(batches) < 100, (batches, delivery.lost)
     # Pub/Sub delivers again (an ack lost, a slow instance): nothing is computed or written twice.
     again = [m for m in messages if b'"id"' in m.data]
-    redelivered = deliver(jobs_function, again, max_attempts=1, attempt=2)
+    # A push that gets no answer (a connection reset under load) is pushed again, as Pub/Sub would: every message
+    # is then answered once, and with 200.
+    redelivered = deliver(jobs_function, again, max_attempts=3, attempt=2)
     assert all(redelivered.answers(m.id) == [200] for m in again)
     rewrites = redis_calls(client).get("set", 0) - writes
     assert 4 <= rewrites <= 4 + redelivered.lost  # only the failed ones are run (and refused) again

@@ -5,6 +5,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
+from fnserve.core import statistics as statistics_module
 from fnserve.core.statistics import Executions, Statistics
 
 TIMINGS = {"decode": 0.5, "pre": 0.25, "queue": 2.0, "infer": 3.0, "post": 0.125, "encode": 1.0}
@@ -90,3 +93,16 @@ def test_processes_add_up_what_each_shared(tmp_path: Path) -> None:
     assert stage(first.report("model")[0], "success")[0] == 2  # as of the last write
     write_second()
     assert stage(first.report("model")[0], "success")[0] == 3
+
+
+def test_what_nobody_reads_is_added_up_every_so_many_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(statistics_module, "PENDING", 10)
+    statistics, _ = stats()
+    for _ in range(25):  # a flood of refusals
+        statistics.failed("model", "1", 1)
+    assert len(statistics._pending) < 10  # noqa: SLF001 (the bound itself is what is tested)
+    for _ in range(25):
+        statistics.served("model", "1", 1, TIMINGS, "off", rows=1)
+    assert len(statistics._pending) < 10  # noqa: SLF001
+    [stat] = statistics.report("model")
+    assert stage(stat, "success") == (25, 25) and stage(stat, "fail") == (25, 25)

@@ -110,7 +110,10 @@ class Statistics:
 
     def failed(self, name: str, version: str, ns: int) -> None:
         """A refused request (bad input, a model failure, a full queue, a deadline)."""
-        self._pending.append((name, version, ns, None, "", 0, 0))
+        pending = self._pending
+        pending.append((name, version, ns, None, "", 0, 0))
+        if len(pending) >= PENDING:  # a flood of refusals with nobody reading: still bounded
+            self._add_up()
 
     def _add_up(self) -> None:
         pending, self._pending = self._pending, []  # one event loop appends: nothing is lost between the two
@@ -121,7 +124,7 @@ class Statistics:
             if timings is None:
                 _add(entry[1].stages["fail"], ns)
             else:
-                self._served(entry, ns, timings, cache, rows, at // 1_000_000)
+                self._served(entry, ns, timings, cache, rows, at_ms=at // 1_000_000)
 
     @staticmethod
     def _served(
@@ -130,11 +133,12 @@ class Statistics:
         timings: Mapping[str, float],
         cache: str,
         rows: int,
-        now: int,
+        *,
+        at_ms: int,
     ) -> None:
         executions, requests = entry
         stages = requests.stages
-        requests.last = now
+        requests.last = max(requests.last, at_ms)
         _add(stages["success"], ns)
         _add(stages["queue"], _ns(timings.get("queue", 0.0)))
         infer = _ns(timings.get("infer", 0.0))
