@@ -200,3 +200,61 @@ max_batch_time_ms = 2
     assert reasons == [False, False, False, True, True], [r.json() for r in small]  # 3 at once, 2 at their deadline
     assert minilm_batcher.batches == 1 and minilm_batcher.shed == 5  # the refused ones never ran
     assert digits_answered > 0  # the other model answered while this one was flooded
+
+
+def test_a_request_timeout_drops_it_from_the_queue_before_it_runs(tmp_path: Path) -> None:
+    """Triton's ``timeout`` request parameter (µs): requests queued behind a heavy batch past their timeout are
+    answered 504 and never run, counted as failures in the statistics; one without it waits and is answered."""
+    import tomllib
+
+    minilm = next(m for m in tomllib.loads(DEMO_MANIFEST.read_text())["models"] if m["name"] == "minilm-l6")
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(
+        f'''[[models]]
+name = "minilm-l6"
+path = "{DEMO_MANIFEST.parent / minilm["path"]}"
+sha256 = "{minilm["sha256"]}"
+max_batch_size = 64
+max_batch_time_ms = 2
+length_buckets = [16, 256]
+pad_inputs = ["input_ids", "attention_mask", "token_type_ids"]
+'''
+    )
+    plane = DataPlane(InferenceService.from_manifest(manifest, eager=True), batching=True)
+    app = create_app(plane, Settings(manifest=manifest, access_log=False))
+    batcher = plane.batchers["minilm-l6"]
+
+    def tokens(rows: int, length: int, timeout_us: int | None = None) -> dict[str, object]:
+        ids = np.full((rows, length), 1000, np.int64)
+        names = ("input_ids", "attention_mask", "token_type_ids")
+        body: dict[str, object] = {
+            "inputs": [
+                {"name": n, "shape": list(a.shape), "datatype": "INT64", "data": a.ravel().tolist()}
+                for n, a in zip(names, (ids, np.ones_like(ids), np.zeros_like(ids)), strict=True)
+            ]
+        }
+        if timeout_us is not None:
+            body["parameters"] = {"timeout": timeout_us}
+        return body
+
+    async def main() -> tuple[httpx.Response, list[httpx.Response], httpx.Response, httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://fnserve", timeout=120) as client:
+            url = "/v2/models/minilm-l6/infer"
+            heavy = asyncio.create_task(client.post(url, json=tokens(64, 256)))
+            while batcher.batches < 1:  # the heavy batch runs: the small ones queue behind it
+                await asyncio.sleep(0.001)
+            timed = [asyncio.create_task(client.post(url, json=tokens(1, 16, timeout_us=20_000))) for _ in range(3)]
+            patient = asyncio.create_task(client.post(url, json=tokens(1, 16)))
+            bad = await client.post(url, json=tokens(1, 16, timeout_us=-5))
+            return await heavy, [await t for t in timed], await patient, bad
+
+    heavy, timed, patient, bad = asyncio.run(main())
+    assert heavy.status_code == 200 and patient.status_code == 200
+    assert [r.status_code for r in timed] == [504] * 3, [r.text for r in timed]
+    assert all("deadline passed before the inference finished" in r.json()["error"] for r in timed)
+    assert batcher.batches == 2  # the heavy one, then the patient one alone: the timed-out ones never ran
+    assert bad.status_code == 422 and "parameter 'timeout' is microseconds" in bad.json()["error"]
+    [stat] = plane.model_statistics("minilm-l6")
+    assert stat["inference_stats"]["fail"]["count"] == 4 and stat["inference_stats"]["success"]["count"] == 2
+    assert stat["execution_count"] == 2

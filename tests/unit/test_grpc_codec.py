@@ -177,3 +177,16 @@ def test_a_deadline_already_passed_runs_nothing(tmp_path: Path) -> None:
     response, answer, timings = serve(30.0)
     assert calls == [1] and answer.version == "1" and "infer" in timings
     assert len(pb.ModelInferResponse.FromString(response).raw_output_contents) == 2
+
+
+def test_the_timeout_parameter_is_the_requests_deadline() -> None:
+    request = typed_request({"FP32": np.ones((1, 2), np.float32)})
+    assert codec.decode_request(request).timeout is None
+    request.parameters["timeout"].int64_param = 250_000  # µs, as Triton's clients send it
+    assert codec.decode_request(request).timeout == 0.25
+    request.parameters["timeout"].int64_param = -1
+    with pytest.raises(InvalidInput, match="parameter 'timeout' is microseconds"):
+        codec.decode_request(request)
+    request.parameters["timeout"].string_param = "soon"
+    with pytest.raises(InvalidInput, match="got 'soon'"):
+        codec.decode_request(request)

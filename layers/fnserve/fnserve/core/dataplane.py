@@ -47,6 +47,9 @@ class Decoded(Protocol):
     @property
     def outputs(self) -> Sequence[str] | None: ...
 
+    @property
+    def timeout(self) -> float | None: ...
+
 
 R = TypeVar("R", bound=Decoded)  # a request decoded: V2's InferenceRequest, gRPC's GrpcRequest
 
@@ -161,7 +164,8 @@ class DataPlane:
     ) -> tuple[T, Answer, dict[str, float]]:
         """One request, whatever carried it: the encoded answer, the answer, and the milliseconds of each stage.
 
-        ``deadline``: the seconds the caller waits (gRPC's); past it the inference is dropped (not
+        ``deadline``: the seconds the caller waits (gRPC's; the request's own ``timeout`` parameter, Triton's,
+        when it is shorter or there is none); past it the inference is dropped (not
         computed, if it is still queued) and a :class:`DeadlineExceeded` raised. A refusal is raised as
         an :class:`FnserveError`, anything unexpected as a 500 "internal server error" (its traceback
         logged). ``traceparent``: the caller's trace, which the watcher's span continues.
@@ -178,6 +182,8 @@ class DataPlane:
             t0 = time.perf_counter()
             decoded = decode(await body)
             t1 = time.perf_counter()
+            if decoded.timeout is not None:  # the request's own, Triton's "timeout" parameter
+                deadline = decoded.timeout if deadline is None else min(deadline, decoded.timeout)
             if deadline is None:
                 answer = await self.infer(name, decoded.inputs, version=version, outputs=decoded.outputs)
             else:

@@ -38,6 +38,7 @@ class InferenceRequest:
     outputs: list[str] | None = None  # requested output names, None for all
     binary_outputs: dict[str, bool] = field(default_factory=dict)  # per requested output
     binary_default: bool = False  # request's binary_data_output
+    timeout: float | None = None  # seconds the client waits (Triton's request parameter "timeout", in µs)
 
     def wants_binary(self, name: str) -> bool:
         return self.binary_outputs.get(name, self.binary_default)
@@ -80,6 +81,7 @@ def decode_document(doc: dict[str, Any], binary: bytes = b"") -> InferenceReques
     if not isinstance(binary_default, bool):
         raise InvalidInput("parameter 'binary_data_output' must be a boolean")
     request.binary_default = binary_default
+    request.timeout = request_timeout(request.parameters.get("timeout"))
     offset = 0
     for raw in raw_inputs:
         name, array, offset = _decode_input(raw, binary, offset)
@@ -92,6 +94,16 @@ def decode_document(doc: dict[str, Any], binary: bytes = b"") -> InferenceReques
     if raw_outputs is not None:
         request.outputs = _decode_outputs(raw_outputs, request)
     return request
+
+
+def request_timeout(value: Any) -> float | None:
+    """Triton's ``timeout`` request parameter (microseconds; 0 or none: no timeout) in seconds: how long the
+    request may take, queued for a batch included; past it, it is dropped before it runs (a 504)."""
+    if value is None or value == 0:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInput(f"parameter 'timeout' is microseconds, a non-negative integer; got {value!r}")
+    return value / 1e6
 
 
 def _parameters(value: Any, where: str) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
 from fnserve.core.datatypes import V2_TO_NUMPY, Arrays, v2_datatype
 from fnserve.core.errors import InvalidInput
-from fnserve.core.tensors import array_from_json, binary_tensor, from_binary
+from fnserve.core.tensors import array_from_json, binary_tensor, from_binary, request_timeout
 
 RAW_INPUT_CONTENTS = pb.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number
 RAW_OUTPUT_CONTENTS = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number
@@ -125,6 +125,7 @@ class GrpcRequest:
     inputs: Arrays
     outputs: list[str] | None
     raw_outputs: bool
+    timeout: float | None = None  # seconds (Triton's "timeout" parameter, in µs)
 
 
 def decode_request(request: pb.ModelInferRequest, raw: Sequence[bytes | memoryview] | None = None) -> GrpcRequest:
@@ -165,7 +166,15 @@ def decode_request(request: pb.ModelInferRequest, raw: Sequence[bytes | memoryvi
             array = _from_contents(name, tensor, dtype, size)
         arrays[name] = array.reshape(shape)
     outputs = [o.name for o in request.outputs]
-    return GrpcRequest(arrays, outputs or None, _raw_outputs(request))
+    timeout = request.parameters.get("timeout")
+    seconds = request_timeout(_parameter_value(timeout)) if timeout is not None else None
+    return GrpcRequest(arrays, outputs or None, _raw_outputs(request), seconds)
+
+
+def _parameter_value(parameter: pb.InferParameter) -> Any:
+    """The value an InferParameter holds, whichever field holds it."""
+    field = parameter.WhichOneof("parameter_choice")
+    return getattr(parameter, field) if field else None
 
 
 def _from_contents(
