@@ -13,7 +13,7 @@ PY312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12
 	$$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$c; break; }; done)
 SAM := SAM_CLI_TELEMETRY=0 PATH="$(dir $(PY312)):$$PATH" $(SAM_VENV)/bin/sam
 
-.PHONY: setup image-test run serve test perf-analyzer test-gpu gpu-models test-servers lint sam-build sam-check deploy bench bench-models tune models minilm grpc-stubs clean
+.PHONY: setup image-test run serve test docs perf-analyzer test-gpu gpu-models test-servers lint sam-build sam-check deploy bench bench-models tune models minilm grpc-stubs clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fnserve needs Python >= 3.11"'
@@ -85,6 +85,11 @@ test-servers:
 test: lint sam-check test-servers perf-analyzer
 	$(BIN)/pytest
 
+# The docs site (docs/, mkdocs.yml) on http://127.0.0.1:8000, rebuilt as pages change; make test builds it with
+# --strict (tests/functional/test_docs.py), so a broken link or anchor fails.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
 # perf_analyzer, Triton's load generator: tritonclient's manylinux wheels ship it up to 2.39, linked to Debian's
 # libb64 and CUDA's runtime library (which it loads without a GPU; pip's nvidia-cuda-runtime-cu12 brings it).
 # A wrapper in .perf-analyzer/ sets the library path; fnserve bench uses perf_analyzer when it is on PATH, and
@@ -111,7 +116,7 @@ image-test: setup
 	$(BIN)/pytest tests/image -o timeout=3600 -p no:cacheprovider -rs
 
 # fnserve bench on the demo's digits model and on MiniLM (the sentence-embedding pipeline): the sweep, its
-# recommendation and plots in fnserve-bench/ (README: "Tuning a deployment").
+# recommendation and plots in fnserve-bench/ (docs/tuning.md).
 tune: setup
 	@command -v wrk >/dev/null || apt-get install -y -qq wrk >/dev/null 2>&1 || echo "wrk not installed: fnserve's own load generator is used"
 	$(BIN)/fnserve bench $(MANIFEST) --model digits-accurate --out fnserve-bench/digits

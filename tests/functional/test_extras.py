@@ -29,7 +29,7 @@ DOCKERFILES = sorted((REPO / "infra" / "container").glob("*Dockerfile"))
 def documented() -> dict[frozenset[str], str]:
     """Every extra set an install instruction names, with where it is named."""
     found: dict[frozenset[str], str] = {}
-    for path in [*DOCKERFILES, REPO / "README.md"]:
+    for path in [*DOCKERFILES, REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         for extras in re.findall(r"""pip install[^\n]*?(?:\.|fnserve)\[([a-z0-9_,-]+)\]""", path.read_text()):
             wanted = frozenset(extras.split(",")) - GPU_ONLY
             found.setdefault(wanted, path.name)

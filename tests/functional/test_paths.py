@@ -2,7 +2,7 @@
 
 Each path's request is sent through its real entry (the server's ASGI app, the Lambda handlers,
 the gRPC servicer); the model's session records the stack it is called from, and the fnserve
-files on it are the path. The README's Architecture section lists them; the design's target is
+files on it are the path. docs/architecture.md lists them; the design's target is
 at most five.
 """
 

@@ -1,5 +1,5 @@
-"""The README runs as written: its Python examples, its curl lines and its transcripts (against a real server
-where they need one), and every other shell block names the test that proves it."""
+"""The README and the docs site (docs/*.md) run as written: their Python examples, curl lines and transcripts
+(against a real server where they need one), and every other shell block names the test that proves it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,11 @@ import pytest
 from tests.functional.conftest import start_server
 from tests.helpers import DEMO_MANIFEST, REPO
 
-README = (REPO / "README.md").read_text()
+PAGES = {
+    path.relative_to(REPO).as_posix(): path.read_text()
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+}
+README = "\n".join(PAGES.values())  # every page, for what is looked for wherever it is written
 BLOCKS = re.findall(r"```python\n(.*?)```", README, re.DOTALL)
 
 
@@ -67,7 +71,7 @@ def test_readme_manifest_examples_are_valid() -> None:
 
     from fnserve.core.manifest import CascadeSettings, Manifest, PipelineSettings, Step
 
-    blocks = [tomllib.loads(b) for b in re.findall(r"```toml\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)]
+    blocks = [tomllib.loads(b) for b in re.findall(r"```toml\n(.*?)```", README, re.DOTALL)]
     manifests = {b["models"][0]["name"]: Manifest.model_validate(b) for b in blocks if "models" in b}
     manifest = manifests["digits-accurate"]
     assert manifest.models[0].cache_ttl_seconds == 3600
@@ -90,8 +94,9 @@ def test_readme_manifest_examples_are_valid() -> None:
 # The README's shell blocks. Each runs here against the demo server, or names where it is proven instead:
 # a command the README adds must be run or accounted for, or this module fails.
 SHELL = {
-    README.count("\n", 0, m.start()) + 1: m.group(1)
-    for m in re.finditer(r"```(?:sh|bash)\n(.*?)```", README, re.DOTALL)
+    f"{page}:{text.count(chr(10), 0, m.start()) + 1}": m.group(1)
+    for page, text in PAGES.items()
+    for m in re.finditer(r"```(?:sh|bash)\n(.*?)```", text, re.DOTALL)
 }
 RUN_AGAINST_THE_DEMO_SERVER = "curl -s localhost:8080"  # the blocks run below, `make serve` being the fixture
 ELSEWHERE = {  # a block's first command -> why it does not run here, and what proves it instead
@@ -124,13 +129,13 @@ def test_every_shell_block_runs_here_or_says_where_it_is_proven() -> None:
     for line, block in SHELL.items():
         if starts(block, "make serve") and RUN_AGAINST_THE_DEMO_SERVER in block:
             continue
-        assert any(starts(block, command) for command in ELSEWHERE), f"README.md:{line}: {block.splitlines()[0]}"
+        assert any(starts(block, command) for command in ELSEWHERE), f"{line}: {block.splitlines()[0]}"
     unused = [command for command in ELSEWHERE if not any(starts(b, command) for b in SHELL.values())]
-    assert not unused, f"no README block starts with {unused}"
+    assert not unused, f"no block of the README or the docs starts with {unused}"
 
 
 @pytest.mark.parametrize("line", [line for line, block in SHELL.items() if starts(block, "make serve")])
-def test_readme_curl_examples_answer_as_shown(line: int, demo_server: str, tmp_path: Path) -> None:
+def test_readme_curl_examples_answer_as_shown(line: str, demo_server: str, tmp_path: Path) -> None:
     block = SHELL[line]
     script = "\n".join(block.splitlines()[1:]).replace("localhost:8080", demo_server.removeprefix("http://"))
     # Each curl's answer on its own line, so that each can be read back.
@@ -145,9 +150,9 @@ def test_readme_curl_examples_answer_as_shown(line: int, demo_server: str, tmp_p
     shown = "".join(re.findall(r"^#\s+([{\"].*)$", block, re.MULTILINE)).replace(" ", "")
     got = json.dumps(answers, separators=(",", ":"))
     fragments = re.findall(r'\{"name":"\w+","datatype":"\w+","shape":\[[\d,]+\],"data":\[[^.\]]+\]', shown)
-    assert fragments, f"README.md:{line} shows no answer to compare"
+    assert fragments, f"{line} shows no answer to compare"
     for fragment in fragments:
-        assert fragment in got, f"README.md:{line} shows {fragment}; the server answered {got[:300]}"
+        assert fragment in got, f"{line} shows {fragment}; the server answered {got[:300]}"
 
 
 TRANSCRIPTS = re.findall(r"```\n\$ (fnserve (?:cascade tune|quantize) .*?)```", README, re.DOTALL)

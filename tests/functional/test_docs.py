@@ -1,0 +1,45 @@
+"""The docs site builds with mkdocs --strict (a broken link or anchor, a page outside the nav, fails it), and the
+README stays a short way in: a working curl and "your own model" on its first screen, every page linked."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import REPO
+
+README = (REPO / "README.md").read_text()
+
+
+def test_the_docs_site_builds_strictly(tmp_path: Path) -> None:
+    mkdocs = Path(sys.executable).with_name("mkdocs")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    done = subprocess.run(
+        [str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "site" / "index.html").exists()
+    assert (tmp_path / "site" / "api" / "index.html").exists()
+
+
+def test_the_readme_is_a_short_way_in() -> None:
+    lines = README.splitlines()
+    assert len(lines) <= 200, len(lines)
+    first_screen = "\n".join(lines[:80])
+    assert "curl -s localhost:8080/v2/models/digits-accurate/infer" in first_screen
+    assert "fnserve manifest add" in first_screen
+    links = re.findall(r"\]\(([^)]+)\)", README)
+    assert all(not link.startswith(("http:", "https:", "../")) for link in links), links  # no way out of the repo
+    for link in links:
+        assert (REPO / link.split("#")[0]).exists(), link
+    pages = {p.name for p in (REPO / "docs").glob("*.md")} - {"index.md"}
+    linked = {Path(link.split("#")[0]).name for link in links}
+    assert pages <= linked, f"pages the README does not lead to: {sorted(pages - linked)}"
