@@ -26,7 +26,7 @@ setup: $(VENV)/.installed
 
 # The main job: template.yaml's functions on this machine, an embedded AWS emulator, the demo models.
 run: setup
-	$(BIN)/fnserve local --template template.yaml --port $(PORT)
+	$(BIN)/fnserve local --template template.yaml --port $(PORT) --reload
 
 # The same app as a long-running container server, without the AWS parts.
 serve: setup

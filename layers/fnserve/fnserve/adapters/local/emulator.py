@@ -89,7 +89,8 @@ class Emulator:
 
         refuse_taken(self.host, self.port, "the gateway's")  # at once, not after every function has started
         try:
-            endpoint, self._moto = start_aws()
+            # The AWS emulator beside the gateway (3001 for 3000): the queue URLs printed stay the same across starts.
+            endpoint, self._moto = start_aws(self.port + 1 if self.port else None)
             physical, attributes = create_resources(self.template, self.parameters, self.visibility_timeout)
             self.app = collect(
                 self.template, Resolver(self.template, physical, attributes, self.parameters), self.root, self.workers
@@ -176,10 +177,10 @@ class Emulator:
         return [r for r in roots if not any(r != o and r.is_relative_to(o) for o in roots)]
 
     def _watch(self) -> None:
-        from watchfiles import DefaultFilter, watch
+        from watchfiles import watch
 
         watched, roots = self.watched(), [*self.watch_roots(), self.template_path]
-        for changes in watch(*roots, watch_filter=DefaultFilter(), stop_event=self._stop, raise_interrupt=False):
+        for changes in watch(*roots, watch_filter=reload_filter(), stop_event=self._stop, raise_interrupt=False):
             changed = sorted({Path(path) for _, path in changes})
             if self.template_path in changed:
                 logger.warning(
@@ -236,3 +237,11 @@ class Emulator:
             "routes": [f"{r.method} {r.path} -> {r.function} ({r.version})" for r in self.app.routes],
             "schedules": [f"{s.expression} -> {s.function} ({s.event})" for s in self.app.schedules],
         }
+
+
+def reload_filter() -> Callable[[Any, str], bool]:
+    """watchfiles' default filter, and hidden files too: an editor's swap file, or the temporary manifest
+    ``fnserve manifest add`` checks before it replaces the real one, are not what a reload line should name."""
+    from watchfiles import DefaultFilter
+
+    return DefaultFilter(ignore_entity_patterns=(*DefaultFilter.ignore_entity_patterns, r"^\."))

@@ -21,15 +21,18 @@ from fnserve.adapters.local.template import Resolver, Template
 from fnserve.aws import clients
 from fnserve.core.errors import ConfigError
 
+logger = logging.getLogger(__name__)
 Physical = dict[str, str]
 Attributes = dict[tuple[str, str], str]
 
 
-def start_aws() -> tuple[str, Any]:
+def start_aws(port: int | None = None) -> tuple[str, Any]:
     """The AWS endpoint every client will use, and the embedded moto server started for it (or None).
 
     With ``AWS_ENDPOINT_URL`` or LocalStack configured, that endpoint; else a moto server on
-    127.0.0.1, never on another interface. Region and credentials default to harmless local values.
+    127.0.0.1, never on another interface, on ``port`` (so that its queue URLs, which a reader copies,
+    stay the same from one start to the next), or on a free port when that one is taken or None.
+    Region and credentials default to harmless local values.
     """
     os.environ.setdefault("AWS_DEFAULT_REGION", REGION)
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
@@ -43,13 +46,27 @@ def start_aws() -> tuple[str, Any]:
 
         moto_sqs.apply()  # deep queues at the cost of shallow ones
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per AWS call
-        port = _free_port()
+        if port is None or not _free(port):
+            if port is not None:
+                logger.warning("port %d is taken: the embedded AWS emulator listens on another one", port)
+            port = _free_port()
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
         server.start()
         endpoint = f"http://127.0.0.1:{port}"
         os.environ["AWS_ENDPOINT_URL"] = endpoint
     clients.reset()
     return endpoint, server
+
+
+def _free(port: int) -> bool:
+    """Whether a server can listen on ``port`` (as servers bind: a previous run's closed connections are no bar)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _free_port() -> int:
