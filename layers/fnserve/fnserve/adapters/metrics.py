@@ -20,10 +20,11 @@ from __future__ import annotations
 import bisect
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
+from fnserve.adapters.gpu_metrics import GpuCollector, gpu_collector
 from fnserve.adapters.periodic import Every
 
 if TYPE_CHECKING:
@@ -44,7 +45,11 @@ class ServerMetrics:
     answers a scrape (after :meth:`watch` gave it the process's data plane and pool). A companion of the
     app: its lifespan starts the periodic flush and flushes at shutdown."""
 
-    def __init__(self) -> None:
+    def __init__(self, gpu: GpuCollector | None | Literal["auto"] = "auto") -> None:
+        # The machine's GPUs (nv_gpu_*, read at each scrape): NVML's, where it sees any ("auto").
+        self._gpus = CollectorRegistry()
+        if (collector := gpu_collector() if gpu == "auto" else gpu) is not None:
+            self._gpus.register(collector)
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -208,11 +213,12 @@ class ServerMetrics:
         self.flush()
         self._update()
         path = os.environ.get(MULTIPROC_ENV)
+        gpus = generate_latest(self._gpus)  # machine-wide, read now: not through the processes' files
         if not path:
-            return generate_latest(self.registry)
+            return generate_latest(self.registry) + gpus
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path=path)  # type: ignore[no-untyped-call]
-        return generate_latest(registry)
+        return generate_latest(registry) + gpus
 
     def _update(self) -> None:
         if self._plane is not None:
