@@ -414,10 +414,13 @@ def test_jobs_carry_text_and_images_and_a_poison_job_fails_alone(settings: Setti
     for i, job_id in enumerate(texts):
         result = get(f"/v2/results/{job_id}").json()
         assert result["status"] == "done", result
+        # What the job called, and the model that computed it beside (its version is that model's).
+        assert result["model_name"] == "minilm-embed" and result["parameters"] == {"answered_by": "minilm-l6"}
         got = np.reshape(result["outputs"][0]["data"], (1, 384))
         assert cosine(got, expected[i : i + 1])[0] > 0.98  # int8: batched with other lengths, alike
     for i in range(5):
         result = get(f"/v2/results/image-{i}").json()
+        assert (result["model_name"], result["parameters"]["answered_by"]) == ("digits-image", "digits-accurate")
         outputs = {o["name"]: o for o in result["outputs"]}
         assert outputs["label"]["data"] == [int(LABELS[i])]
     for job_id, (_, _, _, message) in poison.items():

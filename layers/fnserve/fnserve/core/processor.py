@@ -95,11 +95,15 @@ class _Results:
         self.owners: dict[str, str] = {}
         self.now = int(time.time())
 
-    def done(self, message_id: str, job_id: str, prediction: Prediction) -> None:
+    def done(self, message_id: str, job_id: str, named: str, prediction: Prediction) -> None:
+        """A job that ran: stored under the name it called (``named``), with the model that answered beside it."""
         key = job_key(job_id)
         ttl = self.processor.ttl_seconds
+        answered_by = prediction.model if prediction.model != named else None
         self.records.append(
-            ResultRecord.done(key, prediction.model, prediction.version, prediction.outputs, now=self.now, ttl=ttl)
+            ResultRecord.done(
+                key, named, prediction.version, prediction.outputs, now=self.now, ttl=ttl, answered_by=answered_by
+            )
         )
         self.owners[key] = message_id
         self.outcome.cache_hits += prediction.cache == "hit"
@@ -195,7 +199,7 @@ class JobProcessor:
                 if isinstance(result, FnserveError):
                     out.fail(message_id, receive_counts[message_id], job_id, unit.model, result)
                 else:
-                    out.done(message_id, job_id, result)
+                    out.done(message_id, job_id, unit.model, result)
         out.store()
         position = {record[0]: i for i, record in enumerate(records)}
         outcome.failures.sort(key=position.__getitem__)  # in record order

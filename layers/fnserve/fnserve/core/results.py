@@ -42,10 +42,15 @@ class ResultRecord(NamedTuple):
     expires: int
     payload: bytes | None = None  # the outputs, packed by fnserve.core.tensors.pack_arrays
     error: str | None = None
+    # The model that computed the outputs where it is not ``model``, the name the job called (a pipeline's model,
+    # a cascade's fast or slow one); ``version`` is that model's.
+    answered_by: str | None = None
 
     @classmethod
-    def done(cls, key: str, model: str, version: str, outputs: Arrays, *, now: int, ttl: int) -> ResultRecord:
-        return cls(key, "done", model, version, now, now + ttl, payload=pack_arrays(outputs))
+    def done(
+        cls, key: str, model: str, version: str, outputs: Arrays, *, now: int, ttl: int, answered_by: str | None = None
+    ) -> ResultRecord:
+        return cls(key, "done", model, version, now, now + ttl, payload=pack_arrays(outputs), answered_by=answered_by)
 
     @classmethod
     def failed(cls, key: str, model: str, error: str, *, now: int, ttl: int) -> ResultRecord:

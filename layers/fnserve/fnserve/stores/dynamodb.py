@@ -67,6 +67,7 @@ def _item(record: ResultRecord) -> Item:
         "error": record.error,
         "created_at": record.created,
         TTL_ATTRIBUTE: record.expires,
+        "answered_by": record.answered_by,
     }
 
 
@@ -80,6 +81,7 @@ def _record(item: Item) -> ResultRecord:
         expires=int(item[TTL_ATTRIBUTE]),
         payload=item.get("payload"),
         error=item.get("error"),
+        answered_by=item.get("answered_by"),
     )
 
 

@@ -47,6 +47,7 @@ def _encode(record: ResultRecord, payload_uri: str | None = None) -> bytes:
         "expires": record.expires,
         "error": record.error,
         "payload_uri": payload_uri,
+        "answered_by": record.answered_by,
     }
     body = record.payload if payload_uri is None and record.payload is not None else b""
     return orjson.dumps(header) + b"\n" + body
@@ -64,6 +65,7 @@ def _decode(key: str, value: bytes) -> tuple[ResultRecord, str | None]:
         expires=int(header["expires"]),
         payload=body if header["status"] == "done" and header["payload_uri"] is None else None,
         error=header["error"],
+        answered_by=header.get("answered_by"),  # absent in records written before it was kept
     )
     return record, header["payload_uri"]
 

@@ -266,6 +266,10 @@ RESULT: dict[int | str, Any] = {
                 "status": {"type": "string", "enum": ["pending", "done", "skipped", "failed"]},
                 "model_name": {"type": "string"},
                 "model_version": {"type": "string"},
+                "parameters": {
+                    "type": "object",
+                    "properties": {"answered_by": {"type": "string", "description": "The model that computed it"}},
+                },
                 "outputs": INFERENCE_RESPONSE["properties"]["outputs"],  # type: ignore[index]
                 "error": {"type": "string"},
             },

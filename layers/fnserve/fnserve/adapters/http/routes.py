@@ -164,6 +164,8 @@ def _result_document(state: ResultState) -> dict[str, object]:
         return doc
     if record.version:
         doc["model_version"] = record.version
+    if record.answered_by:  # the model that computed it, where the job called a pipeline or a cascade
+        doc["parameters"] = {"answered_by": record.answered_by}
     if record.status == "done":
         doc["outputs"] = [json_tensor(name, array) for name, array in record.outputs().items()]
     elif record.error:
