@@ -69,3 +69,14 @@ def test_http_invocations_and_errors_say_what_happened() -> None:
     lines = out.getvalue().splitlines()
     assert lines[0] == "ApiFunction       ERROR   function ApiFunction timed out after 3s"
     assert lines[2] == "ApiFunction     REPORT RequestId: r-2  HTTP: POST /v2/models/digits/infer -> error"
+
+
+def test_columns_hold_still_as_function_names_appear() -> None:
+    """Told the template's function names at start, every line starts its text at one column."""
+    out = io.StringIO()
+    console = Console(out)
+    console.expect(["fnserve", "ApiFunction", "FollowupProcessorFunction"])
+    console.started(FunctionSpec("ApiFunction", "", memory_mb=2048), "r-1")
+    console.started(FunctionSpec("FollowupProcessorFunction", "", memory_mb=2048), "r-2")
+    starts = {line.index("START") for line in out.getvalue().splitlines()}
+    assert starts == {len("FollowupProcessorFunction") + 2}

@@ -415,11 +415,21 @@ def serve(
 ) -> None:
     """Serve the manifest's models over the V2 HTTP API (uvicorn), and gRPC with --grpc-port, as in a container."""
     import os
+    import sys
 
     from pydantic import ValidationError
 
+    from fnserve.adapters import logs
     from fnserve.adapters.server import serve as run_server
     from fnserve.settings import Settings, sagemaker_settings
+
+    # Log lines a person reads at a terminal; JSON for whatever collects them (a container's, a pipe's reader).
+    # The server's other processes inherit the choice.
+    chosen = os.environ.get(logs.FORMAT_ENV, "auto")
+    if chosen == "auto":
+        os.environ[logs.FORMAT_ENV] = chosen = "console" if sys.stdout.isatty() else "json"
+    if chosen == "console":
+        logs.readable()
 
     overrides: dict[str, Any] = {"manifest": str(manifest.resolve()), **sagemaker_settings(os.environ)}
     if workers is not None:
@@ -824,6 +834,7 @@ def local(
         observer=console,
         reload=reload,
     )
+    console.expect(["fnserve", *emulator.template.of_type("AWS::Serverless::Function")])
     try:
         local_ = emulator.start()
     except FnserveError as exc:

@@ -12,10 +12,12 @@ each line's level and time (and its trace, which the GCP adapters add per reques
 
 from __future__ import annotations
 
+import io
 import logging
 import os
+import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 import orjson
 from aws_lambda_powertools import Logger
@@ -45,6 +47,46 @@ def _dumps(record: dict[str, Any]) -> str:
 
 # The service name the template sets (POWERTOOLS_SERVICE_NAME), else fnserve's.
 logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME") or "fnserve", json_serializer=_dumps)
+
+FORMAT_ENV = "FNSERVE_LOG_FORMAT"  # json (what log pipelines read), or console (what a person reads)
+
+
+class Readable(io.TextIOBase):
+    """A stream that writes each JSON log line as a person reads it (the time, then the emulator console's form:
+    level, message, the line's own keys); other text as it is."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self._partial = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        from fnserve.adapters.local.console import render
+
+        *lines, self._partial = (self._partial + text).split("\n")
+        for line in lines:
+            shown = render(line)
+            if shown is not None:
+                self.out.write(f"{time.strftime('%H:%M:%S')} {shown}\n" if line.startswith("{") else shown + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def readable(out: TextIO | None = None) -> None:
+    """Write this process's log lines as a person reads them, to ``out`` (the logger's stream by default)."""
+    handler = logger.registered_handler
+    stream = getattr(handler, "stream", None)
+    if isinstance(stream, Readable):
+        return
+    handler.setStream(Readable(out or stream or sys.stdout))  # type: ignore[attr-defined]
+
+
+if os.environ.get(FORMAT_ENV) == "console":  # a server's processes each apply what it chose (fnserve serve)
+    readable()
 
 
 def level(explicit: str | None) -> str:

@@ -58,6 +58,10 @@ class Console:
         self._lock = threading.Lock()
         self._width = 14
 
+    def expect(self, names: list[str]) -> None:
+        """The names lines will carry (the template's functions): one column width from the first line on."""
+        self._width = max(self._width, *(len(n) for n in names))
+
     def name(self, function: str) -> str:
         self._width = max(self._width, len(function))
         return function.ljust(self._width)
