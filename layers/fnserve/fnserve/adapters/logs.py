@@ -51,6 +51,64 @@ logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME") or "fnserve", 
 FORMAT_ENV = "FNSERVE_LOG_FORMAT"  # json (what log pipelines read), or console (what a person reads)
 
 
+# What every Powertools line carries: shown by START/REPORT already, or noise on a laptop.
+_STANDARD_KEYS = frozenset(
+    {
+        "level",
+        "location",
+        "message",
+        "timestamp",
+        "service",
+        "cold_start",
+        "function_name",
+        "function_memory_size",
+        "function_arn",
+        "function_request_id",
+        "xray_trace_id",
+        "sampling_rate",
+        "exception",
+        "exception_name",
+        "stack_trace",
+    }
+)
+
+
+def render(line: str) -> str | None:
+    """One function log line, readable: Powertools JSON as level, message and extra keys; EMF as metrics."""
+    if not line.startswith("{"):
+        return line if line.strip() else None
+    try:
+        doc = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return line
+    if not isinstance(doc, dict):
+        return line
+    if "_aws" in doc:
+        names = [m["Name"] for d in doc["_aws"].get("CloudWatchMetrics", []) for m in d.get("Metrics", [])]
+        values = " ".join(f"{n}={_metric(doc.get(n))}" for n in names)
+        return f"metrics {values}"
+    if "message" not in doc:
+        return line
+    if "request_id" in doc and doc["request_id"] == doc.get("function_request_id"):
+        del doc["request_id"]  # the invocation's own id: its START line shows it
+    extras = " ".join(f"{k}={_value(v)}" for k, v in doc.items() if k not in _STANDARD_KEYS)
+    text = f"{str(doc.get('level', 'INFO')):<7} {doc['message']}" + (f"  {extras}" if extras else "")
+    if doc.get("exception"):
+        text += "\n" + "\n".join("      " + part for part in str(doc["exception"]).splitlines())
+    return text
+
+
+def _metric(value: Any) -> str:
+    if isinstance(value, list):
+        value = sum(value) if all(isinstance(v, int | float) for v in value) else value
+    return f"{value:g}" if isinstance(value, int | float) else str(value)
+
+
+def _value(value: Any) -> str:
+    text = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
+    return f'"{text}"' if " " in text else text
+
+
 class Readable(io.TextIOBase):
     """A stream that writes each JSON log line as a person reads it (the time, then the emulator console's form:
     level, message, the line's own keys); other text as it is."""
@@ -63,8 +121,6 @@ class Readable(io.TextIOBase):
         return True
 
     def write(self, text: str) -> int:
-        from fnserve.adapters.local.console import render
-
         *lines, self._partial = (self._partial + text).split("\n")
         for line in lines:
             shown = render(line)

@@ -21,32 +21,10 @@ import math
 import threading
 from typing import Any, TextIO
 
-import orjson
-
+from fnserve.adapters.logs import render
 from fnserve.workers.messages import Usage
 from fnserve.workers.pool import FunctionSpec
 from fnserve.workers.worker import LineWriter
-
-# What every Powertools line carries: shown by START/REPORT already, or noise on a laptop.
-_STANDARD_KEYS = frozenset(
-    {
-        "level",
-        "location",
-        "message",
-        "timestamp",
-        "service",
-        "cold_start",
-        "function_name",
-        "function_memory_size",
-        "function_arn",
-        "function_request_id",
-        "xray_trace_id",
-        "sampling_rate",
-        "exception",
-        "exception_name",
-        "stack_trace",
-    }
-)
 
 
 class Console:
@@ -108,42 +86,6 @@ class Console:
             for line in lines:
                 self.out.write(line + "\n")
             self.out.flush()
-
-
-def render(line: str) -> str | None:
-    """One function log line, readable: Powertools JSON as level, message and extra keys; EMF as metrics."""
-    if not line.startswith("{"):
-        return line if line.strip() else None
-    try:
-        doc = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return line
-    if not isinstance(doc, dict):
-        return line
-    if "_aws" in doc:
-        names = [m["Name"] for d in doc["_aws"].get("CloudWatchMetrics", []) for m in d.get("Metrics", [])]
-        values = " ".join(f"{n}={_metric(doc.get(n))}" for n in names)
-        return f"metrics {values}"
-    if "message" not in doc:
-        return line
-    if "request_id" in doc and doc["request_id"] == doc.get("function_request_id"):
-        del doc["request_id"]  # the invocation's own id: its START line shows it
-    extras = " ".join(f"{k}={_value(v)}" for k, v in doc.items() if k not in _STANDARD_KEYS)
-    text = f"{str(doc.get('level', 'INFO')):<7} {doc['message']}" + (f"  {extras}" if extras else "")
-    if doc.get("exception"):
-        text += "\n" + "\n".join("      " + part for part in str(doc["exception"]).splitlines())
-    return text
-
-
-def _metric(value: Any) -> str:
-    if isinstance(value, list):
-        value = sum(value) if all(isinstance(v, int | float) for v in value) else value
-    return f"{value:g}" if isinstance(value, int | float) else str(value)
-
-
-def _value(value: Any) -> str:
-    text = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
-    return f'"{text}"' if " " in text else text
 
 
 def _what(event: Any, response: Any, error: str | None) -> list[str]:
