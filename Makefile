@@ -88,6 +88,7 @@ test: lint sam-check test-servers perf-analyzer
 # The docs site (docs/, mkdocs.yml) on http://127.0.0.1:8000, rebuilt as pages change; make test builds it with
 # --strict (tests/functional/test_docs.py), so a broken link or anchor fails.
 docs: setup
+	$(PY) infra/docs/cli_reference.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 # perf_analyzer, Triton's load generator: tritonclient's manylinux wheels ship it up to 2.39, linked to Debian's

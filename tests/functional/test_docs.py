@@ -3,6 +3,7 @@ README stays a short way in: a working curl and "your own model" on its first sc
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -43,3 +44,14 @@ def test_the_readme_is_a_short_way_in() -> None:
     pages = {p.name for p in (REPO / "docs").glob("*.md")} - {"index.md"}
     linked = {Path(link.split("#")[0]).name for link in links}
     assert pages <= linked, f"pages the README does not lead to: {sorted(pages - linked)}"
+
+
+def test_the_cli_reference_is_what_the_commands_print() -> None:
+    spec = importlib.util.spec_from_file_location("cli_reference", REPO / "infra" / "docs" / "cli_reference.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    written = (REPO / "docs" / "cli.md").read_text()
+    assert written == module.reference(), "docs/cli.md is stale: run python infra/docs/cli_reference.py"
+    assert "<bool>" not in written  # flags read as flags, not as typed values
+    assert "## `fnserve manifest add`" in written and "--max-batch-size" in written

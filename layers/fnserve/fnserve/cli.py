@@ -29,12 +29,14 @@ HELP = (
     "fnserve: ONNX models served on AWS Lambda, in a container, or locally; batch jobs on SQS. "
     "Errors are one line; --debug shows their tracebacks."
 )
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=HELP, pretty_exceptions_enable=False)
-cascade_app = typer.Typer(no_args_is_help=True, help="Fast-then-accurate model cascades.")
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help=HELP, pretty_exceptions_enable=False, rich_markup_mode=None
+)
+cascade_app = typer.Typer(no_args_is_help=True, help="Fast-then-accurate model cascades.", rich_markup_mode=None)
 app.add_typer(cascade_app, name="cascade")
-models_app = typer.Typer(help="What a manifest serves, and publishing its files to a bucket.")
+models_app = typer.Typer(help="What a manifest serves, and publishing its files to a bucket.", rich_markup_mode=None)
 app.add_typer(models_app, name="models")
-manifest_app = typer.Typer(no_args_is_help=True, help="Edit a model manifest.")
+manifest_app = typer.Typer(no_args_is_help=True, help="Edit a model manifest.", rich_markup_mode=None)
 app.add_typer(manifest_app, name="manifest")
 
 DEFAULT_MANIFEST = Path("manifest.toml")  # in the current directory, when FNSERVE_MANIFEST names none
