@@ -130,18 +130,12 @@ def test_a_batched_model_with_a_cache_ttl_serves_a_repeat_request_from_the_cache
     }
 
 
-def test_a_flood_on_one_model_is_refused_at_once_while_another_keeps_answering(tmp_path: Path) -> None:
-    """MiniLM busy with one heavy request (64 rows of 256 tokens: seconds of CPU): of the small requests sent behind
-    it, two rows' worth queue (max_queue_size = 2) and the rest are refused at once, 503 with Retry-After; the
-    queued ones are refused in turn at their deadline (max_queue_delay_ms), never run; digits answers throughout."""
+def minilm_entry(extra: str = "") -> str:
+    """The demo's MiniLM in a manifest of a test's own: batched, with a long bucket for one heavy request."""
     import tomllib
 
-    demo = tomllib.loads(DEMO_MANIFEST.read_text())["models"]
-    minilm = next(m for m in demo if m["name"] == "minilm-l6")
-    digits = next(m for m in demo if m["name"] == "digits-accurate")
-    manifest = tmp_path / "manifest.toml"
-    manifest.write_text(
-        f'''[[models]]
+    minilm = next(m for m in tomllib.loads(DEMO_MANIFEST.read_text())["models"] if m["name"] == "minilm-l6")
+    return f'''[[models]]
 name = "minilm-l6"
 path = "{DEMO_MANIFEST.parent / minilm["path"]}"
 sha256 = "{minilm["sha256"]}"
@@ -149,9 +143,35 @@ max_batch_size = 64
 max_batch_time_ms = 2
 length_buckets = [16, 256]
 pad_inputs = ["input_ids", "attention_mask", "token_type_ids"]
-max_queue_size = 2
-max_queue_delay_ms = 300
+{extra}'''
 
+
+def tokens(rows: int, length: int, timeout_us: int | None = None) -> dict[str, object]:
+    """A V2 request of MiniLM's three INT64 inputs; ``timeout_us``: Triton's request parameter."""
+    ids = np.full((rows, length), 1000, np.int64)
+    names = ("input_ids", "attention_mask", "token_type_ids")
+    body: dict[str, object] = {
+        "inputs": [
+            {"name": n, "shape": list(a.shape), "datatype": "INT64", "data": a.ravel().tolist()}
+            for n, a in zip(names, (ids, np.ones_like(ids), np.zeros_like(ids)), strict=True)
+        ]
+    }
+    if timeout_us is not None:
+        body["parameters"] = {"timeout": timeout_us}
+    return body
+
+
+def test_a_flood_on_one_model_is_refused_at_once_while_another_keeps_answering(tmp_path: Path) -> None:
+    """MiniLM busy with one heavy request (64 rows of 256 tokens: seconds of CPU): of the small requests sent behind
+    it, two rows' worth queue (max_queue_size = 2) and the rest are refused at once, 503 with Retry-After; the
+    queued ones are refused in turn at their deadline (max_queue_delay_ms), never run; digits answers throughout."""
+    import tomllib
+
+    digits = next(m for m in tomllib.loads(DEMO_MANIFEST.read_text())["models"] if m["name"] == "digits-accurate")
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(
+        minilm_entry("max_queue_size = 2\nmax_queue_delay_ms = 300\n")
+        + f'''
 [[models]]
 name = "digits-accurate"
 path = "{DEMO_MANIFEST.parent / digits["path"]}"
@@ -162,17 +182,6 @@ max_batch_time_ms = 2
     plane = DataPlane(InferenceService.from_manifest(manifest, eager=True), batching=True)
     app = create_app(plane, Settings(manifest=manifest, access_log=False))
     minilm_batcher = plane.batchers["minilm-l6"]
-
-    def tokens(rows: int, length: int) -> dict[str, object]:
-        ids = np.full((rows, length), 1000, np.int64)
-        names = ("input_ids", "attention_mask", "token_type_ids")
-        arrays = (ids, np.ones_like(ids), np.zeros_like(ids))
-        return {
-            "inputs": [
-                {"name": n, "shape": list(a.shape), "datatype": "INT64", "data": a.ravel().tolist()}
-                for n, a in zip(names, arrays, strict=True)
-            ]
-        }
 
     digit = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": DIGITS[0].tolist()}]}
 
@@ -205,37 +214,11 @@ max_batch_time_ms = 2
 def test_a_request_timeout_drops_it_from_the_queue_before_it_runs(tmp_path: Path) -> None:
     """Triton's ``timeout`` request parameter (µs): requests queued behind a heavy batch past their timeout are
     answered 504 and never run, counted as failures in the statistics; one without it waits and is answered."""
-    import tomllib
-
-    minilm = next(m for m in tomllib.loads(DEMO_MANIFEST.read_text())["models"] if m["name"] == "minilm-l6")
     manifest = tmp_path / "manifest.toml"
-    manifest.write_text(
-        f'''[[models]]
-name = "minilm-l6"
-path = "{DEMO_MANIFEST.parent / minilm["path"]}"
-sha256 = "{minilm["sha256"]}"
-max_batch_size = 64
-max_batch_time_ms = 2
-length_buckets = [16, 256]
-pad_inputs = ["input_ids", "attention_mask", "token_type_ids"]
-'''
-    )
+    manifest.write_text(minilm_entry())
     plane = DataPlane(InferenceService.from_manifest(manifest, eager=True), batching=True)
     app = create_app(plane, Settings(manifest=manifest, access_log=False))
     batcher = plane.batchers["minilm-l6"]
-
-    def tokens(rows: int, length: int, timeout_us: int | None = None) -> dict[str, object]:
-        ids = np.full((rows, length), 1000, np.int64)
-        names = ("input_ids", "attention_mask", "token_type_ids")
-        body: dict[str, object] = {
-            "inputs": [
-                {"name": n, "shape": list(a.shape), "datatype": "INT64", "data": a.ravel().tolist()}
-                for n, a in zip(names, (ids, np.ones_like(ids), np.zeros_like(ids)), strict=True)
-            ]
-        }
-        if timeout_us is not None:
-            body["parameters"] = {"timeout": timeout_us}
-        return body
 
     async def main() -> tuple[httpx.Response, list[httpx.Response], httpx.Response, httpx.Response]:
         transport = httpx.ASGITransport(app=app)
