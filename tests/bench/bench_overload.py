@@ -1,0 +1,257 @@
+"""A server driven at about 3x its capacity: the admitted keep their latency, the excess is told at once.
+
+    make bench        (or: python -m tests.bench.bench_overload; BENCH_OVERLOAD_SECONDS, default 30)
+
+One ``fnserve serve`` (one front process running the models, pinned to the first CPU when there are two
+or more), with adaptive batching and admission bounds on both models: MiniLM (int8, 16 tokens a
+request) and digits-accurate (256 rows a request, so that a Python load generator on the other CPU can
+offer three times what it serves; a run where it could not says so). For each: its capacity (closed
+loop, 16 connections), its latency unloaded (open loop at half the capacity), then an open loop at three
+times the capacity. Arrivals are
+scheduled at fixed intervals and each latency is counted from its scheduled time (no coordinated
+omission: a request the generator could not send on time waits in the count). Printed side by side:
+admitted p50/p99 against the unloaded p99, refusals (503) and how fast they came, answers past the
+queue deadline, and the server's RSS over the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+
+from fnserve.core._cpus import available_cpus
+from tests.bench._timing import percentile
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
+from tests.moto import free_port
+
+SECONDS = float(os.environ.get("BENCH_OVERLOAD_SECONDS", "30"))
+CONNECTIONS = 512  # enough that arrivals at 3x never wait for a free connection
+QUEUE_DELAY_MS = {"minilm-l6": 100, "digits-accurate": 50}
+
+
+@dataclass
+class Run:
+    offered: float  # requests per second scheduled
+    seconds: float
+    latencies: dict[int, list[float]] = field(default_factory=dict)  # status -> seconds from the scheduled time
+    late: int = 0  # sent later than scheduled by more than 10 ms (the generator's own limit)
+
+    def of(self, status: int) -> list[float]:
+        return self.latencies.get(status, [])
+
+
+def manifest(directory: Path) -> Path:
+    import tomllib
+
+    demo = {m["name"]: m for m in tomllib.loads(DEMO_MANIFEST.read_text())["models"]}
+    minilm, digits = demo["minilm-l6"], demo["digits-accurate"]
+    text = f'''[[models]]
+name = "minilm-l6"
+path = "{DEMO_MANIFEST.parent / minilm["path"]}"
+sha256 = "{minilm["sha256"]}"
+max_batch_size = 64
+max_batch_time_ms = 2
+length_buckets = [16]
+pad_inputs = ["input_ids", "attention_mask", "token_type_ids"]
+max_queue_size = 64
+max_queue_delay_ms = {QUEUE_DELAY_MS["minilm-l6"]}
+
+[[models]]
+name = "digits-accurate"
+path = "{DEMO_MANIFEST.parent / digits["path"]}"
+sha256 = "{hashlib.sha256((DEMO_MANIFEST.parent / digits["path"]).read_bytes()).hexdigest()}"
+max_batch_size = 1024
+max_batch_time_ms = 2
+max_queue_size = 1024
+max_queue_delay_ms = {QUEUE_DELAY_MS["digits-accurate"]}
+'''
+    path = directory / "manifest.toml"
+    path.write_text(text)
+    return path
+
+
+def request_bytes(port: int, model: str) -> bytes:
+    if model == "minilm-l6":
+        ids = np.full((1, 16), 1000, np.int64)
+        arrays = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        inputs = [{"name": n, "shape": [1, 16], "datatype": "INT64", "data": a.ravel()} for n, a in arrays.items()]
+    else:
+        x = np.tile(np.load(DEMO_HOLDOUT)["input"][:64], (4, 1))
+        inputs = [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel()}]
+    body = orjson.dumps({"inputs": inputs}, option=orjson.OPT_SERIALIZE_NUMPY)
+    head = (
+        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def _answer(reader: asyncio.StreamReader) -> int:
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head[9:12])
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line[:15].lower() == b"content-length:":
+            length = int(line[15:])
+    await reader.readexactly(length)
+    return status
+
+
+async def closed_loop(port: int, wire: bytes, connections: int, seconds: float) -> float:
+    """Answers per second, ``connections`` callers back to back."""
+    stop = time.perf_counter() + seconds
+    done = 0
+
+    async def caller() -> None:
+        nonlocal done
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        while time.perf_counter() < stop:
+            writer.write(wire)
+            await _answer(reader)
+            done += 1
+        writer.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(connections)))
+    return done / (time.perf_counter() - started)
+
+
+async def open_loop(port: int, wire: bytes, rate: float, seconds: float) -> Run:
+    """Requests scheduled every 1/rate s for ``seconds``, each on an idle connection of the pool."""
+    run = Run(rate, seconds)
+    idle: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+    for _ in range(CONNECTIONS):
+        idle.put_nowait(await asyncio.open_connection("127.0.0.1", port))
+
+    async def one(scheduled: float) -> None:
+        reader, writer = await idle.get()
+        if time.perf_counter() - scheduled > 0.01:
+            run.late += 1
+        writer.write(wire)
+        status = await _answer(reader)
+        run.latencies.setdefault(status, []).append(time.perf_counter() - scheduled)
+        idle.put_nowait((reader, writer))
+
+    tasks = []
+    start = time.perf_counter() + 0.05
+    for k in range(int(rate * seconds)):
+        scheduled = start + k / rate
+        delay = scheduled - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(scheduled)))
+    await asyncio.gather(*tasks)
+    while not idle.empty():
+        idle.get_nowait()[1].close()
+    return run
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def measure(pid: int, port: int, model: str) -> None:
+    wire = request_bytes(port, model)
+    await closed_loop(port, wire, 16, 1.0)  # warm-up
+    capacity = await closed_loop(port, wire, 16, 5.0)
+    unloaded = await open_loop(port, wire, capacity / 2, 5.0)
+    rss: list[float] = []
+    sampling = True
+
+    async def sample() -> None:
+        while sampling:
+            rss.append(rss_mb(pid))
+            await asyncio.sleep(1.0)
+
+    sampler = asyncio.create_task(sample())
+    loaded = await open_loop(port, wire, 3 * capacity, SECONDS)
+    sampling = False
+    await sampler
+    base_p99 = percentile(unloaded.of(200), 99) * 1e3
+    admitted, refused = loaded.of(200), loaded.of(503)
+    others = {s: len(v) for s, v in loaded.latencies.items() if s not in (200, 503)}
+    deadline_s = QUEUE_DELAY_MS[model] / 1e3
+    print(f"\n{model}: capacity {capacity:,.0f} req/s (closed loop, 16 connections)")
+    print(
+        f"  unloaded, {unloaded.offered:,.0f} req/s offered: p50 {percentile(unloaded.of(200), 50) * 1e3:.2f} ms, "
+        f"p99 {base_p99:.2f} ms"
+    )
+    print(
+        f"  3x capacity, {loaded.offered:,.0f} req/s offered for {loaded.seconds:g} s "
+        f"({loaded.late} requests sent >10 ms late by the generator):"
+    )
+    if admitted:
+        p99 = percentile(admitted, 99) * 1e3
+        print(
+            f"    admitted {len(admitted):,} ({len(admitted) / loaded.seconds:,.0f}/s): p50 "
+            f"{percentile(admitted, 50) * 1e3:.2f} ms, p99 {p99:.2f} ms = {p99 / base_p99:.2f}x the unloaded p99 "
+            f"(target <= 2x); slowest {max(admitted) * 1e3:.1f} ms (queue deadline {deadline_s * 1e3:g} ms)"
+        )
+    if refused:
+        print(
+            f"    refused {len(refused):,} (503 + Retry-After): p50 {percentile(refused, 50) * 1e3:.2f} ms, "
+            f"p99 {percentile(refused, 99) * 1e3:.2f} ms (target < 5 ms)"
+        )
+    print(f"    other answers: {others or 'none'}")
+    if loaded.late > 0.01 * loaded.offered * loaded.seconds:
+        print(
+            "    over 1% sent late: all 512 connections were waiting for answers (the server answers, refusals "
+            "included, slower than requests arrive), or the generator itself fell behind"
+        )
+    print(f"    server RSS over the run: {min(rss):.0f}-{max(rss):.0f} MB (first {rss[0]:.0f}, last {rss[-1]:.0f})")
+
+
+def main() -> None:
+    cpus = available_cpus()
+    work = Path(tempfile.mkdtemp(prefix="fnserve-bench-overload-"))
+    port = free_port()
+    cmd = [sys.executable, "-m", "fnserve", "serve", "-m", str(manifest(work)), "--port", str(port)]
+    cmd += ["--processes", "1", "--workers", "0"]
+    pinned = cpus >= 2 and shutil.which("taskset") is not None
+    if pinned:
+        cmd = ["taskset", "-c", "0", *cmd]
+        os.sched_setaffinity(0, set(range(1, cpus)))
+    env = {**os.environ, "FNSERVE_ACCESS_LOG": "false", "FNSERVE_LOG_FORMAT": "json"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    print(
+        f"overload: one fnserve serve ({'on CPU 0, the load generator on the rest' if pinned else 'unpinned'}), "
+        f"3x capacity for {SECONDS:g} s per model"
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.1)
+        import uvloop  # the server's loop too: the generator must not be the slower side
+
+        for model in ("minilm-l6", "digits-accurate"):
+            uvloop.run(measure(proc.pid, port, model))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
