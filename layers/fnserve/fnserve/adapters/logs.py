@@ -12,7 +12,6 @@ each line's level and time (and its trace, which the GCP adapters add per reques
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import sys
@@ -21,6 +20,8 @@ from typing import Any, TextIO
 
 import orjson
 from aws_lambda_powertools import Logger
+
+from fnserve.adapters.lines import LineWriter
 
 _cloud = False  # lines in Cloud Logging's shape
 
@@ -109,26 +110,21 @@ def _value(value: Any) -> str:
     return f'"{text}"' if " " in text else text
 
 
-class Readable(io.TextIOBase):
+class Readable(LineWriter):
     """A stream that writes each JSON log line as a person reads it (the time, then the emulator console's form:
     level, message, the line's own keys); other text as it is."""
 
     def __init__(self, out: TextIO) -> None:
+        super().__init__(self._show)
         self.out = out
-        self._partial = ""
 
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        *lines, self._partial = (self._partial + text).split("\n")
-        for line in lines:
-            shown = render(line)
-            if shown is not None:
-                self.out.write(f"{time.strftime('%H:%M:%S')} {shown}\n" if line.startswith("{") else shown + "\n")
-        return len(text)
+    def _show(self, line: str) -> None:
+        shown = render(line)
+        if shown is not None:
+            self.out.write(f"{time.strftime('%H:%M:%S')} {shown}\n" if line.startswith("{") else shown + "\n")
 
     def flush(self) -> None:
+        super().flush()
         self.out.flush()
 
 

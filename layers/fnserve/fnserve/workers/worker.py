@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import io
 import json
 import os
 import resource
@@ -24,6 +23,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from fnserve.adapters.lambda_.events import LambdaContext
+from fnserve.adapters.lines import LineWriter
 from fnserve.core.errors import FnserveError, HandlerError
 from fnserve.workers.messages import InitFailed, Invoke, Output, Raised, Ready, Returned, Started, Usage
 
@@ -162,27 +162,6 @@ def _locked(send: Callable[[Any], None]) -> Callable[[Any], None]:
             send(message)
 
     return locked
-
-
-class LineWriter(io.TextIOBase):
-    """A writable text stream that hands each complete line to ``emit`` (a console worker's stdout)."""
-
-    def __init__(self, emit: Callable[[str], None]) -> None:
-        self._emit = emit
-        self._partial = ""
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        *lines, self._partial = (self._partial + text).split("\n")
-        for line in lines:
-            self._emit(line)
-        return len(text)
-
-    def flush(self) -> None:
-        if self._partial:
-            self.write("\n")
 
 
 def _output_sender(send: Callable[[Any], None]) -> Callable[[str], None]:

@@ -21,10 +21,10 @@ import math
 import threading
 from typing import Any, TextIO
 
+from fnserve.adapters.lines import LineWriter
 from fnserve.adapters.logs import render
 from fnserve.workers.messages import Usage
 from fnserve.workers.pool import FunctionSpec
-from fnserve.workers.worker import LineWriter
 
 
 class Console:
