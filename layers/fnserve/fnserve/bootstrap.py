@@ -22,7 +22,6 @@ from fnserve.core.cascade import CascadeRunner
 from fnserve.core.errors import ConfigError, InvalidInput
 from fnserve.core.followups import FollowupIds, ResultLookup
 from fnserve.core.manifest import load_manifest, step_files
-from fnserve.core.model_config import Instances
 from fnserve.core.processor import JobProcessor
 from fnserve.core.registry import ModelRegistry
 from fnserve.core.results import ResultStore
@@ -309,7 +308,7 @@ def server_app(settings: Settings, pool: Overflow | None = None, service: Infere
     plane = build_dataplane(settings, service=service, store=store, batching=True, offload=blocking)
     # Sessions of each model running at once: every front process's own, or its workers'.
     per_process = (settings.parallel_workers + settings.gpu_workers) if pool is not None else 1
-    plane.instances = Instances(settings.server_processes * per_process)
+    plane.instances = settings.server_processes * per_process
     tracing.configure()
     metrics = None
     if settings.metrics:

@@ -11,6 +11,14 @@ from fnserve.core.datatypes import Arrays
 from fnserve.core.errors import InferenceError
 
 
+def batch_size(inputs: Mapping[str, Any]) -> int:
+    """The rows of a request or a run: its first input's first dimension (1 where it has none, or no inputs)."""
+    for value in inputs.values():
+        shape = getattr(value, "shape", None)
+        return int(shape[0]) if shape else 1
+    return 1
+
+
 def row_bounds(rows: Sequence[int]) -> list[int]:
     """Where each request's rows start, and where the last ends: ``[0, r0, r0 + r1, ...]``."""
     return np.cumsum([0, *rows]).tolist()  # type: ignore[no-any-return]

@@ -21,13 +21,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from fnserve.core._rows import batch_size
 from fnserve.core.batching import AdaptiveBatcher
 from fnserve.core.cascade import CascadeRunner
 from fnserve.core.datatypes import Arrays
 from fnserve.core.errors import ClientGone, DeadlineExceeded, FnserveError, ResultNotFound, unknown_model
 from fnserve.core.followups import ResultLookup, ResultState
 from fnserve.core.manifest import CascadeSettings
-from fnserve.core.model_config import Instances, triton_config
+from fnserve.core.model_config import triton_config
 from fnserve.core.providers import RAN_ON, RanOn
 from fnserve.core.servable import PipelineServable
 from fnserve.core.service import InferenceService, Prediction
@@ -131,7 +132,7 @@ class DataPlane:
             if p.version in (None, service.registry.resolve(p.model).version)
         }
         self._ready_when: list[Callable[[], bool]] = []
-        self.instances = Instances()  # a server says how many sessions of a model run at once
+        self.instances = 1  # a server says how many sessions of a model run at once
         self.names = frozenset(self.served_names())
         registry = service.registry
         # The version a request's figures go under when it names none: a model's default; a pipeline's or a
@@ -222,7 +223,7 @@ class DataPlane:
             time.perf_counter_ns() - arrived,
             timings,
             answer.cache,
-            _rows(decoded.inputs),
+            batch_size(decoded.inputs),
         )
         return payload, answer, timings
 
@@ -383,14 +384,6 @@ class DataPlane:
         """Stop the batchers (requests waiting in them are cancelled)."""
         for batcher in self.batchers.values():
             await batcher.close()
-
-
-def _rows(inputs: Mapping[str, Any]) -> int:
-    """A request's batch size: its first input's first dimension."""
-    for value in inputs.values():
-        shape = getattr(value, "shape", None)
-        return int(shape[0]) if shape else 1
-    return 1
 
 
 def _answer(name: str, prediction: Prediction) -> Answer:

@@ -11,7 +11,8 @@ their datatypes and shapes, and whether the model batches from it. fnserve has n
   ``max_queue_delay_microseconds``, ``batch_buckets`` as preferred sizes, and the admission
   bounds (``max_queue_size``, ``max_queue_delay_ms``) as the default queue policy, which rejects.
 - ``instance_group``: where its sessions run (KIND_CPU or KIND_GPU) and how many run at once in
-  this server (:attr:`Instances`).
+  this server (``instances``: one per front process running models itself, else one per inference
+  worker of every front process).
 - An input of one value per row (a pipeline's text) has ``dims: [1]`` and ``reshape: {shape: []}``,
   as Triton writes it: clients send ``[batch, 1]``, which validation takes as ``[batch]``.
 - A pipeline is ``fnserve_pipeline`` with its own tensors (text or images in: TYPE_STRING), a
@@ -20,7 +21,6 @@ their datatypes and shapes, and whether the model batches from it. fnserve has n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from fnserve.core.manifest import ModelSettings
@@ -28,17 +28,7 @@ from fnserve.core.registry import TensorSpec
 from fnserve.core.servable import Servable
 
 
-@dataclass(frozen=True, slots=True)
-class Instances:
-    """How many sessions of each model run at once in this server: one per front process running models
-    itself, else one per inference worker of every front process."""
-
-    count: int = 1
-
-
-def triton_config(
-    name: str, servable: Servable, platform: str, instances: Instances, versions: list[str]
-) -> dict[str, Any]:
+def triton_config(name: str, servable: Servable, platform: str, instances: int, versions: list[str]) -> dict[str, Any]:
     """The model configuration of ``name``, served by ``servable`` (a cascade: its fast model's)."""
     model = servable.model
     settings = model.settings
@@ -77,12 +67,12 @@ def data_type(datatype: str) -> str:
     return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
 
 
-def _instances(device: str, instances: Instances) -> dict[str, Any]:
+def _instances(device: str, instances: int) -> dict[str, Any]:
     if device.startswith("cuda"):
         index = device.partition(":")[2]
         gpus = [int(index)] if index.isdigit() else [0]
-        return {"name": "gpu", "kind": "KIND_GPU", "count": instances.count, "gpus": gpus}
-    return {"name": "cpu", "kind": "KIND_CPU", "count": instances.count}
+        return {"name": "gpu", "kind": "KIND_GPU", "count": instances, "gpus": gpus}
+    return {"name": "cpu", "kind": "KIND_CPU", "count": instances}
 
 
 def _dynamic_batching(settings: ModelSettings) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
 
+from fnserve.core._rows import batch_size
 from fnserve.core.datatypes import Arrays
 from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
 from fnserve.core.pipeline import Pipeline, Staged, concatenate
@@ -189,15 +190,8 @@ def run_model(model: LoadedModel, names: Sequence[str], feed: Arrays) -> list[np
         raise
     except Exception as exc:
         raise runtime_error(model.name, exc) from exc
-    model.executions.ran(_rows(feed), time.perf_counter_ns() - started)
+    model.executions.ran(batch_size(feed), time.perf_counter_ns() - started)
     return outputs
-
-
-def _rows(feed: Arrays) -> int:
-    """A run's batch size: its inputs' first dimension (1 for a model whose inputs have none)."""
-    for array in feed.values():
-        return int(array.shape[0]) if array.ndim else 1
-    return 1
 
 
 # What onnxruntime says when the fault is the machine's, not the input's: memory, a device, its libraries.
