@@ -17,7 +17,6 @@ queue deadline, and the server's RSS over the run.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import shutil
 import subprocess
@@ -71,7 +70,7 @@ max_queue_delay_ms = {QUEUE_DELAY_MS["minilm-l6"]}
 [[models]]
 name = "digits-accurate"
 path = "{DEMO_MANIFEST.parent / digits["path"]}"
-sha256 = "{hashlib.sha256((DEMO_MANIFEST.parent / digits["path"]).read_bytes()).hexdigest()}"
+sha256 = "{digits["sha256"]}"
 max_batch_size = 1024
 max_batch_time_ms = 2
 max_queue_size = 1024

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from fnserve.adapters.http.app import create_app
 from fnserve.adapters.metrics import ServerMetrics
+from fnserve.core.batching import AdaptiveBatcher
 from fnserve.core.cache import ResultCache
 from fnserve.core.dataplane import DataPlane
 from fnserve.core.manifest import ModelSettings
@@ -161,6 +162,15 @@ def tokens(rows: int, length: int, timeout_us: int | None = None) -> dict[str, o
     return body
 
 
+async def heavy_batch_running(client: httpx.AsyncClient, batcher: AdaptiveBatcher) -> asyncio.Task[httpx.Response]:
+    """One heavy MiniLM request (64 rows of 256 tokens: seconds of CPU), once its batch runs: what is sent next
+    queues behind it."""
+    heavy = asyncio.create_task(client.post("/v2/models/minilm-l6/infer", json=tokens(64, 256)))
+    while batcher.batches < 1:
+        await asyncio.sleep(0.001)
+    return heavy
+
+
 def test_a_flood_on_one_model_is_refused_at_once_while_another_keeps_answering(tmp_path: Path) -> None:
     """MiniLM busy with one heavy request (64 rows of 256 tokens: seconds of CPU): of the small requests sent behind
     it, two rows' worth queue (max_queue_size = 2) and the rest are refused at once, 503 with Retry-After; the
@@ -189,9 +199,7 @@ max_batch_time_ms = 2
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://fnserve", timeout=120) as client:
             url = "/v2/models/minilm-l6/infer"
-            heavy = asyncio.create_task(client.post(url, json=tokens(64, 256)))
-            while minilm_batcher.batches < 1:  # the heavy batch runs: the small ones queue behind it
-                await asyncio.sleep(0.001)
+            heavy = await heavy_batch_running(client, minilm_batcher)
             small = [asyncio.create_task(client.post(url, json=tokens(1, 16))) for _ in range(5)]
             answered_meanwhile = 0
             while not all(task.done() for task in small):
@@ -224,9 +232,7 @@ def test_a_request_timeout_drops_it_from_the_queue_before_it_runs(tmp_path: Path
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://fnserve", timeout=120) as client:
             url = "/v2/models/minilm-l6/infer"
-            heavy = asyncio.create_task(client.post(url, json=tokens(64, 256)))
-            while batcher.batches < 1:  # the heavy batch runs: the small ones queue behind it
-                await asyncio.sleep(0.001)
+            heavy = await heavy_batch_running(client, batcher)
             timed = [asyncio.create_task(client.post(url, json=tokens(1, 16, timeout_us=20_000))) for _ in range(3)]
             patient = asyncio.create_task(client.post(url, json=tokens(1, 16)))
             bad = await client.post(url, json=tokens(1, 16, timeout_us=-5))
