@@ -22,9 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import aiohttp
@@ -44,24 +42,7 @@ from tests.bench.bench_grpc import (
 )
 from tests.bench.bench_grpc import write_manifest as write_bench_manifest
 from tests.moto import free_port
-
-
-def otlp_sink() -> ThreadingHTTPServer:
-    """An OTLP/HTTP receiver that reads each export and answers 200 (what a collector costs the sender)."""
-
-    class Sink(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-            self.rfile.read(int(self.headers.get("content-length", 0)))
-            self.send_response(200)
-            self.send_header("content-length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+from tests.otlp import Collector
 
 
 def main() -> None:
@@ -72,13 +53,13 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="fnserve-bench-metrics-"))
     manifest = write_bench_manifest(work)
     servers = {}
-    sink = otlp_sink()
+    sink = Collector(keep=False)  # reads each export and answers 200: what a collector costs the sender
     configs = {
         "off": {"FNSERVE_METRICS": "false"},
         "metrics": {"FNSERVE_METRICS": "true"},
         "metrics+tracing": {
             "FNSERVE_METRICS": "true",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink.server_address[1]}",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint,
         },
     }
     try:
@@ -102,7 +83,7 @@ def main() -> None:
         for proc, _, _ in servers.values():
             proc.terminate()
             proc.wait(timeout=30)
-        sink.shutdown()
+        sink.close()
         shutil.rmtree(work, ignore_errors=True)
 
 

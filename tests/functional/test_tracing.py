@@ -1,12 +1,11 @@
-"""OpenTelemetry traces: one trace from an HTTP request through its cascade follow-up, and over gRPC."""
+"""OpenTelemetry traces: one trace from an HTTP request through its cascade follow-up, and over gRPC; spans read
+back from an OTLP collector with their semantic conventions."""
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -16,15 +15,23 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from fnserve import tracing
+from fnserve.adapters.lambda_ import http as lambda_http
+from fnserve.adapters.lambda_ import sqs as lambda_sqs
+from fnserve.adapters.lambda_.events import LambdaContext, sqs_event
+from fnserve.bootstrap import build_service
+from fnserve.core.jobs import job_message
 from fnserve.settings import Settings
 from tests.functional.conftest import Aws, serve_with_grpc, stop, wait_for
 from tests.functional.test_batch import received_event
 from tests.functional.test_cascade import CORRECTED, SURE, app_client, follow_up, request
-from tests.helpers import DEMO_HOLDOUT, write_test_manifest
+from tests.functional.test_paths import api_event
+from tests.helpers import DEMO_HOLDOUT, MemoryStore, close_main_loop, write_test_manifest
+from tests.otlp import Collector
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{CALLER_SPAN}-01"
+TRACEPARENT_KEY = tracing.TRACEPARENT  # the message attribute's name
 
 
 @pytest.fixture
@@ -116,9 +123,23 @@ def test_without_configuration_nothing_is_traced_and_follow_ups_carry_no_trace(s
     assert record["messageAttributes"] == {}
 
 
-def test_the_server_exports_spans_for_http_and_grpc_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The console exporter, as for the emulator: spans as JSON on the server's stdout.
-    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    received = Collector()
+    yield received
+    received.close()
+
+
+HTTP_SPAN = "POST /v2/models/{model_name}/infer"  # OpenTelemetry's "{method} {route}"
+GRPC_SPAN = "inference.GRPCInferenceService/ModelInfer"  # and "{rpc.service}/{rpc.method}"
+SERVER, CONSUMER = 2, 5  # OTLP's span kinds
+
+
+def test_the_server_exports_http_and_grpc_spans_to_an_otlp_collector(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, collector: Collector
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint)  # its processes inherit it
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "fnserve-test")
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
     served = serve_with_grpc(tmp_path, ("--processes", "1", "--workers", "0"))
     try:
@@ -134,30 +155,101 @@ def test_the_server_exports_spans_for_http_and_grpc_when_asked(tmp_path: Path, m
         client.infer("digits-accurate", [inp], headers={"traceparent": f"00-{grpc_trace}-b7ad6b7169203331-01"})
         client.close()
 
-        def exported_spans() -> list[dict[str, Any]]:
-            spans = []
-            for chunk in served.log.read_text().split("\n}\n"):
-                start = chunk.find('{\n    "name"')
-                if start >= 0:
-                    spans.append(json.loads(chunk[start:] + "\n}"))
-            return spans
-
-        def exported() -> dict[str, set[str]]:
+        def traces() -> dict[str, set[str]]:
             found: dict[str, set[str]] = {}
-            for span in exported_spans():
-                found.setdefault(span["context"]["trace_id"].removeprefix("0x"), set()).add(span["name"])
+            for span in collector.spans():
+                found.setdefault(span.trace_id, set()).add(span.name)
             return found
 
-        wait_for(lambda: {TRACE_ID, grpc_trace} <= exported().keys(), 30, "both traces on the server's stdout")
-        assert {"POST /v2/models/{model_name}/infer", "decode", "infer", "encode"} <= exported()[TRACE_ID]
-        grpc_span = "inference.GRPCInferenceService/ModelInfer"  # OpenTelemetry's "{rpc.service}/{rpc.method}"
-        assert {grpc_span, "decode", "infer", "encode"} <= exported()[grpc_trace]
-        attributes = next(span["attributes"] for span in exported_spans() if span["name"] == grpc_span)
-        assert attributes["rpc.system"] == "grpc" and attributes["rpc.method"] == "ModelInfer"
-        assert attributes["rpc.service"] == "inference.GRPCInferenceService" and attributes["rpc.grpc.status_code"] == 0
+        stages = {"decode", "infer", "encode"}
+        wait_for(
+            lambda: (
+                {HTTP_SPAN, *stages} <= traces().get(TRACE_ID, set())
+                and {GRPC_SPAN, *stages} <= traces().get(grpc_trace, set())
+            ),
+            30,
+            "both requests' spans at the collector",
+        )
     finally:
         stop(served)
-    assert os.environ["OTEL_TRACES_EXPORTER"] == "console"
+    [http] = collector.named(HTTP_SPAN)
+    assert (http.trace_id, http.parent_span_id, http.kind) == (TRACE_ID, CALLER_SPAN, SERVER)
+    assert http.attributes == {
+        "http.request.method": "POST",
+        "http.route": "/v2/models/{model_name}/infer",
+        "url.path": "/v2/models/digits-accurate/infer",
+        "http.response.status_code": 200,
+        "fnserve.model": "digits-accurate",
+        "fnserve.transport": "http",
+    }
+    [rpc] = collector.named(GRPC_SPAN)
+    assert (rpc.trace_id, rpc.parent_span_id, rpc.kind) == (grpc_trace, "b7ad6b7169203331", SERVER)
+    assert rpc.attributes == {
+        "rpc.system": "grpc",
+        "rpc.service": "inference.GRPCInferenceService",
+        "rpc.method": "ModelInfer",
+        "rpc.grpc.status_code": 0,
+        "fnserve.model": "digits-accurate",
+        "fnserve.transport": "grpc",
+    }
+    for span in (http, rpc):
+        assert span.resource["service.name"] == "fnserve-test" and span.resource["telemetry.sdk.language"] == "python"
+        assert not any(key.startswith(("faas.", "cloud.")) for key in span.resource)  # not on a cloud's functions
+
+
+def test_lambda_functions_export_their_spans_before_each_invocation_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, collector: Collector
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")  # no timed export: what arrives, the invocation sent
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    for variable, value in {
+        "AWS_LAMBDA_FUNCTION_NAME": "fnserve-batch",
+        "AWS_REGION": "eu-west-1",
+        "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
+    }.items():
+        monkeypatch.setenv(variable, value)
+    settings = Settings(manifest=str(write_test_manifest(tmp_path)))
+    service = build_service(settings)
+    try:
+        batch = lambda_sqs.create_handler(service=service, settings=settings, store=MemoryStore())
+        rows = np.load(DEMO_HOLDOUT)["input"][:1]
+        event = sqs_event([json.dumps(job_message("j1", "digits-accurate", {"input": rows}))])
+        event["Records"][0]["messageAttributes"] = {TRACEPARENT_KEY: {"stringValue": TRACEPARENT, "dataType": "String"}}
+        assert batch(event, LambdaContext()) == {"batchItemFailures": []}
+        spans = {span.name: span for span in collector.spans()}  # no waiting: they left before it returned
+        job, jobs = spans["process job"], spans["process jobs"]
+        assert (job.trace_id, job.parent_span_id, job.kind, jobs.kind) == (TRACE_ID, CALLER_SPAN, CONSUMER, CONSUMER)
+        assert job.attributes == {
+            "messaging.system": "aws_sqs",
+            "messaging.operation.type": "process",
+            "messaging.message.id": "msg-00000",
+        }
+        assert jobs.attributes == {
+            "messaging.system": "aws_sqs",
+            "messaging.operation.type": "process",
+            "messaging.batch.message_count": 1,
+        }
+        assert {key: job.resource.get(key) for key in ("service.name", "cloud.provider", "cloud.platform")} == {
+            "service.name": "fnserve-batch",  # the function's name, without OTEL_SERVICE_NAME
+            "cloud.provider": "aws",
+            "cloud.platform": "aws_lambda",
+        }
+        assert (job.resource["faas.name"], job.resource["cloud.region"]) == ("fnserve-batch", "eu-west-1")
+
+        api = lambda_http.create_handler(service=service, settings=settings)
+        request_event = api_event("digits-accurate", rows)
+        request_event["headers"]["traceparent"] = TRACEPARENT
+        assert api(request_event, LambdaContext())["statusCode"] == 200
+        close_main_loop()  # Mangum's, before another test's asyncio.run leaves it to the collector
+        [served] = collector.named(HTTP_SPAN)
+        assert (served.trace_id, served.parent_span_id, served.kind) == (TRACE_ID, CALLER_SPAN, SERVER)
+        assert served.attributes["http.route"] == "/v2/models/{model_name}/infer"
+        assert served.attributes["url.path"] == "/v2/models/digits-accurate/infer"
+        assert served.attributes["http.response.status_code"] == 200
+        assert {"decode", "infer", "encode"} <= {span.name for span in collector.spans() if span.trace_id == TRACE_ID}
+    finally:
+        tracing.disable()
 
 
 def test_in_lambda_a_follow_up_carries_the_x_ray_trace_header(

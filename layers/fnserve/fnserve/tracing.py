@@ -2,9 +2,9 @@
 
 Off unless configured, and then free: :func:`configure` sets tracing up only when
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set, spans
-then exported over OTLP/HTTP in batches, or ``OTEL_TRACES_EXPORTER=console`` (the emulator's
-local view: spans as JSON on stdout); otherwise OpenTelemetry is not even imported, and every
-call here returns at its first line.
+then exported over OTLP/HTTP in batches (on Lambda, flushed before each invocation returns),
+or ``OTEL_TRACES_EXPORTER=console`` (the emulator's local view: spans as JSON on stdout);
+otherwise OpenTelemetry is not even imported, and every call here returns at its first line.
 
 A request's span (kind SERVER, ``POST /v2/models/{model_name}/infer`` or the gRPC method, see
 :func:`start_request`) continues the caller's trace when the
@@ -38,12 +38,16 @@ if TYPE_CHECKING:
 TRACEPARENT = "traceparent"
 _tracer: Tracer | None = None
 _propagator: Any = None
+_provider: TracerProvider | None = None  # the one the environment asked for: one per process, flushed by flush()
 
 
 def configure(provider: TracerProvider | None = None) -> bool:
-    """Trace if the environment asks for it (or with ``provider``, as tests do); whether tracing is on."""
-    global _tracer, _propagator
+    """Trace if the environment asks for it (or with ``provider``, as tests do); whether tracing is on. Every
+    handler built in a process calls it; the environment's exporter is set up once."""
+    global _tracer, _propagator, _provider
     if provider is None:
+        if _provider is not None:
+            return _tracer is not None
         try:
             provider = _provider_from_environment()
         except ImportError as exc:
@@ -51,6 +55,7 @@ def configure(provider: TracerProvider | None = None) -> bool:
             return False
         if provider is None:
             return _tracer is not None
+        _provider = provider
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     _tracer = provider.get_tracer("fnserve")
@@ -58,10 +63,22 @@ def configure(provider: TracerProvider | None = None) -> bool:
     return True
 
 
+def flush() -> None:
+    """Export the spans still buffered, before a Lambda invocation returns. Lambda freezes the process between
+    invocations, the exporter's thread with it, and may end it without notice: spans left in the buffer would
+    leave with the next invocation or never. Waits at most ``OTEL_INSTRUMENTATION_AWS_LAMBDA_FLUSH_TIMEOUT``
+    milliseconds (OpenTelemetry's Lambda instrumentation's variable; 30 s by default, as there)."""
+    if _provider is not None:
+        _provider.force_flush(int(os.environ.get("OTEL_INSTRUMENTATION_AWS_LAMBDA_FLUSH_TIMEOUT") or 30_000))
+
+
 def disable() -> None:
-    """Stop tracing (tests)."""
-    global _tracer
+    """Stop tracing, exporting what the environment's exporter still holds (tests)."""
+    global _tracer, _provider
     _tracer = None
+    if _provider is not None:
+        _provider.shutdown()
+        _provider = None
 
 
 def _provider_from_environment() -> TracerProvider | None:

@@ -110,5 +110,6 @@ def create_handler(
             return asgi(event, context)
         finally:
             telemetry.flush()
+            tracing.flush()
 
     return handler

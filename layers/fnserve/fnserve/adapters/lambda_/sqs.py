@@ -70,6 +70,7 @@ def create_handler(
         metrics.add_metric(name="CacheHits", unit=MetricUnit.Count, value=outcome.cache_hits)
         metrics.flush_metrics()
         logger.info("batch", extra={"records": len(records), **outcome.counts()})
+        tracing.flush()
         return {"batchItemFailures": [{"itemIdentifier": m} for m in outcome.failures]}
 
     return handler
