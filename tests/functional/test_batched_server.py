@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import httpx
@@ -247,3 +248,56 @@ def test_a_request_timeout_drops_it_from_the_queue_before_it_runs(tmp_path: Path
     [stat] = plane.model_statistics("minilm-l6")
     assert stat["inference_stats"]["fail"]["count"] == 4 and stat["inference_stats"]["success"]["count"] == 2
     assert stat["execution_count"] == 2
+
+
+def test_an_overloaded_model_refuses_a_request_from_its_headers_before_reading_its_body(tmp_path: Path) -> None:
+    """MiniLM's queue full (max_queue_size = 2, behind a heavy batch): a request is refused from its path alone,
+    503 with Retry-After, though its body never comes (a refusal reads nothing: it must cost next to nothing),
+    and counted as a failure in the statistics; the queued ones are answered."""
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(minilm_entry("max_queue_size = 2\n"))
+    plane = DataPlane(InferenceService.from_manifest(manifest, eager=True), batching=True)
+    app = create_app(plane, Settings(manifest=manifest, access_log=False))
+    batcher = plane.batchers["minilm-l6"]
+    url = "/v2/models/minilm-l6/infer"
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": url,
+        "raw_path": url.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"100000")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("fnserve", 80),
+    }
+    sent: list[dict[str, object]] = []
+
+    async def body_never_comes() -> dict[str, object]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    async def main() -> list[int]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://fnserve", timeout=120) as client:
+            heavy = await heavy_batch_running(client, batcher)
+            queued = [asyncio.create_task(client.post(url, json=tokens(1, 16))) for _ in range(2)]
+            while batcher.queued() < 2:
+                await asyncio.sleep(0.001)
+            await asyncio.wait_for(app(scope, body_never_comes, send), 30)
+            return [r.status_code for r in await asyncio.gather(heavy, *queued)]
+
+    assert asyncio.run(main()) == [200, 200, 200]
+    start, body = sent
+    assert start["status"] == 503 and (b"retry-after", b"1") in start["headers"]  # type: ignore[operator]
+    error = json.loads(body["body"])["error"]  # type: ignore[arg-type]
+    assert "model 'minilm-l6' is overloaded: 2 rows wait already, 2 at most (max_queue_size)" in error
+    assert batcher.shed == 1 and batcher.batches == 2  # the heavy batch, then the two queued: nothing of its ran
+    [stat] = plane.model_statistics("minilm-l6")
+    assert stat["inference_stats"]["fail"]["count"] == 1 and stat["inference_stats"]["success"]["count"] == 3

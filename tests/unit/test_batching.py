@@ -7,8 +7,9 @@ import time
 from typing import Any
 
 import numpy as np
+import pytest
 
-from fnserve.core.batching import AdaptiveBatcher
+from fnserve.core.batching import AdaptiveBatcher, Pace
 from fnserve.core.errors import InferenceError, InvalidInput, Overloaded, grpc_code
 
 Arrays = dict[str, np.ndarray]
@@ -464,3 +465,55 @@ def test_a_batch_just_answered_does_not_count_as_waiting() -> None:
 
     run(main())
     assert seen == [0]
+
+
+def test_the_pace_is_fitted_to_the_latest_runs() -> None:
+    """A fixed cost and a cost a row, from runs of several sizes; a cost a row alone while they were of one size."""
+    pace = Pace()
+    assert pace.seconds(8) == 0.0  # nothing run yet: nothing foreseen
+    pace.add(4, 0.04)
+    assert pace.seconds(8) == pytest.approx(0.08)  # one size seen: 10 ms a row
+    for rows in (1, 16, 4, 8, 2, 16, 1) * 2:
+        pace.add(rows, 0.005 + 0.002 * rows)  # 5 ms a run and 2 ms a row
+    assert pace.seconds(16) == pytest.approx(0.005 + 0.032, rel=0.05)
+    assert pace.seconds(1) < 0.01  # not the one-size pace of the first run
+
+
+def test_a_batcher_keeps_the_pace_of_its_runs() -> None:
+    async def main() -> float:
+        batcher = AdaptiveBatcher(Recorder(delay=0.06), max_batch_size=8, max_batch_time=0)
+        await batcher.predict({"x": np.ones((3, 1))})  # 60 ms (at least) for 3 rows
+        await batcher.close()
+        return batcher.pace.seconds(3)
+
+    assert 0.06 <= run(main()) < 0.5
+
+
+def test_a_request_whose_wait_is_foreseen_past_its_deadline_is_refused_as_it_arrives() -> None:
+    """At 0.4 s a row, batches of 2 and a 0.9 s queue deadline, behind a running row: a request with one row queued
+    ahead joins the next batch (about 0.2 s: half the running one) and is taken; with two ahead it would wait for
+    theirs too (about 1 s) and is refused at once, never run, instead of after waiting 0.9 s."""
+    model = Gate()
+    reasons: list[str] = []
+
+    async def main() -> list[Any]:
+        batcher = AdaptiveBatcher(model, max_batch_size=2, max_batch_time=0, max_queue_delay=0.9, name="minilm")
+        batcher.on_shed = reasons.append
+        batcher.pace.add(1, 0.4)  # as the latest runs measured it
+        running = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
+        await until(lambda: model.running == 1)
+        queued = [asyncio.create_task(batcher.predict({"x": np.ones((1, 1))})) for _ in range(2)]
+        await until(lambda: batcher.queued() == 2)
+        t0 = time.perf_counter()
+        with pytest.raises(Overloaded) as refused:
+            await batcher.predict({"x": np.ones((1, 1))})
+        assert time.perf_counter() - t0 < 0.5 and model.running == 1  # at once, the batch still running
+        model.open.set()
+        answered = await asyncio.gather(running, *queued)
+        await batcher.close()
+        return [refused.value, *answered]
+
+    refused, *answered = run(main())
+    assert "the 2 rows ahead would keep it waiting about 1000 ms, past its queue deadline of 900 ms" in refused.message
+    assert refused.status_code == 503 and reasons == ["queue_wait"]
+    assert len(answered) == 3 and model.sizes == [1, 2]

@@ -28,8 +28,11 @@ more would only share its cores); while all are busy, requests queue, the bucket
 and the next batch takes whatever has queued, up to ``max_batch_size``, then waits only for the rows on their
 way. A request
 whose caller has gone (its future cancelled: a gRPC deadline, a client that hung up) before its
-batch forms is dropped, not computed. asyncio objects are made inside the running loop, on first
-use, never at import.
+batch forms is dropped, not computed. Past its bounds a request is refused at once (:meth:`AdaptiveBatcher.admit`):
+the queue full, or, with a queue deadline, the rows ahead of it foreseen to take longer than the deadline at the
+pace of the latest runs, so that under overload the excess hears at once instead of after waiting out the
+deadline; one admitted that still waits past its deadline is refused then, never run. asyncio objects are made
+inside the running loop, on first use, never at import.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from fnserve.core.providers import RAN_ON, RanOn
 Runner = Callable[[Arrays], Awaitable[Arrays]]
 _Key = tuple[int, tuple[tuple[str, tuple[int, ...]], ...]]  # length bucket, and each input's padded row shape
 IDLE_SECONDS = 300.0  # a shape's queue (and its task) is dropped after this long without a request
+PACE_WEIGHT = 0.2  # how much each run moves the model's pace (exponential averages of the latest runs)
 PEAK_SECONDS = 1.0  # how long the most rows seen in flight at once is remembered: what a batch expects
 
 
@@ -135,6 +139,34 @@ def _wake(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
+class Pace:
+    """How long a model's run of so many rows takes, fitted to its latest runs: a fixed cost and a cost a row
+    (least squares on exponential averages), or a cost a row alone while the runs were all of one size. Wall time
+    in the server, whatever else took the CPU meanwhile: what a request queued behind them will wait."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self._rows = self._seconds = self._squares = self._products = 0.0  # averages of n, t, n² and n·t
+
+    def add(self, rows: int, seconds: float) -> None:
+        weight = PACE_WEIGHT if self.runs else 1.0
+        self.runs += 1
+        self._rows += weight * (rows - self._rows)
+        self._seconds += weight * (seconds - self._seconds)
+        self._squares += weight * (rows * rows - self._squares)
+        self._products += weight * (rows * seconds - self._products)
+
+    def seconds(self, rows: int) -> float:
+        """What a run of ``rows`` takes (0 before any run)."""
+        if not self.runs:
+            return 0.0
+        spread = self._squares - self._rows * self._rows
+        if spread > 0.25:  # runs of several sizes: how their times grew with their rows
+            per_row = max(0.0, (self._products - self._rows * self._seconds) / spread)
+            return max(0.0, self._seconds - per_row * self._rows) + per_row * rows
+        return self._seconds / self._rows * rows
+
+
 class AdaptiveBatcher:
     """Batches one model's requests; ``run`` does the inference of a whole batch."""
 
@@ -178,7 +210,10 @@ class AdaptiveBatcher:
         self.on_batch: Callable[[int], None] | None = None  # called with each batch's rows (metrics)
         self.on_split: Callable[[], None] | None = None  # called when a failed batch is split (metrics)
         self.on_shed: Callable[[str], None] | None = None  # called with the reason of each refusal (metrics)
-        self.shed = 0  # requests refused: the queue full, or their queue deadline passed
+        self.shed = 0  # requests refused: the queue full, their wait foreseen past the deadline, or the deadline passed
+        self.pace = Pace()  # what a run of so many rows takes: how long the queue will keep a request
+        self.arriving = 0  # requests let in whose bodies are being read, not queued yet (the data plane counts them)
+        self.request_rows = 1.0  # the rows a request brought lately: what one arriving will add to the queue
 
     async def predict(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> tuple[Arrays, float]:
         """This request's outputs, and the seconds it waited in the queue."""
@@ -197,13 +232,8 @@ class AdaptiveBatcher:
             self._tasks[key] = asyncio.get_running_loop().create_task(self._loop(queue, key, flight))
         else:
             flight = self._flights[key]
-        waiting = self.queued()
-        if waiting and waiting + max(rows) > self.max_queue:  # at once: no waiting behind work that cannot finish
-            self._refuse("queue_full")  # (an empty queue takes any request: one bigger than the bound still runs)
-            raise Overloaded(
-                f"model {self.name!r} is overloaded: {waiting} rows wait already, {self.max_queue} at most "
-                "(max_queue_size); try again shortly"
-            )
+        self.admit(max(rows))
+        self.request_rows += PACE_WEIGHT * (max(rows) - self.request_rows)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[Arrays, float]] = loop.create_future()
         pending = _Pending(arrays, rows.pop(), future, RAN_ON.get())
@@ -218,6 +248,40 @@ class AdaptiveBatcher:
             flight.leave(pending)
             if pending.expiry is not None:
                 pending.expiry.cancel()
+
+    def admit(self, rows: int = 1) -> None:
+        """Refuse at once (:class:`Overloaded`) a request of ``rows`` that cannot be served in time, instead of
+        letting it wait behind work that cannot finish: the queue would hold over ``max_queue`` rows, or, with
+        a queue deadline, the rows ahead of it (queued, and those of the requests still being read, at the rows a
+        request brought lately) would keep it waiting past the deadline at the pace of the latest runs.
+        An empty queue takes any request (one bigger than the bound still runs). The data plane asks before
+        reading a request's body (one row: all it knows then), and :meth:`predict` with its rows."""
+        waiting = self.queued()
+        if waiting and waiting + rows > self.max_queue:
+            self._refuse("queue_full")
+            raise Overloaded(
+                f"model {self.name!r} is overloaded: {waiting} rows wait already, {self.max_queue} at most "
+                "(max_queue_size); try again shortly"
+            )
+        ahead = waiting + round(self.arriving * self.request_rows)
+        if self.max_queue_delay is None or not self.pace.runs or not ahead:
+            return
+        wait = self.foreseen_wait(ahead, rows)
+        if wait > self.max_queue_delay:
+            self._refuse("queue_wait")
+            raise Overloaded(
+                f"model {self.name!r} is overloaded: the {ahead} rows ahead would keep it waiting about "
+                f"{wait * 1e3:.0f} ms, past its queue deadline of {self.max_queue_delay * 1e3:g} ms "
+                "(max_queue_delay_ms); try again shortly"
+            )
+
+    def foreseen_wait(self, ahead: int, rows: int) -> float:
+        """Seconds until a batch takes a request of ``rows`` that queues behind ``ahead`` rows: half the running
+        batches' run (on average), then a full batch's run for each batch that must form before its own."""
+        running = self.running()
+        before = (ahead + rows - 1) // self.max_batch_size  # batches of the rows ahead that leave it out
+        wait = (self.pace.seconds(running) / 2 if running else 0.0) + before * self.pace.seconds(self.max_batch_size)
+        return wait / self.max_concurrent
 
     def _expire(self, pending: _Pending, flight: _Flight) -> None:
         """A request's queue deadline: still waiting for its batch, it is refused and never run."""
@@ -241,6 +305,10 @@ class AdaptiveBatcher:
     def queued(self) -> int:
         """Rows waiting for a batch, over every length bucket."""
         return sum(flight.rows - flight.running for flight in self._flights.values())
+
+    def running(self) -> int:
+        """Rows of the batches running now, over every length bucket."""
+        return sum(flight.running for flight in self._flights.values())
 
     async def close(self) -> None:
         tasks = [*self._tasks.values(), *self._running]
@@ -361,7 +429,9 @@ class AdaptiveBatcher:
         stacked = {name: self._stack([p.inputs[name] for p in batch], name, length, padding) for name in names}
         if self.on_batch is not None:
             self.on_batch(sum(rows))
+        started = time.monotonic()
         outputs = await self._run(stacked)
+        self.pace.add(sum(rows) + padding, time.monotonic() - started)
         return split_rows(outputs, rows + [padding] if padding else rows, "batched inference")[: len(batch)]
 
     def _batch_padding(self, rows: int) -> int:

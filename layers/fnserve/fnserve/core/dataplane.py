@@ -25,7 +25,7 @@ from fnserve.core._rows import batch_size
 from fnserve.core.batching import AdaptiveBatcher
 from fnserve.core.cascade import CascadeRunner
 from fnserve.core.datatypes import Arrays
-from fnserve.core.errors import ClientGone, DeadlineExceeded, FnserveError, ResultNotFound, unknown_model
+from fnserve.core.errors import ClientGone, DeadlineExceeded, FnserveError, Overloaded, ResultNotFound, unknown_model
 from fnserve.core.followups import ResultLookup, ResultState
 from fnserve.core.manifest import CascadeSettings
 from fnserve.core.model_config import triton_config
@@ -177,11 +177,10 @@ class DataPlane:
             # Before the body: an unknown name is a 404 whatever was sent. A request naming none (gRPC bytes
             # that are not a request) is judged by its body.
             if name and name not in self.names:
-                if inspect.iscoroutine(body):
-                    body.close()  # never read
+                _unread(body)
                 raise unknown_model(name)
             t0 = time.perf_counter()
-            decoded = decode(await body)
+            decoded = await self._decoded(name, version, body, decode)
             t1 = time.perf_counter()
             if decoded.timeout is not None:  # the request's own, Triton's "timeout" parameter
                 deadline = decoded.timeout if deadline is None else min(deadline, decoded.timeout)
@@ -227,6 +226,23 @@ class DataPlane:
         )
         return payload, answer, timings
 
+    async def _decoded(self, name: str, version: str | None, body: Awaitable[B], decode: Callable[[B], R]) -> R:
+        """A request's body, read and decoded. A batched model that is overloaded refuses it first, its body left
+        unread (a refusal must cost next to nothing), and counts it as coming to its queue while it is read."""
+        batcher = self._batcher(name, version)
+        if batcher is None:
+            return decode(await body)
+        try:
+            batcher.admit()
+        except Overloaded:
+            _unread(body)
+            raise
+        batcher.arriving += 1
+        try:
+            return decode(await body)
+        finally:
+            batcher.arriving -= 1
+
     async def infer(
         self,
         name: str,
@@ -254,10 +270,14 @@ class DataPlane:
             if version is not None:
                 raise unknown_model(name, version, ": a cascade has no versions")
             return self._cascade(name, inputs, outputs)
-        batcher = self.batchers.get(self.batched_model.get(name, name)) if version is None else None
+        batcher = self._batcher(name, version)
         if batcher is not None:
             return self._batched(batcher, name, inputs, outputs)
         return self._model(name, version, inputs, outputs)
+
+    def _batcher(self, name: str, version: str | None) -> AdaptiveBatcher | None:
+        """The batcher that serves ``name`` (a model's, or its pipeline's model's), when one does."""
+        return self.batchers.get(self.batched_model.get(name, name)) if version is None else None
 
     async def _model(
         self, name: str, version: str | None, inputs: Mapping[str, Any], outputs: Sequence[str] | None
@@ -384,6 +404,12 @@ class DataPlane:
         """Stop the batchers (requests waiting in them are cancelled)."""
         for batcher in self.batchers.values():
             await batcher.close()
+
+
+def _unread(body: Awaitable[Any]) -> None:
+    """A request's body that is refused before it is read: never read (a coroutine, closed unawaited)."""
+    if inspect.iscoroutine(body):
+        body.close()
 
 
 def _answer(name: str, prediction: Prediction) -> Answer:

@@ -157,8 +157,10 @@ class ModelSettings(BaseModel):
     max_queue_delay_ms: float | None = Field(
         default=None,
         gt=0,
-        description="Adaptive batching: a request still waiting for its batch this long after it arrived is refused "
-        "(503 with Retry-After, gRPC UNAVAILABLE) and never run; unset: it waits its turn.",
+        description="Adaptive batching: the longest a request waits for its batch. One whose rows ahead would take "
+        "longer, at the pace of the latest runs, is refused as it arrives, before its body is read; one still "
+        "waiting this long after it arrived is refused then (503 with Retry-After, gRPC UNAVAILABLE), never run; "
+        "unset: it waits its turn.",
     )
     length_buckets: list[int] = Field(
         default_factory=list,

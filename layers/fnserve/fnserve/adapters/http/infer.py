@@ -134,9 +134,13 @@ class InferenceRoute:
     ) -> tuple[bytes, str, dict[str, str]]:
         """One V2 inference (JSON, or the binary tensor extension): (payload, media type, headers).
         ``encoding``: the body's Content-Encoding; ``accept``: the Accept-Encoding the answer may use."""
-        if encoding is not None:
-            body = _decompressed(body, encoding, self.limit)
-        decode = lambda raw: decode_request(raw, _json_length(json_length))  # noqa: E731
+        limit = self.limit
+
+        def decode(raw: bytes) -> InferenceRequest:
+            if encoding is not None:  # the binary extension's JSON length counts the decompressed body, as Triton's
+                raw = compression.decompress(raw, encoding, limit)
+            return decode_request(raw, _json_length(json_length))
+
         payload, media_type, headers = await self.serve(name, version, body, decode, encode_v2, traceparent, watcher)
         coding = compression.accepted(accept)
         if coding is not None:
@@ -202,11 +206,6 @@ async def _asgi_body(receive: Receive) -> AsyncIterator[bytes]:
             yield chunk
         if not message.get("more_body", False):
             return
-
-
-async def _decompressed(body: Awaitable[bytes], encoding: str, limit: int) -> bytes:
-    # The binary extension's JSON length counts the decompressed body, as Triton counts it.
-    return compression.decompress(await body, encoding, limit)
 
 
 def _json_length(value: str | None) -> int | None:
