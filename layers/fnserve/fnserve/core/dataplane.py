@@ -442,7 +442,7 @@ def _batchers(service: InferenceService, max_concurrent: int) -> dict[str, Adapt
             pad_value=settings.pad_value,
             # A GPU sees the bucket lengths it warmed at start; a CPU runs no padding it can do without.
             pad_to_bucket=bool(settings.batch_buckets) or settings.execution_providers != ["CPUExecutionProvider"],
-            max_queue=settings.max_queue_size,
+            max_queue=settings.queue_rows,
             max_queue_delay=None if settings.max_queue_delay_ms is None else settings.max_queue_delay_ms / 1000,
             max_concurrent=max_concurrent,
             name=name,

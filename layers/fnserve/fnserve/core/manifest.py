@@ -147,12 +147,13 @@ class ModelSettings(BaseModel):
         "after the first one (and at most max_batch_size rows), and only while more are on their way (as many as "
         "were in flight lately): a lone request runs at once; off when unset.",
     )
-    max_queue_size: int = Field(
-        default=1024,
+    max_queue_size: int | None = Field(
+        default=None,
         ge=1,
         description="Adaptive batching: the most rows that wait for a batch; a request that would go past it is "
         "refused at once (503 with Retry-After, gRPC UNAVAILABLE) instead of waiting behind work that cannot finish "
-        "in time.",
+        "in time. Default: two batches (2 x max_batch_size), so that a request waits at most for the batch running "
+        "and one more before its own.",
     )
     max_queue_delay_ms: float | None = Field(
         default=None,
@@ -250,6 +251,11 @@ class ModelSettings(BaseModel):
         if queueing and self.max_batch_time_ms is None:
             raise ValueError(f"{' and '.join(sorted(queueing))} only apply with max_batch_time_ms (adaptive batching)")
         return self
+
+    @property
+    def queue_rows(self) -> int:
+        """The rows that may wait for a batch: ``max_queue_size``, else two batches."""
+        return self.max_queue_size if self.max_queue_size is not None else 2 * self.max_batch_size
 
     @model_validator(mode="after")
     def _overrides(self) -> ModelSettings:

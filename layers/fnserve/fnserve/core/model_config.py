@@ -77,7 +77,7 @@ def _instances(device: str, instances: int) -> dict[str, Any]:
 
 def _dynamic_batching(settings: ModelSettings) -> dict[str, Any]:
     assert settings.max_batch_time_ms is not None
-    policy: dict[str, Any] = {"timeout_action": "REJECT", "max_queue_size": settings.max_queue_size}
+    policy: dict[str, Any] = {"timeout_action": "REJECT", "max_queue_size": settings.queue_rows}
     if settings.max_queue_delay_ms is not None:
         policy["default_timeout_microseconds"] = round(settings.max_queue_delay_ms * 1000)
     return {
