@@ -2,16 +2,16 @@
 
     make bench        (or: python -m tests.bench.bench_overload; BENCH_OVERLOAD_SECONDS, default 30)
 
-One ``fnserve serve`` (one front process running the models, pinned to the first CPU when there are two
-or more), with adaptive batching and admission bounds on both models: MiniLM (int8, 16 tokens a
-request) and digits-accurate (256 rows a request, so that a Python load generator on the other CPU can
-offer three times what it serves; a run where it could not says so). For each: its capacity (closed
-loop, 16 connections), its latency unloaded (open loop at half the capacity), then an open loop at three
-times the capacity. Arrivals are
-scheduled at fixed intervals and each latency is counted from its scheduled time (no coordinated
-omission: a request the generator could not send on time waits in the count). Printed side by side:
-admitted p50/p99 against the unloaded p99, refusals (503) and how fast they came, answers past the
-queue deadline, and the server's RSS over the run.
+Two ``fnserve serve`` (one front process running the models, pinned to the first CPU when there are two or
+more; one loaded at a time), with adaptive batching on MiniLM (int8, 16 tokens a request, batches of 8 rows)
+and digits-accurate (256 rows a request, so that a Python load generator on the other CPU can offer three
+times what it serves; batches of 1,024 rows): one with fnserve's default admission bounds (a queue of two
+batches), one with a queue that never fills. For each model: its capacity (closed loop, 16 connections), its
+latency unloaded (open loop at half the capacity), then an open loop at three times the capacity on each
+server. Arrivals are scheduled at fixed intervals and each latency is counted from its scheduled time (no
+coordinated omission: a request the generator could not send on time waits in the count). Printed side by
+side: answered p50/p99 against the unloaded p99, refusals (503) and how fast they came, and the server's RSS
+over the run.
 """
 
 from __future__ import annotations
