@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from fnserve.adapters.http.routes import Companion
     from fnserve.core.dataplane import DataPlane
     from fnserve.workers.pool import WorkerPool
-    from fnserve.workers.remote import Overflow
+    from fnserve.workers.remote import Overflow, Pools
 
 
 Store = DynamoResultStore | RedisResultStore
@@ -81,31 +81,39 @@ def result_store(settings: AwsSettings, *, for_requests: bool = False) -> Store 
 
 
 def build_service(
-    settings: Settings, store: Store | None = None, pool: WorkerPool | Overflow | None = None
+    settings: Settings, store: Store | None = None, pool: WorkerPool | Overflow | Pools | None = None
 ) -> InferenceService:
     """The service a process serves with: models from the manifest (s3:// and gs:// ones fetched from
-    their bucket), in this process, or in ``pool``'s workers (a GPU pool overflowing to CPU workers); a
+    their bucket), in this process, or in ``pool``'s workers (a GPU pool overflowing to CPU workers; or the
+    manifest's worker groups, the other models in this process); a
     result cache whose shared tier is ``store``'s table.
 
     A manifest at an s3:// or gs:// URI is fetched first; its relative model paths then name
     objects beside it in the same bucket.
     """
     settings = with_local_manifest(settings)
+    manifest = load_manifest(settings.manifest)
+    if settings.worker_group is not None:  # a worker of a group: its models alone
+        manifest = manifest.holding(settings.worker_group)
+    options: dict[str, Any] = {
+        "workers": settings.inference_processes,
+        "intra_op_threads": settings.intra_op_threads,
+        "cache_dir": settings.model_cache_dir,
+        "fetchers": {scheme: objects.fetch_model for scheme in objects.SCHEMES},
+        "cpu_only": settings.device == "cpu",
+    }
     if pool is None:
-        registry = ModelRegistry(
-            load_manifest(settings.manifest),
-            workers=settings.inference_processes,
-            intra_op_threads=settings.intra_op_threads,
-            cache_dir=settings.model_cache_dir,
-            fetchers={scheme: objects.fetch_model for scheme in objects.SCHEMES},
-            cpu_only=settings.device == "cpu",
-        )
+        registry = ModelRegistry(manifest, **options)
         if settings.eager_load:
             registry.load_all()
     else:
-        from fnserve.workers.remote import PooledRegistry
+        from fnserve.workers.remote import PlacedRegistry, PooledRegistry, Pools
 
-        registry = PooledRegistry(load_manifest(settings.manifest), pool)
+        if isinstance(pool, Pools):  # the manifest's worker groups; the other models in this process
+            registry = PlacedRegistry(manifest, pool, **options)
+            registry.load_all()
+        else:
+            registry = PooledRegistry(manifest, pool)
     backend: DynamoCacheBackend | RedisCacheBackend | None = None
     if isinstance(store, RedisResultStore):
         backend, where = RedisCacheBackend(store), store.where
@@ -293,7 +301,9 @@ def grpc_server(settings: Settings, plane: DataPlane, telemetry: Telemetry | Non
     )
 
 
-def server_app(settings: Settings, pool: Overflow | None = None, service: InferenceService | None = None) -> V2App:
+def server_app(
+    settings: Settings, pool: Overflow | Pools | None = None, service: InferenceService | None = None
+) -> V2App:
     """A ``fnserve serve`` front process's app: models in ``pool``'s workers, or in this process when there is no
     pool (``service``, when they are loaded already); metrics, gRPC and the readiness of its sibling processes."""
     from fnserve import tracing

@@ -118,7 +118,9 @@ def models(ctx: typer.Context, manifest: ManifestOpt = DEFAULT_MANIFEST) -> None
         service = InferenceService.from_manifest(manifest)
         for name in service.registry.names():
             meta = service.model_metadata(name)
-            typer.echo(f"{name}  versions {', '.join(meta['versions'])}")
+            group = service.registry.manifest.group_of(name)
+            placed = f"  in worker group {group.name!r} ({group.workers} worker(s))" if group is not None else ""
+            typer.echo(f"{name}  versions {', '.join(meta['versions'])}{placed}")
             _echo_tensors(meta)
         for pipeline in service.registry.manifest.pipelines:
             steps = " -> ".join([*(s.step for s in pipeline.pre), pipeline.model, *(s.step for s in pipeline.post)])
@@ -471,6 +473,9 @@ def _serve_banner(host: str, port: int, service: InferenceService, settings: Set
         )
     if settings.server_processes > 1:
         where = f"{settings.server_processes} server processes, each {where}"
+    groups = service.registry.manifest.groups
+    if groups:
+        where = "the models in no group in-process; " + ", ".join(f"{g.name} in {g.workers} worker(s)" for g in groups)
     typer.echo(f"fnserve: {len(service.registry.names())} models on {url}, {where}; Ctrl-C stops.")
     typer.echo(f"  metadata  curl -s {url}/v2/models/{name}")
     typer.echo(f"  infer     curl -s {url}/v2/models/{name}/infer -d '{_example_request(meta)}'")

@@ -67,6 +67,11 @@ class InferenceSettings(EnvSettings):
         description="Intra-op threads for every model without its own; default: CPUs / workers.",
     )
     eager_load: bool = Field(default=False, description="Load every model at start instead of on first use.")
+    worker_group: str | None = Field(
+        default=None,
+        description="Load only this worker group's models (the manifest's [[groups]]): what `fnserve serve` sets "
+        "in the group's inference workers.",
+    )
     model_cache_dir: Path = Field(
         default=Path(tempfile.gettempdir()) / "fnserve-models",
         description="Where models fetched from remote stores (s3://) are kept for this process.",

@@ -29,7 +29,7 @@ from fnserve.adapters.periodic import Every
 
 if TYPE_CHECKING:
     from fnserve.core.dataplane import DataPlane
-    from fnserve.workers.remote import Overflow
+    from fnserve.workers.remote import Overflow, Pools
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 UNKNOWN = "_unknown"
@@ -145,12 +145,12 @@ class ServerMetrics:
         )
         self.known: frozenset[str] | None = None  # the served names; any other is counted as UNKNOWN
         self._plane: DataPlane | None = None
-        self._pool: Overflow | None = None
+        self._pool: Overflow | Pools | None = None
         self._seen: dict[str, int] = {}
         self.pending: list[tuple[str, str, str, int, dict[str, float]]] = []  # records not yet in the series
         self._flusher = Every(FLUSH_SECONDS, self.flush)
 
-    def watch(self, plane: DataPlane, pool: Overflow | None = None) -> None:
+    def watch(self, plane: DataPlane, pool: Overflow | Pools | None = None) -> None:
         """Count ``plane``'s batches, say where each loaded model runs, and read its batchers, its cache and
         ``pool`` at each scrape."""
         self._plane = plane

@@ -27,10 +27,12 @@ from fnserve.adapters.logs import logger
 from fnserve.adapters.starting import not_ready_until_loaded, refuse_taken
 from fnserve.core._cpus import AFFINITY_DIR_ENV, available_cpus
 from fnserve.core._heap import freeze_heap
+from fnserve.core.errors import ConfigError
+from fnserve.core.manifest import WorkerGroup, load_manifest
 from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
 from fnserve.workers.pool import FunctionSpec, WorkerPool
-from fnserve.workers.remote import Group, Overflow
+from fnserve.workers.remote import Group, Overflow, Pools
 
 
 def serve(
@@ -107,10 +109,13 @@ def _load(
     """Every model loaded, and the layout chosen: the one front process's app, or None (and the settings the
     front processes get) when several serve the port, each building its own."""
     settings = bootstrap.with_local_manifest(settings.model_copy(update={"eager_load": True}))
-    if settings.gpu_workers and "parallel_workers" not in settings.model_fields_set:
+    groups = load_manifest(settings.manifest).groups
+    if groups:
+        settings = _placed(settings, groups)
+    elif settings.gpu_workers and "parallel_workers" not in settings.model_fields_set:
         # GPU workers alone, unless CPU workers to overflow to are asked for.
         settings = settings.model_copy(update={"parallel_workers": 0})
-    auto = not {"parallel_workers", "server_processes", "gpu_workers"} & settings.model_fields_set
+    auto = not groups and not {"parallel_workers", "server_processes", "gpu_workers"} & settings.model_fields_set
     checked: InferenceService | None = None
     if auto or settings.server_processes > 1:
         # Every model is loaded here once: one that cannot load stops the start with its reason,
@@ -137,7 +142,7 @@ def _load(
             os.environ.update(children_env(settings))  # how the settings reach the front processes
             return settings, None
     # One front process: running inference itself, it serves the models loaded (and timed) above.
-    loaded = checked if not pooled(settings) else None
+    loaded = checked if not pooled(settings) and not groups else None
     del checked
     app = front(settings, loaded)
     if on_ready is not None:
@@ -148,6 +153,28 @@ def _load(
                 app.state.pool.close()
             raise
     return settings, app
+
+
+def _placed(settings: Settings, groups: list[WorkerGroup]) -> Settings:
+    """The layout of a manifest with worker groups: one front process, running the models in no group, and each
+    group's workers. A group's workers serve every request of its models, so more front processes would each
+    start their own: memory would grow with them, which groups are there to prevent."""
+    asked = {"parallel_workers", "server_processes", "gpu_workers"} & settings.model_fields_set
+    if asked and (settings.server_processes > 1 or settings.parallel_workers or settings.gpu_workers):
+        raise ConfigError(
+            "the manifest places models in worker groups ([[groups]]), which name their own workers: leave out "
+            "--processes, --workers and --gpu-workers (and FNSERVE_SERVER_PROCESSES, FNSERVE_PARALLEL_WORKERS, "
+            "FNSERVE_GPU_WORKERS)"
+        )
+    update: dict[str, Any] = {"server_processes": 1, "parallel_workers": 0}
+    if settings.intra_op_threads is None:  # the CPUs shared by every process that runs models
+        update["intra_op_threads"] = max(1, available_cpus() // (sum(g.workers for g in groups) + 1))
+    placed = "; ".join(f"{g.name!r}: {g.workers} worker(s) holding {', '.join(g.models)}" for g in groups)
+    logger.info(
+        f"serving layout: 1 front process running the models in no worker group; worker groups {placed}",
+        extra={"groups": {g.name: {"workers": g.workers, "models": g.models} for g in groups}},
+    )
+    return settings.model_copy(update=update)
 
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -161,7 +188,12 @@ def app_factory() -> V2App:
 def front(settings: Settings, service: InferenceService | None = None) -> V2App:
     """A front process's app, with its inference workers started (none with ``parallel_workers = 0``);
     ``service``: one already loaded in this process, for inference here."""
-    pool = inference_pool(settings) if pooled(settings) else None
+    groups = load_manifest(settings.manifest).groups
+    pool: Overflow | Pools | None = None
+    if groups:
+        pool = group_pools(settings, groups)
+    elif pooled(settings):
+        pool = inference_pool(settings)
     try:
         app = bootstrap.server_app(settings, pool, service)
     except BaseException:
@@ -186,6 +218,27 @@ def children_env(settings: Settings) -> dict[str, str]:
     if settings.cpu_affinity:
         env[AFFINITY_DIR_ENV] = os.environ[AFFINITY_DIR_ENV]
     return env
+
+
+def group_pools(settings: Settings, groups: list[WorkerGroup]) -> Pools:
+    """Each worker group's workers, loading the group's models alone (``worker_group``), started together."""
+    started: dict[str, Overflow] = {}
+    try:
+        for group in groups:
+            env = children_env(settings.model_copy(update={"worker_group": group.name}))
+            spec = FunctionSpec(
+                name=f"inference-{group.name}",
+                code_dir=os.getcwd(),
+                handler="fnserve.workers.inference.handler",
+                env=env,
+                timeout=settings.inference_timeout_seconds,
+            )
+            started[group.name] = Overflow([Group(group.name, WorkerPool(spec, group.workers).start())])
+    except BaseException:
+        for pool in started.values():
+            pool.close()
+        raise
+    return Pools(started)
 
 
 def inference_pool(settings: Settings) -> Overflow:

@@ -444,7 +444,8 @@ def _batchers(service: InferenceService, max_concurrent: int) -> dict[str, Adapt
             pad_to_bucket=bool(settings.batch_buckets) or settings.execution_providers != ["CPUExecutionProvider"],
             max_queue=settings.queue_rows,
             max_queue_delay=None if settings.max_queue_delay_ms is None else settings.max_queue_delay_ms / 1000,
-            max_concurrent=max_concurrent,
+            # A worker group's model: as many batches at once as the group has workers.
+            max_concurrent=group.workers if (group := service.registry.manifest.group_of(name)) else max_concurrent,
             name=name,
         )
     return found

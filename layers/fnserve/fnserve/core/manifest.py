@@ -460,6 +460,18 @@ class CascadeSettings(BaseModel):
         return self
 
 
+class WorkerGroup(BaseModel):
+    """Models that ``fnserve serve`` runs in worker processes of their own, as Triton's instance groups and
+    MLServer's per-model workers do: each of the group's workers holds its models and no other, so memory grows
+    with what each group holds, not with workers x models. Models in no group run in the front process."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, description="The group's name (in metadata, metrics and logs).")
+    workers: int = Field(default=1, ge=1, le=64, description="Its worker processes, each holding all its models.")
+    models: list[str] = Field(min_length=1, description="The models (every version of each) its workers hold.")
+
+
 class Manifest(BaseModel):
     """The model manifest: every model version this deployment serves, its pipelines and its cascades."""
 
@@ -468,6 +480,9 @@ class Manifest(BaseModel):
     models: list[ModelSettings] = Field(min_length=1, description="Served model versions.")
     pipelines: list[PipelineSettings] = Field(default_factory=list, description="Steps around models.")
     cascades: list[CascadeSettings] = Field(default_factory=list, description="Fast-then-accurate model pairs.")
+    groups: list[WorkerGroup] = Field(
+        default_factory=list, description="Which models run in which worker processes of `fnserve serve`."
+    )
     base_dir: Path = Field(default=Path("."), description="Directory relative model paths are resolved against.")
 
     @model_validator(mode="after")
@@ -503,7 +518,29 @@ class Manifest(BaseModel):
                         "(as a model or a pipeline)"
                     )
             taken.add(cascade.name)
+        placed: dict[str, str] = {}
+        for group in self.groups:
+            if group.name in {g.name for g in self.groups if g is not group}:
+                raise ValueError(f"worker group {group.name!r} is listed twice")
+            for name in group.models:
+                if name not in models:
+                    raise ValueError(f"worker group {group.name!r}: model {name!r} is not in the manifest")
+                if name in placed:
+                    raise ValueError(f"model {name!r} is in two worker groups: {placed[name]!r} and {group.name!r}")
+                placed[name] = group.name
         return self
+
+    def group_of(self, model: str) -> WorkerGroup | None:
+        """The worker group that runs ``model`` (None: the front process does)."""
+        return next((group for group in self.groups if model in group.models), None)
+
+    def holding(self, group: str) -> Manifest:
+        """What a worker of ``group`` loads: the group's models alone (no pipelines, cascades or groups)."""
+        found = next((g for g in self.groups if g.name == group), None)
+        if found is None:
+            raise ValueError(f"the manifest has no worker group {group!r}")
+        kept = [m for m in self.models if m.name in found.models]
+        return self.model_copy(update={"models": kept, "pipelines": [], "cascades": [], "groups": []})
 
 
 def step_files(data: dict[str, Any]) -> Iterator[tuple[str, bool]]:

@@ -40,7 +40,7 @@ def triton_config(name: str, servable: Servable, platform: str, instances: int, 
         "max_batch_size": settings.max_batch_size if batching else 0,
         "input": [_tensor(spec, batching, is_input=True) for spec in servable.inputs],
         "output": [_tensor(spec, batching, is_input=False) for spec in servable.outputs],
-        "instance_group": [_instances(model.placement.device, instances)],
+        "instance_group": [_instances(model.placement.device, model.placement.workers or instances)],
         "default_model_filename": "model.onnx",
     }
     if numeric := [int(v) for v in versions if v.isdigit()]:

@@ -46,11 +46,15 @@ class Placement:
     providers: tuple[str, ...]
     device: str  # "cuda:0", or "cpu"
     fallback: str | None = None  # why a GPU provider asked for is not among them (cpu_fallback = true)
+    group: str | None = None  # the manifest's worker group that runs it, and its workers (None: not in one)
+    workers: int | None = None
 
     def to_metadata(self) -> dict[str, Any]:
         meta: dict[str, Any] = {"providers": list(self.providers), "device": self.device}
         if self.fallback is not None:
             meta["cpu_fallback"] = self.fallback
+        if self.group is not None:
+            meta |= {"worker_group": self.group, "workers": self.workers}
         return meta
 
 

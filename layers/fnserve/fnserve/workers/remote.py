@@ -31,6 +31,7 @@ from fnserve.core.manifest import Manifest, ModelSettings
 from fnserve.core.providers import Placement, note_device
 from fnserve.core.registry import LoadedModel, ModelRegistry, TensorSpec
 from fnserve.core.service import InferenceService
+from fnserve.core.statistics import Executions
 from fnserve.workers.messages import Describe, Described, RunModel
 from fnserve.workers.pool import WorkerPool
 
@@ -114,6 +115,62 @@ class PoolSession:
         return list(self._providers)
 
 
+class Pools:
+    """The manifest's worker groups in a front process: one pool of workers each, holding the group's models."""
+
+    mixed = False
+
+    def __init__(self, pools: Mapping[str, Overflow]) -> None:
+        self.pools = dict(pools)
+
+    @property
+    def groups(self) -> list[Group]:
+        return [group for pool in self.pools.values() for group in pool.groups]
+
+    @property
+    def runs(self) -> dict[str, int]:
+        """Calls sent to each group (by its name)."""
+        return {device: n for pool in self.pools.values() for device, n in pool.runs.items()}
+
+    @property
+    def respawns(self) -> int:
+        return sum(pool.respawns for pool in self.pools.values())
+
+    def worker_pids(self) -> list[int]:
+        return [pid for pool in self.pools.values() for pid in pool.worker_pids()]
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+
+
+class PlacedRegistry(ModelRegistry):
+    """A front process's models when the manifest places some in worker groups: those run in their group's
+    workers (described by them; sessions that forward there), the others load in this process."""
+
+    in_process = False  # calls to a group's workers block: the data plane makes them from threads
+
+    def __init__(self, manifest: Manifest, pools: Pools, **options: Any) -> None:
+        super().__init__(manifest, **options)
+        self._pools = pools
+        self._described: dict[tuple[str, str], dict[str, Any]] = {}
+        for group in manifest.groups:
+            described: Described = pools.pools[group.name].groups[0].pool.invoke(Describe()).result()
+            self._described |= {(m["name"], m["version"]): m for m in described.models}
+
+    def _load(self, settings: ModelSettings) -> LoadedModel:
+        group = self.manifest.group_of(settings.name)
+        if group is None:
+            return super()._load(settings)
+        described = self._described.get((settings.name, settings.version))
+        if described is None:
+            raise ModelNotReady(
+                f"model {settings.name!r} version {settings.version!r} is not loaded in worker group {group.name!r}"
+            )
+        executions = self.executions[(settings.name, settings.version)]
+        return _pooled(settings, described, self._pools.pools[group.name], executions, group.name, group.workers)
+
+
 class PooledRegistry(ModelRegistry):
     """The manifest's models, served by ``workers`` (a pool, or a GPU pool with CPU workers to overflow to):
     specs from the first group's workers, sessions that forward to whichever group :class:`Overflow` picks."""
@@ -130,22 +187,36 @@ class PooledRegistry(ModelRegistry):
         described = self._described.get((settings.name, settings.version))
         if described is None:  # the workers load every model before they are ready
             raise ModelNotReady(f"model {settings.name!r} version {settings.version!r} is not loaded in the workers")
-        inputs = tuple(_spec(s) for s in described["inputs"])
-        outputs = tuple(_spec(s) for s in described["outputs"])
-        placement = described["placement"]
-        return LoadedModel(
-            settings=settings,
-            session=PoolSession(self.workers, settings.name, settings.version, placement["providers"]),
-            inputs=inputs,
-            outputs=outputs,
-            output_names=tuple(o.name for o in outputs),
-            output_set=frozenset(o.name for o in outputs),
-            path=Path(settings.path),
-            # Where the first group's workers run it; in a mixed pool each call also says which group ran it.
-            placement=Placement(tuple(placement["providers"]), placement["device"], placement.get("cpu_fallback")),
-            load_seconds=float(described.get("load_seconds", 0.0)),  # in the worker that described it
-            executions=self.executions[(settings.name, settings.version)],  # counted here, where runs are sent
-        )
+        return _pooled(settings, described, self.workers, self.executions[(settings.name, settings.version)])
+
+
+def _pooled(
+    settings: ModelSettings,
+    described: Mapping[str, Any],
+    workers: Overflow,
+    executions: Executions,
+    group: str | None = None,
+    group_workers: int | None = None,
+) -> LoadedModel:
+    """A model that ``workers`` run, as their first group described it."""
+    inputs = tuple(_spec(s) for s in described["inputs"])
+    outputs = tuple(_spec(s) for s in described["outputs"])
+    placement = described["placement"]
+    return LoadedModel(
+        settings=settings,
+        session=PoolSession(workers, settings.name, settings.version, placement["providers"]),
+        inputs=inputs,
+        outputs=outputs,
+        output_names=tuple(o.name for o in outputs),
+        output_set=frozenset(o.name for o in outputs),
+        path=Path(settings.path),
+        # Where the first group's workers run it; in a mixed pool each call also says which group ran it.
+        placement=Placement(
+            tuple(placement["providers"]), placement["device"], placement.get("cpu_fallback"), group, group_workers
+        ),
+        load_seconds=float(described.get("load_seconds", 0.0)),  # in the worker that described it
+        executions=executions,  # counted in the front process, where runs are sent
+    )
 
 
 def handle(service: InferenceService, event: RunModel | Describe) -> Arrays | Described:
