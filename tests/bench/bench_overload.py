@@ -41,6 +41,7 @@ CONNECTIONS = 512  # enough that arrivals at 3x never wait for a free connection
 # own; at 8 MiniLM rows (about 13 ms) and 1,024 digits rows (4 requests) that stays near the unloaded latency.
 BATCH_ROWS = {"minilm-l6": 8, "digits-accurate": 1024}
 BASELINE_SECONDS = 10.0  # the same overload on the server without admission bounds
+NEIGHBOUR_SECONDS = 10.0  # one model flooded beside another
 
 
 @dataclass
@@ -54,14 +55,17 @@ class Run:
         return self.latencies.get(status, [])
 
 
-def manifest(directory: Path, bounded: bool) -> Path:
-    """The two models with adaptive batching; ``bounded``: with fnserve's default admission bounds (a queue of two
-    batches), else with a queue that never fills (what a server without admission control does)."""
+def manifest(directory: Path, kind: str) -> Path:
+    """The two models with adaptive batching: ``unbounded``, a queue that never fills (what a server without
+    admission control does); ``bounded``, fnserve's default admission bounds (a queue of two batches);
+    ``priority``, those and digits-accurate a priority above MiniLM's."""
     import tomllib
 
     demo = {m["name"]: m for m in tomllib.loads(DEMO_MANIFEST.read_text())["models"]}
     minilm, digits = demo["minilm-l6"], demo["digits-accurate"]
-    bounds = {name: "" if bounded else "max_queue_size = 1000000\n" for name in BATCH_ROWS}
+    bounds = {name: "max_queue_size = 1000000\n" if kind == "unbounded" else "" for name in BATCH_ROWS}
+    if kind == "priority":
+        bounds["digits-accurate"] = "priority = 1\n"
     text = f'''[[models]]
 name = "minilm-l6"
 path = "{DEMO_MANIFEST.parent / minilm["path"]}"
@@ -78,7 +82,7 @@ sha256 = "{digits["sha256"]}"
 max_batch_size = {BATCH_ROWS["digits-accurate"]}
 max_batch_time_ms = 2
 {bounds["digits-accurate"]}'''
-    path = directory / f"manifest-{'bounded' if bounded else 'unbounded'}.toml"
+    path = directory / f"manifest-{kind}.toml"
     path.write_text(text)
     return path
 
@@ -219,7 +223,7 @@ def report(name: str, run: Run, rss: list[float], generator: float, base_p99: fl
     print(f"    server RSS over the run: {min(rss):.0f}-{max(rss):.0f} MB (first {rss[0]:.0f}, last {rss[-1]:.0f})")
 
 
-async def measure(unbounded: Server, bounded: Server, model: str) -> None:
+async def measure(unbounded: Server, bounded: Server, model: str) -> tuple[float, float]:
     """Capacity and unloaded latency on the unbounded server; 3x the capacity on the bounded one, then the other."""
     wire = request_bytes(unbounded.port, model)
     for server in (unbounded, bounded):
@@ -245,11 +249,37 @@ async def measure(unbounded: Server, bounded: Server, model: str) -> None:
         )
     run, rss, generator = await overload(unbounded, wire, 3 * capacity, BASELINE_SECONDS)
     report("3x capacity, a queue that never fills (no admission control)", run, rss, generator, base_p99)
+    return capacity, base_p99
 
 
-def start(work: Path, bounded: bool, pinned: bool) -> Server:
+async def neighbours(bounded: Server, priority: Server, unloaded: dict[str, tuple[float, float]]) -> None:
+    """MiniLM flooded at 3x its capacity while digits-accurate gets a tenth of its own: digits' latency with equal
+    priorities, then with digits' above MiniLM's."""
+    minilm, digits = unloaded["minilm-l6"], unloaded["digits-accurate"]
+    print(
+        f"\nneighbours: minilm-l6 at 3x its capacity ({3 * minilm[0]:,.0f} req/s) beside digits-accurate at a tenth "
+        f"of its own ({digits[0] / 10:,.0f} req/s; unloaded p99 {digits[1]:.2f} ms), {NEIGHBOUR_SECONDS:g} s"
+    )
+    for name, server in (("equal priorities", bounded), ("digits-accurate priority 1, minilm-l6 0", priority)):
+        flood = asyncio.create_task(
+            open_loop(server.port, request_bytes(server.port, "minilm-l6"), 3 * minilm[0], NEIGHBOUR_SECONDS)
+        )
+        probe = await open_loop(
+            server.port, request_bytes(server.port, "digits-accurate"), digits[0] / 10, NEIGHBOUR_SECONDS
+        )
+        flooded = await flood
+        answered = probe.of(200)
+        print(
+            f"  {name}: digits-accurate answered {len(answered):,} of {sum(map(len, probe.latencies.values())):,}, "
+            f"p50 {percentile(answered, 50) * 1e3:.2f} ms, p99 {percentile(answered, 99) * 1e3:.2f} ms "
+            f"({percentile(answered, 99) * 1e3 / digits[1]:.2f}x its unloaded p99); minilm-l6 answered "
+            f"{len(flooded.of(200)) / flooded.seconds:,.0f}/s, refused {len(flooded.of(503)) / flooded.seconds:,.0f}/s"
+        )
+
+
+def start(work: Path, kind: str, pinned: bool) -> Server:
     port = free_port()
-    cmd = [sys.executable, "-m", "fnserve", "serve", "-m", str(manifest(work, bounded)), "--port", str(port)]
+    cmd = [sys.executable, "-m", "fnserve", "serve", "-m", str(manifest(work, kind)), "--port", str(port)]
     cmd += ["--processes", "1", "--workers", "0"]
     if pinned:
         cmd = ["taskset", "-c", "0", *cmd]
@@ -276,7 +306,8 @@ def main() -> None:
     pinned = cpus >= 2 and shutil.which("taskset") is not None
     if pinned:
         os.sched_setaffinity(0, set(range(1, cpus)))
-    servers = [start(work, False, pinned), start(work, True, pinned)]  # one loaded at a time: the other idles
+    # One loaded at a time: the others idle.
+    servers = {kind: start(work, kind, pinned) for kind in ("unbounded", "bounded", "priority")}
     print(
         f"overload: fnserve serve, one front process "
         f"({'on CPU 0, the load generator on the rest' if pinned else 'unpinned'}), "
@@ -284,14 +315,17 @@ def main() -> None:
         f"({BASELINE_SECONDS:g} s without)"
     )
     try:
-        for server in servers:
+        for server in servers.values():
             wait_ready(server)
         import uvloop  # the server's loop too: the generator must not be the slower side
 
-        for model in ("minilm-l6", "digits-accurate"):
-            uvloop.run(measure(servers[0], servers[1], model))
+        unloaded = {
+            model: uvloop.run(measure(servers["unbounded"], servers["bounded"], model))
+            for model in ("minilm-l6", "digits-accurate")
+        }
+        uvloop.run(neighbours(servers["bounded"], servers["priority"], unloaded))
     finally:
-        for server in servers:
+        for server in servers.values():
             server.proc.terminate()
             server.proc.wait(timeout=30)
         shutil.rmtree(work, ignore_errors=True)

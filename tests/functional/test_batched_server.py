@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import threading
 from pathlib import Path
 
 import httpx
@@ -301,3 +303,39 @@ def test_an_overloaded_model_refuses_a_request_from_its_headers_before_reading_i
     assert batcher.shed == 1 and batcher.batches == 2  # the heavy batch, then the two queued: nothing of its ran
     [stat] = plane.model_statistics("minilm-l6")
     assert stat["inference_stats"]["fail"]["count"] == 1 and stat["inference_stats"]["success"]["count"] == 3
+
+
+def test_a_lower_priority_model_runs_its_batches_on_threads_the_os_favours_less(tmp_path: Path) -> None:
+    """Two batched models in one process: the higher priority's batches run at nice 0, the other's 5 higher."""
+    import tomllib
+
+    demo = {m["name"]: m for m in tomllib.loads(DEMO_MANIFEST.read_text())["models"]}
+    entries = ""
+    for name, priority in (("digits-fast", 1), ("digits-accurate", 0)):
+        entries += f'''[[models]]
+name = "{name}"
+path = "{DEMO_MANIFEST.parent / demo[name]["path"]}"
+sha256 = "{demo[name]["sha256"]}"
+max_batch_time_ms = 2
+priority = {priority}
+'''
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(entries)
+    service = InferenceService.from_manifest(manifest, eager=True)
+    seen: dict[str, int] = {}
+    ran = service.run
+
+    def recorded(model: str, feed: object, **options: object) -> object:
+        seen[model] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        return ran(model, feed, **options)  # type: ignore[arg-type]
+
+    service.run = recorded  # type: ignore[method-assign]
+    plane = DataPlane(service, batching=True)
+
+    async def main() -> None:
+        for name in ("digits-fast", "digits-accurate"):
+            await plane.batchers[name].predict({"input": DIGITS[:1]})
+
+    asyncio.run(main())
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert seen == {"digits-fast": base, "digits-accurate": base + 5}

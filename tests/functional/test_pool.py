@@ -30,6 +30,10 @@ def handler(event, context):
         if "marker" in event:
             open(event["marker"], "w").close()  # tells the test the handler is running
         time.sleep(event["seconds"])
+    if action == "wait":  # until the test says so
+        open(event["marker"], "w").close()
+        while not os.path.exists(event["until"]):
+            time.sleep(0.005)
     if action == "raise":
         raise RuntimeError("boom")
     if action == "invalid":
@@ -178,3 +182,20 @@ def test_an_init_error_is_the_answer_until_a_later_invocation_starts_cleanly(tmp
         assert isinstance(pool.invoke({}).result(timeout=60), int)
     finally:
         pool.close()
+
+
+def test_while_every_worker_is_busy_a_higher_priority_goes_first(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(APP)
+    pool = WorkerPool(FunctionSpec(name="echo", code_dir=str(tmp_path), timeout=30.0), workers=1).start()
+    try:
+        marker, until = tmp_path / "running", tmp_path / "go"
+        busy = pool.invoke({"action": "wait", "marker": str(marker), "until": str(until)})
+        wait_for(marker.exists, 30, "the worker to be busy")
+        low = [pool.invoke({}) for _ in range(2)]
+        high = pool.invoke({}, priority=5)
+        until.touch()
+        order = {name: f.result(timeout=30)["calls"] for name, f in (("busy", busy), ("high", high))}
+        lows = sorted(f.result(timeout=30)["calls"] for f in low)
+    finally:
+        pool.close()
+    assert order == {"busy": 1, "high": 2} and lows == [3, 4]  # queued last, it ran first; the lows in order

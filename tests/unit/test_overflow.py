@@ -15,7 +15,7 @@ class HeldPool:
         self.size = size
         self.calls: list[Future[Any]] = []
 
-    def invoke(self, request: Any) -> Future[Any]:
+    def invoke(self, request: Any, priority: int = 0) -> Future[Any]:
         future: Future[Any] = Future()
         self.calls.append(future)
         return future

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from fnserve.core._niced import run_niced
 from fnserve.core._rows import batch_size
 from fnserve.core.batching import AdaptiveBatcher
 from fnserve.core.cascade import CascadeRunner
@@ -420,17 +421,24 @@ def _answer(name: str, prediction: Prediction) -> Answer:
     return answer
 
 
+NICE_PER_LEVEL = 5  # a thread's nice for each priority level below the highest: about 3x less CPU per level
+
+
 def _batchers(service: InferenceService, max_concurrent: int) -> dict[str, AdaptiveBatcher]:
     """An adaptive batcher for each model that asks for one (its default version)."""
     found = {}
+    top = max(m.priority for m in service.registry.manifest.models)
     for name in service.registry.names():
         settings = service.registry.resolve(name)
         if settings.max_batch_time_ms is None:
             continue
 
-        async def run(feed: Arrays, model: str = name) -> Arrays:
-            # In a thread: the event loop keeps accepting (and batching) requests meanwhile.
-            return await asyncio.to_thread(service.run, model, feed)
+        async def run(
+            feed: Arrays, model: str = name, nice: int = NICE_PER_LEVEL * (top - settings.priority)
+        ) -> Arrays:
+            # In a thread: the event loop keeps accepting (and batching) requests meanwhile; a lower priority
+            # model's on threads the OS favours less, so that its flood leaves the CPU to the others.
+            return await run_niced(nice, service.run, model, feed)
 
         found[name] = AdaptiveBatcher(
             run,

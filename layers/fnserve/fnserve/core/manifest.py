@@ -147,6 +147,15 @@ class ModelSettings(BaseModel):
         "after the first one (and at most max_batch_size rows), and only while more are on their way (as many as "
         "were in flight lately): a lone request runs at once; off when unset.",
     )
+    priority: int = Field(
+        default=0,
+        ge=0,
+        le=9,
+        description="Between models served by the same processes, higher first: in `fnserve serve`, its calls go "
+        "before the queued calls of lower priority models for the same workers, and its batches run in the front "
+        "process on threads the OS favours over theirs (a lower priority's threads are niced 5 per level below "
+        "the highest).",
+    )
     max_queue_size: int | None = Field(
         default=None,
         ge=1,

@@ -88,6 +88,30 @@ class _Job:
     id: str
     event: Any
     future: Future[Any]
+    priority: int = 0
+
+
+class _Jobs:
+    """Invocations waiting for a worker: the highest priority first, in arrival order within a priority."""
+
+    def __init__(self) -> None:
+        self._levels: dict[int, collections.deque[_Job]] = {}
+
+    def __bool__(self) -> bool:
+        return any(self._levels.values())
+
+    def append(self, job: _Job) -> None:
+        self._levels.setdefault(job.priority, collections.deque()).append(job)
+
+    def appendleft(self, job: _Job) -> None:
+        """``job`` first among its priority (it was taken already)."""
+        self._levels.setdefault(job.priority, collections.deque()).appendleft(job)
+
+    def popleft(self) -> _Job:
+        for priority in sorted(self._levels, reverse=True):
+            if self._levels[priority]:
+                return self._levels[priority].popleft()
+        raise IndexError("no invocation waits")
 
 
 @dataclass(eq=False)  # one per process: compared by identity
@@ -113,7 +137,7 @@ class WorkerPool:
         self.observer = observer
         self._context = multiprocessing.get_context("spawn")
         self._workers: list[_Worker] = []
-        self._queue: collections.deque[_Job] = collections.deque()
+        self._queue = _Jobs()
         self._lock = threading.Lock()
         # The dispatcher sleeps in one selector over every worker's pipe and sentinel, kept across
         # rounds; invoke() wakes it with a byte on a plain pipe.
@@ -151,14 +175,15 @@ class WorkerPool:
             time.sleep(0.01)
         return self
 
-    def invoke(self, event: Any) -> Future[Any]:
-        """Queue one invocation; the future gets the handler's response or a :class:`FnserveError`."""
+    def invoke(self, event: Any, priority: int = 0) -> Future[Any]:
+        """Queue one invocation; the future gets the handler's response or a :class:`FnserveError`. While every
+        worker is busy, invocations of a higher ``priority`` go before those queued of a lower one."""
         future: Future[Any] = Future()
         if self._closing:
             future.set_exception(WorkerDied(f"function {self.spec.name} is shutting down"))
             return future
         with self._lock:
-            self._queue.append(_Job(uuid.uuid4().hex, event, future))
+            self._queue.append(_Job(uuid.uuid4().hex, event, future, priority))
         self._wake()
         return future
 

@@ -66,14 +66,15 @@ class Overflow:
     def mixed(self) -> bool:
         return len(self.groups) > 1
 
-    def invoke(self, request: Any) -> tuple[Future[Any], str]:
-        """Send ``request`` to a group's pool: its future, and the device that runs it."""
+    def invoke(self, request: Any, priority: int = 0) -> tuple[Future[Any], str]:
+        """Send ``request`` to a group's pool (ahead of queued calls of a lower ``priority``): its future, and the
+        device that runs it."""
         with self._lock:
             index = next((i for i, g in enumerate(self.groups) if self.in_flight[i] < g.limit), 0)
             self.in_flight[index] += 1
             group = self.groups[index]
             self.runs[group.device] += 1
-        future = group.pool.invoke(request)
+        future = group.pool.invoke(request, priority)
         future.add_done_callback(lambda _: self._done(index))
         return future, group.device
 
@@ -97,15 +98,16 @@ class Overflow:
 class PoolSession:
     """A session whose ``run`` happens in a pool worker (blocks the calling thread until it is done)."""
 
-    def __init__(self, workers: Overflow, model: str, version: str, providers: list[str]) -> None:
+    def __init__(self, workers: Overflow, model: str, version: str, providers: list[str], priority: int = 0) -> None:
         self._workers = workers
         self._model = model
         self._version = version
         self._providers = providers
+        self._priority = priority  # the model's: its calls go before queued ones of lower priority models
 
     def run(self, names: Sequence[str], feed: Mapping[str, np.ndarray[Any, Any]]) -> list[np.ndarray[Any, Any]]:
         request = RunModel(self._model, self._version, list(names), dict(feed))
-        future, device = self._workers.invoke(request)
+        future, device = self._workers.invoke(request, self._priority)
         if self._workers.mixed:
             note_device(device)
         outputs: Arrays = future.result()
@@ -204,7 +206,7 @@ def _pooled(
     placement = described["placement"]
     return LoadedModel(
         settings=settings,
-        session=PoolSession(workers, settings.name, settings.version, placement["providers"]),
+        session=PoolSession(workers, settings.name, settings.version, placement["providers"], settings.priority),
         inputs=inputs,
         outputs=outputs,
         output_names=tuple(o.name for o in outputs),

@@ -1,0 +1,41 @@
+"""Threads the OS favours less: where a lower priority model's runs go in a process that runs several models.
+
+On Linux a nice value is a thread's own (NPTL), and an unprivileged thread cannot take back a nice value once
+raised, so each level has a pool of threads niced once, at start, and only that level's runs go there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import os
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_LOCK = threading.Lock()
+
+
+def _nice(level: int) -> None:
+    if sys.platform == "linux":
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), level)
+
+
+async def run_niced(level: int, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on a thread of nice ``level`` (0: asyncio's own threads), with this task's context, as
+    :func:`asyncio.to_thread` carries it (the device a run reports goes through it)."""
+    if level == 0:
+        return await asyncio.to_thread(fn, *args)
+    with _LOCK:
+        pool = _POOLS.get(level)
+        if pool is None:
+            pool = _POOLS[level] = ThreadPoolExecutor(
+                max_workers=4, thread_name_prefix=f"fnserve-nice{level}", initializer=_nice, initargs=(level,)
+            )
+    context = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(context.run, fn, *args))
