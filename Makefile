@@ -134,6 +134,7 @@ bench: setup bench-models
 	$(PY) -m tests.bench.bench_batching
 	$(PY) -m tests.bench.bench_grpc
 	$(PY) -m tests.bench.bench_overload
+	$(PY) -m tests.bench.bench_placement
 	$(PY) -m tests.bench.bench_metrics
 	$(PY) -m tests.bench.bench_pipeline
 	$(PY) -m tests.bench.bench_gcp
