@@ -6,8 +6,9 @@ One server (``--processes 1 --workers 0 --grpc-port``, pinned to the first CPU w
 two or more) answers three loads, each a closed loop of asyncio clients in this process
 (pinned to the other CPUs): REST JSON and REST binary with aiohttp, gRPC with ``grpc.aio``
 and raw contents. Each request is built once; every response is checked. Three payloads:
-digits-accurate at batch 1 (256 bytes), and a 1 MB and a 16 MB FP32 tensor into a model
-that sums its rows (the answer is small: a tensor in, a label or a score out, as for images).
+digits-accurate at batch 1 (256 bytes; at concurrency 1, 8 and 32), and a 1 MB and a 16 MB FP32
+tensor into a model that sums its rows (the answer is small: a tensor in, a label or a score out,
+as for images).
 Protocols alternate in rounds; figures are the medians of the rounds.
 
 Printed per payload and protocol: requests/s, p50 and p99 latency, and the server's CPU time
@@ -70,7 +71,7 @@ def payloads() -> list[Payload]:
     digits = np.load(DEMO_HOLDOUT)["input"][:1]
     rows_1mb, rows_16mb = 2**20 // (4 * WIDTH), 2**24 // (4 * WIDTH)
     return [
-        Payload("batch 1 (digits)", "digits-accurate", "input", digits, 8),
+        *(Payload(f"batch 1 (digits), concurrency {c}", "digits-accurate", "input", digits, c) for c in (1, 8, 32)),
         Payload("1 MB tensor", "sum", "x", np.random.default_rng(0).random((rows_1mb, WIDTH), np.float32), 4),
         Payload("16 MB tensor", "sum", "x", np.random.default_rng(1).random((rows_16mb, WIDTH), np.float32), 2),
     ]

@@ -5,8 +5,8 @@
 Two ``fnserve serve`` (one front process running the models, pinned to the first CPU when there are two or
 more; one loaded at a time), with adaptive batching on MiniLM (int8, 16 tokens a request, batches of 8 rows)
 and digits-accurate (256 rows a request, so that a Python load generator on the other CPU can offer three
-times what it serves; batches of 1,024 rows): one with fnserve's default admission bounds (a queue of two
-batches), one with a queue that never fills. For each model: its capacity (closed loop, 16 connections), its
+times what it serves; batches of 1,024 rows): one with fnserve's default admission bounds (a queue of one
+batch), one with a queue that never fills. For each model: its capacity (closed loop, 16 connections), its
 latency unloaded (open loop at half the capacity), then an open loop at three times the capacity on each
 server. Arrivals are scheduled at fixed intervals and each latency is counted from its scheduled time (no
 coordinated omission: a request the generator could not send on time waits in the count). Printed side by
@@ -57,7 +57,7 @@ class Run:
 
 def manifest(directory: Path, kind: str) -> Path:
     """The two models with adaptive batching: ``unbounded``, a queue that never fills (what a server without
-    admission control does); ``bounded``, fnserve's default admission bounds (a queue of two batches);
+    admission control does); ``bounded``, fnserve's default admission bounds (a queue of one batch);
     ``priority``, those and digits-accurate a priority above MiniLM's."""
     import tomllib
 
@@ -133,11 +133,12 @@ async def closed_loop(port: int, wire: bytes, connections: int, seconds: float) 
     return done / (time.perf_counter() - started)
 
 
-async def open_loop(port: int, wire: bytes, rate: float, seconds: float) -> Run:
-    """Requests scheduled every 1/rate s for ``seconds``, each on an idle connection of the pool."""
+async def open_loop(port: int, wire: bytes, rate: float, seconds: float, connections: int = CONNECTIONS) -> Run:
+    """Requests scheduled every 1/rate s for ``seconds``, each on an idle connection of the pool (``connections``:
+    few enough, at a low rate, that each is used again within the server's 5 s keep-alive)."""
     run = Run(rate, seconds)
     idle: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
-    for _ in range(CONNECTIONS):
+    for _ in range(connections):
         idle.put_nowait(await asyncio.open_connection("127.0.0.1", port))
 
     async def one(scheduled: float) -> None:
@@ -239,7 +240,7 @@ async def measure(unbounded: Server, bounded: Server, model: str) -> tuple[float
         f"p99 {base_p99:.2f} ms"
     )
     run, rss, generator = await overload(bounded, wire, 3 * capacity, SECONDS)
-    report("3x capacity, fnserve's defaults (a queue of two batches)", run, rss, generator, base_p99)
+    report("3x capacity, fnserve's defaults (a queue of one batch)", run, rss, generator, base_p99)
     admitted, refused = run.of(200), run.of(503)
     if admitted and refused:
         print(
@@ -264,9 +265,8 @@ async def neighbours(bounded: Server, priority: Server, unloaded: dict[str, tupl
         flood = asyncio.create_task(
             open_loop(server.port, request_bytes(server.port, "minilm-l6"), 3 * minilm[0], NEIGHBOUR_SECONDS)
         )
-        probe = await open_loop(
-            server.port, request_bytes(server.port, "digits-accurate"), digits[0] / 10, NEIGHBOUR_SECONDS
-        )
+        wire = request_bytes(server.port, "digits-accurate")
+        probe = await open_loop(server.port, wire, digits[0] / 10, NEIGHBOUR_SECONDS, connections=32)
         flooded = await flood
         answered = probe.of(200)
         print(

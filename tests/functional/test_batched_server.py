@@ -339,3 +339,56 @@ priority = {priority}
     asyncio.run(main())
     base = os.getpriority(os.PRIO_PROCESS, 0)
     assert seen == {"digits-fast": base, "digits-accurate": base + 5}
+
+
+def test_a_full_queue_refuses_over_grpc_with_unavailable_and_over_sagemaker_with_503(tmp_path: Path) -> None:
+    """The same bound, whatever carries the request: behind a heavy batch and a full queue, gRPC's ModelInfer is
+    UNAVAILABLE (the server is fine and the call may be tried again, not RESOURCE_EXHAUSTED: no quota of the
+    caller's ran out) and SageMaker's /invocations 503 with Retry-After, both with the bound that refused them."""
+    import grpc
+
+    from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
+    from fnserve.adapters.grpc.proto import open_inference_grpc_pb2_grpc as pb_grpc
+    from fnserve.adapters.grpc.server import GrpcServer
+
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(minilm_entry("max_queue_size = 2\n"))
+    plane = DataPlane(InferenceService.from_manifest(manifest, eager=True), batching=True)
+    app = create_app(plane, Settings(manifest=manifest, access_log=False))
+    batcher = plane.batchers["minilm-l6"]
+    ids = np.full((1, 16), 1000, np.int64)
+    request = pb.ModelInferRequest(model_name="minilm-l6")
+    for name, array in (("input_ids", ids), ("attention_mask", np.ones_like(ids)), ("token_type_ids", 0 * ids)):
+        request.inputs.add(name=name, datatype="INT64", shape=[1, 16])
+        request.raw_input_contents.append(array.tobytes())
+
+    async def main() -> tuple[grpc.aio.AioRpcError, httpx.Response, list[int]]:
+        server = GrpcServer(plane, "127.0.0.1", 0, max_message_bytes=2**20, grace_seconds=1)
+        await server.start()
+        transport = httpx.ASGITransport(app=app)
+        try:
+            async with (
+                httpx.AsyncClient(transport=transport, base_url="http://fnserve", timeout=120) as client,
+                grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel,
+            ):
+                heavy = await heavy_batch_running(client, batcher)
+                url = "/v2/models/minilm-l6/infer"
+                queued = [asyncio.create_task(client.post(url, json=tokens(1, 16))) for _ in range(2)]
+                while batcher.queued() < 2:
+                    await asyncio.sleep(0.001)
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request)
+                target = {"x-amzn-sagemaker-target-model": "minilm-l6"}
+                sagemaker = await client.post("/invocations", json=tokens(1, 16), headers=target)
+                answered = [r.status_code for r in await asyncio.gather(heavy, *queued)]
+        finally:
+            await server.stop()
+        return refused.value, sagemaker, answered
+
+    refused, sagemaker, answered = asyncio.run(main())
+    assert answered == [200, 200, 200]
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE, refused
+    assert "model 'minilm-l6' is overloaded: 2 rows wait already, 2 at most (max_queue_size)" in str(refused.details())
+    assert sagemaker.status_code == 503 and sagemaker.headers["retry-after"] == "1"
+    assert "is overloaded" in sagemaker.json()["error"]
+    assert batcher.shed == 2 and batcher.batches == 2  # neither refused request ran

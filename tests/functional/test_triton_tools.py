@@ -189,7 +189,7 @@ def test_model_configuration_over_http_and_grpc(
 
     minilm = grpc.get_model_config("minilm-l6").config
     assert minilm.dynamic_batching.max_queue_delay_microseconds == 2000  # max_batch_time_ms = 2
-    assert minilm.dynamic_batching.default_queue_policy.max_queue_size == 128  # two batches of 64 rows
+    assert minilm.dynamic_batching.default_queue_policy.max_queue_size == 64  # one batch of 64 rows
     assert [(t.name, list(t.dims)) for t in minilm.input][0] == ("input_ids", [-1])
 
     text = http.get_model_config("minilm-embed")

@@ -161,8 +161,8 @@ class ModelSettings(BaseModel):
         ge=1,
         description="Adaptive batching: the most rows that wait for a batch; a request that would go past it is "
         "refused at once (503 with Retry-After, gRPC UNAVAILABLE) instead of waiting behind work that cannot finish "
-        "in time. Default: two batches (2 x max_batch_size), so that a request waits at most for the batch running "
-        "and one more before its own.",
+        "in time. Default: one batch (max_batch_size): what waits fits the next batch, so a request waits at most "
+        "for the batch running, and the next one is always ready to run.",
     )
     max_queue_delay_ms: float | None = Field(
         default=None,
@@ -263,8 +263,8 @@ class ModelSettings(BaseModel):
 
     @property
     def queue_rows(self) -> int:
-        """The rows that may wait for a batch: ``max_queue_size``, else two batches."""
-        return self.max_queue_size if self.max_queue_size is not None else 2 * self.max_batch_size
+        """The rows that may wait for a batch: ``max_queue_size``, else one batch."""
+        return self.max_queue_size if self.max_queue_size is not None else self.max_batch_size
 
     @model_validator(mode="after")
     def _overrides(self) -> ModelSettings:
