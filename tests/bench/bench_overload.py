@@ -224,6 +224,16 @@ def report(name: str, run: Run, rss: list[float], generator: float, base_p99: fl
     print(f"    server RSS over the run: {min(rss):.0f}-{max(rss):.0f} MB (first {rss[0]:.0f}, last {rss[-1]:.0f})")
 
 
+async def full_batches(server: Server, model: str) -> tuple[int, int]:
+    """The runs of full batches (``BATCH_ROWS``) so far and their nanoseconds, from Triton's statistics."""
+    async with httpx.AsyncClient() as client:
+        response = await client.get(f"http://127.0.0.1:{server.port}/v2/models/{model}/stats")
+    for stat in response.json()["model_stats"][0]["batch_stats"]:
+        if stat["batch_size"] == BATCH_ROWS[model]:
+            return stat["compute_infer"]["count"], stat["compute_infer"]["ns"]
+    return 0, 0
+
+
 async def measure(unbounded: Server, bounded: Server, model: str) -> tuple[float, float]:
     """Capacity and unloaded latency on the unbounded server; 3x the capacity on the bounded one, then the other."""
     wire = request_bytes(unbounded.port, model)
@@ -239,7 +249,9 @@ async def measure(unbounded: Server, bounded: Server, model: str) -> tuple[float
         f"  unloaded, {unloaded.offered:,.0f} req/s offered: p50 {percentile(unloaded.of(200), 50) * 1e3:.2f} ms, "
         f"p99 {base_p99:.2f} ms"
     )
+    before = await full_batches(bounded, model)
     run, rss, generator = await overload(bounded, wire, 3 * capacity, SECONDS)
+    after = await full_batches(bounded, model)
     report("3x capacity, fnserve's defaults (a queue of one batch)", run, rss, generator, base_p99)
     admitted, refused = run.of(200), run.of(503)
     if admitted and refused:
@@ -247,6 +259,13 @@ async def measure(unbounded: Server, bounded: Server, model: str) -> tuple[float
             f"    targets: answered p99 {percentile(admitted, 99) * 1e3 / base_p99:.2f}x the unloaded p99 (<= 2x), "
             f"refusals p99 {percentile(refused, 99) * 1e3:.2f} ms (< 5 ms), "
             f"served {len(admitted) / run.seconds / capacity:.2f}x the capacity"
+        )
+    if after[0] > before[0]:
+        batch_ms = (after[1] - before[1]) / (after[0] - before[0]) / 1e6
+        print(
+            f"    floor: a request under sustained overload waits for the full batch running, then runs in its own: "
+            f"2 x {batch_ms:.1f} ms (a full batch's run over this load, from the server's statistics) = "
+            f"{2 * batch_ms:.1f} ms = {2 * batch_ms / base_p99:.2f}x the unloaded p99"
         )
     run, rss, generator = await overload(unbounded, wire, 3 * capacity, BASELINE_SECONDS)
     report("3x capacity, a queue that never fills (no admission control)", run, rss, generator, base_p99)

@@ -517,3 +517,18 @@ def test_a_request_whose_wait_is_foreseen_past_its_deadline_is_refused_as_it_arr
     assert "the 2 rows ahead would keep it waiting about 1000 ms, past its queue deadline of 900 ms" in refused.message
     assert refused.status_code == 503 and reasons == ["queue_wait"]
     assert len(answered) == 3 and model.sizes == [1, 2]
+
+
+def test_requests_still_being_read_count_against_the_queue_until_theirs_is_read() -> None:
+    """Four 256-row requests being read fill a 1,024-row queue: a fifth is refused from its headers, so that a burst
+    of large bodies is not all read and decoded to be refused after; once read, a request is judged by the rows
+    queued alone (the ones still being read came after it)."""
+    batcher = AdaptiveBatcher(Recorder(), max_batch_size=1024, max_batch_time=0, max_queue=1024, name="digits")
+    batcher.request_rows = 256.0  # what requests brought lately
+    batcher.arriving = 3
+    batcher.admit()  # 768 rows coming: room for one more
+    batcher.arriving = 4
+    with pytest.raises(Overloaded, match="1024 rows wait already, 1024 at most"):
+        batcher.admit()
+    batcher.admit(256, read=True)  # a request read already: nothing queued ahead of it
+    assert batcher.shed == 1

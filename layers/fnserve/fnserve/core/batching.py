@@ -232,7 +232,7 @@ class AdaptiveBatcher:
             self._tasks[key] = asyncio.get_running_loop().create_task(self._loop(queue, key, flight))
         else:
             flight = self._flights[key]
-        self.admit(max(rows))
+        self.admit(max(rows), read=True)
         self.request_rows += PACE_WEIGHT * (max(rows) - self.request_rows)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[Arrays, float]] = loop.create_future()
@@ -249,21 +249,23 @@ class AdaptiveBatcher:
             if pending.expiry is not None:
                 pending.expiry.cancel()
 
-    def admit(self, rows: int = 1) -> None:
+    def admit(self, rows: int = 1, read: bool = False) -> None:
         """Refuse at once (:class:`Overloaded`) a request of ``rows`` that cannot be served in time, instead of
-        letting it wait behind work that cannot finish: the queue would hold over ``max_queue`` rows, or, with
-        a queue deadline, the rows ahead of it (queued, and those of the requests still being read, at the rows a
-        request brought lately) would keep it waiting past the deadline at the pace of the latest runs.
+        letting it wait behind work that cannot finish: the rows ahead of it (queued, and those of the requests
+        still being read, at the rows a request brought lately) would go past ``max_queue``, or, with a queue
+        deadline, would keep it waiting past the deadline at the pace of the latest runs. Counting the requests
+        being read keeps a burst of large bodies from all passing at once, to be decoded and then refused.
         An empty queue takes any request (one bigger than the bound still runs). The data plane asks before
-        reading a request's body (one row: all it knows then), and :meth:`predict` with its rows."""
+        reading a request's body (one row: all it knows then), and :meth:`predict` with its rows once ``read``
+        (then the requests still being read came after it, and do not count)."""
         waiting = self.queued()
-        if waiting and waiting + rows > self.max_queue:
+        ahead = waiting if read else waiting + round(self.arriving * self.request_rows)
+        if ahead and ahead + rows > self.max_queue:
             self._refuse("queue_full")
             raise Overloaded(
-                f"model {self.name!r} is overloaded: {waiting} rows wait already, {self.max_queue} at most "
+                f"model {self.name!r} is overloaded: {ahead} rows wait already, {self.max_queue} at most "
                 "(max_queue_size); try again shortly"
             )
-        ahead = waiting + round(self.arriving * self.request_rows)
         if self.max_queue_delay is None or not self.pace.runs or not ahead:
             return
         wait = self.foreseen_wait(ahead, rows)
