@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ import tomli_w
 
 from tests.helpers import DEMO_MANIFEST
 from tests.moto import free_port
+from tests.servers import start_http
 
 COPIES = ("minilm-copy-1", "minilm-copy-2", "minilm-copy-3")
 
@@ -83,19 +82,8 @@ def measure(directory: Path, groups: bool) -> None:
     if not groups:
         cmd += ["--processes", "1", "--workers", "4"]
     env = {**os.environ, "FNSERVE_ACCESS_LOG": "false", "FNSERVE_LOG_FORMAT": "json"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, url = start_http(cmd, port, directory / f"serve-{'groups' if groups else 'flat'}.log", env=env)
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start")
-            time.sleep(0.2)
         tokens = {"name": "input_ids", "shape": [1, 4], "datatype": "INT64", "data": [101, 2000, 2001, 102]}
         body = {
             "inputs": [

@@ -225,13 +225,8 @@ def group_pools(settings: Settings, groups: list[WorkerGroup]) -> Pools:
     started: dict[str, Overflow] = {}
     try:
         for group in groups:
-            env = children_env(settings.model_copy(update={"worker_group": group.name}))
-            spec = FunctionSpec(
-                name=f"inference-{group.name}",
-                code_dir=os.getcwd(),
-                handler="fnserve.workers.inference.handler",
-                env=env,
-                timeout=settings.inference_timeout_seconds,
+            spec = _inference_spec(
+                group.name, children_env(settings.model_copy(update={"worker_group": group.name})), settings
             )
             started[group.name] = Overflow([Group(group.name, WorkerPool(spec, group.workers).start())])
     except BaseException:
@@ -239,6 +234,17 @@ def group_pools(settings: Settings, groups: list[WorkerGroup]) -> Pools:
             pool.close()
         raise
     return Pools(started)
+
+
+def _inference_spec(name: str, env: dict[str, str], settings: Settings) -> FunctionSpec:
+    """An inference worker of ``fnserve serve``: the settings ``env`` gives it, the server's inference timeout."""
+    return FunctionSpec(
+        name=f"inference-{name}",
+        code_dir=os.getcwd(),
+        handler="fnserve.workers.inference.handler",
+        env=env,
+        timeout=settings.inference_timeout_seconds,
+    )
 
 
 def inference_pool(settings: Settings) -> Overflow:
@@ -259,14 +265,7 @@ def inference_pool(settings: Settings) -> Overflow:
     started: list[Group] = []
     try:
         for device, workers, env, capacity in groups:
-            spec = FunctionSpec(
-                name=f"inference-{device}",
-                code_dir=os.getcwd(),
-                handler="fnserve.workers.inference.handler",
-                env=env,
-                timeout=settings.inference_timeout_seconds,
-            )
-            started.append(Group(device, WorkerPool(spec, workers).start(), capacity))
+            started.append(Group(device, WorkerPool(_inference_spec(device, env, settings), workers).start(), capacity))
     except BaseException:
         for group in started:
             group.pool.close()
