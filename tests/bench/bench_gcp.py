@@ -35,7 +35,7 @@ import orjson
 
 from fnserve.adapters.lambda_.events import LambdaContext
 from tests.bench._timing import interleaved, percentile
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO, post_scope
 from tests.moto import free_port
 
 MODEL = "digits-accurate"
@@ -49,20 +49,7 @@ def asgi_caller(app: Any, path: str, body: bytes) -> Any:
     """A function making one POST through ``app`` on a private event loop; returns the status."""
     loop = asyncio.new_event_loop()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": headers,
-        "client": ("127.0.0.1", 5000),
-        "server": ("127.0.0.1", 8080),
-    }
+    scope = post_scope(path, headers)
 
     async def call() -> int:
         sent: list[dict[str, Any]] = []

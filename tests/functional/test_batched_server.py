@@ -23,7 +23,7 @@ from fnserve.core.dataplane import DataPlane
 from fnserve.core.manifest import ModelSettings
 from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, write_test_manifest
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, post_scope, write_test_manifest
 
 DIGITS = np.load(DEMO_HOLDOUT)["input"]
 
@@ -262,20 +262,7 @@ def test_an_overloaded_model_refuses_a_request_from_its_headers_before_reading_i
     app = create_app(plane, Settings(manifest=manifest, access_log=False))
     batcher = plane.batchers["minilm-l6"]
     url = "/v2/models/minilm-l6/infer"
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": url,
-        "raw_path": url.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"content-length", b"100000")],
-        "client": ("127.0.0.1", 50000),
-        "server": ("fnserve", 80),
-    }
+    scope = post_scope(url, [(b"content-type", b"application/json"), (b"content-length", b"100000")])
     sent: list[dict[str, object]] = []
 
     async def body_never_comes() -> dict[str, object]:
