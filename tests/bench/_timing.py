@@ -42,3 +42,26 @@ def fresh_process_seconds(code: str, env: dict[str, str] | None = None, cwd: Pat
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=cwd, stdout=subprocess.DEVNULL)
     return time.perf_counter() - t0
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (front processes, inference workers)."""
+    found = [pid]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            found += process_tree(int(child))
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) of ``pid`` and every process below it that is still running."""
+    import os
+
+    total = 0
+    for member in process_tree(pid):
+        try:
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")

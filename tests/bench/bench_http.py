@@ -10,7 +10,11 @@
     in-process front process per CPU) and ``--processes 2 --workers 0`` (two server
     processes, inference in each: see bench_serve) under wrk at concurrency 16,
     beside the plain FastAPI + uvicorn server in tests/bench/plain_server.py (same model,
-    same JSON, same process and thread counts), alternating rounds, medians of each.
+    same JSON, same process and thread counts) and the floor: a bare ASGI app answering fixed
+    bytes, served as fnserve's front processes are (tests/bench/echo_server.py), plus the
+    in-process cost of parsing one request, running the model and encoding the answer.
+    Alternating rounds, medians of each; server CPU per request from /proc (every process of
+    the server), and each fnserve layout's CPU as a ratio to the floor's.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import onnxruntime as ort
 
 from fnserve.adapters.lambda_.events import LambdaContext
 from fnserve.bench.load import run_wrk
-from tests.bench._timing import interleaved, percentile
+from tests.bench._timing import interleaved, percentile, tree_cpu_seconds
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
 
 MODEL = "digits-accurate"
@@ -93,7 +97,7 @@ def handler_overhead() -> None:
 @contextlib.contextmanager
 def running(
     cmd: list[str], port: int, env: dict[str, str] | None = None, model: str = MODEL, body: str | None = None
-) -> Iterator[None]:
+) -> Iterator[subprocess.Popen[bytes]]:
     """A server process, once it answers an inference request (a 2xx one)."""
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, **quiet)
@@ -113,7 +117,7 @@ def running(
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{cmd} did not answer")
             time.sleep(0.1)
-        yield
+        yield proc
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -156,7 +160,9 @@ def load_test() -> None:
     plain = [sys.executable, "-m", "uvicorn", "tests.bench.plain_server:app", "--port", str(plain_port)]
     plain += ["--workers", "2", "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"]
     plain_env = {"PLAIN_MODEL_PATH": str(MODEL_PATH), "PLAIN_THREADS": "1"}
+    echo = [sys.executable, "-m", "tests.bench.echo_server", str(fn_port), "2"]
     servers = {
+        FLOOR: (echo, fn_port, {}),
         "fnserve serve, demo manifest (default layout)": (fn, fn_port, {}),
         "fnserve serve, digits models alone (default layout)": (alone, fn_port, {}),
         "fnserve serve --processes 2 --workers 0": ([*fn, "--processes", "2", "--workers", "0"], fn_port, {}),
@@ -167,19 +173,60 @@ def load_test() -> None:
         ),
         "plain FastAPI + uvicorn, 2 workers": (plain, plain_port, plain_env),
     }
-    results: dict[str, list[tuple[float, float, float]]] = {k: [] for k in servers}
+    results: dict[str, list[tuple[float, float, float, float]]] = {k: [] for k in servers}
     for _ in range(LOAD_ROUNDS):  # alternate servers so drift hits all alike
         for label, (cmd, port, env) in servers.items():
-            with running(cmd, port, env):
+            with running(cmd, port, env) as proc:
                 wrk(port, [BODY])  # warm-up run, discarded
-                results[label].append(wrk(port, [BODY]))
-    base = statistics.median(r[0] for r in results["plain FastAPI + uvicorn, 2 workers"])
+                cpu = tree_cpu_seconds(proc.pid)
+                rate, p50, p99 = wrk(port, [BODY])
+                cpu_ms = (tree_cpu_seconds(proc.pid) - cpu) / (rate * LOAD_SECONDS) * 1e3  # the server's, per request
+                results[label].append((rate, p50, p99, cpu_ms))
+    plain_label = "plain FastAPI + uvicorn, 2 workers"
+    base = statistics.median(r[0] for r in results[plain_label])
     print(f"\n(b) wrk, concurrency 16, {MODEL} batch 1 JSON, {LOAD_ROUNDS} rounds of {LOAD_SECONDS}s, medians")
+    print(f"    {'':<56}{'req/s':>9}  {'vs plain':>8}  {'p50 ms':>7}  {'p99 ms':>7}  {'server CPU ms/req':>17}")
     for label, runs in results.items():
-        rps = statistics.median(r[0] for r in runs)
-        p50 = statistics.median(r[1] for r in runs)
-        p99 = statistics.median(r[2] for r in runs)
-        print(f"    {label:<56}{rps:9.0f} req/s  {rps / base:5.2f}x  p50 {p50:6.2f} ms  p99 {p99:6.2f} ms")
+        rps, p50, p99, cpu_ms = (statistics.median(r[i] for r in runs) for i in range(4))
+        print(f"    {label:<56}{rps:9.0f}  {rps / base:7.2f}x  {p50:7.2f}  {p99:7.2f}  {cpu_ms:17.3f}")
+    work_ms = request_work_ms()
+    floor = statistics.median(r[3] for r in results[FLOOR]) + work_ms
+    print(
+        f"    the floor of a request's CPU: the transport ({FLOOR}) + parsing, session.run and encoding it in "
+        f"process ({work_ms:.3f} ms) = {floor:.3f} ms"
+    )
+    for label in (label for label in results if label.startswith("fnserve")):
+        runs = results[label]
+        cpu_ms = statistics.median(r[3] for r in runs)
+        rounds = ", ".join(f"{r[0] / p[0]:.2f}" for r, p in zip(runs, results[plain_label], strict=True))
+        print(f"    {label}: {cpu_ms / floor:.2f}x the floor's CPU; req/s vs plain by round {rounds}")
+
+
+def request_work_ms() -> float:
+    """The in-process floor of one request's own work: its JSON body parsed to an array, ``session.run`` at batch 1
+    on one thread, the outputs encoded to V2 JSON (median of 2,000, ms)."""
+    import orjson
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(MODEL_PATH), sess_options=options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    raw = BODY.encode()
+
+    def one() -> bytes:
+        tensor = orjson.loads(raw)["inputs"][0]
+        feed = {"input": np.asarray(tensor["data"], np.float32).reshape(tensor["shape"])}
+        outputs = session.run(names, feed)
+        return orjson.dumps(
+            {"model_name": MODEL, "outputs": [{"name": n, "data": a} for n, a in zip(names, outputs, strict=True)]},
+            option=orjson.OPT_SERIALIZE_NUMPY,
+        )
+
+    [samples] = interleaved([one], rounds=2000)
+    return statistics.median(samples) * 1e3
+
+
+FLOOR = "floor: a bare ASGI echo, 2 front processes"
 
 
 if __name__ == "__main__":

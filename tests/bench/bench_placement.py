@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import tomli_w
 
+from tests.bench._timing import process_tree
 from tests.helpers import DEMO_MANIFEST
 from tests.moto import free_port
 from tests.servers import start_http
@@ -47,15 +48,6 @@ def manifest(directory: Path, groups: bool) -> Path:
     path = directory / f"manifest-{'groups' if groups else 'flat'}.toml"
     path.write_text(tomli_w.dumps(data))
     return path
-
-
-def descendants(pid: int) -> list[int]:
-    found = [pid]
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children = (task / "children").read_text().split()
-        for child in children:
-            found += descendants(int(child))
-    return found
 
 
 def memory_mb(pid: int) -> tuple[float, float]:
@@ -95,7 +87,7 @@ def measure(directory: Path, groups: bool) -> None:
         for name in ("minilm-l6", *COPIES):  # every copy answers: each is loaded where it runs
             response = httpx.post(f"{url}/v2/models/{name}/infer", json=body, timeout=60)
             response.raise_for_status()
-        pids = descendants(proc.pid)
+        pids = process_tree(proc.pid)
         rows = [(pid, command_of(pid) if pid != proc.pid else "front process", *memory_mb(pid)) for pid in pids]
         flat = "--workers 4: every worker, every model"
         print(f"\n{'worker groups: each MiniLM in a group of 1 worker' if groups else flat}")

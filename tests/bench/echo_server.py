@@ -1,0 +1,42 @@
+"""The transport's floor for the HTTP benchmarks: an ASGI app that reads the request's body and answers a fixed V2
+response, served the way ``fnserve serve``'s front processes are (``fnserve.adapters.fronts``: uvicorn, uvloop and
+httptools, a socket of its own a process).
+
+    python -m tests.bench.echo_server PORT PROCESSES
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+ANSWER = (
+    b'{"model_name":"digits-accurate","model_version":"1","outputs":[{"name":"label","datatype":"INT64",'
+    b'"shape":[1],"data":[7]},{"name":"probabilities","datatype":"FP32","shape":[1,10],'
+    b'"data":[0.0,0.0,0.0,0.0,0.0,0.0,0.0,1.0,0.0,0.0]}]}'
+)
+HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER)).encode())]
+
+
+async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:  # the whole body, as any server must read it
+        message = await receive()
+        more = message.get("more_body", False)
+    await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
+    await send({"type": "http.response.body", "body": ANSWER})
+
+
+def factory() -> Any:
+    return echo
+
+
+if __name__ == "__main__":
+    from fnserve.adapters import fronts
+
+    options = {"host": "127.0.0.1", "port": int(sys.argv[1]), "loop": "uvloop", "http": "httptools"}
+    fronts.run(
+        "tests.bench.echo_server:factory", int(sys.argv[2]), {**options, "access_log": False, "log_level": "warning"}
+    )
