@@ -144,7 +144,7 @@ def _load(
     # One front process: running inference itself, it serves the models loaded (and timed) above.
     loaded = checked if not pooled(settings) and not groups else None
     del checked
-    app = front(settings, loaded)
+    app = front(settings, loaded, groups)
     if on_ready is not None:
         try:
             on_ready(app.state.plane.service, settings)
@@ -185,10 +185,12 @@ def app_factory() -> V2App:
     return front(Settings())
 
 
-def front(settings: Settings, service: InferenceService | None = None) -> V2App:
+def front(
+    settings: Settings, service: InferenceService | None = None, groups: list[WorkerGroup] | None = None
+) -> V2App:
     """A front process's app, with its inference workers started (none with ``parallel_workers = 0``);
-    ``service``: one already loaded in this process, for inference here."""
-    groups = load_manifest(settings.manifest).groups
+    ``service``: one already loaded in this process, for inference here; ``groups``: the manifest's worker groups
+    (a server with groups has this one front process)."""
     pool: Overflow | Pools | None = None
     if groups:
         pool = group_pools(settings, groups)

@@ -527,10 +527,12 @@ class Manifest(BaseModel):
                         "(as a model or a pipeline)"
                     )
             taken.add(cascade.name)
-        placed: dict[str, str] = {}
+        placed: dict[str, str] = {}  # model -> its group
+        named: set[str] = set()
         for group in self.groups:
-            if group.name in {g.name for g in self.groups if g is not group}:
+            if group.name in named:
                 raise ValueError(f"worker group {group.name!r} is listed twice")
+            named.add(group.name)
             for name in group.models:
                 if name not in models:
                     raise ValueError(f"worker group {group.name!r}: model {name!r} is not in the manifest")

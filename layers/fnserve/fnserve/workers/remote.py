@@ -120,8 +120,6 @@ class PoolSession:
 class Pools:
     """The manifest's worker groups in a front process: one pool of workers each, holding the group's models."""
 
-    mixed = False
-
     def __init__(self, pools: Mapping[str, Overflow]) -> None:
         self.pools = dict(pools)
 
