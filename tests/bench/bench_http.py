@@ -11,8 +11,10 @@
     processes, inference in each: see bench_serve) under wrk at concurrency 16,
     beside the plain FastAPI + uvicorn server in tests/bench/plain_server.py (same model,
     same JSON, same process and thread counts) and the floor: a bare ASGI app answering fixed
-    bytes, served as fnserve's front processes are (tests/bench/echo_server.py), plus the
-    in-process cost of parsing one request, running the model and encoding the answer.
+    bytes on uvicorn + httptools + uvloop, a process per CPU with a socket each
+    (tests/bench/echo_server.py), plus the in-process cost of parsing one request, running the
+    model and encoding the answer. The same echo on fnserve's HTTP protocol (a response's head
+    and body in one write) is shown beside it, not counted in the floor.
     Alternating rounds, medians of each; server CPU per request from /proc (every process of
     the server), and each fnserve layout's CPU as a ratio to the floor's.
 """
@@ -163,6 +165,7 @@ def load_test() -> None:
     echo = [sys.executable, "-m", "tests.bench.echo_server", str(fn_port), "2"]
     servers = {
         FLOOR: (echo, fn_port, {}),
+        ECHO_ONE_WRITE: ([*echo, "fnserve"], fn_port, {}),
         "fnserve serve, demo manifest (default layout)": (fn, fn_port, {}),
         "fnserve serve, digits models alone (default layout)": (alone, fn_port, {}),
         "fnserve serve --processes 2 --workers 0": ([*fn, "--processes", "2", "--workers", "0"], fn_port, {}),
@@ -227,6 +230,7 @@ def request_work_ms() -> float:
 
 
 FLOOR = "floor: a bare ASGI echo, 2 front processes"
+ECHO_ONE_WRITE = "the echo on fnserve's protocol (one write an answer)"
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The transport's floor for the HTTP benchmarks: an ASGI app that reads the request's body and answers a fixed V2
 response, served the way ``fnserve serve``'s front processes are (``fnserve.adapters.fronts``: uvicorn, uvloop and
-httptools, a socket of its own a process).
+httptools, a socket of its own a process); uvicorn's own httptools protocol, or with ``fnserve`` fnserve's
+(``fnserve.adapters.http.protocol``: a response's head and body in one write).
 
-    python -m tests.bench.echo_server PORT PROCESSES
+    python -m tests.bench.echo_server PORT PROCESSES [fnserve]
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def factory() -> Any:
 if __name__ == "__main__":
     from fnserve.adapters import fronts
 
-    options = {"host": "127.0.0.1", "port": int(sys.argv[1]), "loop": "uvloop", "http": "httptools"}
+    protocol = "fnserve.adapters.http.protocol:HttpProtocol" if sys.argv[3:] == ["fnserve"] else "httptools"
+    options = {"host": "127.0.0.1", "port": int(sys.argv[1]), "loop": "uvloop", "http": protocol}
     fronts.run(
         "tests.bench.echo_server:factory", int(sys.argv[2]), {**options, "access_log": False, "log_level": "warning"}
     )
