@@ -327,6 +327,10 @@ def server_app(
         metrics = ServerMetrics()
         metrics.watch(plane, pool)
     companions: list[Companion] = [metrics] if metrics is not None else []  # stopped last: its final flush
+    if settings.access_log:
+        from fnserve.adapters.logs import AccessLines
+
+        companions.append(AccessLines())  # stopped after gRPC: the last lines of its requests leave too
     if settings.grpc_port is not None:
         companions.append(grpc_server(settings, plane, metrics.telemetry("grpc") if metrics is not None else None))
     listening = fronts.all_listening()  # one of several front processes: ready once all of them listen

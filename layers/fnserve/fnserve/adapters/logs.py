@@ -15,13 +15,17 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 from aws_lambda_powertools import Logger
 
 from fnserve.adapters.lines import LineWriter
+
+if TYPE_CHECKING:
+    import asyncio  # not imported by the batch function's cold path
 
 _cloud = False  # lines in Cloud Logging's shape
 
@@ -157,20 +161,15 @@ def truthy(name: str) -> bool:
 
 
 def access(message: str, fields: dict[str, Any]) -> None:
-    """One INFO line like the logger's (its keys, the request's keys, then ``fields``), straight to its stream."""
+    """One INFO line like the logger's (its keys, the request's keys, then ``fields``), straight to its stream;
+    in a server process, at the end of its event loop's turn (:class:`AccessLines`)."""
     if logger.log_level > logging.INFO:
         return
-    now = time.time()
-    line: dict[str, Any] = {
-        "level": "INFO",
-        "location": "access",
-        "message": message,
-        "timestamp": f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(now))},{int(now % 1 * 1000):03d}+0000",
-    }
+    line: dict[str, Any] = {"level": "INFO", "location": "access", "message": message, "timestamp": _timestamp()}
     for key, value in logger.get_current_keys().items():
         if key not in line and value is not None and not (isinstance(value, str) and "%(" in value):
             line[key] = value  # service, and the Lambda context's keys; not the formatter's own specs
-    trace = os.environ.get("_X_AMZN_TRACE_ID", "")
+    trace = os.environ.get("_X_AMZN_TRACE_ID", "")  # Lambda's, set for each invocation
     if trace:
         line["xray_trace_id"] = trace.partition("Root=")[2].partition(";")[0] or trace
     line |= logger.thread_safe_get_current_keys()
@@ -182,10 +181,73 @@ def access(message: str, fields: dict[str, Any]) -> None:
     if stream is None:  # not a stream handler: the slow, general path
         logger.info(message, extra=fields)
         return
-    text = orjson.dumps(line, default=str, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+    text = orjson.dumps(line, default=str, option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n"
+    held = _held
+    if held is not None and threading.get_ident() == held.thread:
+        held.add(text)
+        return
+    _write(handler, stream, text)
+
+
+_second: tuple[int, str] = (-1, "")  # the last second an access line was written in, as Powertools writes it
+
+
+def _timestamp() -> str:
+    """Now as Powertools' lines write it (``2026-11-26 02:20:05,635+0000``); the date and time of a second made
+    once for all its lines."""
+    global _second
+    now = time.time()
+    second = int(now)
+    if second != _second[0]:
+        _second = (second, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(second)))
+    return f"{_second[1]},{int(now % 1 * 1000):03d}+0000"
+
+
+def _write(handler: logging.Handler, stream: TextIO, text: str) -> None:
     handler.acquire()
     try:
-        stream.write(text.decode())
+        stream.write(text)
         stream.flush()
     finally:
         handler.release()
+
+
+class AccessLines:
+    """A server process's companion (its lifespan starts and stops it): the access lines of one turn of its event
+    loop leave in one write at the turn's end, as its responses do (:mod:`fnserve.adapters.http.protocol`), not
+    one write each. Only on the loop's own thread; any other line is written at once."""
+
+    def __init__(self) -> None:
+        self.thread = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lines: list[str] = []
+
+    async def start(self) -> None:
+        import asyncio
+
+        global _held
+        self._loop = asyncio.get_running_loop()
+        self.thread = threading.get_ident()
+        _held = self
+
+    async def stop(self) -> None:
+        global _held
+        if _held is self:
+            _held = None
+        self.flush()
+
+    def add(self, text: str) -> None:
+        if not self._lines:
+            assert self._loop is not None
+            self._loop.call_soon(self.flush)
+        self._lines.append(text)
+
+    def flush(self) -> None:
+        lines, self._lines = self._lines, []
+        handler = logger.registered_handler
+        stream = getattr(handler, "stream", None)
+        if lines and stream is not None:
+            _write(handler, stream, "".join(lines))
+
+
+_held: AccessLines | None = None  # the server process's, once started
