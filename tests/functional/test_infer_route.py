@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -133,7 +132,17 @@ def test_an_unexpected_error_is_a_logged_500_on_both_roads(
     assert call(plane, "/v2/models/digits-accurate/infer", json=BODY).status_code == 200
 
 
-def test_a_client_that_disconnects_mid_body_gets_no_answer_and_harms_nothing(plane: DataPlane, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("root_path", "path"),
+    [
+        ("", "/v2/models/digits-accurate/infer"),  # the direct road
+        ("/stage", "/stage/v2/models/digits-accurate/infer"),  # FastAPI's route
+        ("", "/invocations"),  # SageMaker's
+    ],
+)
+def test_a_client_that_disconnects_mid_body_gets_no_answer_and_harms_nothing(
+    plane: DataPlane, log_stream: io.StringIO, root_path: str, path: str
+) -> None:
     app = create_app(plane, Settings(manifest=DEMO_MANIFEST))
     sent: list[dict[str, Any]] = []
     messages = iter([{"type": "http.request", "body": b"{", "more_body": True}, {"type": "http.disconnect"}])
@@ -147,11 +156,13 @@ def test_a_client_that_disconnects_mid_body_gets_no_answer_and_harms_nothing(pla
     scope = {
         "type": "http",
         "method": "POST",
-        "path": "/v2/models/digits-accurate/infer",
-        "root_path": "",
-        "headers": [],
+        "path": path,
+        "root_path": root_path,
+        # SageMaker's target: with many models it must say which before the body is read
+        "headers": [(b"content-type", b"application/json"), (b"x-amzn-sagemaker-target-model", b"digits-accurate")],
         "query_string": b"",
     }
     asyncio.run(app(scope, receive, send))
     assert sent == []
+    assert "unhandled error" not in log_stream.getvalue()  # nobody to answer is not the server's fault
     assert call(plane, "/v2/models/digits-accurate/infer", json=BODY).status_code == 200

@@ -171,6 +171,8 @@ BAD_REQUESTS: list[tuple[bytes, int | None, type[Exception], str]] = [
     (body(tensor("x", "FP32", [1], [True])), None, InvalidInput, "FP32 data must be numbers, got true/false"),
     (body(tensor("x", "FP32", [2], [1.0, 1e39])), None, InvalidInput, "values out of range for FP32"),
     (body(tensor("x", "FP16", [1], [70000])), None, InvalidInput, "values out of range for FP16"),
+    (body(tensor("x", "FP16", [2], [1, -(2**63)])), None, InvalidInput, "values out of range for FP16"),
+    (body(tensor("x", "FP32", [1], [-3.5e38])), None, InvalidInput, "values out of range for FP32"),
     (body(tensor("x", "INT64", [1], [1e20])), None, InvalidInput, "values out of range for INT64"),
     (body(tensor("x", "FP32", [1], ["a"])), None, InvalidInput, "FP32 data must be numbers"),
     (body(tensor("x", "BOOL", [1], [1])), None, InvalidInput, "BOOL data must be true/false"),

@@ -26,6 +26,8 @@ _LE: Final = "<"
 _U32 = struct.Struct("<I")
 _DUMP_OPTS = orjson.OPT_SERIALIZE_NUMPY
 _BIG_ENDIAN_HOST = sys.byteorder == "big"
+_MAX, _MIN = np.maximum.reduce, np.minimum.reduce  # over every axis; ndarray.max adds a Python call
+_FLOAT_MAX = {4: float(np.finfo(np.float32).max), 2: float(np.finfo(np.float16).max)}  # by item size
 
 
 @dataclass(slots=True)
@@ -197,11 +199,10 @@ def array_from_json(name: str, datatype: str, dtype: np.dtype[Any], data: Any) -
             raise InvalidInput(f"input {name!r}: values out of range for {datatype}")
         return raw.astype(dtype, copy=False)
     if dtype.itemsize < 8:  # FP32, FP16: JSON numbers beyond their range would become infinities
-        with np.errstate(over="ignore"):
-            out = raw.astype(dtype)
-        if not np.isfinite(out).all():
+        limit = _FLOAT_MAX[dtype.itemsize]  # checked before the cast, which would warn
+        if _MAX(raw, None) > limit or _MIN(raw, None) < -limit:
             raise InvalidInput(f"input {name!r}: values out of range for {datatype}")
-        return out
+        return raw.astype(dtype)
     return raw.astype(dtype, copy=False)
 
 
@@ -299,7 +300,8 @@ def encode_response(
             tensor["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            tensor = json_tensor(name, array)
+            tensor = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+            tensor["data"] = _to_json(name, array, datatype)
         tensors.append(tensor)
     doc["outputs"] = tensors
     head = orjson.dumps(doc, option=_DUMP_OPTS)

@@ -11,7 +11,7 @@ log line and metrics as the FastAPI route.
 from __future__ import annotations
 
 import types
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from fnserve.adapters.envelope import RequestWatcher, Telemetry
@@ -95,7 +95,7 @@ class InferenceRoute:
             payload, media_type, headers = await self.answer(
                 name,
                 version,
-                read_body(_asgi_body(receive), declared, self.limit),
+                read_body(receive, declared, self.limit),
                 json_length,
                 traceparent,
                 encoding=encoding,
@@ -182,30 +182,26 @@ def encode_v2(answer: Answer, request: InferenceRequest) -> tuple[bytes, str, di
     return payload, BINARY, {JSON_HEADER: str(head_length)}
 
 
-async def read_body(chunks: AsyncIterator[bytes], declared: str | None, limit: int) -> bytes:
+async def read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
+    """A request's whole body from its ASGI messages, refused past ``limit`` bytes (``declared``: its
+    Content-Length); :class:`ClientGone` if the client leaves first. A loop over ``receive``, not an async
+    generator (Starlette's ``Request.stream``): asyncio registers and forgets every async generator it runs."""
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body of {declared} bytes is over the {limit}-byte limit")
     parts = []
     size = 0
-    async for chunk in chunks:
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body is over the {limit}-byte limit")
-        parts.append(chunk)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-async def _asgi_body(receive: Receive) -> AsyncIterator[bytes]:
-    """The request body's chunks, as Starlette's ``Request.stream`` gives them."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientGone()
         chunk = message.get("body", b"")
         if chunk:
-            yield chunk
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body is over the {limit}-byte limit")
+            parts.append(chunk)
         if not message.get("more_body", False):
-            return
+            return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _json_length(value: str | None) -> int | None:

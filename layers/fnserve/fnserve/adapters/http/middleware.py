@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fnserve.adapters.http.wire import error_body, error_parts, request_id
 from fnserve.adapters.logs import logger
-from fnserve.core.errors import FnserveError
+from fnserve.core.errors import ClientGone, FnserveError
 
 JSON = "application/json"
 
@@ -58,6 +58,8 @@ class RequestContext:
 
         try:
             await self.app(scope, receive, send_with_id)
+        except ClientGone:
+            return  # the client left before its request was read: nobody to answer
         except Exception:
             logger.exception("unhandled error", extra={"path": scope.get("path")})
             if started:

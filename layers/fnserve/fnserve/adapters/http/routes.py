@@ -111,7 +111,7 @@ class V2Routes:
         payload, media_type, extra = await self.inference.answer(
             request.path_params["name"],
             request.path_params.get("version"),
-            read_body(request.stream(), headers.get("content-length"), self.inference.limit),
+            read_body(request.receive, headers.get("content-length"), self.inference.limit),
             headers.get(JSON_HEADER),
             headers.get("traceparent"),
             encoding=headers.get("content-encoding"),

@@ -59,7 +59,7 @@ class SageMakerRoutes:
         headers = request.headers
         attributes = custom_attributes(headers.get(CUSTOM_ATTRIBUTES, ""))
         name, version = self.model(headers.get(TARGET_MODEL), attributes)
-        body = read_body(request.stream(), headers.get("content-length"), self.inference.limit)
+        body = read_body(request.receive, headers.get("content-length"), self.inference.limit)
         media = headers.get("content-type", JSON).split(";")[0].strip().lower()
         if media not in (NPY, NPZ):
             payload, media_type, extra = await self.inference.answer(

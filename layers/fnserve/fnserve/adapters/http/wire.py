@@ -44,7 +44,7 @@ def new_id_prefix() -> None:
 def server_timing(timings: Mapping[str, float], device: str | None = None) -> str:
     """The Server-Timing value of stage timings (milliseconds): ``decode;dur=0.1, infer;dur=0.3, ...``, and
     ``device;desc=cuda:0`` where a device is named."""
-    value = ", ".join(f"{stage};dur={ms}" for stage, ms in timings.items())
+    value = ", ".join([f"{stage};dur={ms}" for stage, ms in timings.items()])
     return f'{value}, device;desc="{device}"' if device else value
 
 
