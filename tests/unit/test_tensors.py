@@ -9,9 +9,18 @@ import numpy as np
 import orjson
 import pytest
 
+from fnserve.core._rows import slice_rows
 from fnserve.core.datatypes import V2_TO_NUMPY
 from fnserve.core.errors import BadRequest, InvalidInput
-from fnserve.core.tensors import InferenceRequest, array_from_json, decode_request, encode_response
+from fnserve.core.tensors import (
+    InferenceRequest,
+    array_from_json,
+    decode_request,
+    encode_response,
+    pack_arrays,
+    pack_rows,
+    unpack_arrays,
+)
 from tests.helpers import sample_arrays
 
 
@@ -273,3 +282,26 @@ def test_non_utf8_bytes_outputs_must_be_requested_as_binary() -> None:
         encode_response("m", "1", {"y": array}, InferenceRequest(inputs={}))
     payload, head = encode_response("m", "1", {"y": array}, InferenceRequest(inputs={}, binary_default=True))
     assert head is not None and payload.endswith(b"\xff\xfe")
+
+
+@pytest.mark.parametrize("rows", [[1] * 6, [2, 2, 2], [1, 2, 3], [6], [3, 0, 3]])
+def test_a_stack_packed_in_one_pass_is_each_requests_rows_packed_alone(rows: list[int]) -> None:
+    stacked = {
+        "label": np.arange(6, dtype=np.int64),
+        "probabilities": np.arange(60, dtype=np.float32).reshape(6, 10),
+        "half": np.arange(12, dtype=np.float16).reshape(6, 2)[::-1],  # not contiguous
+    }
+    alone = [pack_arrays(part) for part in slice_rows(stacked, rows)]
+    assert pack_rows(stacked, rows) == alone
+    bounds = np.cumsum([0, *rows])
+    for j, blob in enumerate(alone):  # and each unpacks to exactly its rows
+        back = unpack_arrays(blob)
+        for name, array in stacked.items():
+            np.testing.assert_array_equal(back[name], array[bounds[j] : bounds[j + 1]])
+            assert back[name].dtype == array.dtype
+
+
+def test_a_stack_of_strings_is_packed_element_by_element() -> None:
+    stacked = {"label": np.array([b"seven", b"one", b"x" * 40], dtype=object), "n": np.arange(3, dtype=np.int32)}
+    assert pack_rows(stacked, [1, 2]) == [pack_arrays(part) for part in slice_rows(stacked, [1, 2])]
+    assert unpack_arrays(pack_rows(stacked, [1, 1, 1])[2])["label"].tolist() == [b"x" * 40]

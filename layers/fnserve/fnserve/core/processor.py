@@ -102,7 +102,14 @@ class _Results:
         answered_by = prediction.model if prediction.model != named else None
         self.records.append(
             ResultRecord.done(
-                key, named, prediction.version, prediction.outputs, now=self.now, ttl=ttl, answered_by=answered_by
+                key,
+                named,
+                prediction.version,
+                prediction.outputs,
+                now=self.now,
+                ttl=ttl,
+                answered_by=answered_by,
+                packed=prediction.packed,
             )
         )
         self.owners[key] = message_id
@@ -193,16 +200,18 @@ class JobProcessor:
         work += alone.values()
         redelivered = {records[i][0] for i in range(len(records)) if records[i][2] != 1}
         work = self._without_stored(work, redelivered, outcome)
-        receive_counts = {message_id: count for message_id, _, count in records}
+        receive_counts: dict[str, int] = {}  # made for the first failure
         for unit in work:
             for message_id, job_id, result in zip(unit.message_ids, unit.job_ids, self._run(unit), strict=True):
                 if isinstance(result, FnserveError):
+                    receive_counts = receive_counts or {message_id: count for message_id, _, count in records}
                     out.fail(message_id, receive_counts[message_id], job_id, unit.model, result)
                 else:
                     out.done(message_id, job_id, unit.model, result)
         out.store()
-        position = {record[0]: i for i, record in enumerate(records)}
-        outcome.failures.sort(key=position.__getitem__)  # in record order
+        if len(outcome.failures) > 1:
+            position = {record[0]: i for i, record in enumerate(records)}
+            outcome.failures.sort(key=position.__getitem__)  # in record order
         return outcome
 
     def _run(self, unit: _Work) -> Sequence[Prediction | FnserveError]:
@@ -215,14 +224,18 @@ class JobProcessor:
         return self._cascade(cascade, unit)
 
     def _infer(
-        self, unit: _Work, name: str, version: str | None, outputs: tuple[str, ...] | None
+        self, unit: _Work, name: str, version: str | None, outputs: tuple[str, ...] | None, *, pack: bool = True
     ) -> Sequence[Prediction | FnserveError]:
+        """One result or error per job of ``unit`` from ``name``; ``pack``: the stacked jobs' outputs packed for
+        their records in one pass (what is stored as it comes back)."""
         service = self.service
         try:
             if unit.group is not None:
                 group = unit.group
                 try:
-                    return service.infer_stacked(name, group.inputs, group.rows, version=version, outputs=outputs)
+                    return service.infer_stacked(
+                        name, group.inputs, group.rows, version=version, outputs=outputs, pack=pack
+                    )
                 except FnserveError:  # find out which jobs are at fault: run them one by one
                     jobs = [job.inputs for job in group.split()]
             else:
@@ -238,7 +251,9 @@ class JobProcessor:
             requested = self.service.output_names(cascade.fast, unit.outputs, version=cascade.fast_version)
         except FnserveError as exc:
             return [exc] * len(unit.job_ids)
-        answers: list[Prediction | FnserveError] = list(self._infer(unit, cascade.fast, cascade.fast_version, None))
+        # Not packed: the rule reads the fast answers, and the stored ones keep only the requested outputs.
+        fast_answers = self._infer(unit, cascade.fast, cascade.fast_version, None, pack=False)
+        answers: list[Prediction | FnserveError] = list(fast_answers)
         ran = [n for n, answer in enumerate(answers) if not isinstance(answer, FnserveError)]
         if not ran:
             return answers

@@ -31,15 +31,18 @@ from fnserve.core.manifest import load_manifest
 from fnserve.core.pipeline import Pipeline, Staged
 from fnserve.core.registry import Fetcher, ModelRegistry
 from fnserve.core.servable import PipelineServable, Servable
+from fnserve.core.tensors import pack_rows
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a batch of jobs makes one per job, and a frozen init costs 4x
 class Prediction:
     """A result with where it came from: the model version, and ``hit``/``miss``/``off`` for the cache.
 
     ``timings``: milliseconds in a pipeline's ``pre`` and ``post`` steps, when a pipeline served it.
+    ``packed``: its outputs packed for a result record (:func:`~fnserve.core.tensors.pack_arrays`), where the call
+    that made it packed a whole stack's at once.
     """
 
     outputs: Arrays
@@ -47,6 +50,7 @@ class Prediction:
     version: str
     cache: str
     timings: dict[str, float] | None = None
+    packed: bytes | None = None
 
 
 @dataclass(slots=True)  # not frozen: one per request, and a frozen init costs 4x (about 0.7 µs)
@@ -297,31 +301,40 @@ class InferenceService:
         *,
         version: str | None = None,
         outputs: Sequence[str] | None = None,
+        pack: bool = False,
     ) -> list[Prediction]:
         """Requests already stacked along the batch axis (job ``j`` owns ``rows[j]`` rows), in one go.
 
         Validated once as a whole, looked up in the cache per job, run in chunks, split back
         per job. Any error concerns the whole stack and is raised: the caller decides whether
-        to retry its jobs one by one (:meth:`infer_many`).
+        to retry its jobs one by one (:meth:`infer_many`). ``pack``: each fresh prediction's outputs packed
+        too (:attr:`Prediction.packed`), in one pass over the stack, for callers that store them.
         """
         servable = self.servable(name, version)
         names = servable.requested(outputs)
         feed, batch = servable.validate(inputs)
         if sum(rows) != batch:
             raise InvalidInput(f"stacked inputs have {batch} rows, the jobs claim {sum(rows)}")
-        keys, hits = self._cached(servable, dict(enumerate(slice_rows(feed, rows))), names)
-        misses = [j for j in range(len(rows)) if j not in hits]
+        caching = servable.ttl is not None and self.cache is not None
+        keys, hits = self._cached(servable, dict(enumerate(slice_rows(feed, rows))), names) if caching else ({}, {})
+        misses = [j for j in range(len(rows)) if j not in hits] if hits else range(len(rows))
         split: dict[int, Arrays] = {}
+        packed: dict[int, bytes] = {}
         if misses:
             if hits:  # run only the rows of the misses
                 feed = take_rows(feed, rows, misses)
-            run = servable.run(feed, int(sum(rows[j] for j in misses)), names)
-            split = dict(zip(misses, split_rows(run, [rows[j] for j in misses], servable.what), strict=True))
+            counts = [rows[j] for j in misses] if hits else rows
+            run = servable.run(feed, int(sum(counts)), names)
+            split = dict(zip(misses, split_rows(run, counts, servable.what), strict=True))
+            if pack:
+                packed = dict(zip(misses, pack_rows(run, counts), strict=True))
             self._remember(servable.ttl, {keys[j]: split[j] for j in misses} if keys else {})
         state = "miss" if keys else "off"
         model, version_ = servable.model.name, servable.model.version
         return [
-            Prediction(hits[j], model, version_, "hit") if j in hits else Prediction(split[j], model, version_, state)
+            Prediction(hits[j], model, version_, "hit")
+            if j in hits
+            else Prediction(split[j], model, version_, state, packed=packed.get(j))
             for j in range(len(rows))
         ]
 
