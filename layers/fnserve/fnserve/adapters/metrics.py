@@ -33,8 +33,10 @@ if TYPE_CHECKING:
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 UNKNOWN = "_unknown"
-FLUSH_SECONDS = 1.0  # how stale another process's figures may be in a scrape
-FLUSH_AT = 10_000  # records kept before a flush, whatever the time
+# How stale another process's figures may be in a scrape; also how long the event loop holds records before adding
+# them up: every second, a front process at 5,000 requests/s stopped for ~15 ms to add up 5,000 (its p99).
+FLUSH_SECONDS = 0.1
+FLUSH_AT = 2_000  # records kept before a flush, whatever the time
 # Milliseconds-to-seconds stages; buckets from 50 µs (the digits model over HTTP) to 10 s (a slow model).
 LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)

@@ -27,6 +27,7 @@ _U32 = struct.Struct("<I")
 _DUMP_OPTS = orjson.OPT_SERIALIZE_NUMPY
 _BIG_ENDIAN_HOST = sys.byteorder == "big"
 _MAX, _MIN = np.maximum.reduce, np.minimum.reduce  # over every axis; ndarray.max adds a Python call
+_SHORT = 256  # elements
 _FLOAT_MAX = {4: float(np.finfo(np.float32).max), 2: float(np.finfo(np.float16).max)}  # by item size
 
 
@@ -200,7 +201,11 @@ def array_from_json(name: str, datatype: str, dtype: np.dtype[Any], data: Any) -
         return raw.astype(dtype, copy=False)
     if dtype.itemsize < 8:  # FP32, FP16: JSON numbers beyond their range would become infinities
         limit = _FLOAT_MAX[dtype.itemsize]  # checked before the cast, which would warn
-        if _MAX(raw, None) > limit or _MIN(raw, None) < -limit:
+        if raw.ndim == 1 and raw.size <= _SHORT:  # Python's max and min of a short list cost less than numpy's
+            high, low = max(data), min(data)
+        else:
+            high, low = _MAX(raw, None), _MIN(raw, None)
+        if high > limit or low < -limit:
             raise InvalidInput(f"input {name!r}: values out of range for {datatype}")
         return raw.astype(dtype)
     return raw.astype(dtype, copy=False)

@@ -11,6 +11,8 @@ from fnserve.core.datatypes import Arrays, can_cast
 from fnserve.core.errors import InvalidInput
 from fnserve.core.registry import TensorSpec
 
+_MISSING: Any = object()
+
 
 def check(
     specs: Sequence[TensorSpec], kind: str, name: str, inputs: Mapping[str, Any], *, strings: bool
@@ -18,12 +20,14 @@ def check(
     """The feed (each input cast where that is safe) and its batch size, or an :class:`InvalidInput` saying
     what is wrong. ``strings``: BYTES become ``str`` objects, as onnxruntime takes them (a model's inputs;
     a pipeline's steps take the bytes as sent)."""
-    if len(inputs) != len(specs) or any(spec.name not in inputs for spec in specs):
+    if len(inputs) != len(specs):
         _raise_names(specs, kind, name, inputs)
     feed: Arrays = {}
     batch = -1
     for spec in specs:
-        array = inputs[spec.name]
+        array = inputs.get(spec.name, _MISSING)
+        if array is _MISSING:
+            _raise_names(specs, kind, name, inputs)
         if type(array) is not np.ndarray:
             array = np.asarray(array)
         if array.dtype != spec.dtype:
@@ -42,12 +46,13 @@ def check(
                     f"input {spec.name!r} of {kind} {name!r} must have rank {len(spec.shape)} "
                     f"(shape {list(spec.shape)}), got shape {list(shape)}"
                 )
-        for axis, (want, got) in enumerate(zip(spec.shape, shape, strict=True)):
-            if want != -1 and want != got:
-                raise InvalidInput(
-                    f"input {spec.name!r} of {kind} {name!r} must have {want} at axis {axis} "
-                    f"(shape {list(spec.shape)}), got shape {list(shape)}"
-                )
+        if shape != spec.shape:  # equal only where no dimension varies; else each fixed one is checked
+            for axis, (want, got) in enumerate(zip(spec.shape, shape, strict=True)):
+                if want != -1 and want != got:
+                    raise InvalidInput(
+                        f"input {spec.name!r} of {kind} {name!r} must have {want} at axis {axis} "
+                        f"(shape {list(spec.shape)}), got shape {list(shape)}"
+                    )
         if shape and spec.shape[0] == -1:
             if shape[0] == 0:
                 raise InvalidInput(f"input {spec.name!r} of {kind} {name!r} is an empty batch")

@@ -71,7 +71,13 @@ class Coalescing:
 
 
 class HttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol writing through :class:`Coalescing`."""
+    """uvicorn's httptools protocol writing through :class:`Coalescing`.
+
+    A complete response waits for the end of its turn too (the other requests the turn answers), rather than
+    going out at once: measured on digits at concurrency 16 (3 interleaved rounds, 2 CPUs), at once cost 0.16 ms of
+    server CPU a request against 0.14 and served 10,600 requests/s against 12,600, with no better p99 (3.4-3.6 ms
+    against 3.1-3.4): the answers of a turn leave together, so the client sends the next requests together and
+    the server wakes once for them, not once each."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(Coalescing(transport, self.loop))  # type: ignore[arg-type]
