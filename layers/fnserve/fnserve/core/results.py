@@ -48,20 +48,9 @@ class ResultRecord(NamedTuple):
 
     @classmethod
     def done(
-        cls,
-        key: str,
-        model: str,
-        version: str,
-        outputs: Arrays,
-        *,
-        now: int,
-        ttl: int,
-        answered_by: str | None = None,
-        packed: bytes | None = None,
+        cls, key: str, model: str, version: str, outputs: Arrays, *, now: int, ttl: int, answered_by: str | None = None
     ) -> ResultRecord:
-        """A job's outputs, stored; ``packed``: those outputs packed already (``pack_arrays``)."""
-        payload = packed if packed is not None else pack_arrays(outputs)
-        return cls(key, "done", model, version, now, now + ttl, payload=payload, answered_by=answered_by)
+        return cls(key, "done", model, version, now, now + ttl, payload=pack_arrays(outputs), answered_by=answered_by)
 
     @classmethod
     def failed(cls, key: str, model: str, error: str, *, now: int, ttl: int) -> ResultRecord:
