@@ -293,6 +293,7 @@ def test_a_stack_packed_in_one_pass_is_each_requests_rows_packed_alone(rows: lis
     }
     alone = [pack_arrays(part) for part in slice_rows(stacked, rows)]
     assert pack_rows(stacked, rows) == alone
+    assert slice_rows({}, rows) == [{}] * len(rows)  # no arrays: still a piece per request
     bounds = np.cumsum([0, *rows])
     for j, blob in enumerate(alone):  # and each unpacks to exactly its rows
         back = unpack_arrays(blob)

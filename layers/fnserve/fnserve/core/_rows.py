@@ -30,7 +30,7 @@ def slice_rows(arrays: Mapping[str, np.ndarray[Any, Any]], rows: Sequence[int]) 
     Plain slices, not np.split: it costs several times more per piece, and there is a piece per request.
     """
     count = len(rows)
-    if count > 1 and rows.count(rows[0]) == count:  # alike (jobs of one row each): one reshape an array
+    if arrays and count > 1 and rows.count(rows[0]) == count:  # alike (jobs of one row each): one reshape an array
         names, width = list(arrays), rows[0]
         columns = [list(a.reshape(count, width, *a.shape[1:])) for a in arrays.values()]
         return [dict(zip(names, parts, strict=True)) for parts in zip(*columns, strict=True)]

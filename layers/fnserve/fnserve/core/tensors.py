@@ -18,6 +18,7 @@ from typing import Any, Final
 import numpy as np
 import orjson
 
+from fnserve.core._rows import slice_rows
 from fnserve.core.datatypes import V2_TO_NUMPY, v2_datatype
 from fnserve.core.errors import BadRequest, InvalidInput
 
@@ -367,8 +368,7 @@ def pack_rows(arrays: Mapping[str, np.ndarray[Any, Any]], rows: Sequence[int]) -
     """:func:`pack_arrays` of each request's rows of stacked ``arrays`` (request ``j`` owns ``rows[j]`` rows),
     in one pass: each array's bytes made once and cut per request, one header per row count."""
     if any(array.dtype == object or array.ndim == 0 for array in arrays.values()):  # BYTES: element by element
-        bounds = np.cumsum([0, *rows]).tolist()
-        return [pack_arrays({n: a[bounds[j] : bounds[j + 1]] for n, a in arrays.items()}) for j in range(len(rows))]
+        return [pack_arrays(part) for part in slice_rows(arrays, rows)]
     columns = []
     for name, array in arrays.items():
         datatype = v2_datatype(array.dtype)
