@@ -69,15 +69,15 @@ def metrics_dir() -> str | None:
     at exit. None when the variable is set already: the directory is the user's."""
     if os.environ.get(MULTIPROC_ENV):
         return None
-    path = shared_dir("fnserve-metrics-")
+    path = tempfile.mkdtemp(prefix="fnserve-metrics-")  # its files are mmap'd: written in memory, not replaced
     os.environ[MULTIPROC_ENV] = path
     return path
 
 
 def shared_dir(prefix: str) -> str:
-    """A new directory for files the server's processes share and rewrite all the time (statistics, metrics), in
-    memory where the system has a tmpfs for that (``/dev/shm``): replacing a file there costs a tenth of what it
-    costs on a disk's filesystem, and nothing is written back to a disk."""
+    """A new directory for the small files the server's processes replace all the time (their statistics, 10 times
+    a second each), in memory where the system has a tmpfs for that (``/dev/shm``): replacing a file there costs
+    a tenth of what it costs on a disk's filesystem, and nothing is written back to a disk."""
     memory = "/dev/shm"
     usable = os.path.isdir(memory) and os.access(memory, os.W_OK | os.X_OK)
     return tempfile.mkdtemp(prefix=prefix, dir=memory if usable else None)
