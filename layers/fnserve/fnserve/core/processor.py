@@ -99,23 +99,16 @@ class _Results:
     def done(self, message_ids: Sequence[str], job_ids: Sequence[str], named: str, ran: Sequence[Prediction]) -> None:
         """Jobs that ran: each stored under the name it called (``named``), with the model that answered beside it
         (records made in one pass: a batch stores 10,000)."""
-        now = self.now
-        expires = now + self.processor.ttl_seconds
         keys = [job_key(job_id) for job_id in job_ids]
-        self.records += [
-            ResultRecord(
-                key,
-                "done",
-                named,
+        jobs = (
+            (
                 p.version,
-                now,
-                expires,
                 p.packed if p.packed is not None else pack_arrays(p.outputs),
-                None,
                 p.model if p.model != named else None,
             )
-            for key, p in zip(keys, ran, strict=True)
-        ]
+            for p in ran
+        )
+        self.records += ResultRecord.done_many(keys, named, jobs, now=self.now, ttl=self.processor.ttl_seconds)
         self.owners.update(zip(keys, message_ids, strict=True))
         self.outcome.cache_hits += sum(p.cache == "hit" for p in ran)
 
