@@ -70,15 +70,27 @@ class Built:
 
 
 def build(dockerfile: Path, tag: str, args: Mapping[str, str], log: Path) -> Built:
-    """``buildah bud`` the Dockerfile with the repository as its context; docker format keeps HEALTHCHECK."""
-    command = [*BUILDAH, "bud", "--isolation", "chroot", "--format", "docker", "--layers=false", "-f", str(dockerfile)]
+    """``buildah bud`` the Dockerfile with the repository as its context; docker format keeps HEALTHCHECK.
+
+    A build leaves nothing behind but the image: the image the tag named before is removed first, and the build's
+    containers after it, failed or not (buildah 1.28 keeps the container of a stage that is the base unchanged, as
+    ``runtime-cpu`` is, and its ``--force-rm`` removes the base image itself). With vfs storage every image and
+    container is a full copy of its files (3 GB for the CUDA variant): kept, they filled the disk in a few runs."""
+    if image_exists(tag):
+        remove_image(tag)
+    command = [*BUILDAH, "bud", "--isolation", "chroot", "--format", "docker", "--layers=false"]
+    command += ["-f", str(dockerfile)]
     command += _trusted_ca(log.parent)
     for key, value in args.items():
         command += ["--build-arg", f"{key}={value}"]
+    before = _containers()
     started = time.monotonic()
     with log.open("w") as out:
         done = subprocess.run([*command, "-t", tag, str(REPO)], stdout=out, stderr=subprocess.STDOUT)
     seconds = time.monotonic() - started
+    left = _containers() - before
+    if left:
+        subprocess.run([*BUILDAH, "rm", *left], capture_output=True)
     if done.returncode != 0:
         raise RuntimeError(f"building {dockerfile.name} failed ({done.returncode}):\n{log.read_text()[-6000:]}")
     inspected = json.loads(buildah("inspect", "--type", "image", tag))
@@ -87,6 +99,18 @@ def build(dockerfile: Path, tag: str, args: Mapping[str, str], log: Path) -> Bui
     layers = (json.loads(manifest) if isinstance(manifest, str) else manifest)["layers"]
     size = sum(layer["size"] for layer in layers)  # uncompressed: what the image takes on a host's disk
     return Built(tag, seconds, size / 1e6, config)
+
+
+def _containers() -> set[str]:
+    return set(buildah("containers", "--quiet", "--notruncate").split())
+
+
+def remove_image(image: str) -> None:
+    """Remove an image from local storage (its containers first: a test's container of it that outlived a killed
+    run); a failure is reported, not raised: cleaning up must not fail the tests it follows."""
+    done = subprocess.run([*BUILDAH, "rmi", "--force", image], capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"could not remove image {image}: {done.stderr.strip()[-500:]}")
 
 
 def _trusted_ca(scratch: Path) -> list[str]:
