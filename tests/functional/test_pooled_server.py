@@ -16,6 +16,7 @@ import onnxruntime as ort
 import orjson
 import pytest
 
+from fnserve.adapters import fronts
 from fnserve.adapters.server import inference_pool
 from fnserve.bench.sweep import process_tree
 from fnserve.bootstrap import server_app
@@ -274,6 +275,31 @@ def test_front_processes_each_listen_on_their_own_socket_and_share_the_connectio
         finally:
             for client in clients:
                 client.close()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def test_the_directories_of_a_server_killed_outright_are_removed_by_the_next_one(tmp_path: Path) -> None:
+    """Its statistics in /dev/shm hold memory until someone removes them; a server killed by SIGKILL cannot."""
+    manifest = str(write_test_manifest(tmp_path))
+    options = ["-m", manifest, "--processes", "2", "--workers", "0"]
+    proc, _ = start_server(options, tmp_path / "killed.log", new_session=True)
+    try:
+        front = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+        environ = dict(
+            item.split("=", 1) for item in Path(f"/proc/{front}/environ").read_text().split("\0") if "=" in item
+        )
+        made = [Path(environ[fronts.STATISTICS_DIR_ENV]), Path(environ["PROMETHEUS_MULTIPROC_DIR"])]
+        assert all(path.is_dir() for path in made)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert all(path.is_dir() for path in made)  # left behind
+
+    proc, _ = start_server(options, tmp_path / "next.log", new_session=True)
+    try:
+        assert not any(path.exists() for path in made)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)

@@ -8,7 +8,7 @@ workers busy and idle, worker respawns, cache lookups by tier and result, cache 
 
 Several front processes (``--processes``) share one port and each may answer a scrape: the
 server points ``PROMETHEUS_MULTIPROC_DIR`` at a directory of its own before any process
-imports prometheus-client (:func:`fnserve.adapters.server.metrics_dir`), every process writes its values
+imports prometheus-client (:func:`fnserve.adapters.server.serve`), every process writes its values
 there, and any of them reports the sum (prometheus-client's multiprocess mode). Labels stay
 low-cardinality: the manifest's model names (a name no model has is ``_unknown``), versions,
 stages, transports and status codes, never request data. Without the directory (one process,

@@ -14,13 +14,11 @@ decides at start, from the loaded models.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
 from fnserve import bootstrap
-from fnserve.adapters import fronts
+from fnserve.adapters import fronts, rundirs
 from fnserve.adapters.http.infer import V2App
 from fnserve.adapters.layout import choose_layout
 from fnserve.adapters.logs import logger
@@ -48,39 +46,28 @@ def serve(
     outright (their pipe to it closes). With ``server_processes > 1``, that many front processes serve the
     port (:mod:`fnserve.adapters.fronts`), each building its own app (:func:`app_factory`).
     """
-    made: dict[str, str] = {}  # variables this call set, naming the directories it made
-    if settings.metrics and (metrics := metrics_dir()) is not None:
-        made[MULTIPROC_ENV] = metrics
-    # Where several front processes add up each other's statistics (bootstrap.server_app shares them).
-    made[fronts.STATISTICS_DIR_ENV] = os.environ[fronts.STATISTICS_DIR_ENV] = shared_dir("fnserve-stats-")
+    rundirs.sweep()  # what servers killed outright left behind (their statistics take memory in /dev/shm)
+    made = rundirs.RunDirs()
+    variables = []  # set by this call, each naming a directory it made
+    if settings.metrics and not os.environ.get(MULTIPROC_ENV):  # else the directory is the user's
+        # Before any process imports prometheus-client (it reads the variable then). Its files are mmap'd:
+        # written in memory, not replaced, so a disk's temporary directory, not a tmpfs a full one of which
+        # would be a SIGBUS.
+        os.environ[MULTIPROC_ENV] = made.make("fnserve-metrics-")
+        variables.append(MULTIPROC_ENV)
+    # Where several front processes add up each other's statistics (bootstrap.server_app shares them): files
+    # replaced 10 times a second each, in memory where the system has a tmpfs for that (a tenth of the cost).
+    os.environ[fronts.STATISTICS_DIR_ENV] = made.make("fnserve-stats-", rundirs.memory_parent())
+    variables.append(fronts.STATISTICS_DIR_ENV)
     if settings.cpu_affinity:  # the slot locks of the processes pinned to CPUs (bootstrap.pin_inference)
-        made[AFFINITY_DIR_ENV] = os.environ[AFFINITY_DIR_ENV] = tempfile.mkdtemp(prefix="fnserve-cpus-")
+        os.environ[AFFINITY_DIR_ENV] = made.make("fnserve-cpus-")
+        variables.append(AFFINITY_DIR_ENV)
     try:
         _serve(settings, host, port, on_ready)
     finally:
-        for variable, path in made.items():  # neither left naming a removed directory (a later server's)
-            shutil.rmtree(path, ignore_errors=True)
+        made.remove()
+        for variable in variables:  # none left naming a removed directory (a later server's)
             os.environ.pop(variable, None)
-
-
-def metrics_dir() -> str | None:
-    """Point ``PROMETHEUS_MULTIPROC_DIR`` at a new directory, before any process imports prometheus-client
-    (it reads the variable then), for every front process to write its metrics to; returns it, to be removed
-    at exit. None when the variable is set already: the directory is the user's."""
-    if os.environ.get(MULTIPROC_ENV):
-        return None
-    path = tempfile.mkdtemp(prefix="fnserve-metrics-")  # its files are mmap'd: written in memory, not replaced
-    os.environ[MULTIPROC_ENV] = path
-    return path
-
-
-def shared_dir(prefix: str) -> str:
-    """A new directory for the small files the server's processes replace all the time (their statistics, 10 times
-    a second each), in memory where the system has a tmpfs for that (``/dev/shm``): replacing a file there costs
-    a tenth of what it costs on a disk's filesystem, and nothing is written back to a disk."""
-    memory = "/dev/shm"
-    usable = os.path.isdir(memory) and os.access(memory, os.W_OK | os.X_OK)
-    return tempfile.mkdtemp(prefix=prefix, dir=memory if usable else None)
 
 
 def _serve(
