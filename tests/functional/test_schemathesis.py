@@ -5,6 +5,9 @@ No generated request may produce a 5xx or a response that violates the documente
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +47,8 @@ def _oip_schema() -> dict[str, Any]:
     return spec  # type: ignore[no-any-return]
 
 
-_TMP = Path(__import__("tempfile").mkdtemp(prefix="fnserve-schemathesis-"))
+_TMP = Path(tempfile.mkdtemp(prefix="fnserve-schemathesis-"))
+atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
 APP = _app(_TMP)
 oip = schemathesis.openapi.from_dict(_oip_schema())
 oip.app = APP
