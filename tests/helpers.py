@@ -130,7 +130,7 @@ def sample_arrays(rows: int = 3) -> dict[str, Any]:
         elif name == "BYTES":
             values = np.array([f"s{i}-é".encode() for i in range(rows * 2)], dtype=object).reshape(rows, 2)
         elif dtype.kind in "iu":
-            info = np.iinfo(dtype)
+            info = np.iinfo(dtype.name)
             values = np.array([info.min, info.max] + list(range(rows * 2 - 2)), dtype=dtype).reshape(rows, 2)
         else:
             values = (np.arange(rows * 2, dtype=dtype) / 4 - 0.5).reshape(rows, 2)
