@@ -131,6 +131,44 @@ def test_a_closed_loop_of_clients_runs_as_one_batch_not_two_cohorts() -> None:
     assert sorted(settled)[len(settled) // 2] == 8, sizes
 
 
+def test_with_requests_of_other_lengths_about_a_batch_does_not_wait_for_rows_of_its_own() -> None:
+    """Requests of one length in flight at once lately make a batch of that length wait for as many to come back;
+    when requests of other lengths came too, those coming back mostly land in the other buckets, and the batch
+    goes at once: held for them, the model would sit idle while the other buckets' requests wait."""
+    model = Recorder()
+    window = 5.0  # were it waited out, the test would time out waiting for the answer below
+
+    async def main() -> None:
+        batcher = AdaptiveBatcher(model, max_batch_size=64, max_batch_time=window, buckets=[4, 8], pad_inputs=["x"])
+        # Four of length 4 in flight at once: a batch of that bucket now expects four.
+        await asyncio.gather(*(batcher.predict({"x": np.ones((1, 3))}) for _ in range(4)))
+        await batcher.predict({"x": np.ones((1, 7))})  # then one of another length
+        out, _ = await asyncio.wait_for(batcher.predict({"x": np.full((1, 3), 2.0)}), window / 2)
+        assert out["y"][0, :3].tolist() == [4.0, 4.0, 4.0]
+        await batcher.close()
+
+    run(main())
+    assert [len(feed["x"]) for feed in model.batches] == [4, 1, 1]
+
+
+def test_a_batch_waiting_for_rows_of_its_own_goes_on_when_a_request_of_another_length_comes() -> None:
+    model = Recorder()
+    window = 5.0
+
+    async def main() -> None:
+        batcher = AdaptiveBatcher(model, max_batch_size=64, max_batch_time=window, buckets=[4, 8], pad_inputs=["x"])
+        await asyncio.gather(*(batcher.predict({"x": np.ones((1, 3))}) for _ in range(4)))  # four expected
+        waiting = asyncio.ensure_future(batcher.predict({"x": np.ones((1, 3))}))  # its batch waits for three more
+        while not any(flight._waiter for flight in batcher._flights.values()):
+            await asyncio.sleep(0)
+        other = asyncio.ensure_future(batcher.predict({"x": np.ones((1, 7))}))
+        await asyncio.wait_for(asyncio.gather(waiting, other), window / 2)
+        await batcher.close()
+
+    run(main())
+    assert [len(feed["x"]) for feed in model.batches] == [4, 1, 1]
+
+
 def test_a_failed_batch_is_split_until_only_its_culprit_fails() -> None:
     model = Recorder(delay=0.02)
 

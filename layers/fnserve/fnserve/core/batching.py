@@ -11,7 +11,10 @@ trickle cannot hold a batch open). So a lone client's request runs at once, payi
 a closed loop of N clients runs as batches of N: waiting out only the window of a request that
 queued while the last batch ran would split them into two cohorts of N/2 for good (MiniLM on 2
 cores, 8 or so requests in flight in each front process: batches of 4.3 rows, and 15% fewer
-requests a second). Inputs are concatenated along axis 0,
+requests a second). A batch waits for rows on their way only while its model's requests lately were all of its
+length and shape: those of texts come back in whichever length bucket their next text falls in, and a batch held
+for them keeps the model idle while the other buckets wait (it goes on as soon as one of another bucket comes).
+Inputs are concatenated along axis 0,
 variable-length inputs padded up to their bucket's length so that padding stays small;
 outputs are split back by each request's rows, with a check that they split exactly. On a CPU
 (``pad_to_bucket`` false) a batch is padded only up to its longest request, not to its bucket: the
@@ -70,12 +73,13 @@ class _Flight:
         self._peak = 0
         self._previous = 0
         self._since = time.monotonic()
+        self.last = 0.0  # when a request last came (time.monotonic)
         self._waiter: asyncio.Future[None] | None = None  # a forming batch's, while it waits for rows
         self._needed = 0
 
     def arrive(self, rows: int) -> None:
         self.rows += rows
-        now = time.monotonic()
+        now = self.last = time.monotonic()
         if now - self._since > PEAK_SECONDS:
             recent = now - self._since < 2 * PEAK_SECONDS
             self._previous, self._peak, self._since = self._peak if recent else 0, 0, now
@@ -98,6 +102,11 @@ class _Flight:
             self._needed -= rows
             if self._needed <= 0:
                 _wake(self._waiter)
+
+    def hurry(self) -> None:
+        """A batch waiting for rows of its own goes on with those it has (requests of another queue came)."""
+        if self._waiter is not None:
+            _wake(self._waiter)
 
     async def more(self, rows: int, deadline: float) -> None:
         """Until ``rows`` more rows join the queue, or ``deadline`` (``time.monotonic``): one future and one timer a
@@ -243,6 +252,8 @@ class AdaptiveBatcher:
         try:
             queue.put_nowait(pending)
             flight.queued(pending.rows)
+            if len(self._flights) > 1:
+                self._hurry(key)
             return await future
         finally:
             flight.leave(pending)
@@ -365,7 +376,7 @@ class AdaptiveBatcher:
             while rows < self.max_batch_size:
                 if queue.empty():  # wait for the rows on their way, if any, until the deadline at most
                     coming = min(self.max_batch_size, flight.expected()) - rows
-                    if coming <= 0:
+                    if coming <= 0 or self._mixed(key):
                         break
                     await flight.more(coming, deadline)  # all of them, or the deadline: take what came
                     if queue.empty():
@@ -383,6 +394,25 @@ class AdaptiveBatcher:
             task = asyncio.get_running_loop().create_task(self._execute(batch, bucket, flight, rows))
             self._running.add(task)
             task.add_done_callback(finished)
+
+    def _mixed(self, key: _Key) -> bool:
+        """Whether requests of another length or shape came to this model lately: then a batch forming for ``key``
+        does not wait for rows of its own on their way. In a closed loop of clients the requests that come back
+        go to whichever length bucket their texts fall in, mostly another one, and a batch that waits for them
+        keeps the model idle while the other buckets' requests wait for it (MiniLM text over five buckets, 2 CPUs:
+        600 requests/s waiting, 770 without; tensors of one length: 850-970 waiting, 790-900 without)."""
+        now = time.monotonic()
+        return any(
+            flight.rows > flight.running or now - flight.last < PEAK_SECONDS
+            for other, flight in self._flights.items()
+            if other != key
+        )
+
+    def _hurry(self, key: _Key) -> None:
+        """A request joined ``key``'s queue: a batch of another queue that waits for rows of its own goes on."""
+        for other, flight in self._flights.items():
+            if other != key:
+                flight.hurry()
 
     async def _execute(self, batch: list[_Pending], bucket: int, flight: _Flight, rows: int) -> None:
         started = time.monotonic()
