@@ -26,6 +26,7 @@ OWNER = ".owner"
 STAGING = ".fnserve-new-"  # a directory being made: not yet locked, never swept
 PREFIXES = ("fnserve-stats-", "fnserve-metrics-", "fnserve-cpus-")
 MEMORY = "/dev/shm"
+ATTEMPTS = 10  # random names tried before making a directory gives up
 
 
 class RunDirs:
@@ -38,16 +39,20 @@ class RunDirs:
         """A new directory named ``prefix`` + a random part under ``parent`` (the system's temporary directory by
         default), locked as this process's."""
         assert prefix.startswith(PREFIXES), prefix
+        attempts = 0
         while True:
+            attempts += 1
             staging = tempfile.mkdtemp(prefix=STAGING, dir=parent)
             fd = os.open(os.path.join(staging, OWNER), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX)
             path = os.path.join(os.path.dirname(staging), prefix + os.path.basename(staging)[len(STAGING) :])
             try:
                 os.rename(staging, path)  # one step: the name appears with its lock held
-            except OSError:
+            except OSError:  # that name is taken (a directory with files in it): another random name
                 os.close(fd)
                 shutil.rmtree(staging, ignore_errors=True)
+                if attempts == ATTEMPTS:
+                    raise
                 continue
             self._owned[path] = fd
             return path
