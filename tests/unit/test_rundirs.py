@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from fnserve.adapters import rundirs
@@ -72,3 +73,17 @@ def test_what_is_not_a_locked_servers_directory_is_left_alone(tmp_path: Path) ->
 
     assert sweep([str(tmp_path)]) == []
     assert older.is_dir() and other.is_dir() and file.is_file() and staging.is_dir()
+
+
+def test_a_staging_directory_left_long_ago_is_swept(tmp_path: Path) -> None:
+    """A server killed between making a directory and naming it (microseconds) leaves it under its staging name."""
+    abandoned = tmp_path / f"{rundirs.STAGING}old"
+    abandoned.mkdir()
+    (abandoned / OWNER).touch()
+    long_ago = time.time() - 2 * rundirs.ABANDONED_SECONDS
+    os.utime(abandoned, (long_ago, long_ago))
+    fresh = tmp_path / f"{rundirs.STAGING}new"
+    fresh.mkdir()
+
+    assert sweep([str(tmp_path)]) == [str(abandoned)]
+    assert fresh.is_dir()

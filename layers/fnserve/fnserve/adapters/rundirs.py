@@ -9,8 +9,9 @@ a lock when the process holding it dies, however it dies, and a lock is seen fro
 file system, so a server in another container is never taken for dead (a PID could be).
 
 A directory is made under a staging name, locked, then renamed to its own name in one step, so a sweep never
-finds one of its names without a lock held on it. Directories without an owner file (an older fnserve's) are
-left alone: nothing says whether their server lives.
+finds one of its names without a lock held on it; a staging directory lives for microseconds, and one older than
+a minute is one whose server died making it. Directories without an owner file (an older fnserve's) are left
+alone: nothing says whether their server lives.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import fcntl
 import os
 import shutil
 import tempfile
+import time
 
 from fnserve.adapters.logs import logger
 
 OWNER = ".owner"
-STAGING = ".fnserve-new-"  # a directory being made: not yet locked, never swept
+STAGING = ".fnserve-new-"  # a directory being made: not yet locked, swept only once abandoned
+ABANDONED_SECONDS = 60.0  # a staging directory this old was left by a server that died making it
 PREFIXES = ("fnserve-stats-", "fnserve-metrics-", "fnserve-cpus-")
 MEMORY = "/dev/shm"
 ATTEMPTS = 10  # random names tried before making a directory gives up
@@ -78,15 +81,28 @@ def sweep(parents: list[str | None] | None = None) -> list[str]:
     removed = []
     for parent in {parent or tempfile.gettempdir() for parent in parents}:
         try:
-            entries = [e for e in os.scandir(parent) if e.name.startswith(PREFIXES)]
+            entries = [e for e in os.scandir(parent) if e.name.startswith((*PREFIXES, STAGING))]
         except OSError:
             continue
         for entry in entries:
-            if entry.is_dir(follow_symlinks=False) and _gone(entry.path):
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            if _abandoned(entry) if entry.name.startswith(STAGING) else _gone(entry.path):
                 removed.append(entry.path)
     if removed:
         logger.info(f"removed {len(removed)} directories of servers that were killed", extra={"removed": removed})
     return removed
+
+
+def _abandoned(entry: os.DirEntry[str]) -> bool:
+    """Remove a staging directory left long ago (by a server killed between making and naming it)."""
+    try:
+        old = time.time() - entry.stat(follow_symlinks=False).st_mtime > ABANDONED_SECONDS
+    except OSError:
+        return False
+    if old:
+        shutil.rmtree(entry.path, ignore_errors=True)
+    return old
 
 
 def _gone(path: str) -> bool:
