@@ -51,12 +51,14 @@ def test_a_killed_servers_directory_is_swept_and_a_living_ones_is_kept(tmp_path:
 
 def test_directories_of_this_process_are_locked_until_removed(tmp_path: Path) -> None:
     made = RunDirs()
-    stats = made.make("fnserve-stats-", str(tmp_path))
+    stats = made.publish("FNSERVE_TEST_RUNDIR", "fnserve-stats-", str(tmp_path))
+    assert os.environ["FNSERVE_TEST_RUNDIR"] == stats  # named to the processes the server starts
     metrics = made.make("fnserve-metrics-", str(tmp_path))
     assert Path(stats).name.startswith("fnserve-stats-") and Path(metrics).name.startswith("fnserve-metrics-")
     assert sweep([str(tmp_path)]) == []  # flock: another open of the owner file cannot take it
     made.remove()
     assert os.listdir(tmp_path) == []
+    assert "FNSERVE_TEST_RUNDIR" not in os.environ
 
 
 def test_what_is_not_a_locked_servers_directory_is_left_alone(tmp_path: Path) -> None:

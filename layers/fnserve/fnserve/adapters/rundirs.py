@@ -33,10 +33,19 @@ ATTEMPTS = 10  # random names tried before making a directory gives up
 
 
 class RunDirs:
-    """The directories one server made, each locked for as long as the server lives; :meth:`remove` at its end."""
+    """The directories one server made, each locked for as long as the server lives, and the environment variables
+    that name them to its processes; :meth:`remove` at its end."""
 
     def __init__(self) -> None:
         self._owned: dict[str, int] = {}  # path -> the fd of its locked owner file
+        self._variables: list[str] = []
+
+    def publish(self, variable: str, prefix: str, parent: str | None = None) -> str:
+        """:meth:`make`, and the directory named in ``variable`` (for the processes the server starts) until
+        :meth:`remove`."""
+        os.environ[variable] = path = self.make(prefix, parent)
+        self._variables.append(variable)
+        return path
 
     def make(self, prefix: str, parent: str | None = None) -> str:
         """A new directory named ``prefix`` + a random part under ``parent`` (the system's temporary directory by
@@ -61,11 +70,15 @@ class RunDirs:
             return path
 
     def remove(self) -> None:
-        """Remove every directory made here (the lock goes with it)."""
+        """Remove every directory made here (the lock goes with it), and unset the variables that named them (none
+        left naming a removed directory, or a later server's)."""
         for path, fd in self._owned.items():
             shutil.rmtree(path, ignore_errors=True)
             os.close(fd)
         self._owned.clear()
+        for variable in self._variables:
+            os.environ.pop(variable, None)
+        self._variables.clear()
 
 
 def memory_parent() -> str | None:

@@ -48,26 +48,20 @@ def serve(
     """
     rundirs.sweep()  # what servers killed outright left behind (their statistics take memory in /dev/shm)
     made = rundirs.RunDirs()
-    variables = []  # set by this call, each naming a directory it made
     if settings.metrics and not os.environ.get(MULTIPROC_ENV):  # else the directory is the user's
         # Before any process imports prometheus-client (it reads the variable then). Its files are mmap'd:
         # written in memory, not replaced, so a disk's temporary directory, not a tmpfs a full one of which
         # would be a SIGBUS.
-        os.environ[MULTIPROC_ENV] = made.make("fnserve-metrics-")
-        variables.append(MULTIPROC_ENV)
+        made.publish(MULTIPROC_ENV, "fnserve-metrics-")
     # Where several front processes add up each other's statistics (bootstrap.server_app shares them): files
     # replaced 10 times a second each, in memory where the system has a tmpfs for that (a tenth of the cost).
-    os.environ[fronts.STATISTICS_DIR_ENV] = made.make("fnserve-stats-", rundirs.memory_parent())
-    variables.append(fronts.STATISTICS_DIR_ENV)
+    made.publish(fronts.STATISTICS_DIR_ENV, "fnserve-stats-", rundirs.memory_parent())
     if settings.cpu_affinity:  # the slot locks of the processes pinned to CPUs (bootstrap.pin_inference)
-        os.environ[AFFINITY_DIR_ENV] = made.make("fnserve-cpus-")
-        variables.append(AFFINITY_DIR_ENV)
+        made.publish(AFFINITY_DIR_ENV, "fnserve-cpus-")
     try:
         _serve(settings, host, port, on_ready)
     finally:
         made.remove()
-        for variable in variables:  # none left naming a removed directory (a later server's)
-            os.environ.pop(variable, None)
 
 
 def _serve(

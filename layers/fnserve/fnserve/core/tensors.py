@@ -306,8 +306,7 @@ def encode_response(
             tensor["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            tensor = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-            tensor["data"] = _to_json(name, array, datatype)
+            tensor = json_tensor(name, array, datatype)
         tensors.append(tensor)
     doc["outputs"] = tensors
     head = orjson.dumps(doc, option=_DUMP_OPTS)
@@ -316,9 +315,10 @@ def encode_response(
     return b"".join([head, *blobs]), len(head)
 
 
-def json_tensor(name: str, array: np.ndarray[Any, Any]) -> dict[str, Any]:
-    """A V2 output tensor with its data as JSON (orjson serialises the numpy data itself)."""
-    datatype = v2_datatype(array.dtype)
+def json_tensor(name: str, array: np.ndarray[Any, Any], datatype: str | None = None) -> dict[str, Any]:
+    """A V2 output tensor with its data as JSON (orjson serialises the numpy data itself); ``datatype``: the
+    array's V2 datatype, where the caller has it already."""
+    datatype = datatype or v2_datatype(array.dtype)
     return {"name": name, "datatype": datatype, "shape": list(array.shape), "data": _to_json(name, array, datatype)}
 
 
