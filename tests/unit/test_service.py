@@ -276,3 +276,36 @@ def test_infer_many_never_stacks_a_model_that_reduces_over_the_batch(write_manif
     results = service.infer_many("sum", jobs)
     np.testing.assert_array_equal(results[0].outputs["total"], [1, 1, 1])  # type: ignore[union-attr]
     np.testing.assert_array_equal(results[1].outputs["total"], [4, 4, 4])  # type: ignore[union-attr]
+
+
+def test_packed_predictions_are_the_stacked_ones_by_column(write_manifest: ManifestWriter) -> None:
+    """What a batch stores (``pack``) holds every job's outputs, hits and misses alike, as the unpacked answer."""
+    from fnserve.core.cache import ResultCache
+    from fnserve.core.service import Packed
+    from fnserve.core.tensors import unpack_arrays
+
+    manifest = write_manifest({"data": model_bytes(), "cache_ttl_seconds": 60, "max_batch_size": 4})
+    cached = InferenceService.from_manifest(manifest, cache=ResultCache())
+    cached.infer("scale", feed(1))  # the second job is a hit
+    jobs = [feed(2), feed(1), feed(3)]
+    stacked = {name: np.concatenate([job[name] for job in jobs]) for name in jobs[0]}
+    packed = cached.infer_stacked("scale", stacked, [2, 1, 3], outputs=["y", "k1"], pack=True)
+    plain = InferenceService.from_manifest(manifest).infer_stacked("scale", stacked, [2, 1, 3], outputs=["y", "k1"])
+    assert isinstance(packed, Packed) and len(packed) == 3 and packed.hits == 1
+    assert [p.cache for p in packed] == ["miss", "hit", "miss"] and [p.cache for p in plain] == ["off"] * 3
+    for want, got, blob in zip(plain, packed, packed.packed, strict=True):
+        assert list(got.outputs) == ["y", "k1"] and got.packed == blob
+        for name in ("y", "k1"):
+            np.testing.assert_array_equal(got.outputs[name], want.outputs[name])
+            np.testing.assert_array_equal(unpack_arrays(blob)[name], want.outputs[name])
+    assert [p.outputs["y"].shape for p in packed[1:]] == [(1, 3), (3, 3)]
+
+
+def test_packed_predictions_without_a_cache_are_split_by_each_jobs_rows(write_manifest: ManifestWriter) -> None:
+    service = InferenceService.from_manifest(write_manifest({"data": model_bytes()}))
+    stacked = {name: np.concatenate([a, a]) for name, a in feed(2).items()}
+    packed = service.infer_stacked("scale", stacked, [1, 3], pack=True)
+    assert [p.outputs["y"].shape[0] for p in packed] == [1, 3] and [p.cache for p in packed] == ["off", "off"]
+    np.testing.assert_array_equal(packed[1].outputs["y"], stacked["x"][1:] * 2)
+    with pytest.raises(InvalidInput, match="stacked inputs have 4 rows, the jobs claim 3"):
+        service.infer_stacked("scale", stacked, [1, 2], pack=True)

@@ -47,6 +47,12 @@ def take_rows(arrays: Mapping[str, np.ndarray[Any, Any]], rows: Sequence[int], k
 
 def split_rows(outputs: Mapping[str, np.ndarray[Any, Any]], rows: Sequence[int], what: str) -> list[Arrays]:
     """:func:`slice_rows` of a stacked run's outputs, refusing outputs that do not split exactly."""
+    check_rows(outputs, rows, what)
+    return slice_rows(outputs, rows)
+
+
+def check_rows(outputs: Mapping[str, np.ndarray[Any, Any]], rows: Sequence[int], what: str) -> None:
+    """Refuse a stacked run's outputs unless each has a row per input row, so they split back exactly."""
     total = sum(rows)
     for name, array in outputs.items():
         if array.ndim == 0 or array.shape[0] != total:
@@ -54,4 +60,3 @@ def split_rows(outputs: Mapping[str, np.ndarray[Any, Any]], rows: Sequence[int],
                 f"{what}: output {name!r} has shape {list(array.shape)}, which does not split back into "
                 f"the {len(rows)} stacked requests ({total} rows)"
             )
-    return slice_rows(outputs, rows)

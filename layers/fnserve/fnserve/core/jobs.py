@@ -43,7 +43,9 @@ from fnserve.core.tensors import array_from_json, binary_tensor, decode_document
 logger = logging.getLogger(__name__)
 
 # Room for cascade follow-up ids, which carry the cascade name and a signature.
-JOB_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
+_ID = r"[A-Za-z0-9_.:-]{1,200}"
+JOB_ID = re.compile(_ID)  # fullmatch: "$" would let a trailing newline in
+_JOB_IDS = re.compile(rf"{_ID}(?:\n{_ID})*")  # ids joined by newlines: a batch's checked in one call
 # SQS's message size limit (1 MiB); bigger inputs travel by reference.
 MAX_MESSAGE_BYTES = 1024 * 1024
 
@@ -65,7 +67,7 @@ def parse_job(body: str | bytes, load_payload: PayloadLoader | None = None) -> J
     """Parse one message body; every problem is a :class:`FnserveError` saying what is wrong."""
     doc = json_object(body, "job")
     job_id = doc.get("id")
-    if not isinstance(job_id, str) or not JOB_ID.match(job_id):
+    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
         raise InvalidInput("job needs an 'id' of 1-200 letters, digits, '.', '_', ':' or '-'")
     model = doc.get("model")
     if not isinstance(model, str) or not model:
@@ -94,7 +96,7 @@ def job_identity(body: str | bytes) -> tuple[str, str] | None:
     except orjson.JSONDecodeError:
         return None
     job_id = doc.get("id") if type(doc) is dict else None
-    if not isinstance(job_id, str) or not JOB_ID.match(job_id):
+    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
         return None
     model = doc.get("model")
     return job_id, model if isinstance(model, str) else ""
@@ -127,6 +129,22 @@ class JobGroup:
             [self.rows[n] for n in keep],
         )
 
+    @classmethod
+    def concatenate(cls, parts: Sequence[JobGroup]) -> JobGroup:
+        """Groups of one signature as one, in order."""
+        if len(parts) == 1:
+            return parts[0]
+        first = parts[0]
+        return cls(
+            first.model,
+            first.version,
+            first.outputs,
+            [i for part in parts for i in part.indexes],
+            [job_id for part in parts for job_id in part.ids],
+            {name: np.concatenate([part.inputs[name] for part in parts]) for name in first.inputs},
+            [rows for part in parts for rows in part.rows],
+        )
+
     def split(self) -> list[Job]:
         """The group's jobs, each with its own rows (views, not copies)."""
         return [
@@ -135,37 +153,88 @@ class JobGroup:
         ]
 
 
+# Jobs parsed and stacked at a time: a chunk's objects are freed before the next one's are made, so the allocator
+# hands out memory still in cache. 10,000 digits jobs parse in 0.65 (JSON numbers) and 0.6 (binary) of the time
+# all at once take; 128 was the fastest of 64 to 1,024 on each.
+CHUNK = 128
+
+
 def parse_jobs(
     bodies: Sequence[str | bytes], load_payload: PayloadLoader | None = None
 ) -> tuple[list[JobGroup], dict[int, Job | FnserveError]]:
     """Parse many message bodies at once.
 
-    Jobs with inline JSON tensors that share one structure are stacked with one numpy call
-    per input (the fast path: no per-job arrays, no per-job validation). Everything else,
-    and every job of a group whose stacking failed, is parsed alone by :func:`parse_job`,
-    so each error names its own job. Returns the groups and, by body index, the rest.
+    Jobs with inline tensors that share one structure are stacked with one numpy call per input and
+    chunk (the fast path: no per-job arrays, no per-job validation). Everything else, and every job of
+    a chunk's group whose stacking failed, is parsed alone by :func:`parse_job`, so each error names
+    its own job. Returns the groups and, by body index, the rest.
     """
     singles: dict[int, Job | FnserveError] = {}
+    stacked: dict[tuple[Any, ...], list[JobGroup]] = {}
+    for start in range(0, len(bodies), CHUNK):
+        for signature, members in _similar(bodies, start, singles, load_payload).items():
+            group = _group(signature, members, bodies, singles, load_payload)
+            if group is not None:
+                stacked.setdefault(signature, []).append(group)
+    return [JobGroup.concatenate(parts) for parts in stacked.values()], singles
+
+
+def _similar(
+    bodies: Sequence[str | bytes],
+    start: int,
+    singles: dict[int, Job | FnserveError],
+    load_payload: PayloadLoader | None,
+) -> dict[tuple[Any, ...], list[tuple[int, dict[str, Any]]]]:
+    """The stackable jobs of the chunk from ``start`` by signature; the others parsed alone into ``singles``."""
     similar: dict[tuple[Any, ...], list[tuple[int, dict[str, Any]]]] = {}
-    for i, body in enumerate(bodies):
+    last_header: tuple[Any, ...] | None = None  # the last stackable job's header, and its group's members
+    last_members: list[tuple[int, dict[str, Any]]] = []
+    for i in range(start, min(start + CHUNK, len(bodies))):
+        body = bodies[i]
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             singles[i] = BadRequest(f"job is not valid JSON: {exc}")
             continue
+        header = _header(doc)
+        if header is not None and header == last_header:
+            last_members.append((i, doc))  # a batch of one model's jobs has one header: checked once (ids later)
+            continue
         signature = _signature(doc)
         if signature is None:
             singles[i] = _parse_alone(body, load_payload)
-        else:
-            similar.setdefault(signature, []).append((i, doc))
-    groups = []
-    for signature, members in similar.items():
-        try:
-            groups.append(_stack(signature, members))
-        except Exception:  # parsed one by one instead, so each error names its own job
-            for i, _ in members:
+            continue
+        members = similar.setdefault(signature, [])
+        members.append((i, doc))
+        if header is not None:
+            last_header, last_members = header, members
+    return similar
+
+
+def _group(
+    signature: tuple[Any, ...],
+    members: list[tuple[int, dict[str, Any]]],
+    bodies: Sequence[str | bytes],
+    singles: dict[int, Job | FnserveError],
+    load_payload: PayloadLoader | None,
+) -> JobGroup | None:
+    """Jobs of one signature stacked; those that cannot be, parsed alone into ``singles`` (None: all of them)."""
+    ids: list[Any] = [doc.get("id") for _, doc in members]
+    if not _all_ids(ids):  # a job whose id is not one is parsed alone, for its error
+        valid = [_is_id(job_id) for job_id in ids]
+        for (i, _), ok in zip(members, valid, strict=True):
+            if not ok:
                 singles[i] = _parse_alone(bodies[i], load_payload)
-    return groups, singles
+        members = [member for member, ok in zip(members, valid, strict=True) if ok]
+        ids = [job_id for job_id, ok in zip(ids, valid, strict=True) if ok]
+        if not members:
+            return None
+    try:
+        return _stack(signature, members, ids)
+    except Exception:  # parsed one by one instead, so each error names its own job
+        for i, _ in members:
+            singles[i] = _parse_alone(bodies[i], load_payload)
+        return None
 
 
 def _parse_alone(body: str | bytes, load_payload: PayloadLoader | None) -> Job | FnserveError:
@@ -178,14 +247,50 @@ def _parse_alone(body: str | bytes, load_payload: PayloadLoader | None) -> Job |
         return InferenceError(f"job could not be parsed: {type(exc).__name__}: {exc}")
 
 
+def _header(doc: Any) -> tuple[Any, ...] | None:
+    """What :func:`_signature` reads of a job but its id and its numbers, compared exactly (``1.0`` is not ``1``): a
+    job with the header of one whose signature is known has that signature, once its id is checked. A fifth of
+    the signature's cost; None where it cannot tell (the signature decides)."""
+    if type(doc) is not dict:
+        return None
+    binary = doc.get("binary_data")
+    try:
+        if type(binary) is str:  # the tensors hold no data: all of them, as JSON text
+            tensors: Any = orjson.dumps(doc.get("inputs"))
+        elif binary is None:  # all but the data, whose type only the signature reads
+            tensors = [
+                (t["name"], t["datatype"], orjson.dumps(t["shape"]), type(t["data"]), "parameters" in t)
+                for t in doc["inputs"]
+            ]
+        else:
+            return None
+    except (TypeError, KeyError):  # not a list of tensors with these keys
+        return None
+    return (doc.get("model"), doc.get("version"), doc.get("outputs"), "payload" in doc, binary is None, tensors)
+
+
+def _is_id(job_id: Any) -> bool:
+    return type(job_id) is str and JOB_ID.fullmatch(job_id) is not None
+
+
+def _all_ids(ids: list[Any]) -> bool:
+    """Whether every one is a job id, in one call (a tenth of a call each)."""
+    try:
+        text = "\n".join(ids)
+    except TypeError:  # one is not a string
+        return False
+    return text.count("\n") == len(ids) - 1 and _JOB_IDS.fullmatch(text) is not None
+
+
 def _signature(doc: Any) -> tuple[Any, ...] | None:
-    """The structure of a plain inline job, or None for anything the fast path does not take."""
+    """The structure of a plain inline job, or None for anything the fast path does not take (its id aside: a
+    group's ids are checked at once, :func:`_all_ids`)."""
     if type(doc) is not dict or "payload" in doc:
         return None
-    job_id, model, version, inputs = doc.get("id"), doc.get("model"), doc.get("version"), doc.get("inputs")
-    if type(job_id) is not str or type(model) is not str or type(inputs) is not list or not inputs:
+    model, version, inputs = doc.get("model"), doc.get("version"), doc.get("inputs")
+    if type(model) is not str or type(inputs) is not list or not inputs:
         return None
-    if (version is not None and type(version) is not str) or not JOB_ID.match(job_id):
+    if version is not None and type(version) is not str:
         return None
     binary = doc.get("binary_data")
     if binary is not None and type(binary) is not str:
@@ -222,7 +327,7 @@ def _signature(doc: Any) -> tuple[Any, ...] | None:
     return (model, version, outputs, tuple(tensors), binary is not None)
 
 
-def _stack(signature: tuple[Any, ...], members: list[tuple[int, dict[str, Any]]]) -> JobGroup:
+def _stack(signature: tuple[Any, ...], members: list[tuple[int, dict[str, Any]]], ids: list[str]) -> JobGroup:
     model, version, outputs, tensors, binary = signature
     inputs = {}
     columns = _binary_columns(tensors, members) if binary else None
@@ -251,7 +356,7 @@ def _stack(signature: tuple[Any, ...], members: list[tuple[int, dict[str, Any]]]
         version,
         outputs,
         [i for i, _ in members],
-        [doc["id"] for _, doc in members],
+        ids,
         inputs,
         [rows] * len(members),
     )

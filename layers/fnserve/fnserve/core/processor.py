@@ -30,7 +30,7 @@ import dataclasses
 import gc
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,8 +39,8 @@ from fnserve.core.cascade import confidence, output
 from fnserve.core.errors import FnserveError, unknown_model
 from fnserve.core.jobs import Job, JobGroup, PayloadLoader, job_identity, parse_jobs
 from fnserve.core.manifest import CascadeSettings
-from fnserve.core.results import ResultRecord, ResultStore, job_key
-from fnserve.core.service import InferenceService, Prediction
+from fnserve.core.results import ResultRecord, ResultStore, job_key, job_keys
+from fnserve.core.service import InferenceService, Packed, Prediction
 from fnserve.core.tensors import pack_arrays
 
 logger = logging.getLogger(__name__)
@@ -94,23 +94,29 @@ class _Results:
         self.outcome = outcome
         self.records: list[ResultRecord] = []
         self.owners: dict[str, str] = {}
+        self.failed = False  # whether any record is a failure
         self.now = int(time.time())
 
     def done(self, message_ids: Sequence[str], job_ids: Sequence[str], named: str, ran: Sequence[Prediction]) -> None:
         """Jobs that ran: each stored under the name it called (``named``), with the model that answered beside it
         (records made in one pass: a batch stores 10,000)."""
-        keys = [job_key(job_id) for job_id in job_ids]
-        jobs = (
-            (
-                p.version,
-                p.packed if p.packed is not None else pack_arrays(p.outputs),
-                p.model if p.model != named else None,
+        keys = job_keys(job_ids)
+        if isinstance(ran, Packed):  # a stack's, by column: no prediction made
+            answered_by = ran.model if ran.model != named else None
+            jobs: Iterable[tuple[str, bytes, str | None]] = ((ran.version, p, answered_by) for p in ran.packed)
+            self.outcome.cache_hits += ran.hits
+        else:
+            jobs = (
+                (
+                    p.version,
+                    p.packed if p.packed is not None else pack_arrays(p.outputs),
+                    p.model if p.model != named else None,
+                )
+                for p in ran
             )
-            for p in ran
-        )
+            self.outcome.cache_hits += sum(p.cache == "hit" for p in ran)
         self.records += ResultRecord.done_many(keys, named, jobs, now=self.now, ttl=self.processor.ttl_seconds)
         self.owners.update(zip(keys, message_ids, strict=True))
-        self.outcome.cache_hits += sum(p.cache == "hit" for p in ran)
 
     def fail(self, message_id: str, receive_count: int, job_id: str | None, model: str, error: FnserveError) -> None:
         """A job that failed: its own fault (4xx) is its outcome, stored as failed and not redelivered; a fault
@@ -123,6 +129,7 @@ class _Results:
         )
         if job_id is not None and (own or self.processor.final(receive_count)):
             key = job_key(job_id)
+            self.failed = True
             ttl = self.processor.ttl_seconds
             self.records.append(ResultRecord.failed(key, model, error.message, now=self.now, ttl=ttl))
             if own:
@@ -133,10 +140,14 @@ class _Results:
     def store(self) -> None:
         """Write every record at once; the messages of those not stored are reported, so SQS redelivers them."""
         not_stored = self.processor.store.put(self.records)
-        for key in [k for k in self.owners if k in not_stored]:
-            self.outcome.failures.append(self.owners.pop(key))
-        status = {record.key: record.status for record in self.records}  # the last record of a key is stored
-        self.outcome.done = sum(status[key] == "done" for key in self.owners)
+        if not_stored:
+            for key in [k for k in self.owners if k in not_stored]:
+                self.outcome.failures.append(self.owners.pop(key))
+        if self.failed:
+            status = {record.key: record.status for record in self.records}  # the last record of a key is stored
+            self.outcome.done = sum(status[key] == "done" for key in self.owners)
+        else:
+            self.outcome.done = len(self.owners)
         self.outcome.refused = len(self.owners) - self.outcome.done
 
 
@@ -195,12 +206,12 @@ class JobProcessor:
             alone[unit_key].job_ids.append(parsed.id)
             alone[unit_key].jobs.append(parsed)  # type: ignore[union-attr]
         work += alone.values()
-        redelivered = {records[i][0] for i in range(len(records)) if records[i][2] != 1}
+        redelivered = {message_id for message_id, _, count in records if count != 1}
         work = self._without_stored(work, redelivered, outcome)
         receive_counts: dict[str, int] = {}  # made for the first failure
         for unit in work:
             results = self._run(unit)
-            if not any(isinstance(result, FnserveError) for result in results):
+            if isinstance(results, Packed) or not any(isinstance(result, FnserveError) for result in results):
                 out.done(unit.message_ids, unit.job_ids, unit.model, results)  # type: ignore[arg-type]
                 continue
             for message_id, job_id, result in zip(unit.message_ids, unit.job_ids, results, strict=True):  # in order
@@ -282,6 +293,8 @@ class JobProcessor:
 
     def _without_stored(self, work: list[_Work], redelivered: set[str], outcome: Outcome) -> list[_Work]:
         """Drop redelivered jobs whose result is already stored (neither recomputed nor rewritten)."""
+        if not redelivered:
+            return work
         keys = [
             job_key(j) for unit in work for m, j in zip(unit.message_ids, unit.job_ids, strict=True) if m in redelivered
         ]

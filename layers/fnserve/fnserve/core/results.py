@@ -22,6 +22,11 @@ def job_key(job_id: str) -> str:
     return f"job#{job_id}"
 
 
+def job_keys(job_ids: Iterable[str]) -> list[str]:
+    """:func:`job_key` of each id (a batch has 10,000)."""
+    return [f"job#{job_id}" for job_id in job_ids]
+
+
 def cache_entry_key(key: str) -> str:
     """The key of a cached result in the shared tier (``key`` is its content hash)."""
     return f"cache#{key}"
@@ -58,9 +63,9 @@ class ResultRecord(NamedTuple):
     ) -> list[ResultRecord]:
         """The records of jobs that ran, each ``(version, payload, answered_by)`` (its outputs packed already), in one
         pass: a batch stores 10,000, and a call each cost 5% of it."""
-        expires = now + ttl
+        expires, new = now + ttl, tuple.__new__  # the tuple's own constructor: a third of the generated one's cost
         return [
-            cls(key, "done", model, version, now, expires, payload, None, answered_by)
+            new(cls, (key, "done", model, version, now, expires, payload, None, answered_by))
             for key, (version, payload, answered_by) in zip(keys, jobs, strict=True)
         ]
 
