@@ -570,3 +570,20 @@ def test_requests_still_being_read_count_against_the_queue_until_theirs_is_read(
         batcher.admit()
     batcher.admit(256, read=True)  # a request read already: nothing queued ahead of it
     assert batcher.shed == 1
+
+
+def test_a_batch_runs_where_its_thread_cannot_be_niced(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    """A sandbox may forbid setpriority: the batch still runs (at the process's priority), and says why."""
+    import os
+    import threading
+
+    from fnserve.core import _niced
+
+    def forbidden(*_: Any) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "setpriority", forbidden)
+    monkeypatch.setattr(_niced, "_POOLS", {})  # a new pool, whose thread tries
+    ran = asyncio.run(_niced.run_niced(7, lambda: (threading.get_native_id(), "ran")))
+    assert ran[1] == "ran" and ran[0] != threading.get_native_id()
+    assert "cannot lower a model thread's priority (nice +7)" in caplog.text
