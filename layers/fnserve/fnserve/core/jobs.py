@@ -249,8 +249,8 @@ def _parse_alone(body: str | bytes, load_payload: PayloadLoader | None) -> Job |
 
 def _header(doc: Any) -> tuple[Any, ...] | None:
     """What :func:`_signature` reads of a job but its id and its numbers, compared exactly (``1.0`` is not ``1``): a
-    job with the header of one whose signature is known has that signature, once its id is checked. A fifth of
-    the signature's cost; None where it cannot tell (the signature decides)."""
+    job with the header of one whose signature is known has that signature, once its id is checked. Half the
+    signature's cost or less (0.4 against 0.9 us a binary job); None where it cannot tell (the signature decides)."""
     if type(doc) is not dict:
         return None
     binary = doc.get("binary_data")
