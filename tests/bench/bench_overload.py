@@ -50,6 +50,7 @@ class Run:
     seconds: float
     latencies: dict[int, list[float]] = field(default_factory=dict)  # status -> seconds from the scheduled time
     late: int = 0  # sent later than scheduled by more than 10 ms (the generator's own limit)
+    server: list[float] = field(default_factory=list)  # an answered request's seconds in the server's queue and model
 
     def of(self, status: int) -> list[float]:
         return self.latencies.get(status, [])
@@ -103,15 +104,19 @@ def request_bytes(port: int, model: str) -> bytes:
     return head.encode() + body
 
 
-async def _answer(reader: asyncio.StreamReader) -> int:
+async def _answer(reader: asyncio.StreamReader) -> tuple[int, float]:
+    """An answer's status, and the server's own time for it in its queue and model (ms, from Server-Timing)."""
     head = await reader.readuntil(b"\r\n\r\n")
     status = int(head[9:12])
-    length = 0
+    length, server = 0, 0.0
     for line in head.split(b"\r\n"):
         if line[:15].lower() == b"content-length:":
             length = int(line[15:])
+        elif line[:14].lower() == b"server-timing:":
+            stages = dict(part.strip().split(";dur=") for part in line[14:].decode().split(",") if ";dur=" in part)
+            server = float(stages.get("queue", 0)) + float(stages.get("infer", 0))
     await reader.readexactly(length)
-    return status
+    return status, server
 
 
 async def closed_loop(port: int, wire: bytes, connections: int, seconds: float) -> float:
@@ -124,7 +129,7 @@ async def closed_loop(port: int, wire: bytes, connections: int, seconds: float) 
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         while time.perf_counter() < stop:
             writer.write(wire)
-            served = await _answer(reader) == 200
+            served = (await _answer(reader))[0] == 200
             done += served  # after the await: `done += await ...` would read done before it, and lose counts
         writer.close()
 
@@ -146,8 +151,10 @@ async def open_loop(port: int, wire: bytes, rate: float, seconds: float, connect
         if time.perf_counter() - scheduled > 0.01:
             run.late += 1
         writer.write(wire)
-        status = await _answer(reader)
+        status, server = await _answer(reader)
         run.latencies.setdefault(status, []).append(time.perf_counter() - scheduled)
+        if status == 200:
+            run.server.append(server / 1e3)
         idle.put_nowait((reader, writer))
 
     tasks = []
@@ -266,6 +273,12 @@ async def measure(unbounded: Server, bounded: Server, model: str) -> tuple[float
             f"    floor: a request under sustained overload waits for the full batch running, then runs in its own: "
             f"2 x {batch_ms:.1f} ms (a full batch's run over this load, from the server's statistics) = "
             f"{2 * batch_ms:.1f} ms = {2 * batch_ms / base_p99:.2f}x the unloaded p99"
+        )
+    if run.server:
+        p99 = percentile(run.server, 99) * 1e3
+        print(
+            f"    the answered requests' own time in the queue and the model (Server-Timing): p50 "
+            f"{percentile(run.server, 50) * 1e3:.1f} ms, p99 {p99:.1f} ms = {p99 / base_p99:.2f}x the unloaded p99"
         )
     run, rss, generator = await overload(unbounded, wire, 3 * capacity, BASELINE_SECONDS)
     report("3x capacity, a queue that never fills (no admission control)", run, rss, generator, base_p99)
