@@ -10,8 +10,8 @@ batch), one with a queue that never fills. For each model: its capacity (closed 
 latency unloaded (open loop at half the capacity), then an open loop at three times the capacity on each
 server. Arrivals are scheduled at fixed intervals and each latency is counted from its scheduled time (no
 coordinated omission: a request the generator could not send on time waits in the count). Printed side by
-side: answered p50/p99 against the unloaded p99, refusals (503) and how fast they came, and the server's RSS
-over the run.
+side: answered p50/p99 against the unloaded p99 (and how much of it was the server's queue and model, from
+Server-Timing), refusals (503) and how fast they came, and the server's RSS over the run.
 """
 
 from __future__ import annotations
