@@ -587,3 +587,18 @@ def test_a_batch_runs_where_its_thread_cannot_be_niced(monkeypatch: pytest.Monke
     ran = asyncio.run(_niced.run_niced(7, lambda: (threading.get_native_id(), "ran")))
     assert ran[1] == "ran" and ran[0] != threading.get_native_id()
     assert "cannot lower a model thread's priority (nice +7)" in caplog.text
+
+
+def test_niced_runs_are_not_capped_below_asyncios_own_threads() -> None:
+    """Batches on pool workers each hold a thread while they wait: five at once on one level all run together (a
+    pool of four threads held the fifth back until one finished)."""
+    import threading
+
+    from fnserve.core import _niced
+
+    together = threading.Barrier(5, timeout=10)  # asyncio's own pool has at least 5 threads (1 CPU + 4)
+
+    async def main() -> list[int]:
+        return await asyncio.gather(*(_niced.run_niced(3, together.wait) for _ in range(5)))
+
+    assert sorted(asyncio.run(main())) == [0, 1, 2, 3, 4]

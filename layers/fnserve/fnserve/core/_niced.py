@@ -35,15 +35,14 @@ def _nice(level: int) -> None:
 
 
 async def run_niced(level: int, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` on a thread niced ``level`` above the process (0: asyncio's own threads), with this task's
-    context, as :func:`asyncio.to_thread` carries it (the device a run reports goes through it)."""
-    if level == 0:
-        return await asyncio.to_thread(fn, *args)
+    """``fn(*args)`` on a thread niced ``level`` above the process, with this task's context, as
+    :func:`asyncio.to_thread` carries it (the device a run reports goes through it). Each level's pool has as
+    many threads as asyncio's own (a batch on a pool worker holds one while it waits for the worker's answer)."""
     with _LOCK:
         pool = _POOLS.get(level)
         if pool is None:
             pool = _POOLS[level] = ThreadPoolExecutor(
-                max_workers=4, thread_name_prefix=f"fnserve-nice{level}", initializer=_nice, initargs=(level,)
+                thread_name_prefix=f"fnserve-nice{level}", initializer=_nice, initargs=(level,)
             )
     context = contextvars.copy_context()
     return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(context.run, fn, *args))
