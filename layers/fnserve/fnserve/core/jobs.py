@@ -30,7 +30,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import orjson
@@ -67,7 +67,7 @@ def parse_job(body: str | bytes, load_payload: PayloadLoader | None = None) -> J
     """Parse one message body; every problem is a :class:`FnserveError` saying what is wrong."""
     doc = json_object(body, "job")
     job_id = doc.get("id")
-    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
+    if not _is_id(job_id):
         raise InvalidInput("job needs an 'id' of 1-200 letters, digits, '.', '_', ':' or '-'")
     model = doc.get("model")
     if not isinstance(model, str) or not model:
@@ -96,7 +96,7 @@ def job_identity(body: str | bytes) -> tuple[str, str] | None:
     except orjson.JSONDecodeError:
         return None
     job_id = doc.get("id") if type(doc) is dict else None
-    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
+    if not _is_id(job_id):
         return None
     model = doc.get("model")
     return job_id, model if isinstance(model, str) else ""
@@ -269,7 +269,7 @@ def _header(doc: Any) -> tuple[Any, ...] | None:
     return (doc.get("model"), doc.get("version"), doc.get("outputs"), "payload" in doc, binary is None, tensors)
 
 
-def _is_id(job_id: Any) -> bool:
+def _is_id(job_id: Any) -> TypeGuard[str]:
     return type(job_id) is str and JOB_ID.fullmatch(job_id) is not None
 
 
