@@ -70,6 +70,25 @@ def test_a_job_whose_structure_equals_its_neighbours_only_as_numbers_is_parsed_a
     assert singles[2].message == alone(bodies[2])
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [{"model": ""}, {"model": 5}, {"version": 1}, {"outputs": [{"name": 1}]}, {"outputs": {"name": "label"}}],
+    ids=["empty-model", "number-model", "number-version", "number-output-name", "outputs-not-a-list"],
+)
+@pytest.mark.parametrize("binary", [False, True])
+def test_a_job_that_parse_job_refuses_is_refused_in_a_batch_with_the_same_error(
+    binary: bool, changes: dict[str, Any]
+) -> None:
+    bodies = [body(f"j-{i}", binary=binary) for i in range(3)]
+    odd = json.loads(body("odd", binary=binary))
+    odd.update(changes)
+    bodies[1] = json.dumps(odd)
+    groups, singles = parse_jobs(bodies)
+    assert [g.indexes for g in groups] == [[0, 2]]
+    assert isinstance(singles[1], FnserveError)
+    assert singles[1].message == alone(bodies[1])
+
+
 def test_every_stacked_jobs_id_is_checked() -> None:
     ids = ["ok-0", "has space", "ok-2", "trailing-newline\n", 7, "x" * 201, "ok-6", "a:b.c_d-9"]
     groups, singles = parse_jobs([body(job_id) for job_id in ids])

@@ -288,7 +288,7 @@ def _signature(doc: Any) -> tuple[Any, ...] | None:
     if type(doc) is not dict or "payload" in doc:
         return None
     model, version, inputs = doc.get("model"), doc.get("version"), doc.get("inputs")
-    if type(model) is not str or type(inputs) is not list or not inputs:
+    if type(model) is not str or not model or type(inputs) is not list or not inputs:  # as parse_job refuses
         return None
     if version is not None and type(version) is not str:
         return None
