@@ -72,8 +72,26 @@ def test_a_job_whose_structure_equals_its_neighbours_only_as_numbers_is_parsed_a
 
 @pytest.mark.parametrize(
     "changes",
-    [{"model": ""}, {"model": 5}, {"version": 1}, {"outputs": [{"name": 1}]}, {"outputs": {"name": "label"}}],
-    ids=["empty-model", "number-model", "number-version", "number-output-name", "outputs-not-a-list"],
+    [
+        {"model": ""},
+        {"model": 5},
+        {"version": 1},
+        {"outputs": [{"name": 1}]},
+        {"outputs": {"name": "label"}},
+        {"parameters": "x"},
+        {"parameters": {"timeout": -1}},
+        {"parameters": {"binary_data_output": "yes"}},
+    ],
+    ids=[
+        "empty-model",
+        "number-model",
+        "number-version",
+        "number-output-name",
+        "outputs-not-a-list",
+        "parameters-not-an-object",
+        "negative-timeout",
+        "binary-output-not-a-boolean",
+    ],
 )
 @pytest.mark.parametrize("binary", [False, True])
 def test_a_job_that_parse_job_refuses_is_refused_in_a_batch_with_the_same_error(

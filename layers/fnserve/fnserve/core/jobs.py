@@ -266,7 +266,14 @@ def _header(doc: Any) -> tuple[Any, ...] | None:
             return None
     except (TypeError, KeyError):  # not a list of tensors with these keys
         return None
-    return (doc.get("model"), doc.get("version"), doc.get("outputs"), "payload" in doc, binary is None, tensors)
+    return (
+        doc.get("model"),
+        doc.get("version"),
+        doc.get("outputs"),
+        "payload" in doc or "parameters" in doc,
+        binary is None,
+        tensors,
+    )
 
 
 def _is_id(job_id: Any) -> TypeGuard[str]:
@@ -285,7 +292,7 @@ def _all_ids(ids: list[Any]) -> bool:
 def _signature(doc: Any) -> tuple[Any, ...] | None:
     """The structure of a plain inline job, or None for anything the fast path does not take (its id aside: a
     group's ids are checked at once, :func:`_all_ids`)."""
-    if type(doc) is not dict or "payload" in doc:
+    if type(doc) is not dict or "payload" in doc or "parameters" in doc:  # a request's parameters: checked alone
         return None
     model, version, inputs = doc.get("model"), doc.get("version"), doc.get("inputs")
     if type(model) is not str or not model or type(inputs) is not list or not inputs:  # as parse_job refuses
