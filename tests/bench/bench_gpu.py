@@ -251,6 +251,7 @@ def main() -> None:
     out = Path(os.environ.get("BENCH_GPU_JSON", tmp / "bench_gpu.json"))
     if ONLY:
         out.write_text(json.dumps(figures, indent=2))
+        print(f"\nfigures: {out}")
         return
     missing = tensorrt_missing()
     if missing is None:

@@ -117,7 +117,7 @@ def test_nested_data_is_accepted() -> None:
 
 @pytest.mark.parametrize(("datatype", "data"), [("FP32", [1.5, True, False]), ("INT64", [7, True, False])])
 def test_true_and_false_among_numbers_read_as_one_and_zero(datatype: str, data: list[Any]) -> None:
-    """As numpy reads them (docs/api.md says so, and why fnserve does not scan for them, as Triton does)."""
+    """As numpy reads them; Triton refuses them (docs/api.md says so, and why fnserve does not look for them)."""
     request = decode_request(body(tensor("x", datatype, [3], data)))
     np.testing.assert_array_equal(request.inputs["x"], [data[0], 1, 0])
 
