@@ -14,7 +14,10 @@
     bytes on uvicorn + httptools + uvloop, a process per CPU with a socket each
     (tests/bench/echo_server.py), plus the in-process cost of parsing one request, running the
     model and encoding the answer. The same echo on fnserve's HTTP protocol (a response's head
-    and body in one write) is shown beside it, not counted in the floor.
+    and body in one write) is shown beside it, not counted in the floor; so is the lean path
+    (tests/bench/lean_server.py): the same transport, model and body parsed, checked, run and
+    encoded with nothing around it, so that fnserve's CPU over it is what its envelope costs
+    (request ids, Server-Timing, metrics, statistics, the log context, the data plane's layers).
     Alternating rounds, medians of each; server CPU per request from /proc (every process of
     the server), and each fnserve layout's CPU as a ratio to the floor's.
 """
@@ -163,9 +166,11 @@ def load_test() -> None:
     plain += ["--workers", "2", "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"]
     plain_env = {"PLAIN_MODEL_PATH": str(MODEL_PATH), "PLAIN_THREADS": "1"}
     echo = [sys.executable, "-m", "tests.bench.echo_server", str(fn_port), "2"]
+    lean = [sys.executable, "-m", "tests.bench.lean_server", str(fn_port), "2"]
     servers = {
         FLOOR: (echo, fn_port, {}),
         ECHO_ONE_WRITE: ([*echo, "fnserve"], fn_port, {}),
+        LEAN: (lean, fn_port, {"PLAIN_MODEL_PATH": str(MODEL_PATH)}),
         "fnserve serve, demo manifest (default layout)": (fn, fn_port, {}),
         "fnserve serve, digits models alone (default layout)": (alone, fn_port, {}),
         "fnserve serve --processes 2 --workers 0": ([*fn, "--processes", "2", "--workers", "0"], fn_port, {}),
@@ -198,11 +203,16 @@ def load_test() -> None:
         f"    the floor of a request's CPU: the transport ({FLOOR}) + parsing, session.run and encoding it in "
         f"process ({work_ms:.3f} ms) = {floor:.3f} ms"
     )
+    lean_ms = statistics.median(r[3] for r in results[LEAN])
+    print(f"    {LEAN}: {lean_ms / floor:.2f}x the floor's CPU")
     for label in (label for label in results if label.startswith("fnserve")):
         runs = results[label]
         cpu_ms = statistics.median(r[3] for r in runs)
         rounds = ", ".join(f"{r[0] / p[0]:.2f}" for r, p in zip(runs, results[plain_label], strict=True))
-        print(f"    {label}: {cpu_ms / floor:.2f}x the floor's CPU; req/s vs plain by round {rounds}")
+        print(
+            f"    {label}: {cpu_ms / floor:.2f}x the floor's CPU, its envelope {cpu_ms - lean_ms:.3f} ms over the "
+            f"lean path; req/s vs plain by round {rounds}"
+        )
 
 
 def request_work_ms() -> float:
@@ -231,6 +241,7 @@ def request_work_ms() -> float:
 
 FLOOR = "floor: a bare ASGI echo, 2 front processes"
 ECHO_ONE_WRITE = "the echo on fnserve's protocol (one write an answer)"
+LEAN = "the lean path: parse, check, run, encode, no envelope"
 
 
 if __name__ == "__main__":
