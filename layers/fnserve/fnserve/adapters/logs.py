@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 from aws_lambda_powertools import Logger
+from aws_lambda_powertools.logging.formatter import set_context_keys
 
 from fnserve.adapters.lines import LineWriter
 
@@ -52,6 +53,17 @@ def _dumps(record: dict[str, Any]) -> str:
 
 # The service name the template sets (POWERTOOLS_SERVICE_NAME), else fnserve's.
 logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME") or "fnserve", json_serializer=_dumps)
+
+
+
+def request_keys(**keys: Any) -> None:
+    """Add ``keys`` (a request's id) to every line logged in this task from now on: what
+    ``logger.thread_safe_append_keys`` does, less its walk to the formatter through the logger's handlers
+    (1.1 against 0.3 us; in a server under load, where each request's code runs with cold caches, ~6 us a
+    digits request: bench_http). The keys live in Powertools' context variable, which its formatter and
+    :func:`access` read."""
+    set_context_keys(**keys)
+
 
 FORMAT_ENV = "FNSERVE_LOG_FORMAT"  # json (what log pipelines read), or console (what a person reads)
 

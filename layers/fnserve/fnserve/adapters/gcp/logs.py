@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from fnserve.adapters.logs import cloud_logging, logger
+from fnserve.adapters.logs import cloud_logging, request_keys
 
 TRACE = "logging.googleapis.com/trace"
 SPAN = "logging.googleapis.com/spanId"
@@ -61,6 +61,6 @@ def bind_trace(scope: dict[str, Any]) -> None:
     fields: dict[str, Any] = {TRACE: f"projects/{where}/traces/{trace}" if where else trace, SAMPLED: sampled}
     if span is not None:
         fields[SPAN] = span
-    logger.thread_safe_append_keys(**fields)
+    request_keys(**fields)
     if not any(key == b"x-request-id" for key, _ in headers):
         scope["headers"] = [*headers, (b"x-request-id", trace.encode())]

@@ -21,7 +21,7 @@ from fnserve.adapters.envelope import EXTENSIONS, NoTelemetry, RequestWatcher, T
 from fnserve.adapters.grpc import codec
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
 from fnserve.adapters.http.wire import new_request_id, server_timing
-from fnserve.adapters.logs import logger
+from fnserve.adapters.logs import request_keys
 from fnserve.core.dataplane import DataPlane
 from fnserve.core.errors import BadRequest, FnserveError, grpc_code
 
@@ -87,7 +87,7 @@ class InferenceServicer:
 
     async def ModelInfer(self, request: codec.ParsedRequest, context: Context) -> Any:
         rid, traceparent = _request_metadata(context)
-        logger.thread_safe_append_keys(request_id=rid)
+        request_keys(request_id=rid)
         message = request.message
         try:
             response, _, timings = await self.plane.serve(

@@ -17,7 +17,7 @@ from typing import Any
 from fnserve.adapters.envelope import RequestWatcher, Telemetry
 from fnserve.adapters.http import compression
 from fnserve.adapters.http.wire import error_parts, request_id, server_timing
-from fnserve.adapters.logs import logger
+from fnserve.adapters.logs import logger, request_keys
 from fnserve.core.dataplane import Answer, DataPlane
 from fnserve.core.errors import BadRequest, ClientGone, FnserveError, PayloadTooLarge
 from fnserve.core.tensors import JSON_HEADER, InferenceRequest, decode_request, encode_response
@@ -77,7 +77,7 @@ class InferenceRoute:
     ) -> None:
         """One inference over ASGI, with what the FastAPI app's ``RequestContext`` and error handlers add."""
         rid = request_id(scope)
-        logger.thread_safe_append_keys(request_id=rid)
+        request_keys(request_id=rid)
         declared = json_length = traceparent = encoding = accept = None
         for key, value in scope["headers"]:
             if key == b"content-length":

@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fnserve.adapters.http.wire import error_body, error_parts, request_id
-from fnserve.adapters.logs import logger
+from fnserve.adapters.logs import logger, request_keys
 from fnserve.core.errors import ClientGone, FnserveError
 
 JSON = "application/json"
@@ -46,7 +46,7 @@ class RequestContext:
             await self.app(scope, receive, send)
             return
         rid = request_id(scope)
-        logger.thread_safe_append_keys(request_id=rid)
+        request_keys(request_id=rid)
         started = False
 
         async def send_with_id(message: Message) -> None:
