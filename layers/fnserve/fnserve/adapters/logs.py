@@ -55,7 +55,6 @@ def _dumps(record: dict[str, Any]) -> str:
 logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME") or "fnserve", json_serializer=_dumps)
 
 
-
 def request_keys(**keys: Any) -> None:
     """Add ``keys`` (a request's id) to every line logged in this task from now on: what
     ``logger.thread_safe_append_keys`` does, less its walk to the formatter through the logger's handlers

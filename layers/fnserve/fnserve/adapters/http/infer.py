@@ -16,7 +16,7 @@ from typing import Any
 
 from fnserve.adapters.envelope import RequestWatcher, Telemetry
 from fnserve.adapters.http import compression
-from fnserve.adapters.http.wire import error_parts, request_id, server_timing
+from fnserve.adapters.http.wire import error_parts, server_timing, unnamed_request_id
 from fnserve.adapters.logs import logger, request_keys
 from fnserve.core.dataplane import Answer, DataPlane
 from fnserve.core.errors import BadRequest, ClientGone, FnserveError, PayloadTooLarge
@@ -76,9 +76,7 @@ class InferenceRoute:
         self, scope: ASGIMessage, receive: Receive, send: Send, name: str, version: str | None
     ) -> None:
         """One inference over ASGI, with what the FastAPI app's ``RequestContext`` and error handlers add."""
-        rid = request_id(scope)
-        request_keys(request_id=rid)
-        declared = json_length = traceparent = encoding = accept = None
+        rid = declared = json_length = traceparent = encoding = accept = None
         for key, value in scope["headers"]:
             if key == b"content-length":
                 declared = value.decode("latin-1")
@@ -90,6 +88,11 @@ class InferenceRoute:
                 encoding = value.decode("latin-1")
             elif key == b"accept-encoding":
                 accept = value.decode("latin-1")
+            elif key == b"x-request-id" and value and rid is None:
+                rid = bytes(value[:128]).decode("latin-1")
+        if rid is None:
+            rid = unnamed_request_id(scope)
+        request_keys(request_id=rid)
         headers: dict[str, str]
         try:
             payload, media_type, headers = await self.answer(
@@ -111,12 +114,9 @@ class InferenceRoute:
             logger.exception("unhandled error", extra={"path": scope.get("path")})
             status, payload, headers = error_parts(FnserveError("internal server error"))
             media_type = JSON
-        raw = [
-            (b"content-length", str(len(payload)).encode()),
-            (b"content-type", media_type.encode()),
-            *((k.encode(), v.encode("latin-1")) for k, v in headers.items()),
-            (b"x-request-id", rid.encode("latin-1")),
-        ]
+        raw = [(b"content-length", str(len(payload)).encode()), (b"content-type", media_type.encode())]
+        raw += [(k.encode(), v.encode("latin-1")) for k, v in headers.items()]
+        raw.append((b"x-request-id", rid.encode("latin-1")))
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": payload})
 

@@ -26,6 +26,11 @@ def request_id(scope: Mapping[str, Any]) -> str:
     for key, value in headers:
         if key == b"x-request-id" and value:
             return bytes(value[:128]).decode("latin-1")
+    return unnamed_request_id(scope)
+
+
+def unnamed_request_id(scope: Mapping[str, Any]) -> str:
+    """The id of a request that brought no X-Request-Id: the Lambda request id, else a new one."""
     rid = getattr(scope.get("aws.context"), "aws_request_id", None)
     return str(rid) if rid else new_request_id()
 
