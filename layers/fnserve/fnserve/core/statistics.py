@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -65,6 +65,12 @@ class Executions:
                 batch[1] += ns
 
 
+# A request as it came: name, version, ns from arrival to answer, stage timings (ms; None: refused), cache state,
+# rows, and the epoch ns it was answered at.
+_Record = tuple[str, str, int, Mapping[str, float] | None, str, int, int]
+_Served = tuple[str, str, int, Mapping[str, float], str, int, int]
+
+
 class _Requests:
     """The requests of one served name and version: [count, ns] per stage."""
 
@@ -88,7 +94,7 @@ class Statistics:
             self._versions.setdefault(name, []).append(version)
         self.peers: Callable[[], Iterable[Mapping[str, Snapshot]]] | None = None  # other processes' snapshots
         # (name, version, ns, timings or None for a refusal, cache, rows, when in ns since the epoch)
-        self._pending: list[tuple[str, str, int, Mapping[str, float] | None, str, int, int]] = []
+        self._pending: list[_Record] = []
 
     def knows(self, name: str) -> bool:
         return name in self._versions
@@ -117,42 +123,47 @@ class Statistics:
 
     def _add_up(self) -> None:
         pending, self._pending = self._pending, []  # one event loop appends: nothing is lost between the two
-        for name, version, ns, timings, cache, rows, at in pending:
-            entry = self._entries.get((name, version))
-            if entry is None:
-                continue
-            if timings is None:
-                _add(entry[1].stages["fail"], ns)
+        groups: dict[tuple[str, str], list[_Record]] = {}
+        for record in pending:
+            group = groups.get(record[:2])
+            if group is None:
+                groups[record[:2]] = [record]
             else:
-                self._served(entry, ns, timings, cache, rows, at_ms=at // 1_000_000)
+                group.append(record)
+        for key, records in groups.items():
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._add_records(entry, records)
 
     @staticmethod
-    def _served(
-        entry: tuple[Executions | None, _Requests],
-        ns: int,
-        timings: Mapping[str, float],
-        cache: str,
-        rows: int,
-        *,
-        at_ms: int,
-    ) -> None:
+    def _add_records(entry: tuple[Executions | None, _Requests], records: list[_Record]) -> None:
+        """One name and version's records, each stage's figures added up over them all (a record at a time
+        cost ~1.5 us a request)."""
         executions, requests = entry
         stages = requests.stages
-        requests.last = max(requests.last, at_ms)
-        _add(stages["success"], ns)
-        _add(stages["queue"], _ns(timings.get("queue", 0.0)))
-        infer = _ns(timings.get("infer", 0.0))
-        if cache == "hit":
-            _add(stages["cache_hit"], infer)
+        served = cast(list[_Served], [r for r in records if r[3] is not None])
+        if len(served) < len(records):
+            _add_all(stages["fail"], [r[2] for r in records if r[3] is None])
+        if not served:
             return
-        if cache == "miss":
-            _add(stages["cache_miss"], 0)  # the lookup is timed within compute_infer
-        _add(stages["compute_input"], _ns(timings.get("decode", 0.0) + timings.get("pre", 0.0)))
-        _add(stages["compute_infer"], infer)
-        _add(stages["compute_output"], _ns(timings.get("encode", 0.0) + timings.get("post", 0.0)))
+        requests.last = max(requests.last, max(r[6] for r in served) // 1_000_000)
+        _add_all(stages["success"], [r[2] for r in served])
+        _add_all(stages["queue"], [_ns(r[3].get("queue", 0.0)) for r in served])
+        hits = [r for r in served if r[4] == "hit"]
+        if hits:
+            _add_all(stages["cache_hit"], [_ns(r[3].get("infer", 0.0)) for r in hits])
+            served = [r for r in served if r[4] != "hit"]
+            if not served:
+                return
+        misses = sum(1 for r in served if r[4] == "miss")
+        if misses:
+            _add_all(stages["cache_miss"], [0] * misses)  # the lookup is timed within compute_infer
+        _add_all(stages["compute_input"], [_ns(r[3].get("decode", 0.0) + r[3].get("pre", 0.0)) for r in served])
+        _add_all(stages["compute_infer"], [_ns(r[3].get("infer", 0.0)) for r in served])
+        _add_all(stages["compute_output"], [_ns(r[3].get("encode", 0.0) + r[3].get("post", 0.0)) for r in served])
         if executions is None:
-            requests.rows += rows
-            requests.runs += 1
+            requests.rows += sum(r[5] for r in served)
+            requests.runs += len(served)
 
     # -- reporting -----------------------------------------------------------------------------
 
@@ -222,9 +233,9 @@ class Statistics:
         return write
 
 
-def _add(figure: list[int], ns: int) -> None:
-    figure[0] += 1
-    figure[1] += ns
+def _add_all(figure: list[int], ns: list[int]) -> None:
+    figure[0] += len(ns)
+    figure[1] += sum(ns)
 
 
 def _ns(ms: float) -> int:
