@@ -182,6 +182,7 @@ def load_test() -> None:
         "plain FastAPI + uvicorn, 2 workers": (plain, plain_port, plain_env),
     }
     results: dict[str, list[tuple[float, float, float, float]]] = {k: [] for k in servers}
+    work: list[float] = []  # the in-process floor, measured in each round too (one moment's figure moved 60%)
     for _ in range(LOAD_ROUNDS):  # alternate servers so drift hits all alike
         for label, (cmd, port, env) in servers.items():
             with running(cmd, port, env) as proc:
@@ -190,6 +191,7 @@ def load_test() -> None:
                 rate, p50, p99 = wrk(port, [BODY])
                 cpu_ms = (tree_cpu_seconds(proc.pid) - cpu) / (rate * LOAD_SECONDS) * 1e3  # the server's, per request
                 results[label].append((rate, p50, p99, cpu_ms))
+        work.append(request_work_ms())
     plain_label = "plain FastAPI + uvicorn, 2 workers"
     base = statistics.median(r[0] for r in results[plain_label])
     print(f"\n(b) wrk, concurrency 16, {MODEL} batch 1 JSON, {LOAD_ROUNDS} rounds of {LOAD_SECONDS}s, medians")
@@ -197,11 +199,11 @@ def load_test() -> None:
     for label, runs in results.items():
         rps, p50, p99, cpu_ms = (statistics.median(r[i] for r in runs) for i in range(4))
         print(f"    {label:<56}{rps:9.0f}  {rps / base:7.2f}x  {p50:7.2f}  {p99:7.2f}  {cpu_ms:17.3f}")
-    work_ms = request_work_ms()
+    work_ms = statistics.median(work)
     floor = statistics.median(r[3] for r in results[FLOOR]) + work_ms
     print(
         f"    the floor of a request's CPU: the transport ({FLOOR}) + parsing, session.run and encoding it in "
-        f"process ({work_ms:.3f} ms) = {floor:.3f} ms"
+        f"process ({work_ms:.3f} ms, by round {', '.join(f'{w:.3f}' for w in work)}) = {floor:.3f} ms"
     )
     lean_ms = statistics.median(r[3] for r in results[LEAN])
     print(f"    {LEAN}: {lean_ms / floor:.2f}x the floor's CPU")
