@@ -45,7 +45,7 @@ import onnxruntime as ort
 
 from fnserve.adapters.lambda_.events import LambdaContext
 from fnserve.bench.load import run_wrk
-from tests.bench._timing import interleaved, percentile, tree_cpu_seconds
+from tests.bench._timing import interleaved, percentile, process_tree, tree_cpu_seconds
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
 
 MODEL = "digits-accurate"
@@ -124,8 +124,13 @@ def running(
             time.sleep(0.1)
         yield proc
     finally:
+        tree = process_tree(proc.pid) if proc.poll() is None else []
         proc.terminate()
         proc.wait(timeout=30)
+        # Its children (front processes, workers) too: one still exiting takes CPU from what is measured next.
+        deadline = time.monotonic() + 30
+        while any(Path(f"/proc/{pid}").exists() for pid in tree[1:]) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def wrk(
