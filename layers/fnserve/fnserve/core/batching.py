@@ -131,6 +131,7 @@ class _Pending:
     rows: int
     future: asyncio.Future[tuple[Arrays, float]]
     ran_on: RanOn | None  # the request's: told which device ran its batch
+    length: int = 0  # of its variable-length inputs (0 when nothing is padded)
     arrived: float = field(default_factory=time.monotonic)
     expiry: asyncio.TimerHandle | None = None  # refuses it at its queue deadline, unless a batch takes it first
     left: bool = False  # answered (or gone): no longer in its flight's rows
@@ -230,7 +231,8 @@ class AdaptiveBatcher:
         rows = {a.shape[0] for a in arrays.values() if a.ndim}
         if len(rows) != 1:
             raise InvalidInput("batched inputs must agree on their first dimension")
-        bucket = self._bucket(arrays)
+        length = self._length(arrays)
+        bucket = self._bucket(length)
         key = (bucket, tuple((name, self._row_shape(a, name, bucket)) for name, a in sorted(arrays.items())))
         queue = self._queues.get(key)
         if queue is None:  # created here, inside the running loop
@@ -245,7 +247,7 @@ class AdaptiveBatcher:
         self.request_rows += PACE_WEIGHT * (max(rows) - self.request_rows)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[Arrays, float]] = loop.create_future()
-        pending = _Pending(arrays, rows.pop(), future, RAN_ON.get())
+        pending = _Pending(arrays, rows.pop(), future, RAN_ON.get(), length)
         if self.max_queue_delay is not None:
             pending.expiry = loop.call_later(self.max_queue_delay, self._expire, pending, flight)
         flight.arrive(pending.rows)
@@ -334,9 +336,8 @@ class AdaptiveBatcher:
         lengths = [inputs[name].shape[1] for name in self.pad_inputs if name in inputs and inputs[name].ndim > 1]
         return max(lengths, default=0)
 
-    def _bucket(self, inputs: Arrays) -> int:
-        """The padded length of this request's variable-length inputs (0 when nothing is padded)."""
-        length = self._length(inputs)
+    def _bucket(self, length: int) -> int:
+        """The padded length of a request whose variable-length inputs are ``length`` long (0: nothing padded)."""
         if not length:
             return 0
         i = bisect.bisect_left(self.buckets, length)
@@ -457,7 +458,7 @@ class AdaptiveBatcher:
         names = list(batch[0].inputs)
         rows = [p.rows for p in batch]
         padding = self._batch_padding(sum(rows))
-        length = bucket if self.pad_to_bucket else max(self._length(p.inputs) for p in batch)
+        length = bucket if self.pad_to_bucket else max(p.length for p in batch)
         stacked = {name: self._stack([p.inputs[name] for p in batch], name, length, padding) for name in names}
         if self.on_batch is not None:
             self.on_batch(sum(rows))
