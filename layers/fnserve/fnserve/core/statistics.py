@@ -93,8 +93,7 @@ class Statistics:
         for name, version in self._entries:
             self._versions.setdefault(name, []).append(version)
         self.peers: Callable[[], Iterable[Mapping[str, Snapshot]]] | None = None  # other processes' snapshots
-        # (name, version, ns, timings or None for a refusal, cache, rows, when in ns since the epoch)
-        self._pending: list[_Record] = []
+        self._pending: list[_Record] = []  # requests as they came, added up when read or every PENDING
 
     def knows(self, name: str) -> bool:
         return name in self._versions
