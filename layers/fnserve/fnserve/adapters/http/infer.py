@@ -16,7 +16,7 @@ from typing import Any
 
 from fnserve.adapters.envelope import RequestWatcher, Telemetry
 from fnserve.adapters.http import compression
-from fnserve.adapters.http.wire import error_parts, server_timing, unnamed_request_id
+from fnserve.adapters.http.wire import error_parts, header_request_id, server_timing, unnamed_request_id
 from fnserve.adapters.logs import logger, request_keys
 from fnserve.core.dataplane import Answer, DataPlane
 from fnserve.core.errors import BadRequest, ClientGone, FnserveError, PayloadTooLarge
@@ -89,7 +89,7 @@ class InferenceRoute:
             elif key == b"accept-encoding":
                 accept = value.decode("latin-1")
             elif key == b"x-request-id" and value and rid is None:
-                rid = bytes(value[:128]).decode("latin-1")
+                rid = header_request_id(value)
         if rid is None:
             rid = unnamed_request_id(scope)
         request_keys(request_id=rid)

@@ -25,8 +25,13 @@ def request_id(scope: Mapping[str, Any]) -> str:
     headers: Iterable[tuple[bytes, bytes]] = scope.get("headers", ())
     for key, value in headers:
         if key == b"x-request-id" and value:
-            return bytes(value[:128]).decode("latin-1")
+            return header_request_id(value)
     return unnamed_request_id(scope)
+
+
+def header_request_id(value: bytes) -> str:
+    """A request's id from its (non-empty) X-Request-Id header: the first 128 bytes of it."""
+    return bytes(value[:128]).decode("latin-1")
 
 
 def unnamed_request_id(scope: Mapping[str, Any]) -> str:
