@@ -120,15 +120,17 @@ def summary() -> Iterator[None]:
 
 
 def test_serve_http(manifest: Path) -> None:
-    """``fnserve serve``'s front process runs the models itself (the default layout): its ASGI app, in process."""
-    plane = build_dataplane(Settings(manifest=str(manifest)))
+    """``fnserve serve``'s front process runs the models itself (the default layout): its ASGI app, in process.
+    The request's task leaves its inputs to the turn's run (``core/turns.py``, reached through ``infer.py`` and
+    ``dataplane.py``), and the session runs under that: five files from the route to the session."""
+    plane = build_dataplane(Settings(manifest=str(manifest)), batching=True)
     app = create_app(plane, Settings(manifest=str(manifest), access_log=True))
     path = through(
         plane.service, "digits-accurate", lambda: post(app, "/v2/models/digits-accurate/infer", v2_body(DIGITS[:1]))
     )
-    PATHS["serve HTTP"] = path
-    assert path[0] == "adapters/http/infer.py" and path[-1] == "core/servable.py"
-    assert len(path) <= MOST, path
+    PATHS["serve HTTP"] = ["adapters/http/infer.py", "core/dataplane.py", *path]
+    assert path == ["core/turns.py", "core/service.py", "core/servable.py"]
+    assert len(PATHS["serve HTTP"]) <= MOST, path
 
 
 def test_lambda_api(manifest: Path) -> None:
@@ -189,12 +191,13 @@ class Context:
 
 
 def test_grpc(manifest: Path) -> None:
-    plane = build_dataplane(Settings(manifest=str(manifest)))
+    plane = build_dataplane(Settings(manifest=str(manifest)), batching=True)  # the server's, as HTTP's above
     servicer = InferenceServicer(plane, access_log=True)
     request = pb.ModelInferRequest(model_name="digits-accurate")
     request.inputs.add(name="input", datatype="FP32", shape=[1, 64])
     request.raw_input_contents.append(DIGITS[:1].tobytes())
     parsed = codec.parse_request(request.SerializeToString())
     path = through(plane.service, "digits-accurate", lambda: asyncio.run(servicer.ModelInfer(parsed, Context())))
-    PATHS["gRPC"] = path
-    assert path[0] == "adapters/grpc/service.py" and len(path) <= MOST, path
+    PATHS["gRPC"] = ["adapters/grpc/service.py", "core/dataplane.py", *path]
+    assert path == ["core/turns.py", "core/service.py", "core/servable.py"]
+    assert len(PATHS["gRPC"]) <= MOST, path

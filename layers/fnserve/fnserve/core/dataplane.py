@@ -34,6 +34,7 @@ from fnserve.core.providers import RAN_ON, RanOn
 from fnserve.core.servable import PipelineServable
 from fnserve.core.service import InferenceService, Prediction
 from fnserve.core.statistics import Statistics
+from fnserve.core.turns import TurnBatcher
 
 T = TypeVar("T")
 B = TypeVar("B")  # a request as it arrives: HTTP's body bytes, gRPC's parsed message
@@ -99,13 +100,16 @@ class DataPlane:
     ``batching``: models whose manifest entry sets ``max_batch_time_ms`` get an adaptive
     batcher (long-lived processes only; a Lambda container serves one request at a time),
     with up to ``max_concurrent_batches`` batches of a model running at once (one per worker
-    process). ``offload``: blocking calls (inference in worker processes, the cache's remote
-    tier, follow-up sends) wait in a thread, not on the event loop, which keeps answering
-    (health checks included) while DynamoDB stalls; otherwise they run inline, fastest for
-    in-process models with nothing remote, and in Lambda, where a container answers one
-    request at a time. A model's own requests are offloaded only when they may block (models
-    in workers, a remote cache tier): a cascade's follow-up send does not send the models
-    beside it to a thread (a thread hop cost ~0.3 ms a request).
+    process); the other models that run in this process, and let their requests be stacked
+    (``stack_requests``), run the requests that one turn of the event loop decodes as one
+    call (:class:`~fnserve.core.turns.TurnBatcher`: nothing waits for more). ``offload``:
+    blocking calls (inference in worker processes, the cache's remote tier, follow-up sends)
+    wait in a thread, not on the event loop, which keeps answering (health checks included)
+    while DynamoDB stalls; otherwise they run inline, fastest for in-process models with
+    nothing remote, and in Lambda, where a container answers one request at a time. A
+    model's own requests are offloaded only when they may block (models in workers, a remote
+    cache tier): a cascade's follow-up send does not send the models beside it to a thread
+    (a thread hop cost ~0.3 ms a request).
     """
 
     def __init__(
@@ -126,6 +130,9 @@ class DataPlane:
         self._offload_cache = offload and service.cache is not None and service.cache.remote
         self._offload_models = self._offload_cache or (offload and not service.registry.in_process)
         self.batchers = _batchers(service, max_concurrent_batches) if batching else {}
+        # The other models' requests that one turn of the loop decodes run as one call, where the model runs here.
+        self.turns = TurnBatcher(service) if batching and not self._offload_models else None
+        self._turned = frozenset(n for n in service.registry.names() if service.registry.resolve(n).stack_requests)
         # A pipeline joins the batcher of its model, when it runs the model's default version.
         self.batched_model = {
             p.name: p.model
@@ -285,6 +292,8 @@ class DataPlane:
     ) -> Answer:
         if self._offload_models:
             prediction = await asyncio.to_thread(self.service.infer, name, inputs, version=version, outputs=outputs)
+        elif self.turns is not None and name in self._turned:
+            prediction = await self.turns.infer(name, inputs, version=version, outputs=outputs)
         else:
             prediction = self.service.infer(name, inputs, version=version, outputs=outputs)
         return _answer(name, prediction)

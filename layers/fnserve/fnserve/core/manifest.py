@@ -147,6 +147,13 @@ class ModelSettings(BaseModel):
         "after the first one (and at most max_batch_size rows), and only while more are on their way (as many as "
         "were in flight lately): a lone request runs at once; off when unset.",
     )
+    stack_requests: bool = Field(
+        default=True,
+        description="Whether separate requests to this model may run stacked in one call (when every input and "
+        "output is batch-first): an SQS batch's jobs, and in long-running servers the requests that arrive together "
+        "(decoded in one turn of the event loop; nothing waits for more). Set false for a graph whose rows are not "
+        "independent, where one row's outputs depend on the others'.",
+    )
     priority: int = Field(
         default=0,
         ge=0,
@@ -256,6 +263,8 @@ class ModelSettings(BaseModel):
             raise ValueError(
                 "length_buckets, batch_buckets and pad_inputs only apply with max_batch_time_ms (adaptive batching)"
             )
+        if not self.stack_requests and self.max_batch_time_ms is not None:
+            raise ValueError("max_batch_time_ms (adaptive batching) stacks requests: it needs stack_requests")
         queueing = {"max_queue_size", "max_queue_delay_ms"} & self.model_fields_set
         if queueing and self.max_batch_time_ms is None:
             raise ValueError(f"{' and '.join(sorted(queueing))} only apply with max_batch_time_ms (adaptive batching)")

@@ -32,7 +32,7 @@ def triton_config(name: str, servable: Servable, platform: str, instances: int, 
     """The model configuration of ``name``, served by ``servable`` (a cascade: its fast model's)."""
     model = servable.model
     settings = model.settings
-    batching = servable.stackable and settings.max_batch_size > 0
+    batching = servable.batch_first and settings.max_batch_size > 0
     config: dict[str, Any] = {
         "name": name,
         "platform": platform,

@@ -244,12 +244,14 @@ class JobProcessor:
         try:
             if unit.group is not None:
                 group = unit.group
-                try:
-                    return service.infer_stacked(
-                        name, group.inputs, group.rows, version=version, outputs=outputs, pack=pack
-                    )
-                except FnserveError:  # find out which jobs are at fault: run them one by one
-                    jobs = [job.inputs for job in group.split()]
+                if service.servable(name, version).stackable:
+                    try:
+                        return service.infer_stacked(
+                            name, group.inputs, group.rows, version=version, outputs=outputs, pack=pack
+                        )
+                    except FnserveError:  # find out which jobs are at fault: run them one by one
+                        pass
+                jobs = [job.inputs for job in group.split()]
             else:
                 jobs = [job.inputs for job in unit.jobs or []]
             return service.infer_many(name, jobs, version=version, outputs=outputs)

@@ -57,9 +57,10 @@ class Servable:
         self.output_set = frozenset(self.output_names)
         self.version_key = version_key  # what a cache key says of the version
         self.ttl = ttl  # None: not cached
-        # Jobs stack only where every tensor is batch-first: an output whose first dimension the graph
-        # fixes (a reduction over the batch) could not be split back by rows.
-        self.stackable = all(spec.shape and spec.shape[0] == -1 for spec in (*inputs, *outputs))
+        # Jobs stack only where every tensor is batch-first (an output whose first dimension the graph fixes, a
+        # reduction over the batch, could not be split back by rows) and the model's manifest entry lets them.
+        self.batch_first = all(spec.shape and spec.shape[0] == -1 for spec in (*inputs, *outputs))
+        self.stackable = self.batch_first and self.model.settings.stack_requests
 
     @property
     def what(self) -> str:
