@@ -121,16 +121,15 @@ def summary() -> Iterator[None]:
 
 def test_serve_http(manifest: Path) -> None:
     """``fnserve serve``'s front process runs the models itself (the default layout): its ASGI app, in process.
-    The request's task leaves its inputs to the turn's run (``core/turns.py``, reached through ``infer.py`` and
-    ``dataplane.py``), and the session runs under that: five files from the route to the session."""
+    A lone request leads its turn of the event loop (``core/turns.py``) and runs the session in its own task."""
     plane = build_dataplane(Settings(manifest=str(manifest)), batching=True)
     app = create_app(plane, Settings(manifest=str(manifest), access_log=True))
     path = through(
         plane.service, "digits-accurate", lambda: post(app, "/v2/models/digits-accurate/infer", v2_body(DIGITS[:1]))
     )
-    PATHS["serve HTTP"] = ["adapters/http/infer.py", "core/dataplane.py", *path]
-    assert path == ["core/turns.py", "core/service.py", "core/servable.py"]
-    assert len(PATHS["serve HTTP"]) <= MOST, path
+    PATHS["serve HTTP"] = path
+    assert path[0] == "adapters/http/infer.py" and "core/turns.py" in path and path[-1] == "core/servable.py"
+    assert len(path) <= MOST, path
 
 
 def test_lambda_api(manifest: Path) -> None:
@@ -198,6 +197,5 @@ def test_grpc(manifest: Path) -> None:
     request.raw_input_contents.append(DIGITS[:1].tobytes())
     parsed = codec.parse_request(request.SerializeToString())
     path = through(plane.service, "digits-accurate", lambda: asyncio.run(servicer.ModelInfer(parsed, Context())))
-    PATHS["gRPC"] = ["adapters/grpc/service.py", "core/dataplane.py", *path]
-    assert path == ["core/turns.py", "core/service.py", "core/servable.py"]
-    assert len(PATHS["gRPC"]) <= MOST, path
+    PATHS["gRPC"] = path
+    assert path[0] == "adapters/grpc/service.py" and "core/turns.py" in path and len(path) <= MOST, path

@@ -109,6 +109,21 @@ def test_a_request_whose_caller_left_before_its_turn_ran_is_not_computed(write_m
     assert (executions(plane).runs, executions(plane).rows) == (1, 1)
 
 
+def test_a_turn_whose_first_request_left_still_answers_the_others(write_manifest: ManifestWriter) -> None:
+    plane = build(write_manifest)
+
+    async def main() -> Answer:
+        leads = asyncio.ensure_future(plane.infer("scale", request(1, rows=4)))
+        joins = asyncio.ensure_future(plane.infer("scale", request(2)))
+        await asyncio.sleep(0)  # the first leads the turn, the second joins it; the turn has not run yet
+        leads.cancel()
+        async with asyncio.timeout(10):  # a hang, if the turn were dropped with its leader
+            return await joins
+
+    assert int(asyncio.run(main()).outputs["k1"][0]) == 3
+    assert (executions(plane).runs, executions(plane).rows) == (1, 1)
+
+
 def test_an_unknown_version_fails_every_request_that_names_it(write_manifest: ManifestWriter) -> None:
     plane = build(write_manifest)
     answers = together(*(lambda: plane.infer("scale", request(1), version="9") for _ in range(2)))

@@ -27,15 +27,26 @@ def row_bounds(rows: Sequence[int]) -> list[int]:
 def slice_rows(arrays: Mapping[str, np.ndarray[Any, Any]], rows: Sequence[int]) -> list[Arrays]:
     """Each request's rows of every array, in order (views, not copies, where the arrays allow).
 
-    Plain slices, not np.split: it costs several times more per piece, and there is a piece per request.
+    Plain slices, not np.split: it costs several times more per piece, and there is a piece per request. Many
+    alike requests (a queue's jobs of one row each) take one reshape an array instead: past ~500 requests it costs
+    less than their slices, below it more (a server's turn of 5 requests: 6.1 against 2.9 us).
     """
     count = len(rows)
-    if arrays and count > 1 and rows.count(rows[0]) == count:  # alike (jobs of one row each): one reshape an array
+    if arrays and count >= _RESHAPED and rows.count(rows[0]) == count:
         names, width = list(arrays), rows[0]
         columns = [list(a.reshape(count, width, *a.shape[1:])) for a in arrays.values()]
         return [dict(zip(names, parts, strict=True)) for parts in zip(*columns, strict=True)]
-    bounds = row_bounds(rows)
-    return [{name: array[bounds[j] : bounds[j + 1]] for name, array in arrays.items()} for j in range(count)]
+    items = arrays.items()
+    pieces = []
+    start = 0
+    for n in rows:
+        end = start + n
+        pieces.append({name: array[start:end] for name, array in items})
+        start = end
+    return pieces
+
+
+_RESHAPED = 512  # requests from which slice_rows reshapes alike ones instead of slicing each
 
 
 def take_rows(arrays: Mapping[str, np.ndarray[Any, Any]], rows: Sequence[int], keep: Sequence[int]) -> Arrays:

@@ -306,7 +306,8 @@ class InferenceService:
                 feeds[i] = servable.validate(job)
             except FnserveError as exc:
                 results[i] = exc
-        keys, hits = self._cached(servable, {i: feed for i, (feed, _) in feeds.items()}, names)
+        caching = servable.ttl is not None and self.cache is not None
+        keys, hits = self._cached(servable, {i: feed for i, (feed, _) in feeds.items()}, names) if caching else ({}, {})
         model, version_ = servable.model.name, servable.model.version
         for i, hit in hits.items():
             results[i] = Prediction(hit, model, version_, "hit")
@@ -418,9 +419,10 @@ def _stackable_groups(servable: Servable, feeds: Mapping[int, tuple[Arrays, int]
     """Jobs that can share one runtime call: same non-batch dimensions, every input and output batched."""
     if not servable.stackable:
         return [[i] for i in feeds]
+    names = servable.input_names
     groups: dict[tuple[tuple[int, ...], ...], list[int]] = {}
     for i, (feed, _) in feeds.items():
-        groups.setdefault(tuple(feed[name].shape[1:] for name in servable.input_names), []).append(i)
+        groups.setdefault(tuple([feed[name].shape[1:] for name in names]), []).append(i)
     return list(groups.values())
 
 

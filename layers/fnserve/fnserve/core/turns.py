@@ -8,7 +8,8 @@ envelope's code and data from the caches between them. Here each waits for the e
 the loop already had), then the turn's requests to one model run as one vectorised call of the service
 (:meth:`~fnserve.core.service.InferenceService.infer_many`: each validated alone, the cache asked once, stacked by
 shape, a stack that fails run again one by one), and each gets its own rows back. A lone request is answered as
-before, one turn of the loop later; one whose caller left before its turn ran is not computed.
+before, one pass of the loop later (at concurrency 1 on the digits model, 66 -> 78 us of CPU a request in process);
+one whose caller left before its turn ran is not computed.
 
 Unlike the adaptive batcher (:mod:`fnserve.core.batching`), nothing here waits for requests to come: no window, no
 queue, no thread; it is how a server runs the models that do not ask for adaptive batching.
@@ -20,68 +21,93 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fnserve.core.errors import FnserveError
 from fnserve.core.providers import RAN_ON, RanOn
 from fnserve.core.service import InferenceService, Prediction
 
 _Call = tuple[str, str | None, tuple[str, ...] | None]  # model, version, outputs asked for: what may share a run
-_Job = tuple[Mapping[str, Any], "asyncio.Future[Prediction]", RanOn | None]
+_Job = tuple[Mapping[str, Any], "asyncio.Future[Prediction] | None", RanOn | None]  # None: the turn's first request
 
 
 class TurnBatcher:
-    """Runs the requests of one turn of the event loop that call the same model (and version, and outputs) at once."""
+    """Runs the requests of one turn of the event loop that call the same model (and version, and outputs) at once.
+
+    The turn's first request leads it: it lets the loop run the other tasks it had ready (``asyncio.sleep(0)``: the
+    rest of this turn's requests, which join it and wait), then runs them all. Alone, it goes on at once: a lone
+    request costs one pass of the loop, where a future and a callback would cost two (18 us a request on the digits
+    model, at concurrency 1). With others, it goes on when they do, one pass later: answered a pass apart, the
+    answers would leave in two writes, and the next requests come back split (a server's CPU a request 108 ->
+    121 us at concurrency 16)."""
 
     def __init__(self, service: InferenceService) -> None:
         self.service = service
         self.runs = 0  # runs of the service (one a call of a turn), for tests
-        self._waiting: dict[_Call, list[_Job]] | None = None  # this turn's, once a request came
+        self._waiting: dict[_Call, list[_Job]] | None = None  # the turn's, while its first request lets others join
 
     async def infer(
         self, name: str, inputs: Mapping[str, Any], *, version: str | None, outputs: Sequence[str] | None
     ) -> Prediction:
         """``name``'s answer to ``inputs``, computed at the end of this turn with the turn's other requests to it."""
-        loop = asyncio.get_running_loop()
-        waiting = self._waiting
-        if waiting is None:
-            waiting = self._waiting = {}
-            loop.call_soon(self._run)  # after every task the loop had ready: this turn's requests
-        future: asyncio.Future[Prediction] = loop.create_future()
         call = (name, version, None if outputs is None else tuple(outputs))
-        waiting.setdefault(call, []).append((inputs, future, RAN_ON.get()))
-        return await future
+        waiting = self._waiting
+        if waiting is not None:  # a turn is gathering: join it
+            future: asyncio.Future[Prediction] = asyncio.get_running_loop().create_future()
+            waiting.setdefault(call, []).append((inputs, future, RAN_ON.get()))
+            return await future
+        waiting = self._waiting = {call: [(inputs, None, RAN_ON.get())]}
+        try:
+            await asyncio.sleep(0)  # the loop runs the tasks it had ready: this turn's other requests join
+        except BaseException:  # cancelled (the caller left): the others are answered all the same, not this one
+            self._waiting = None
+            waiting[call].pop(0)
+            asyncio.get_running_loop().call_soon(self._run, waiting)
+            raise
+        self._waiting = None
+        outcome = self._run(waiting)
+        if len(waiting) > 1 or len(waiting[call]) > 1:
+            # Others joined: answer with them, one pass later (their tasks wake then). The answers of a turn leave
+            # in one write each at its end, so the clients' next requests come back together, as one turn again.
+            await asyncio.sleep(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        assert outcome is not None
+        return outcome
 
-    def _run(self) -> None:
-        waiting, self._waiting = self._waiting or {}, None
+    def _run(self, waiting: dict[_Call, list[_Job]]) -> Prediction | BaseException | None:
+        """Every call of the turn run and answered; the leading request's own outcome (None: it left)."""
+        own = None
         for call, jobs in waiting.items():
-            live = [job for job in jobs if not job[1].done()]  # a request whose caller left is not computed
+            live = [job for job in jobs if job[1] is None or not job[1].done()]  # one whose caller left: not computed
             if live:
-                self._answer(call, live)
+                outcome = self._answer(call, live)
+                own = outcome if outcome is not None else own
+        return own
 
-    def _answer(self, call: _Call, jobs: list[_Job]) -> None:
+    def _answer(self, call: _Call, jobs: list[_Job]) -> Prediction | BaseException | None:
+        """One call's jobs run at once, each future answered; the outcome of the job without one (the leader's)."""
         name, version, outputs = call
         self.runs += 1
         ran_on = RanOn()
         token = RAN_ON.set(ran_on)  # the device that ran them, told to each request's own
+        results: Sequence[Prediction | Exception]
         try:
             if len(jobs) == 1:
-                results: list[Prediction | FnserveError] = [
-                    self.service.infer(name, jobs[0][0], version=version, outputs=outputs)
-                ]
+                results = [self.service.infer(name, jobs[0][0], version=version, outputs=outputs)]
             else:
                 results = self.service.infer_many(name, [job[0] for job in jobs], version=version, outputs=outputs)
         except Exception as exc:  # what concerns them all (an unknown name or version, a model not ready)
-            for _, future, _ in jobs:
-                if not future.done():
-                    future.set_exception(exc)
-            return
+            results = [exc] * len(jobs)
         finally:
             RAN_ON.reset(token)
+        own: Prediction | BaseException | None = None
         for (_, future, asked), result in zip(jobs, results, strict=True):
             if asked is not None:
                 asked.device = ran_on.device
-            if future.done():
+            if future is None:
+                own = result
+            elif future.done():
                 continue
-            if isinstance(result, FnserveError):
+            elif isinstance(result, BaseException):
                 future.set_exception(result)
             else:
                 future.set_result(result)
+        return own
