@@ -291,6 +291,21 @@ def test_non_utf8_bytes_outputs_must_be_requested_as_binary() -> None:
     assert head is not None and payload.endswith(b"\xff\xfe")
 
 
+@pytest.mark.parametrize("rows", [[1] * 600, [2] * 600, [1] * 5])
+def test_many_alike_requests_get_the_rows_plain_slices_give(rows: list[int]) -> None:
+    total = sum(rows)  # 600 alike requests take the reshaping path, 5 the slices
+    stacked = {
+        "label": np.arange(total, dtype=np.int64),
+        "scores": np.arange(3 * total, dtype=np.float32).reshape(-1, 3),
+    }
+    bounds = np.cumsum([0, *rows])
+    pieces = slice_rows(stacked, rows)
+    assert len(pieces) == len(rows)
+    for j, piece in enumerate(pieces):
+        for name, array in stacked.items():
+            np.testing.assert_array_equal(piece[name], array[bounds[j] : bounds[j + 1]])
+
+
 @pytest.mark.parametrize("rows", [[1] * 6, [2, 2, 2], [1, 2, 3], [6], [3, 0, 3]])
 def test_a_stack_packed_in_one_pass_is_each_requests_rows_packed_alone(rows: list[int]) -> None:
     stacked = {

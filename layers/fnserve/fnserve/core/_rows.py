@@ -24,6 +24,9 @@ def row_bounds(rows: Sequence[int]) -> list[int]:
     return np.cumsum([0, *rows]).tolist()  # type: ignore[no-any-return]
 
 
+_RESHAPED = 512  # requests from which slice_rows reshapes alike ones instead of slicing each
+
+
 def slice_rows(arrays: Mapping[str, np.ndarray[Any, Any]], rows: Sequence[int]) -> list[Arrays]:
     """Each request's rows of every array, in order (views, not copies, where the arrays allow).
 
@@ -44,9 +47,6 @@ def slice_rows(arrays: Mapping[str, np.ndarray[Any, Any]], rows: Sequence[int]) 
         pieces.append({name: array[start:end] for name, array in items})
         start = end
     return pieces
-
-
-_RESHAPED = 512  # requests from which slice_rows reshapes alike ones instead of slicing each
 
 
 def take_rows(arrays: Mapping[str, np.ndarray[Any, Any]], rows: Sequence[int], keep: Sequence[int]) -> Arrays:
