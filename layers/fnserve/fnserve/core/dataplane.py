@@ -100,8 +100,8 @@ class DataPlane:
     ``batching``: models whose manifest entry sets ``max_batch_time_ms`` get an adaptive
     batcher (long-lived processes only; a Lambda container serves one request at a time),
     with up to ``max_concurrent_batches`` batches of a model running at once (one per worker
-    process); the other models that run in this process, and let their requests be stacked
-    (``stack_requests``), run the requests that one turn of the event loop decodes as one
+    process); the other models that run in this process, and whose requests stack (every tensor
+    batch-first, ``stack_requests``), run the requests that one turn of the event loop decodes as one
     call (:class:`~fnserve.core.turns.TurnBatcher`: nothing waits for more). ``offload``:
     blocking calls (inference in worker processes, the cache's remote tier, follow-up sends)
     wait in a thread, not on the event loop, which keeps answering (health checks included)
@@ -132,7 +132,6 @@ class DataPlane:
         self.batchers = _batchers(service, max_concurrent_batches) if batching else {}
         # The other models' requests that one turn of the loop decodes run as one call, where the model runs here.
         self.turns = TurnBatcher(service) if batching and not self._offload_models else None
-        self._turned = frozenset(n for n in service.registry.names() if service.registry.resolve(n).stack_requests)
         # A pipeline joins the batcher of its model, when it runs the model's default version.
         self.batched_model = {
             p.name: p.model
@@ -292,7 +291,7 @@ class DataPlane:
     ) -> Answer:
         if self._offload_models:
             prediction = await asyncio.to_thread(self.service.infer, name, inputs, version=version, outputs=outputs)
-        elif self.turns is not None and name in self._turned:
+        elif self.turns is not None and self.service.servable(name, version).stackable:
             prediction = await self.turns.infer(name, inputs, version=version, outputs=outputs)
         else:
             prediction = self.service.infer(name, inputs, version=version, outputs=outputs)

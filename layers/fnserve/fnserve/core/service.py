@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
@@ -306,8 +306,7 @@ class InferenceService:
                 feeds[i] = servable.validate(job)
             except FnserveError as exc:
                 results[i] = exc
-        caching = servable.ttl is not None and self.cache is not None
-        keys, hits = self._cached(servable, {i: feed for i, (feed, _) in feeds.items()}, names) if caching else ({}, {})
+        keys, hits = self._cached(servable, ((i, feed) for i, (feed, _) in feeds.items()), names)
         model, version_ = servable.model.name, servable.model.version
         for i, hit in hits.items():
             results[i] = Prediction(hit, model, version_, "hit")
@@ -347,7 +346,7 @@ class InferenceService:
         if sum(rows) != batch:
             raise InvalidInput(f"stacked inputs have {batch} rows, the jobs claim {sum(rows)}")
         caching = servable.ttl is not None and self.cache is not None
-        keys, hits = self._cached(servable, dict(enumerate(slice_rows(feed, rows))), names) if caching else ({}, {})
+        keys, hits = self._cached(servable, enumerate(slice_rows(feed, rows)), names) if caching else ({}, {})
         misses = [j for j in range(len(rows)) if j not in hits] if hits else range(len(rows))
         split: dict[int, Arrays] = {}
         counts: Sequence[int] = []
@@ -381,12 +380,15 @@ class InferenceService:
             self.cache.put_many(fresh, ttl)
 
     def _cached(
-        self, servable: Servable, feeds: Mapping[int, Arrays], names: Sequence[str]
+        self, servable: Servable, feeds: Iterable[tuple[int, Arrays]], names: Sequence[str]
     ) -> tuple[dict[int, str], dict[int, Arrays]]:
-        """Cache keys of each feed and the hits among them, in one lookup; nothing if the servable is not cached."""
-        if servable.ttl is None or self.cache is None or not feeds:
+        """Cache keys of each ``(index, feed)`` and the hits among them, in one lookup; nothing if the servable is not
+        cached (``feeds`` then never read)."""
+        if servable.ttl is None or self.cache is None:
             return {}, {}
-        keys = {i: cache_key(servable.name, servable.version_key, feed, names) for i, feed in feeds.items()}
+        keys = {i: cache_key(servable.name, servable.version_key, feed, names) for i, feed in feeds}
+        if not keys:
+            return {}, {}
         found = self.cache.get_many(list(keys.values()), servable.name)
         return keys, {i: found[key] for i, key in keys.items() if key in found}
 

@@ -154,9 +154,7 @@ class Statistics:
             served = [r for r in served if r[4] != "hit"]
             if not served:
                 return
-        misses = sum(1 for r in served if r[4] == "miss")
-        if misses:
-            _add_all(stages["cache_miss"], [0] * misses)  # the lookup is timed within compute_infer
+        stages["cache_miss"][0] += sum(1 for r in served if r[4] == "miss")  # its time is within compute_infer
         _add_all(stages["compute_input"], [_ns(r[3].get("decode", 0.0) + r[3].get("pre", 0.0)) for r in served])
         _add_all(stages["compute_infer"], [_ns(r[3].get("infer", 0.0)) for r in served])
         _add_all(stages["compute_output"], [_ns(r[3].get("encode", 0.0) + r[3].get("post", 0.0)) for r in served])
