@@ -78,6 +78,7 @@ def test_a_job_whose_structure_equals_its_neighbours_only_as_numbers_is_parsed_a
         {"version": 1},
         {"outputs": [{"name": 1}]},
         {"outputs": {"name": "label"}},
+        {"outputs": 5},
         {"parameters": "x"},
         {"parameters": {"timeout": -1}},
         {"parameters": {"binary_data_output": "yes"}},
@@ -87,7 +88,8 @@ def test_a_job_whose_structure_equals_its_neighbours_only_as_numbers_is_parsed_a
         "number-model",
         "number-version",
         "number-output-name",
-        "outputs-not-a-list",
+        "outputs-a-dict",
+        "outputs-a-number",
         "parameters-not-an-object",
         "negative-timeout",
         "binary-output-not-a-boolean",
@@ -119,3 +121,93 @@ def test_every_stacked_jobs_id_is_checked() -> None:
 def test_a_job_id_with_a_trailing_newline_is_refused_alone_too() -> None:
     assert "needs an 'id'" in alone(body("job-1\n"))
     assert jobs.job_identity(body("job-1\n")) is None
+
+
+def outcomes(bodies: list[Any]) -> list[Any]:
+    """What parse_jobs gives each body: its job (stacked or parsed alone), or its error's message."""
+    groups, singles = parse_jobs(bodies)
+    found: dict[int, Any] = {i: s.message if isinstance(s, FnserveError) else s for i, s in singles.items()}
+    for group in groups:
+        found.update(zip(group.indexes, group.split(), strict=True))
+    return [found[i] for i in range(len(bodies))]
+
+
+def tensor_job(job_id: str, datatype: str, data: Any, shape: list[Any] | None = None, **extra: Any) -> dict[str, Any]:
+    shape = shape if shape is not None else [1, len(data)]
+    return {
+        "id": job_id,
+        "model": "m",
+        "inputs": [{"name": "x", "shape": shape, "datatype": datatype, "data": data}],
+    } | extra
+
+
+INPUTS = '"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]'  # for jobs written as text
+# Jobs of JSON numbers the fast path reads with simdjson, each beside good jobs of its kind: every one must come out
+# as parse_job makes it (the same array, of the same type; or the same error).
+ODD_JOBS = {
+    "precise-fp64": tensor_job("a", "FP64", [0.1, 1 / 3, 2.0**-1074, 1.7976931348623157e308, -0.0, 12345678901234567]),
+    "fp32-rounding": tensor_job("a", "FP32", [0.1, 16777217, 3.4028235e38, 1.401298464324817e-45]),
+    "fp32-too-big": tensor_job("a", "FP32", [1.0, 3.5e38]),
+    "fp16-too-big": tensor_job("a", "FP16", [1.0, 65520.0]),
+    "past-fp64": '{"id": "a", "model": "m", '
+    + INPUTS.replace('"FP32", "data": [1, 2]', '"FP64", "data": [1, 1e400]')
+    + "}",
+    "a-string": tensor_job("a", "FP32", [1.0, "2.0"]),
+    "a-null": tensor_job("a", "FP32", [1.0, None]),
+    "a-bool": tensor_job("a", "FP32", [True, 2.0]),
+    "int8": tensor_job("a", "INT8", [-128, 127]),
+    "int8-too-big": tensor_job("a", "INT8", [1, 128]),
+    "int32-a-float": tensor_job("a", "INT32", [1, 2.0]),
+    "int64-big": tensor_job("a", "INT64", [2**63 - 1, -(2**63)]),
+    "int64-past": tensor_job("a", "INT64", [1, 2**63]),
+    "uint8-negative": tensor_job("a", "UINT8", [1, -1]),
+    "uint64-big": tensor_job("a", "UINT64", [2**64 - 1, 2**63 + 1]),
+    "bool": tensor_job("a", "BOOL", [True, False]),
+    "bytes": tensor_job("a", "BYTES", ["x", "y"]),
+    "nested": tensor_job("a", "FP32", [[1.0, 2.0]]),
+    "nested-singletons": tensor_job("a", "FP32", [[1.0], [2.0]], shape=[2]),
+    "ragged-same-count": tensor_job("a", "FP32", [[1.0], 2.0], shape=[2]),
+    "ragged-empty": tensor_job("a", "FP32", [[], 1.0, [2.0, 3.0]], shape=[3]),
+    "too-few": tensor_job("a", "FP32", [1.0], shape=[1, 2]),
+    "float-shape": tensor_job("a", "FP32", [1.0, 2.0], shape=[1.0, 2]),
+    "id-twice": '{"id": "first", "model": "m", ' + INPUTS + ', "id": "second"}',  # orjson keeps the last
+    "data-twice": '{"id": "a", "model": "m", ' + INPUTS.replace("[1, 2]}", '[1, 2], "data": [3, 4]}') + "}",
+    "version-null": tensor_job("a", "FP32", [1.0, 2.0], version=None),
+    "binary-null": tensor_job("a", "FP32", [1.0, 2.0], binary_data=None),
+    "outputs": tensor_job("a", "FP32", [1.0, 2.0], outputs=[{"name": "y"}]),
+    "outputs-null": tensor_job("a", "FP32", [1.0, 2.0], outputs=None),
+    "unknown-key": tensor_job("a", "FP32", [1.0, 2.0], priority=3),
+    "not-an-object": "[1, 2]",
+    "a-bracket-in-a-model": '{"id": "a", "model": "m[1]", ' + INPUTS + "}",
+}
+
+
+@pytest.mark.parametrize("as_bytes", [False, True], ids=["str", "bytes"])
+@pytest.mark.parametrize("odd", ODD_JOBS.values(), ids=ODD_JOBS.keys())
+def test_every_json_numbers_job_comes_out_as_parse_job_makes_it(odd: Any, as_bytes: bool) -> None:
+    odd_text = odd if isinstance(odd, str) else json.dumps(odd)
+    good = json.loads(odd_text) if odd_text.startswith("{") else tensor_job("a", "FP32", [1.0, 2.0])
+    kin = [json.dumps(good | {"id": f"kin-{i}"}) for i in range(3)]  # jobs like it but the id, some maybe bad too
+    bodies: list[Any] = [kin[0], odd_text, kin[1], body("other-model"), odd_text, kin[2]]
+    if as_bytes:
+        bodies = [text.encode() for text in bodies]
+    got = outcomes(bodies)
+    for text, outcome in zip(bodies, got, strict=True):
+        try:
+            expected: Any = parse_job(text)
+        except FnserveError as exc:
+            expected = exc.message
+        if isinstance(expected, str):
+            assert outcome == expected
+            continue
+        assert (outcome.id, outcome.model, outcome.version, outcome.outputs) == (
+            expected.id,
+            expected.model,
+            expected.version,
+            expected.outputs,
+        )
+        assert outcome.inputs.keys() == expected.inputs.keys()
+        for name, array in expected.inputs.items():
+            assert outcome.inputs[name].dtype == array.dtype
+            assert outcome.inputs[name].shape == array.shape
+            assert outcome.inputs[name].tobytes() == array.tobytes()  # -0.0 and the last bit of every float

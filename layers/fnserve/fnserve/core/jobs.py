@@ -34,11 +34,12 @@ from typing import Any, TypeGuard
 
 import numpy as np
 import orjson
+import simdjson
 
 from fnserve.core._rows import slice_rows, take_rows
 from fnserve.core.datatypes import V2_TO_NUMPY, v2_datatype
-from fnserve.core.errors import BadRequest, FnserveError, InferenceError, InvalidInput
-from fnserve.core.tensors import array_from_json, binary_tensor, decode_document, decode_request, json_object
+from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
+from fnserve.core.tensors import binary_tensor, decode_document, decode_request, json_object, numbers_as
 
 logger = logging.getLogger(__name__)
 
@@ -153,10 +154,25 @@ class JobGroup:
         ]
 
 
-# Jobs parsed and stacked at a time: a chunk's objects are freed before the next one's are made, so the allocator
-# hands out memory still in cache. 10,000 digits jobs parse in 0.65 (JSON numbers) and 0.6 (binary) of the time
-# all at once take; 128 was the fastest of 64 to 1,024 on each.
+# Jobs read and stacked at a time: a chunk's objects are freed before the next one's are made, so the allocator
+# hands out memory still in cache. On 10,000 digits jobs 128 was among the fastest of 64 to 10,000 (all at once took
+# 1.1x its time with JSON numbers, 1.7x with binary tensors).
 CHUNK = 128
+
+# The buffer type simdjson reads a tensor's JSON numbers into, by datatype: what each number must be (a float
+# type takes any number; an integer type only whole numbers written without a fraction or an exponent).
+_BUFFER_TYPE = {"FP16": "d", "FP32": "d", "FP64": "d"} | {
+    f"{kind}{bits}": code for kind, code in (("INT", "i"), ("UINT", "u")) for bits in (8, 16, 32, 64)
+}
+_BUFFER_DTYPE = {"d": np.dtype(np.float64), "i": np.dtype(np.int64), "u": np.dtype(np.uint64)}
+# simdjson's proxies of a JSON object and list; a value read from a document is one of them or a Python value,
+# and the fast path checks each for the type it must be (Any: a check does not narrow it for the type checker).
+_OBJECT: Any = simdjson.Object
+_ARRAY: Any = simdjson.Array
+
+# A job as the fast path reads it: its header (all but its id and its tensors' contents: what its signature is
+# made of), its id, and its tensors' contents (each tensor's numbers in a buffer, or the job's binary_data text).
+_Read = tuple[tuple[Any, ...], str, Any]
 
 
 def parse_jobs(
@@ -171,55 +187,118 @@ def parse_jobs(
     """
     singles: dict[int, Job | FnserveError] = {}
     stacked: dict[tuple[Any, ...], list[JobGroup]] = {}
+    parser = simdjson.Parser()  # one a call: a parser is not for two threads at once
+    signatures: dict[tuple[Any, ...], tuple[Any, ...] | None] = {}  # by header: a batch's jobs share a few
     for start in range(0, len(bodies), CHUNK):
-        for signature, members in _similar(bodies, start, singles, load_payload).items():
+        similar: dict[tuple[Any, ...], list[tuple[int, _Read]]] = {}
+        last: tuple[Any, ...] | None = None  # the last job's header, and its members: a batch's jobs share one
+        last_members: list[tuple[int, _Read]] = []
+        for i in range(start, min(start + CHUNK, len(bodies))):
+            body = bodies[i]
+            binary = '"binary_data"' in body if isinstance(body, str) else b'"binary_data"' in body
+            read = _read_binary(body) if binary else _read_numbers(parser, body)
+            if read is None:
+                singles[i] = _parse_alone(body, load_payload)
+            elif read[0] == last:  # compared, not hashed
+                last_members.append((i, read))
+            else:
+                last, last_members = read[0], similar.setdefault(read[0], [])
+                last_members.append((i, read))
+        for header, members in similar.items():
+            if header not in signatures:
+                signatures[header] = _signature(header)
+            signature = signatures[header]
+            if signature is None:  # not for the fast path: parsed alone, for an exact error or a job of its own
+                for i, _ in members:
+                    singles[i] = _parse_alone(bodies[i], load_payload)
+                continue
             group = _group(signature, members, bodies, singles, load_payload)
             if group is not None:
                 stacked.setdefault(signature, []).append(group)
     return [JobGroup.concatenate(parts) for parts in stacked.values()], singles
 
 
-def _similar(
-    bodies: Sequence[str | bytes],
-    start: int,
-    singles: dict[int, Job | FnserveError],
-    load_payload: PayloadLoader | None,
-) -> dict[tuple[Any, ...], list[tuple[int, dict[str, Any]]]]:
-    """The stackable jobs of the chunk from ``start`` by signature; the others parsed alone into ``singles``."""
-    similar: dict[tuple[Any, ...], list[tuple[int, dict[str, Any]]]] = {}
-    last_header: tuple[Any, ...] | None = None  # the last stackable job's header, and its group's members
-    last_members: list[tuple[int, dict[str, Any]]] = []
-    for i in range(start, min(start + CHUNK, len(bodies))):
-        body = bodies[i]
-        try:
-            doc = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            singles[i] = BadRequest(f"job is not valid JSON: {exc}")
-            continue
-        header = _header(doc)
-        if header is not None and header == last_header:
-            last_members.append((i, doc))  # a batch of one model's jobs has one header: checked once (ids later)
-            continue
-        signature = _signature(doc)
-        if signature is None:
-            singles[i] = _parse_alone(body, load_payload)
-            continue
-        members = similar.setdefault(signature, [])
-        members.append((i, doc))
-        if header is not None:
-            last_header, last_members = header, members
-    return similar
+def _read_numbers(parser: simdjson.Parser, body: str | bytes) -> _Read | None:
+    """A job with its tensors' data in JSON numbers, read by simdjson: each tensor's numbers go from the text
+    into one buffer, with no Python number made for each (what most of orjson's parse of such a job costs),
+    and only the few fields a signature needs become Python objects. None where the fast path cannot tell (not
+    JSON, not an object, a field of another type than it takes): :func:`parse_job` then reads the job or says
+    what is wrong with it.
+
+    The header's values are of exact types (a shape is its JSON text: ``1.0 == 1`` in Python), so that a job
+    has the signature of every job whose header equals its own. Nothing read from the parser's document
+    outlives this call (the parser reads the next body into the same memory)."""
+    try:
+        doc: Any = parser.parse(body)
+        if type(doc) is not _OBJECT:
+            return None
+        job_id, model, inputs = doc["id"], doc["model"], doc["inputs"]
+        if len(doc) == 3:  # three keys, and these three found: exactly these
+            plain, version, outputs = True, None, None
+        else:  # a key twice: orjson keeps the last, simdjson finds the first (parse_job decides)
+            keys = tuple(doc)
+            plain = len(set(keys)) == len(keys) and "payload" not in keys and "parameters" not in keys
+            version = doc["version"] if "version" in keys else None  # a key looked up and not there costs 2 us
+            outputs = doc["outputs"].mini if "outputs" in keys else None  # not a list: AttributeError
+        if (
+            type(job_id) is not str
+            or type(model) is not str
+            or type(inputs) is not _ARRAY
+            or (version is not None and type(version) is not str)
+        ):
+            return None
+        tensors: list[tuple[Any, ...]] = []
+        contents: list[Any] = []
+        for k in range(len(inputs)):  # by index: the proxy's iterator costs more
+            tensor = inputs[k]
+            if type(tensor) is not _OBJECT:
+                return None
+            name, datatype, shape, data = tensor["name"], tensor["datatype"], tensor["shape"].mini, tensor["data"]
+            if type(name) is not str or type(datatype) is not str or type(data) is not _ARRAY:
+                return None
+            tensors.append((len(tensor), name, datatype, shape, len(data)))
+            contents.append(data.as_buffer(of_type=_BUFFER_TYPE[datatype]))  # refuses a value of another type
+        # More brackets than the lists a job has: nested data, parsed alone (for a ragged list's error).
+        brackets = body.count("[") if isinstance(body, str) else body.count(b"[")
+        header = (plain, model, version, outputs, False, tuple(tensors), brackets)
+    except Exception:  # noqa: BLE001 - whatever the fast path cannot read, parse_job reads or refuses
+        return None
+    return header, job_id, contents
+
+
+def _read_binary(body: str | bytes) -> _Read | None:
+    """A job with its tensors in ``binary_data``, read by orjson (it has few values, which orjson makes faster
+    than simdjson's proxies are read); its tensors, which hold no numbers, are all in its header as JSON text."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if type(doc) is not dict:
+        return None
+    job_id, model, version, binary = doc.get("id"), doc.get("model"), doc.get("version"), doc.get("binary_data")
+    if (
+        type(job_id) is not str
+        or type(model) is not str
+        or type(binary) is not str
+        or (version is not None and type(version) is not str)
+    ):
+        return None
+    outputs = doc.get("outputs")
+    if outputs is not None:
+        outputs = orjson.dumps(outputs)
+    plain = "payload" not in doc and "parameters" not in doc
+    return (plain, model, version, outputs, True, orjson.dumps(doc.get("inputs")), 0), job_id, binary
 
 
 def _group(
     signature: tuple[Any, ...],
-    members: list[tuple[int, dict[str, Any]]],
+    members: list[tuple[int, _Read]],
     bodies: Sequence[str | bytes],
     singles: dict[int, Job | FnserveError],
     load_payload: PayloadLoader | None,
 ) -> JobGroup | None:
     """Jobs of one signature stacked; those that cannot be, parsed alone into ``singles`` (None: all of them)."""
-    ids: list[Any] = [doc.get("id") for _, doc in members]
+    ids = [read[1] for _, read in members]
     if not _all_ids(ids):  # a job whose id is not one is parsed alone, for its error
         valid = [_is_id(job_id) for job_id in ids]
         for (i, _), ok in zip(members, valid, strict=True):
@@ -247,35 +326,6 @@ def _parse_alone(body: str | bytes, load_payload: PayloadLoader | None) -> Job |
         return InferenceError(f"job could not be parsed: {type(exc).__name__}: {exc}")
 
 
-def _header(doc: Any) -> tuple[Any, ...] | None:
-    """What :func:`_signature` reads of a job but its id and its numbers, compared exactly (``1.0`` is not ``1``): a
-    job with the header of one whose signature is known has that signature, once its id is checked. Half the
-    signature's cost or less (0.4 against 0.9 us a binary job); None where it cannot tell (the signature decides)."""
-    if type(doc) is not dict:
-        return None
-    binary = doc.get("binary_data")
-    try:
-        if type(binary) is str:  # the tensors hold no data: all of them, as JSON text
-            tensors: Any = orjson.dumps(doc.get("inputs"))
-        elif binary is None:  # all but the data, whose type only the signature reads
-            tensors = [
-                (t["name"], t["datatype"], orjson.dumps(t["shape"]), type(t["data"]), "parameters" in t)
-                for t in doc["inputs"]
-            ]
-        else:
-            return None
-    except (TypeError, KeyError):  # not a list of tensors with these keys
-        return None
-    return (
-        doc.get("model"),
-        doc.get("version"),
-        doc.get("outputs"),
-        "payload" in doc or "parameters" in doc,
-        binary is None,
-        tensors,
-    )
-
-
 def _is_id(job_id: Any) -> TypeGuard[str]:
     return type(job_id) is str and JOB_ID.fullmatch(job_id) is not None
 
@@ -289,73 +339,71 @@ def _all_ids(ids: list[Any]) -> bool:
     return text.count("\n") == len(ids) - 1 and _JOB_IDS.fullmatch(text) is not None
 
 
-def _signature(doc: Any) -> tuple[Any, ...] | None:
-    """The structure of a plain inline job, or None for anything the fast path does not take (its id aside: a
-    group's ids are checked at once, :func:`_all_ids`)."""
-    if type(doc) is not dict or "payload" in doc or "parameters" in doc:  # a request's parameters: checked alone
+# The keys of a tensor on the fast path: name, datatype, shape, and data (JSON numbers) or parameters (binary).
+_TENSOR_KEYS = 4
+
+
+def _signature(header: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The structure of the jobs of one header, or None where the fast path does not take them (parse_job
+    then parses each alone; their ids aside: a group's are checked at once, :func:`_all_ids`)."""
+    plain, model, version, outputs, binary, tensors, brackets = header
+    if not plain or not model:  # a payload, a request's parameters, a key twice; or what parse_job refuses
         return None
-    model, version, inputs = doc.get("model"), doc.get("version"), doc.get("inputs")
-    if type(model) is not str or not model or type(inputs) is not list or not inputs:  # as parse_job refuses
-        return None
-    if version is not None and type(version) is not str:
-        return None
-    binary = doc.get("binary_data")
-    if binary is not None and type(binary) is not str:
-        return None
-    tensors = []
-    for t in inputs:
-        if type(t) is not dict:
-            return None
-        if binary is None:  # JSON numbers
-            if "parameters" in t or type(t.get("data")) is not list:
-                return None
-            size = None
-        else:  # the binary extension: the tensor's bytes are in binary_data
-            params = t.get("parameters")
-            if "data" in t or type(params) is not dict or len(params) != 1:
-                return None
-            size = params.get("binary_data_size")
-            if type(size) is not int:
-                return None
-        name, datatype, shape = t.get("name"), t.get("datatype"), t.get("shape")
-        if type(name) is not str or type(datatype) is not str or type(shape) is not list:
-            return None  # parsed alone, for an exact error
-        if not all(type(d) is int for d in shape):
-            return None
-        tensors.append((name, datatype, tuple(shape), size))
-    outputs = doc.get("outputs")
     if outputs is not None:
+        outputs = orjson.loads(outputs)
         if type(outputs) is not list or any(type(o) is not dict or "parameters" in o for o in outputs):
             return None
-        names = tuple(o.get("name") for o in outputs)
-        if not all(type(n) is str for n in names):
+        outputs = tuple(o.get("name") for o in outputs)
+        if not all(type(n) is str for n in outputs):
             return None
-        outputs = names
-    return (model, version, outputs, tuple(tensors), binary is not None)
+    if binary:  # the tensors as JSON text
+        tensors = orjson.loads(tensors)
+        if type(tensors) is not list or not all(type(t) is dict for t in tensors):
+            return None
+        tensors = [(len(t), t.get("name"), t.get("datatype"), t.get("shape"), t.get("parameters")) for t in tensors]
+    else:
+        tensors = [(n, name, datatype, orjson.loads(shape), count) for n, name, datatype, shape, count in tensors]
+    if not tensors:
+        return None
+    structure = []
+    for keys_count, name, datatype, shape, detail in tensors:
+        if keys_count != _TENSOR_KEYS or type(name) is not str or type(datatype) is not str or type(shape) is not list:
+            return None  # another key (a tensor's parameters): parsed alone, for an exact error
+        if not all(type(d) is int and d > 0 for d in shape):
+            return None
+        dtype = V2_TO_NUMPY.get(datatype)
+        if dtype is None or datatype == "BYTES":
+            return None
+        if binary:
+            size = detail.get("binary_data_size") if type(detail) is dict and len(detail) == 1 else None
+            if type(size) is not int or size != math.prod(shape) * dtype.itemsize:
+                return None
+        else:
+            if detail != math.prod(shape):  # as many numbers as the shape holds, in a flat list
+                return None
+            size = None
+        structure.append((name, datatype, tuple(shape), size))
+    if not binary and brackets != 1 + 2 * len(tensors) + (outputs is not None):  # inputs, shapes, datas, outputs
+        return None
+    return (model, version, outputs, tuple(structure), binary)
 
 
-def _stack(signature: tuple[Any, ...], members: list[tuple[int, dict[str, Any]]], ids: list[str]) -> JobGroup:
+def _stack(signature: tuple[Any, ...], members: list[tuple[int, _Read]], ids: list[str]) -> JobGroup:
     model, version, outputs, tensors, binary = signature
     inputs = {}
     columns = _binary_columns(tensors, members) if binary else None
     offset = 0
     for k, (name, datatype, shape, size) in enumerate(tensors):
-        dtype = V2_TO_NUMPY.get(datatype)
-        if dtype is None or datatype == "BYTES" or not all(d > 0 for d in shape):
-            raise InvalidInput("not stackable")  # parsed one by one instead, for exact errors
+        dtype = V2_TO_NUMPY[datatype]
         if columns is None:
-            data = [doc["inputs"][k]["data"] for _, doc in members]
-            array = array_from_json(name, datatype, dtype, data)
+            raw = np.frombuffer(b"".join([read[2][k] for _, read in members]), _BUFFER_DTYPE[_BUFFER_TYPE[datatype]])
+            array = numbers_as(name, datatype, dtype, raw)
         else:
-            if size != math.prod(shape) * dtype.itemsize:
-                raise InvalidInput("not stackable")
             part = columns if len(tensors) == 1 else np.ascontiguousarray(columns[:, offset : offset + size])
             array = part.view(dtype.newbyteorder("<"))  # the extension's byte order, as decode_document reads it
             offset += size
-        if array.size != len(members) * math.prod(shape):
-            raise InvalidInput("not stackable")
         inputs[name] = array.reshape(len(members) * shape[0], *shape[1:])
-    if len(inputs) != len(tensors):
+    if len(inputs) != len(tensors):  # a name twice
         raise InvalidInput("not stackable")
     rows = tensors[0][2][0]
     return JobGroup(
@@ -380,10 +428,10 @@ def _binary_data(value: Any) -> bytes:
         raise InvalidInput(f"'binary_data' is not valid base64: {exc}") from None
 
 
-def _binary_columns(tensors: tuple[Any, ...], members: list[tuple[int, dict[str, Any]]]) -> np.ndarray[Any, Any]:
+def _binary_columns(tensors: tuple[Any, ...], members: list[tuple[int, _Read]]) -> np.ndarray[Any, Any]:
     """Every job's ``binary_data`` decoded, one row of bytes a job (an error: the group is parsed job by job)."""
     width = sum(size for *_, size in tensors)
-    raw = [_binary_data(doc["binary_data"]) for _, doc in members]
+    raw = [_binary_data(read[2]) for _, read in members]
     if any(len(chunk) != width for chunk in raw):
         raise InvalidInput("not stackable")
     return np.frombuffer(b"".join(raw), dtype=np.uint8).reshape(len(members), width)

@@ -194,26 +194,42 @@ def array_from_json(name: str, datatype: str, dtype: np.dtype[Any], data: Any) -
     if dtype.kind in "iu":
         if kind == "f":
             flat = _flatten(data)
-            if not all(type(v) is int or v.is_integer() for v in flat):
+            if not all(type(v) is int or v.is_integer() for v in flat):  # orjson reads ints past 64 bits as floats
                 raise InvalidInput(f"input {name!r}: {datatype} data must be integers, got floats")
             if datatype == "UINT64" and all(type(v) is int for v in flat):
                 # numpy infers float64 for ints past int64's range; build it exactly instead.
                 return _exact_uint64(name, data)
             raise InvalidInput(f"input {name!r}: values out of range for {datatype}")
+    return numbers_as(name, datatype, dtype, raw, data)
+
+
+def numbers_as(
+    name: str, datatype: str, dtype: np.dtype[Any], raw: np.ndarray[Any, Any], data: Any = None
+) -> np.ndarray[Any, Any]:
+    """Numbers as read (``raw``: whole numbers as integers, and floats where ``dtype`` is a float type) as
+    ``dtype``, refusing those it cannot hold (a float type's would become infinities). ``data``: the JSON list
+    they were read from, whose max and min cost less than numpy's when it is short."""
+    top: float  # or int: an integer type's, compared exactly
+    bottom: float
+    if dtype.kind in "iu":
         info = np.iinfo(dtype)
-        if int(raw.min()) < info.min or int(raw.max()) > info.max:  # Python ints: no overflow in the check
-            raise InvalidInput(f"input {name!r}: values out of range for {datatype}")
+        top, bottom = info.max, info.min
+    elif dtype.itemsize < 8:  # FP32, FP16: checked before the cast, which would warn
+        top = _FLOAT_MAX[dtype.itemsize]
+        bottom = -top
+    else:
         return raw.astype(dtype, copy=False)
-    if dtype.itemsize < 8:  # FP32, FP16: JSON numbers beyond their range would become infinities
-        limit = _FLOAT_MAX[dtype.itemsize]  # checked before the cast, which would warn
-        if raw.ndim == 1 and raw.size <= _SHORT:  # Python's max and min of a short list cost less than numpy's
-            high, low = max(data), min(data)
-        else:
-            high, low = _MAX(raw, None), _MIN(raw, None)
-        if high > limit or low < -limit:
-            raise InvalidInput(f"input {name!r}: values out of range for {datatype}")
-        return raw.astype(dtype)
-    return raw.astype(dtype, copy=False)
+    if raw.dtype == dtype:
+        return raw
+    if data is not None and raw.ndim == 1 and raw.size <= _SHORT:
+        high, low = max(data), min(data)
+    else:
+        high, low = _MAX(raw, None), _MIN(raw, None)
+        if raw.dtype.kind in "iu":  # Python ints: no overflow in the comparison
+            high, low = int(high), int(low)
+    if high > top or low < bottom:
+        raise InvalidInput(f"input {name!r}: values out of range for {datatype}")
+    return raw.astype(dtype)
 
 
 def _exact_uint64(name: str, data: list[Any]) -> np.ndarray[Any, Any]:
