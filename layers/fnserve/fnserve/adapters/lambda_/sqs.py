@@ -30,10 +30,16 @@ SqsHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
 def records_of(event: dict[str, Any]) -> list[tuple[str, str, int]]:
     """(message id, body, receive count) of each record of an SQS event.
 
-    Plain dict access: at 10,000 records a batch, a wrapper object per record shows in profiles.
+    Plain dict access: at 10,000 records a batch, a wrapper object per record shows in profiles (and a first
+    delivery's count is not parsed: a quarter of the call).
     """
+    none: dict[str, str] = {}
     return [
-        (r["messageId"], r["body"], int(r.get("attributes", {}).get("ApproximateReceiveCount", 1)))
+        (
+            r["messageId"],
+            r["body"],
+            1 if (n := r.get("attributes", none).get("ApproximateReceiveCount", 1)) == "1" else int(n),
+        )
         for r in event.get("Records") or ()
     ]
 
