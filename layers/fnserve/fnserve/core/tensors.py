@@ -212,6 +212,8 @@ def numbers_as(
     top: float  # or int: an integer type's, compared exactly
     bottom: float
     if dtype.kind in "iu":
+        if raw.dtype == dtype:  # read as this very type: they fit
+            return raw
         info = np.iinfo(dtype)
         top, bottom = info.max, info.min
     elif dtype.itemsize < 8:  # FP32, FP16: checked before the cast, which would warn
@@ -219,8 +221,6 @@ def numbers_as(
         bottom = -top
     else:
         return raw.astype(dtype, copy=False)
-    if raw.dtype == dtype:
-        return raw
     if data is not None and raw.ndim == 1 and raw.size <= _SHORT:
         high, low = max(data), min(data)
     else:
