@@ -9,6 +9,7 @@ import numpy as np
 import orjson
 import pytest
 
+from fnserve.core import tensors
 from fnserve.core._rows import slice_rows
 from fnserve.core.datatypes import V2_TO_NUMPY
 from fnserve.core.errors import BadRequest, InvalidInput
@@ -328,3 +329,93 @@ def test_a_stack_of_strings_is_packed_element_by_element() -> None:
     stacked = {"label": np.array([b"seven", b"one", b"x" * 40], dtype=object), "n": np.arange(3, dtype=np.int32)}
     assert pack_rows(stacked, [1, 2]) == [pack_arrays(part) for part in slice_rows(stacked, [1, 2])]
     assert unpack_arrays(pack_rows(stacked, [1, 1, 1])[2])["label"].tolist() == [b"x" * 40]
+
+
+def decoded(payload: bytes, head: int | None) -> Any:
+    """What decode_request makes of a body: the request's fields and inputs, or the error's type and message."""
+    try:
+        request = decode_request(payload, head)
+    except (BadRequest, InvalidInput) as exc:
+        return type(exc), str(exc)
+    inputs = {
+        name: (a.dtype, a.shape, a.tobytes() if a.dtype != object else a.tolist()) for name, a in request.inputs.items()
+    }
+    return inputs, request.id, request.parameters, request.outputs, request.binary_outputs, request.timeout
+
+
+def _json_data(array: np.ndarray) -> Any:
+    return [v.decode() for v in array.ravel()] if array.dtype == object else array.tolist()
+
+
+_GOOD_ROWS = np.random.default_rng(1).normal(size=(40, 64)).astype(np.float32)
+# Bodies for simdjson's reading of JSON numbers beside orjson's: the malformed ones above, and more.
+READ_BOTH_WAYS: dict[str, tuple[bytes, int | None]] = {
+    **{f"bad-{i}": (payload, head) for i, (payload, head, _, _) in enumerate(BAD_REQUESTS)},
+    **{
+        f"json-{datatype}": (body(tensor("x", datatype, list(a.shape), _json_data(a))), None)
+        for datatype, a in sample_arrays().items()
+    },
+    "fp32-rows": (body(tensor("x", "FP32", [40, 64], _GOOD_ROWS.ravel().tolist())), None),
+    "fp64-precise": (
+        body(tensor("x", "FP64", [6], [0.1, 1 / 3, 2.0**-1074, 1.7976931348623157e308, -0.0, 2**53 + 1])),
+        None,
+    ),
+    "fp32-rounding": (body(tensor("x", "FP32", [4], [0.1, 16777217, 3.4028235e38, 1.401298464324817e-45])), None),
+    "fp16-too-big": (body(tensor("x", "FP16", [2], [1.0, 65520.0])), None),
+    "int64-extremes": (body(tensor("x", "INT64", [2], [2**63 - 1, -(2**63)])), None),
+    "uint64-extremes": (body(tensor("x", "UINT64", [2], [2**64 - 1, 2**63 + 1])), None),
+    "uint8-negative": (body(tensor("x", "UINT8", [2], [1, -1])), None),
+    "bools-among-floats": (body(tensor("x", "FP32", [3], [1.5, True, False])), None),
+    "nested": (body(tensor("x", "FP32", [2, 2], [[1, 2], [3, 4]])), None),
+    "ragged-same-count": (body(tensor("x", "FP32", [2], [[1.0], 2.0])), None),
+    "ragged-empty": (body(tensor("x", "FP32", [3], [[], 1.0, [2.0, 3.0]])), None),
+    "empty": (body(tensor("x", "FP32", [0], [])), None),
+    "a-scalar": (body(tensor("x", "FP32", [], 1.5)), None),
+    "data-twice": (
+        b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1, 2], "data": [3, 4]}]}',
+        None,
+    ),
+    "id-twice": (
+        b'{"id": "a", "inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}], "id": "b"}',
+        None,
+    ),
+    "inputs-twice": (b'{"inputs": 5, "inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]}', None),
+    "a-bracket-in-a-name": (body(tensor("x[0]", "FP32", [2], [1.0, 2.0])), None),
+    "an-escaped-bracket": (
+        b'{"inputs": [{"name": "x\\u005b", "datatype": "FP32", "shape": [2], "data": [1, 2]}]}',
+        None,
+    ),
+    "lists-in-parameters": (body(tensor("x", "FP32", [2], [1.0, 2.0]), parameters={"a": [[1], [2, [3]]]}), None),
+    "everything": (
+        body(
+            tensor("x", "INT32", [2], [1, 2]),
+            tensor("y", "BYTES", [2], ["a", "b"]),
+            tensor("z", "BOOL", [2], [True, False]),
+            id="req-1",
+            parameters={"binary_data_output": True, "timeout": 5000},
+            outputs=[{"name": "a", "parameters": {"binary_data": False}}, {"name": "b"}],
+        ),
+        None,
+    ),
+    "with-binary": binary_body({"b": ("FP32", np.arange(4, dtype=np.float32))}),
+}
+
+
+@pytest.mark.parametrize(("payload", "head"), READ_BOTH_WAYS.values(), ids=READ_BOTH_WAYS.keys())
+def test_json_numbers_read_by_simdjson_decode_as_orjson_reads_them(
+    payload: bytes, head: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tensors, "NUMBERS_READ_FROM", 10**12)
+    by_orjson = decoded(payload, head)
+    monkeypatch.setattr(tensors, "NUMBERS_READ_FROM", 0)
+    assert decoded(payload, head) == by_orjson
+
+
+def test_large_requests_numbers_are_read_by_simdjson() -> None:
+    """The bodies it takes are read by it (the test above would pass if none were)."""
+    for name in ("fp32-rows", "fp64-precise", "int64-extremes", "everything", "lists-in-parameters"):
+        doc = tensors.read_numbers(READ_BOTH_WAYS[name][0])
+        assert doc is not None and isinstance(doc["inputs"][0]["data"], tensors.Numbers), name
+    for name in ("nested", "ragged-same-count", "data-twice", "a-bracket-in-a-name", "bools-among-floats"):
+        assert tensors.read_numbers(READ_BOTH_WAYS[name][0]) is None, name
+    assert len(READ_BOTH_WAYS["fp32-rows"][0]) >= tensors.NUMBERS_READ_FROM  # what decode_request reads so

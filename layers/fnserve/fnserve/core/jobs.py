@@ -39,7 +39,17 @@ import simdjson
 from fnserve.core._rows import slice_rows, take_rows
 from fnserve.core.datatypes import V2_TO_NUMPY, v2_datatype
 from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
-from fnserve.core.tensors import binary_tensor, decode_document, decode_request, json_object, numbers_as
+from fnserve.core.tensors import (
+    BUFFER_DTYPE,
+    BUFFER_TYPE,
+    SIMDJSON_ARRAY,
+    SIMDJSON_OBJECT,
+    binary_tensor,
+    decode_document,
+    decode_request,
+    json_object,
+    numbers_as,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -159,17 +169,6 @@ class JobGroup:
 # 1.1x its time with JSON numbers, 1.7x with binary tensors).
 CHUNK = 128
 
-# The buffer type simdjson reads a tensor's JSON numbers into, by datatype: what each number must be (a float
-# type takes any number; an integer type only whole numbers written without a fraction or an exponent).
-_BUFFER_TYPE = {"FP16": "d", "FP32": "d", "FP64": "d"} | {
-    f"{kind}{bits}": code for kind, code in (("INT", "i"), ("UINT", "u")) for bits in (8, 16, 32, 64)
-}
-_BUFFER_DTYPE = {"d": np.dtype(np.float64), "i": np.dtype(np.int64), "u": np.dtype(np.uint64)}
-# simdjson's proxies of a JSON object and list; a value read from a document is one of them or a Python value,
-# and the fast path checks each for the type it must be (Any: a check does not narrow it for the type checker).
-_OBJECT: Any = simdjson.Object
-_ARRAY: Any = simdjson.Array
-
 # A job as the fast path reads it: its header (all but its id and its tensors' contents: what its signature is
 # made of), its id, and its tensors' contents (each tensor's numbers in a buffer, or the job's binary_data text).
 _Read = tuple[tuple[Any, ...], str, Any]
@@ -230,7 +229,7 @@ def _read_numbers(parser: simdjson.Parser, body: str | bytes) -> _Read | None:
     outlives this call (the parser reads the next body into the same memory)."""
     try:
         doc: Any = parser.parse(body)
-        if type(doc) is not _OBJECT:
+        if type(doc) is not SIMDJSON_OBJECT:
             return None
         job_id, model, inputs = doc["id"], doc["model"], doc["inputs"]
         if len(doc) == 3:  # three keys, and these three found: exactly these
@@ -240,19 +239,19 @@ def _read_numbers(parser: simdjson.Parser, body: str | bytes) -> _Read | None:
             plain = len(set(keys)) == len(keys) and "payload" not in keys and "parameters" not in keys
             version = doc["version"] if "version" in keys else None  # a key looked up and not there costs 2 us
             outputs = doc["outputs"].mini if "outputs" in keys else None  # not a list: AttributeError
-        if type(inputs) is not _ARRAY or not _strings(job_id, model, version):
+        if type(inputs) is not SIMDJSON_ARRAY or not _strings(job_id, model, version):
             return None
         tensors: list[tuple[Any, ...]] = []
         contents: list[Any] = []
         for k in range(len(inputs)):  # by index: the proxy's iterator costs more
             tensor = inputs[k]
-            if type(tensor) is not _OBJECT:
+            if type(tensor) is not SIMDJSON_OBJECT:
                 return None
             name, datatype, shape, data = tensor["name"], tensor["datatype"], tensor["shape"].mini, tensor["data"]
-            if type(name) is not str or type(datatype) is not str or type(data) is not _ARRAY:
+            if type(name) is not str or type(datatype) is not str or type(data) is not SIMDJSON_ARRAY:
                 return None
             tensors.append((len(tensor), name, datatype, shape, len(data)))
-            contents.append(data.as_buffer(of_type=_BUFFER_TYPE[datatype]))  # refuses a value of another type
+            contents.append(data.as_buffer(of_type=BUFFER_TYPE[datatype]))  # refuses a value of another type
         # More brackets than the lists a job has: nested data, parsed alone (for a ragged list's error).
         brackets = body.count("[") if isinstance(body, str) else body.count(b"[")
         header = (plain, model, version, outputs, False, tuple(tensors), brackets)
@@ -392,7 +391,7 @@ def _stack(signature: tuple[Any, ...], members: list[tuple[int, _Read]], ids: li
     for k, (name, datatype, shape, size) in enumerate(tensors):
         dtype = V2_TO_NUMPY[datatype]
         if columns is None:
-            raw = np.frombuffer(b"".join([read[2][k] for _, read in members]), _BUFFER_DTYPE[_BUFFER_TYPE[datatype]])
+            raw = np.frombuffer(b"".join([read[2][k] for _, read in members]), BUFFER_DTYPE[BUFFER_TYPE[datatype]])
             array = numbers_as(name, datatype, dtype, raw)
         else:
             part = columns if len(tensors) == 1 else np.ascontiguousarray(columns[:, offset : offset + size])

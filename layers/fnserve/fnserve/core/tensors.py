@@ -11,12 +11,14 @@ import functools
 import math
 import struct
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
 import orjson
+import simdjson
 
 from fnserve.core._rows import slice_rows
 from fnserve.core.datatypes import V2_TO_NUMPY, v2_datatype
@@ -30,6 +32,22 @@ _BIG_ENDIAN_HOST = sys.byteorder == "big"
 _MAX, _MIN = np.maximum.reduce, np.minimum.reduce  # over every axis; ndarray.max adds a Python call
 _SHORT = 256  # elements
 _FLOAT_MAX = {4: float(np.finfo(np.float32).max), 2: float(np.finfo(np.float16).max)}  # by item size
+
+# The buffer type simdjson reads a tensor's JSON numbers into, by datatype: what each number must be (a float
+# type takes any number; an integer type only whole numbers written without a fraction or an exponent).
+BUFFER_TYPE = {"FP16": "d", "FP32": "d", "FP64": "d"} | {
+    f"{kind}{bits}": code for kind, code in (("INT", "i"), ("UINT", "u")) for bits in (8, 16, 32, 64)
+}
+BUFFER_DTYPE = {"d": np.dtype(np.float64), "i": np.dtype(np.int64), "u": np.dtype(np.uint64)}
+# simdjson's proxies of a JSON object and list (Any: a type check does not narrow them for the type checker).
+SIMDJSON_OBJECT: Any = simdjson.Object
+SIMDJSON_ARRAY: Any = simdjson.Array
+# A request body's JSON of this many bytes or more has its tensors' numbers read by simdjson (read_numbers);
+# below it, orjson's parse costs less than reading the fields through simdjson's proxies does. The two cross at
+# about 128 numbers (1.3-2.6 KB of float32 values, 0.4-0.6 KB of small integers); a 64-number request decodes in
+# 7.7 us by orjson, 9.5 by simdjson; 1,024 rows of 64 in 2.8 ms by orjson, 1.0 by simdjson.
+NUMBERS_READ_FROM = 2048
+_parsers = threading.local()  # a simdjson parser a thread, reused: it keeps its memory for the next body
 
 
 @dataclass(slots=True)
@@ -56,7 +74,8 @@ def decode_request(body: bytes, json_length: int | None = None) -> InferenceRequ
         if json_length < 0 or json_length > len(body):
             raise BadRequest(f"Inference-Header-Content-Length is {json_length} but the body has {len(body)} bytes")
         head, binary = body[:json_length], body[json_length:]
-    return decode_document(json_object(head, "request body"), binary)
+    doc = read_numbers(head) if len(head) >= NUMBERS_READ_FROM else None
+    return decode_document(doc if doc is not None else json_object(head, "request body"), binary)
 
 
 def json_object(data: bytes | str, what: str) -> dict[str, Any]:
@@ -68,6 +87,104 @@ def json_object(data: bytes | str, what: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise BadRequest(f"{what} must be a JSON object")
     return doc
+
+
+@dataclass(frozen=True, slots=True)
+class Numbers:
+    """A tensor's JSON numbers as simdjson read them, flat: float64, int64 or uint64 (``BUFFER_TYPE``)."""
+
+    values: np.ndarray[Any, Any]
+
+
+def read_numbers(head: bytes) -> dict[str, Any] | None:
+    """A request's JSON as orjson reads it, but with each input's numbers read by simdjson straight into an
+    array (:class:`Numbers`): no Python number made for each, a third of orjson's and numpy's time on a
+    thousand rows of 64. None where that reading would differ from orjson's in any way: a value its datatype's
+    buffer refuses (a string, ``null``, a fraction for an integer type, an integer past 64 bits), nested
+    lists, a key twice, or not JSON; orjson then reads it and the decoder says what is wrong.
+
+    Nested data is found by count: every ``[`` in the text is a list read here, unless data is nested (simdjson
+    flattens it into its buffer, one list counted) or a string holds one (which sends the body to orjson too)."""
+    parser = getattr(_parsers, "parser", None) or _new_parser()
+    try:
+        doc = parser.parse(head)
+        if type(doc) is not SIMDJSON_OBJECT:
+            return None
+        out: dict[str, Any] = {}
+        lists = 0
+        for key in _keys(doc):
+            value = doc[key]
+            if key == "inputs" and type(value) is SIMDJSON_ARRAY:
+                tensors = []
+                for tensor in value:
+                    if type(tensor) is not SIMDJSON_OBJECT:
+                        return None
+                    entry, tensor_lists = _read_tensor(tensor)
+                    tensors.append(entry)
+                    lists += tensor_lists
+                out[key], lists = tensors, lists + 1
+            else:
+                out[key] = plain = _plain(value)
+                lists += _lists(plain)
+        if head.count(b"[") != lists:
+            return None
+    except Exception:  # noqa: BLE001 - whatever simdjson reads otherwise than orjson (or not at all), orjson reads
+        return None
+    return out
+
+
+def _new_parser() -> Any:
+    _parsers.parser = simdjson.Parser()
+    return _parsers.parser
+
+
+def _read_tensor(tensor: Any) -> tuple[dict[str, Any], int]:
+    """One input of :func:`read_numbers`, and how many lists it holds (a ValueError where it cannot be read so)."""
+    entry: dict[str, Any] = {}
+    lists = 0
+    keys = _keys(tensor)
+    for key in keys:
+        if key != "data":
+            entry[key] = plain = _plain(tensor[key])
+            lists += _lists(plain)
+    found = "data" in keys
+    data: Any = tensor["data"] if found else None
+    datatype = entry.get("datatype")
+    code = BUFFER_TYPE.get(datatype) if type(datatype) is str else None
+    if code is not None and type(data) is SIMDJSON_ARRAY:
+        # as_buffer refuses another type of value, and flattens nested lists (counted as one: see read_numbers)
+        entry["data"] = Numbers(np.frombuffer(data.as_buffer(of_type=code), BUFFER_DTYPE[code]))
+        lists += 1
+    elif found:
+        entry["data"] = plain = _plain(data)
+        lists += _lists(plain)
+    return entry, lists
+
+
+def _keys(obj: Any) -> list[str]:
+    """An object's keys; a ValueError where one is there twice (orjson keeps the last, a lookup finds the first)."""
+    keys = list(obj)
+    if len(set(keys)) != len(keys):
+        raise ValueError("a key twice")
+    return keys
+
+
+def _plain(value: Any) -> Any:
+    """A simdjson value as Python values, as orjson reads it."""
+    if type(value) is SIMDJSON_OBJECT:
+        return value.as_dict()
+    if type(value) is SIMDJSON_ARRAY:
+        return value.as_list()
+    return value
+
+
+def _lists(value: Any) -> int:
+    """How many lists ``value`` is and holds."""
+    if type(value) is list:
+        return 1 + sum(_lists(v) for v in value if type(v) is list or type(v) is dict)
+    if type(value) is dict:
+        return sum(_lists(v) for v in value.values() if type(v) is list or type(v) is dict)
+    return 0
 
 
 def decode_document(doc: dict[str, Any], binary: bytes = b"") -> InferenceRequest:
@@ -150,7 +267,11 @@ def _decode_input(raw: Any, binary: bytes, offset: int) -> tuple[str, np.ndarray
         return name, array.reshape(shape), offset + nbytes
     if "data" not in raw:
         raise InvalidInput(f"input {name!r} has no 'data' (and no 'binary_data_size')")
-    array = array_from_json(name, datatype, dtype, raw["data"])  # type: ignore[arg-type]
+    data = raw["data"]
+    if type(data) is Numbers:  # read already (read_numbers)
+        array = numbers_as(name, datatype, dtype, data.values)  # type: ignore[arg-type]
+    else:
+        array = array_from_json(name, datatype, dtype, data)  # type: ignore[arg-type]
     if array.size != size:
         raise InvalidInput(f"input {name!r}: shape {shape} needs {size} elements, data has {array.size}")
     return name, array.reshape(shape), offset
@@ -211,6 +332,8 @@ def numbers_as(
     they were read from, whose max and min cost less than numpy's when it is short."""
     top: float  # or int: an integer type's, compared exactly
     bottom: float
+    if raw.size == 0:
+        return raw.astype(dtype)
     if dtype.kind in "iu":
         if raw.dtype == dtype:  # read as this very type: they fit
             return raw
