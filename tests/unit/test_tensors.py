@@ -356,6 +356,7 @@ READ_BOTH_WAYS: dict[str, tuple[bytes, int | None]] = {
         for datatype, a in sample_arrays().items()
     },
     "fp32-rows": (body(tensor("x", "FP32", [40, 64], _GOOD_ROWS.ravel().tolist())), None),
+    "past-the-kept-parser": (body(tensor("x", "FP32", [1000, 64], np.resize(_GOOD_ROWS, 64_000).tolist())), None),
     "fp64-precise": (
         body(tensor("x", "FP64", [6], [0.1, 1 / 3, 2.0**-1074, 1.7976931348623157e308, -0.0, 2**53 + 1])),
         None,
@@ -413,7 +414,15 @@ def test_json_numbers_read_by_simdjson_decode_as_orjson_reads_them(
 
 def test_large_requests_numbers_are_read_by_simdjson() -> None:
     """The bodies it takes are read by it (the test above would pass if none were)."""
-    for name in ("fp32-rows", "fp64-precise", "int64-extremes", "everything", "lists-in-parameters"):
+    assert len(READ_BOTH_WAYS["past-the-kept-parser"][0]) > tensors._KEPT_PARSER_BYTES  # read by a parser of its own
+    for name in (
+        "fp32-rows",
+        "past-the-kept-parser",
+        "fp64-precise",
+        "int64-extremes",
+        "everything",
+        "lists-in-parameters",
+    ):
         doc = tensors.read_numbers(READ_BOTH_WAYS[name][0])
         assert doc is not None and isinstance(doc["inputs"][0]["data"], tensors.Numbers), name
     for name in ("nested", "ragged-same-count", "data-twice", "a-bracket-in-a-name", "bools-among-floats"):

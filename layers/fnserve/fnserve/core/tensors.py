@@ -47,7 +47,10 @@ SIMDJSON_ARRAY: Any = simdjson.Array
 # about 128 numbers (1.3-2.6 KB of float32 values, 0.4-0.6 KB of small integers); a 64-number request decodes in
 # 7.7 us by orjson, 9.5 by simdjson; 1,024 rows of 64 in 2.8 ms by orjson, 1.0 by simdjson.
 NUMBERS_READ_FROM = 2048
-_parsers = threading.local()  # a simdjson parser a thread, reused: it keeps its memory for the next body
+# A simdjson parser a thread, reused for bodies up to _KEPT_PARSER_BYTES: it keeps the memory it grew to (a few
+# times the largest body it read), so a larger body gets a parser of its own, freed after.
+_parsers = threading.local()
+_KEPT_PARSER_BYTES = 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -105,7 +108,11 @@ def read_numbers(head: bytes) -> dict[str, Any] | None:
 
     Nested data is found by count: every ``[`` in the text is a list read here, unless data is nested (simdjson
     flattens it into its buffer, one list counted) or a string holds one (which sends the body to orjson too)."""
-    parser = getattr(_parsers, "parser", None) or _new_parser()
+    parser: Any
+    if len(head) > _KEPT_PARSER_BYTES:
+        parser = simdjson.Parser()
+    else:
+        parser = getattr(_parsers, "parser", None) or _new_parser()
     try:
         doc = parser.parse(head)
         if type(doc) is not SIMDJSON_OBJECT:
