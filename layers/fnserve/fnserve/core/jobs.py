@@ -48,6 +48,7 @@ from fnserve.core.tensors import (
     decode_document,
     decode_request,
     json_object,
+    keys_once,
     numbers_as,
 )
 
@@ -234,9 +235,9 @@ def _read_numbers(parser: simdjson.Parser, body: str | bytes) -> _Read | None:
         job_id, model, inputs = doc["id"], doc["model"], doc["inputs"]
         if len(doc) == 3:  # three keys, and these three found: exactly these
             plain, version, outputs = True, None, None
-        else:  # a key twice: orjson keeps the last, simdjson finds the first (parse_job decides)
-            keys = tuple(doc)
-            plain = len(set(keys)) == len(keys) and "payload" not in keys and "parameters" not in keys
+        else:
+            keys = keys_once(doc)  # a key twice: parse_job decides
+            plain = "payload" not in keys and "parameters" not in keys
             version = doc["version"] if "version" in keys else None  # a key looked up and not there costs 2 us
             outputs = doc["outputs"].mini if "outputs" in keys else None  # not a list: AttributeError
         if type(inputs) is not SIMDJSON_ARRAY or not _strings(job_id, model, version):
@@ -342,7 +343,7 @@ def _signature(header: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """The structure of the jobs of one header, or None where the fast path does not take them (parse_job
     then parses each alone; their ids aside: a group's are checked at once, :func:`_all_ids`)."""
     plain, model, version, outputs, binary, tensors, brackets = header
-    if not plain or not model:  # a payload, a request's parameters, a key twice; or what parse_job refuses
+    if not plain or not model:  # a payload or a request's parameters; or what parse_job refuses
         return None
     if outputs is not None:
         outputs = orjson.loads(outputs)

@@ -119,7 +119,7 @@ def read_numbers(head: bytes) -> dict[str, Any] | None:
             return None
         out: dict[str, Any] = {}
         lists = 0
-        for key in _keys(doc):
+        for key in keys_once(doc):
             value = doc[key]
             if key == "inputs" and type(value) is SIMDJSON_ARRAY:
                 tensors = []
@@ -149,7 +149,7 @@ def _read_tensor(tensor: Any) -> tuple[dict[str, Any], int]:
     """One input of :func:`read_numbers`, and how many lists it holds (a ValueError where it cannot be read so)."""
     entry: dict[str, Any] = {}
     lists = 0
-    keys = _keys(tensor)
+    keys = keys_once(tensor)
     for key in keys:
         if key != "data":
             entry[key] = plain = _plain(tensor[key])
@@ -168,8 +168,9 @@ def _read_tensor(tensor: Any) -> tuple[dict[str, Any], int]:
     return entry, lists
 
 
-def _keys(obj: Any) -> list[str]:
-    """An object's keys; a ValueError where one is there twice (orjson keeps the last, a lookup finds the first)."""
+def keys_once(obj: Any) -> list[str]:
+    """A simdjson object's keys; a ValueError where one is there twice (orjson keeps the last, a lookup finds the
+    first)."""
     keys = list(obj)
     if len(set(keys)) != len(keys):
         raise ValueError("a key twice")
