@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,8 @@ from fnserve.core.errors import ConfigError, InvalidInput, ModelNotFound
 from fnserve.core.jobs import job_message
 from fnserve.core.manifest import load_manifest
 from fnserve.core.processor import JobProcessor
+from fnserve.core.providers import Placement
+from fnserve.core.servable import Servable
 from fnserve.core.service import InferenceService
 from fnserve.core.statistics import Executions
 from tests.helpers import ManifestWriter, MemoryStore, model_bytes
@@ -156,6 +159,19 @@ def test_a_queue_batch_of_a_model_that_stacks_runs_as_one_call(write_manifest: M
     bodies = [json.dumps(job_message(f"j-{i}", "scale", request(i))) for i in range(4)]
     outcome = JobProcessor(plane.service, MemoryStore(), ttl_seconds=60).process(records_of(sqs_event(bodies)))
     assert (outcome.done, executions(plane).runs, executions(plane).rows) == (4, 1, 4)
+
+
+def test_a_model_on_a_gpu_runs_each_request_as_it_comes(write_manifest: ManifestWriter) -> None:
+    """On a GPU a batch of a new size is a new plan (cuDNN's search): only the adaptive batcher joins requests."""
+    plane = build(write_manifest)
+    servable = plane.service.servable("scale", "2")
+    on_gpu = replace(servable.model, placement=Placement(("CUDAExecutionProvider", "CPUExecutionProvider"), "cuda:0"))
+    plane.service._models[("scale", "2")] = Servable(on_gpu)
+    answers = together(*(lambda i=i: plane.infer("scale", request(i), version="2") for i in range(3)))
+    assert [int(a.outputs["k1"][0]) for a in answers if isinstance(a, Answer)] == [1, 2, 3]
+    assert executions(plane).runs == 3 and plane.turns is not None and plane.turns.runs == 0
+    # Its queue jobs still stack: a batch job is a batch whatever runs it.
+    assert Servable(on_gpu).stackable
 
 
 def test_a_process_that_answers_one_request_at_a_time_runs_each_as_it_comes(write_manifest: ManifestWriter) -> None:

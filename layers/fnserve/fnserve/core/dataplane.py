@@ -100,9 +100,9 @@ class DataPlane:
     ``batching``: models whose manifest entry sets ``max_batch_time_ms`` get an adaptive
     batcher (long-lived processes only; a Lambda container serves one request at a time),
     with up to ``max_concurrent_batches`` batches of a model running at once (one per worker
-    process); the other models that run in this process, and whose requests stack (every tensor
-    batch-first, ``stack_requests``), run the requests that one turn of the event loop decodes as one
-    call (:class:`~fnserve.core.turns.TurnBatcher`: nothing waits for more). ``offload``:
+    process); the other models that run in this process on its CPU, and whose requests stack (every
+    tensor batch-first, ``stack_requests``), run the requests that one turn of the event loop decodes as
+    one call (:class:`~fnserve.core.turns.TurnBatcher`: nothing waits for more). ``offload``:
     blocking calls (inference in worker processes, the cache's remote tier, follow-up sends)
     wait in a thread, not on the event loop, which keeps answering (health checks included)
     while DynamoDB stalls; otherwise they run inline, fastest for in-process models with
@@ -291,7 +291,7 @@ class DataPlane:
     ) -> Answer:
         if self._offload_models:
             prediction = await asyncio.to_thread(self.service.infer, name, inputs, version=version, outputs=outputs)
-        elif self.turns is not None and self.service.servable(name, version).stackable:
+        elif self.turns is not None and self.service.servable(name, version).joins_turns:
             prediction = await self.turns.infer(name, inputs, version=version, outputs=outputs)
         else:
             prediction = self.service.infer(name, inputs, version=version, outputs=outputs)
