@@ -170,6 +170,9 @@ BAD_REQUESTS: list[tuple[bytes, int | None, type[Exception], str]] = [
     (body(tensor("x", "FP32", [3], [1, 2])), None, InvalidInput, r"shape \[3\] needs 3 elements, data has 2"),
     (body(tensor("x", "FP32", [2, 2], [[1, 2], [3]])), None, InvalidInput, "ragged"),
     (body(tensor("x", "INT32", [1], [1.5])), None, InvalidInput, "INT32 data must be integers, got floats"),
+    # Whole, but written as floats: the fault is the type, not the range.
+    (body(tensor("x", "INT32", [2], [1.0, 2.0])), None, InvalidInput, "INT32 data must be integers, got floats"),
+    (body(tensor("x", "UINT64", [1], [1e19])), None, InvalidInput, "UINT64 data must be integers, got floats"),
     (body(tensor("x", "UINT8", [1], [256])), None, InvalidInput, "out of range for UINT8"),
     (body(tensor("x", "INT8", [1], [-129])), None, InvalidInput, "out of range for INT8"),
     (  # orjson reads integers past 64 bits as floats

@@ -285,6 +285,9 @@ def _decode_input(raw: Any, binary: bytes, offset: int) -> tuple[str, np.ndarray
     return name, array.reshape(shape), offset
 
 
+_WHOLE_LOW, _WHOLE_HIGH = -(2.0**63), 2.0**64  # the whole numbers orjson reads as ints lie in [-2**63, 2**64)
+
+
 def array_from_json(name: str, datatype: str, dtype: np.dtype[Any], data: Any) -> np.ndarray[Any, Any]:
     """JSON ``data`` (flat or nested lists) as an array of ``datatype``; values must fit it exactly."""
     if not isinstance(data, list):
@@ -323,7 +326,9 @@ def array_from_json(name: str, datatype: str, dtype: np.dtype[Any], data: Any) -
     if dtype.kind in "iu":
         if kind == "f":
             flat = _flatten(data)
-            if not all(type(v) is int or v.is_integer() for v in flat):  # orjson reads ints past 64 bits as floats
+            # orjson reads a whole number as an int from -2**63 up to 2**64 - 1 and past them as a float: a float
+            # inside that span was written as one (1.0, 2.5), one outside it is a whole number out of range.
+            if any(type(v) is float and (_WHOLE_LOW < v < _WHOLE_HIGH or not v.is_integer()) for v in flat):
                 raise InvalidInput(f"input {name!r}: {datatype} data must be integers, got floats")
             if datatype == "UINT64" and all(type(v) is int for v in flat):
                 # numpy infers float64 for ints past int64's range; build it exactly instead.
