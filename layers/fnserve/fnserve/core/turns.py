@@ -12,7 +12,8 @@ before, one pass of the loop later (at concurrency 1 on the digits model, 66 -> 
 one whose caller left before its turn ran is not computed.
 
 Unlike the adaptive batcher (:mod:`fnserve.core.batching`), nothing here waits for requests to come: no window, no
-queue, no thread; it is how a server runs the models that do not ask for adaptive batching.
+queue, no thread; it is how a server runs the models on its CPU that do not ask for adaptive batching (on a GPU
+each new batch size is a new plan, so a GPU model's requests run as they come: ``Servable.joins_turns``).
 """
 
 from __future__ import annotations
