@@ -171,7 +171,9 @@ def test_a_model_on_a_gpu_runs_each_request_as_it_comes(write_manifest: Manifest
     assert [int(a.outputs["k1"][0]) for a in answers if isinstance(a, Answer)] == [1, 2, 3]
     assert executions(plane).runs == 3 and plane.turns is not None and plane.turns.runs == 0
     # Its queue jobs still stack: a batch job is a batch whatever runs it.
-    assert Servable(on_gpu).stackable
+    bodies = [json.dumps(job_message(f"j-{i}", "scale", request(i), version="2")) for i in range(4)]
+    outcome = JobProcessor(plane.service, MemoryStore(), ttl_seconds=60).process(records_of(sqs_event(bodies)))
+    assert (outcome.done, executions(plane).runs, executions(plane).rows) == (4, 4, 7)
 
 
 def test_a_process_that_answers_one_request_at_a_time_runs_each_as_it_comes(write_manifest: ManifestWriter) -> None:
