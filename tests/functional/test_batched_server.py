@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from fnserve.adapters.http.app import create_app
+from fnserve.adapters.http.wire import SEND_NOW
 from fnserve.adapters.metrics import ServerMetrics
 from fnserve.core.batching import AdaptiveBatcher
 from fnserve.core.cache import ResultCache
@@ -255,7 +256,7 @@ def test_a_request_timeout_drops_it_from_the_queue_before_it_runs(tmp_path: Path
 def test_an_overloaded_model_refuses_a_request_from_its_headers_before_reading_its_body(tmp_path: Path) -> None:
     """MiniLM's queue full (max_queue_size = 2, behind a heavy batch): a request is refused from its path alone,
     503 with Retry-After, though its body never comes (a refusal reads nothing: it must cost next to nothing),
-    and counted as a failure in the statistics; the queued ones are answered."""
+    sent at once, and counted as a failure in the statistics; the queued ones are answered."""
     manifest = tmp_path / "manifest.toml"
     manifest.write_text(minilm_entry("max_queue_size = 2\n"))
     plane = DataPlane(InferenceService.from_manifest(manifest, eager=True), batching=True)
@@ -272,6 +273,9 @@ def test_an_overloaded_model_refuses_a_request_from_its_headers_before_reading_i
     async def send(message: dict[str, object]) -> None:
         sent.append(message)
 
+    sent_now: list[int] = []  # the messages sent when the app asked its server to send them at once
+    scope[SEND_NOW] = lambda: sent_now.append(len(sent))
+
     async def main() -> list[int]:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://fnserve", timeout=120) as client:
@@ -285,6 +289,7 @@ def test_an_overloaded_model_refuses_a_request_from_its_headers_before_reading_i
     assert asyncio.run(main()) == [200, 200, 200]
     start, body = sent
     assert start["status"] == 503 and (b"retry-after", b"1") in start["headers"]  # type: ignore[operator]
+    assert sent_now == [2]  # the refusal, whole, leaves at once (fnserve's protocol: not at the turn's end)
     error = json.loads(body["body"])["error"]  # type: ignore[arg-type]
     assert "model 'minilm-l6' is overloaded: 2 rows wait already, 2 at most (max_queue_size)" in error
     assert batcher.shed == 1 and batcher.batches == 2  # the heavy batch, then the two queued: nothing of its ran

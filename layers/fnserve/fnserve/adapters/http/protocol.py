@@ -16,6 +16,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from fnserve.adapters.http.wire import SEND_NOW
+
 HELD_BYTES = 64 * 1024  # past this much in one turn, writes go at once (the transport's flow control sees them)
 
 
@@ -77,7 +79,16 @@ class HttpProtocol(HttpToolsProtocol):
     going out at once: measured on digits at concurrency 16 (3 interleaved rounds, 2 CPUs), at once cost 0.16 ms of
     server CPU a request against 0.14 and served 10,600 requests/s against 12,600, with no better p99 (3.4-3.6 ms
     against 3.1-3.4): the answers of a turn leave together, so the client sends the next requests together and
-    the server wakes once for them, not once each."""
+    the server wakes once for them, not once each.
+
+    The app may send a response at once, though (a refusal: its client is to try again shortly, and hears at once):
+    each request's scope holds the connection's flush under ``SEND_NOW``. Measured on digits-accurate offered 2,700
+    requests/s on one CPU (3x what it serves; 3 interleaved rounds of 10 s), refusals p50 0.85-0.91 ms against
+    0.99-1.22 at the turn's end, p99 5.5-10.8 against 5.5-12.9, the answered alike."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(Coalescing(transport, self.loop))  # type: ignore[arg-type]
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope[SEND_NOW] = self.transport.flush  # type: ignore[literal-required,attr-defined]  # a Coalescing

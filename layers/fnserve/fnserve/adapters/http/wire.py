@@ -19,6 +19,11 @@ from fnserve.core.errors import FnserveError
 _ID_PREFIX = uuid.uuid4().hex[:12]
 _ID_COUNTER = itertools.count(1)
 
+# A scope key fnserve's HTTP protocol sets on each request: a callable that sends what the connection holds now. The
+# answers of one turn of the event loop leave together at its end (``fnserve.adapters.http.protocol``); a refusal
+# must not wait for them: its client is to try again shortly, or elsewhere, and hears at once.
+SEND_NOW = "fnserve.send_now"
+
 
 def request_id(scope: Mapping[str, Any]) -> str:
     """The caller's X-Request-Id, else the Lambda request id, else a new one."""
