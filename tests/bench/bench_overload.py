@@ -11,7 +11,9 @@ latency unloaded (open loop at half the capacity), then an open loop at three ti
 server. Arrivals are scheduled at fixed intervals and each latency is counted from its scheduled time (no
 coordinated omission: a request the generator could not send on time waits in the count). Printed side by
 side: answered p50/p99 against the unloaded p99 (and how much of it was the server's queue and model, from
-Server-Timing), refusals (503) and how fast they came, and the server's RSS over the run.
+Server-Timing), refusals (503) and how fast they came beside their floor (the same arrivals on a bare app that
+refuses every request at once, on the same CPU, beside the model computing the share of the time it did in
+fnserve's run: ``tests/bench/refuse_server.py``), and the server's RSS over the run.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -40,6 +43,7 @@ CONNECTIONS = 512  # enough that arrivals at 3x never wait for a free connection
 # A batch's rows: under overload every batch is full, and a request waits for the one running, then runs in its
 # own; at 8 MiniLM rows (about 13 ms) and 1,024 digits rows (4 requests) that stays near the unloaded latency.
 BATCH_ROWS = {"minilm-l6": 8, "digits-accurate": 1024}
+UNLOADED_SECONDS = 10.0  # the latency at half the capacity: about 1% of its requests make its p99
 BASELINE_SECONDS = 10.0  # the same overload on the server without admission bounds
 NEIGHBOUR_SECONDS = 10.0  # one model flooded beside another
 
@@ -56,13 +60,18 @@ class Run:
         return self.latencies.get(status, [])
 
 
+def demo_models() -> dict[str, dict[str, Any]]:
+    """The demo manifest's models, by name."""
+    import tomllib
+
+    return {m["name"]: m for m in tomllib.loads(DEMO_MANIFEST.read_text())["models"]}
+
+
 def manifest(directory: Path, kind: str) -> Path:
     """The two models with adaptive batching: ``unbounded``, a queue that never fills (what a server without
     admission control does); ``bounded``, fnserve's default admission bounds (a queue of one batch);
     ``priority``, those and digits-accurate a priority above MiniLM's."""
-    import tomllib
-
-    demo = {m["name"]: m for m in tomllib.loads(DEMO_MANIFEST.read_text())["models"]}
+    demo = demo_models()
     minilm, digits = demo["minilm-l6"], demo["digits-accurate"]
     bounds = {name: "max_queue_size = 1000000\n" if kind == "unbounded" else "" for name in BATCH_ROWS}
     if kind == "priority":
@@ -231,23 +240,51 @@ def report(name: str, run: Run, rss: list[float], generator: float, base_p99: fl
     print(f"    server RSS over the run: {min(rss):.0f}-{max(rss):.0f} MB (first {rss[0]:.0f}, last {rss[-1]:.0f})")
 
 
-async def full_batches(server: Server, model: str) -> tuple[int, int]:
-    """The runs of full batches (``BATCH_ROWS``) so far and their nanoseconds, from Triton's statistics."""
+@dataclass(frozen=True)
+class Computed:
+    """A model's batches so far, from Triton's statistics: the full ones (``BATCH_ROWS``) and their nanoseconds, and
+    the nanoseconds of every batch."""
+
+    full: int
+    full_ns: int
+    ns: int
+
+
+async def computed(server: Server, model: str) -> Computed:
     async with httpx.AsyncClient() as client:
         response = await client.get(f"http://127.0.0.1:{server.port}/v2/models/{model}/stats")
+    full, full_ns, ns = 0, 0, 0
     for stat in response.json()["model_stats"][0]["batch_stats"]:
+        ns += stat["compute_infer"]["ns"]
         if stat["batch_size"] == BATCH_ROWS[model]:
-            return stat["compute_infer"]["count"], stat["compute_infer"]["ns"]
-    return 0, 0
+            full, full_ns = stat["compute_infer"]["count"], stat["compute_infer"]["ns"]
+    return Computed(full, full_ns, ns)
 
 
-async def measure(unbounded: Server, bounded: Server, model: str) -> tuple[float, float]:
-    """Capacity and unloaded latency on the unbounded server; 3x the capacity on the bounded one, then the other."""
+async def refusal_floor(model: str, rate: float, busy: float, pinned: bool) -> Run:
+    """The same open loop on a bare app that refuses every request at once, on the CPU fnserve's server had, beside
+    the model computing ``busy`` of the time (``tests/bench/refuse_server.py``)."""
+    port = free_port()
+    path = DEMO_MANIFEST.parent / demo_models()[model]["path"]
+    cmd = [sys.executable, "-m", "tests.bench.refuse_server", str(port)]
+    cmd += [str(path), str(BATCH_ROWS[model]), f"{busy:.4f}"]
+    proc = subprocess.Popen(["taskset", "-c", "0", *cmd] if pinned else cmd, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(Server(proc, port), "/")
+        return await open_loop(port, request_bytes(port, model), rate, BASELINE_SECONDS)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+async def measure(unbounded: Server, bounded: Server, model: str, pinned: bool) -> tuple[float, float]:
+    """Capacity and unloaded latency on the unbounded server; 3x the capacity on the bounded one, the refusal floor
+    at the same rate, then the unbounded server at that rate."""
     wire = request_bytes(unbounded.port, model)
     for server in (unbounded, bounded):
         await closed_loop(server.port, wire, 16, 1.0)  # warm-up
     capacity = await closed_loop(unbounded.port, wire, 16, 5.0)
-    unloaded = await open_loop(unbounded.port, wire, capacity / 2, 5.0)
+    unloaded = await open_loop(unbounded.port, wire, capacity / 2, UNLOADED_SECONDS)
     base_p99 = percentile(unloaded.of(200), 99) * 1e3
     print(
         f"\n{model}: capacity {capacity:,.0f} req/s (closed loop, 16 connections, batches of {BATCH_ROWS[model]} rows)"
@@ -256,19 +293,28 @@ async def measure(unbounded: Server, bounded: Server, model: str) -> tuple[float
         f"  unloaded, {unloaded.offered:,.0f} req/s offered: p50 {percentile(unloaded.of(200), 50) * 1e3:.2f} ms, "
         f"p99 {base_p99:.2f} ms"
     )
-    before = await full_batches(bounded, model)
+    before, started = await computed(bounded, model), time.perf_counter()
     run, rss, generator = await overload(bounded, wire, 3 * capacity, SECONDS)
-    after = await full_batches(bounded, model)
+    after, elapsed = await computed(bounded, model), time.perf_counter() - started
+    busy = min(1.0, (after.ns - before.ns) / 1e9 / elapsed)
+    floor = await refusal_floor(model, run.offered, busy, pinned)
     report("3x capacity, fnserve's defaults (a queue of one batch)", run, rss, generator, base_p99)
     admitted, refused = run.of(200), run.of(503)
+    floor_p99 = percentile(floor.of(503), 99) * 1e3
+    print(
+        f"    the refusal floor: a bare app refusing every request at once, on the same CPU beside the model busy "
+        f"{busy:.0%} of the time (as in this run), the same arrivals for {floor.seconds:g} s: p50 "
+        f"{percentile(floor.of(503), 50) * 1e3:.2f} ms, p99 {floor_p99:.2f} ms"
+    )
     if admitted and refused:
+        refused_p99 = percentile(refused, 99) * 1e3
         print(
             f"    targets: answered p99 {percentile(admitted, 99) * 1e3 / base_p99:.2f}x the unloaded p99 (<= 2x), "
-            f"refusals p99 {percentile(refused, 99) * 1e3:.2f} ms (< 5 ms), "
-            f"served {len(admitted) / run.seconds / capacity:.2f}x the capacity"
+            f"refusals p99 {refused_p99:.2f} ms (< 5 ms; {refused_p99 / floor_p99:.2f}x the floor's "
+            f"{floor_p99:.2f} ms), served {len(admitted) / run.seconds / capacity:.2f}x the capacity"
         )
-    if after[0] > before[0]:
-        batch_ms = (after[1] - before[1]) / (after[0] - before[0]) / 1e6
+    if after.full > before.full:
+        batch_ms = (after.full_ns - before.full_ns) / (after.full - before.full) / 1e6
         print(
             f"    floor: a request under sustained overload waits for the full batch running, then runs in its own: "
             f"2 x {batch_ms:.1f} ms (a full batch's run over this load, from the server's statistics) = "
@@ -319,11 +365,11 @@ def start(work: Path, kind: str, pinned: bool) -> Server:
     return Server(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), port)
 
 
-def wait_ready(server: Server) -> None:
+def wait_ready(server: Server, path: str = "/v2/health/ready") -> None:
     deadline = time.monotonic() + 120
     while True:
         try:
-            if httpx.get(f"http://127.0.0.1:{server.port}/v2/health/ready", timeout=2).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{server.port}{path}", timeout=2).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -352,7 +398,7 @@ def main() -> None:
         import uvloop  # the server's loop too: the generator must not be the slower side
 
         unloaded = {
-            model: uvloop.run(measure(servers["unbounded"], servers["bounded"], model))
+            model: uvloop.run(measure(servers["unbounded"], servers["bounded"], model, pinned))
             for model in ("minilm-l6", "digits-accurate")
         }
         uvloop.run(neighbours(servers["bounded"], servers["priority"], unloaded))
