@@ -7,6 +7,7 @@ import json
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -338,7 +339,8 @@ priority = {priority}
 def test_a_full_queue_refuses_over_grpc_with_unavailable_and_over_sagemaker_with_503(tmp_path: Path) -> None:
     """The same bound, whatever carries the request: behind a heavy batch and a full queue, gRPC's ModelInfer is
     UNAVAILABLE (the server is fine and the call may be tried again, not RESOURCE_EXHAUSTED: no quota of the
-    caller's ran out) and SageMaker's /invocations 503 with Retry-After, both with the bound that refused them."""
+    caller's ran out) and SageMaker's /invocations 503 with Retry-After, both with the bound that refused them,
+    the 503 sent at once."""
     import grpc
 
     from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
@@ -356,10 +358,16 @@ def test_a_full_queue_refuses_over_grpc_with_unavailable_and_over_sagemaker_with
         request.inputs.add(name=name, datatype="INT64", shape=[1, 16])
         request.raw_input_contents.append(array.tobytes())
 
+    sent_now: list[str] = []  # the paths whose answers the app asked its server to send at once
+
+    async def served(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        scope[SEND_NOW] = lambda: sent_now.append(scope["path"])
+        await app(scope, receive, send)
+
     async def main() -> tuple[grpc.aio.AioRpcError, httpx.Response, list[int]]:
         server = GrpcServer(plane, "127.0.0.1", 0, max_message_bytes=2**20, grace_seconds=1)
         await server.start()
-        transport = httpx.ASGITransport(app=app)
+        transport = httpx.ASGITransport(app=served)
         try:
             async with (
                 httpx.AsyncClient(transport=transport, base_url="http://fnserve", timeout=120) as client,
@@ -381,6 +389,7 @@ def test_a_full_queue_refuses_over_grpc_with_unavailable_and_over_sagemaker_with
 
     refused, sagemaker, answered = asyncio.run(main())
     assert answered == [200, 200, 200]
+    assert sent_now == ["/invocations"]  # the refusal leaves at once; the answers at the end of their turn
     assert refused.code() == grpc.StatusCode.UNAVAILABLE, refused
     assert "model 'minilm-l6' is overloaded: 2 rows wait already, 2 at most (max_queue_size)" in str(refused.details())
     assert sagemaker.status_code == 503 and sagemaker.headers["retry-after"] == "1"

@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fnserve.adapters.http.wire import error_body, error_parts, request_id
+from fnserve.adapters.http.wire import SEND_NOW, error_body, error_parts, request_id
 from fnserve.adapters.logs import logger, request_keys
 from fnserve.core.errors import ClientGone, FnserveError
 
@@ -67,13 +67,24 @@ class RequestContext:
             await error_response("internal server error", 500)(scope, receive, send_with_id)
 
 
+class SentAtOnce(Response):
+    """A response its server sends as soon as it is written (the scope's ``SEND_NOW``), not at the end of the event
+    loop's turn with the others: a refusal, whose client is to try again shortly."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
+        if SEND_NOW in scope:
+            scope[SEND_NOW]()
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """fnserve's errors, FastAPI's validation errors and Starlette's HTTP errors, all as ``{"error": ...}``."""
 
     async def fnserve_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, FnserveError)
         status, body, headers = error_parts(exc)
-        return Response(body, status_code=status, media_type=JSON, headers=headers)
+        answer = SentAtOnce if status == 503 else Response  # a refusal, as the V2 route sends one
+        return answer(body, status_code=status, media_type=JSON, headers=headers)
 
     async def validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
