@@ -21,6 +21,11 @@ interleaved rounds (3); each figure is the median, with the range over the round
   workers of one ORT thread each. Server CPU per request is the CPU time of the server's processes over the
   requests answered. ``x raw`` is raw CPU per row over the server's CPU per request (wrk shares the cores, so
   throughput alone would understate a server); ``x naive`` compares CPU per request to the naive server's.
+- **The floor of a tensor request** at concurrency 16: what each of the CPUs' processes can hold is 16 / CPUs
+  requests, so raw onnxruntime at that batch (CPU per row), plus the transport's own CPU per request (the echo
+  server answering the same bytes fnserve answers, under the same wrk, two front processes on fnserve's protocol),
+  plus decoding the request and encoding its answer in process (fnserve's codec, the least of five medians). No
+  server of single-threaded sessions at that concurrency answers JSON over HTTP in less CPU.
 - **Latency at concurrency 1**: fnserve's p50 beside a lone ``session.run`` at batch 1 plus the p50 of the
   naive server's HTTP round trip less its own ``session.run``: no batching window is paid when nothing else waits.
 """
@@ -35,9 +40,11 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -208,8 +215,11 @@ def servers(cpus: int) -> list[Server]:
 
 
 @contextlib.contextmanager
-def serving(server: Server, port: int, body: bytes) -> Iterator[subprocess.Popen[bytes]]:
-    command = [*server.command, "--port", str(port)]
+def serving(
+    server: Server, port: int, body: bytes, command: list[str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``server`` started on ``port`` (``command`` instead of its own with ``--port``), once it answers ``body``."""
+    command = command or [*server.command, "--port", str(port)]
     env = {**os.environ, **server.env}
     proc = subprocess.Popen(
         command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -261,6 +271,45 @@ def lone_run_ms() -> float:
     return statistics.median(times[50:]) * 1e3
 
 
+def tensor_answer() -> bytes:
+    """The V2 JSON answer fnserve gives :func:`tensor_body` (the model's outputs at batch 1, as encoded)."""
+    import onnxruntime as ort
+
+    from fnserve.core.tensors import decode_request, encode_response
+
+    session = ort.InferenceSession(str(MODEL), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    outputs = dict(zip(names, session.run(None, tensor_feed(1)), strict=True))
+    return encode_response("minilm-l6", "1", outputs, decode_request(tensor_body()))[0]
+
+
+def codec_ms() -> float:
+    """Decoding :func:`tensor_body` and encoding its answer in process (fnserve's codec): the least of five medians
+    of 200, milliseconds."""
+    from fnserve.core.tensors import decode_request, encode_response
+
+    body = tensor_body()
+    outputs = {"last_hidden_state": np.zeros((1, TOKENS, 384), np.float32) + 0.123456}
+
+    def once() -> float:
+        began = time.perf_counter()
+        request = decode_request(body)
+        encode_response("minilm-l6", "1", outputs, request)
+        return time.perf_counter() - began
+
+    return min(statistics.median(once() for _ in range(200)) for _ in range(5)) * 1e3
+
+
+def echo_cpu_ms(port: int, answer: Path, cpus: int) -> float:
+    """The transport's CPU per request: the echo server (``cpus`` front processes, fnserve's protocol) answering
+    ``answer``'s bytes to :func:`tensor_body` under the same wrk as the servers."""
+    server = Server("echo", [sys.executable, "-m", "tests.bench.echo_server"], {}, "minilm-l6", False)
+    command = [*server.command, str(port), str(cpus), "fnserve", str(answer)]
+    with serving(server, port, tensor_body(), command) as proc:
+        url = f"http://127.0.0.1:{port}/v2/models/minilm-l6/infer"
+        return load(proc, url, [tensor_body()], 16).cpu_ms
+
+
 def shown(values: Sequence[float], fmt: str) -> str:
     med = statistics.median(values)
     return f"{med:{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
@@ -274,12 +323,18 @@ def main() -> None:
     raws: dict[str, list[tuple[float, float]]] = {}
     runs: dict[str, list[Run]] = {}
     ones: dict[str, list[float]] = {}
+    in_flight = 16 // cpus  # what one process of a server at concurrency 16 holds
+    answer = Path(tempfile.mkdtemp(prefix="fnserve-bench-batching-")) / "answer.json"
+    answer.write_bytes(tensor_answer())
+    transport: list[float] = []
     for _ in range(ROUNDS):
         for kind in ("tensor", "text"):
             for batch in (1, ROWS):
                 raws.setdefault(f"{kind} b{batch}", []).append(raw(kind, batch, cpus))
-        in_flight = 16 // cpus  # what one process of a server at concurrency 16 holds
+        raws.setdefault(f"tensor b{in_flight}", []).append(raw("tensor", in_flight, cpus))
         raws.setdefault(f"text {in_flight} drawn", []).append(raw("flight", in_flight, cpus))
+        transport.append(echo_cpu_ms(port, answer, cpus))
+        port += 1
         for server in servers(cpus):
             bodies = text_bodies if server.text else [tensor_body()]
             url = f"http://127.0.0.1:{port}/v2/models/{server.model}/infer"
@@ -294,14 +349,26 @@ def main() -> None:
         rate = shown([v[0] for v in points], ".0f")
         cpu = shown([v[1] for v in points], ".3f")
         print(f"    {key:<12} {rate} rows/s   CPU {cpu} ms/row")
-    in_flight = 16 // cpus
+    codec = codec_ms()
+    held = [raws[f"tensor b{in_flight}"][i][1] for i in range(ROUNDS)]
+    tensor_floor = [held[i] + transport[i] + codec for i in range(ROUNDS)]
+    b16 = [raws["tensor b16"][i][1] for i in range(ROUNDS)]
+    of_b16 = shown([b16[i] / tensor_floor[i] for i in range(ROUNDS)], ".2f")
+    print(
+        f"  the floor of a tensor request at concurrency 16: raw b{in_flight} {shown(held, '.3f')} ms a row (what "
+        f"each of {cpus} processes holds) + the transport {shown(transport, '.3f')} ms (the echo server answering "
+        f"the same {answer.stat().st_size:,} B) + decoding and encoding {codec:.3f} ms = "
+        f"{shown(tensor_floor, '.3f')} ms a request = {of_b16}x raw b16"
+    )
     text_floors = {"raw": ("text b1", "text b16"), "drawn": ("text b1", f"text {in_flight} drawn")}
     for kind, peer, floors in (
         ("tensor", "naive FastAPI + ORT", {"raw": ("tensor b16",)}),
         ("text", "naive text server", text_floors),
     ):
         floor_cpu = {name: [min(raws[k][i][1] for k in keys) for i in range(ROUNDS)] for name, keys in floors.items()}
-        named = "; ".join(f"{n} (best of {', '.join(floors[n])}) {shown(c, '.3f')}" for n, c in floor_cpu.items())
+        if kind == "tensor":
+            floor_cpu["the floor"] = tensor_floor
+        named = "; ".join(f"{n} (best of {', '.join(floors[n])}) {shown(floor_cpu[n], '.3f')}" for n in floors)
         print(f"  {kind}s over HTTP, wrk -t1 -c16, {SECONDS:g} s; raw CPU per row: {named} ms")
         for label, served in runs.items():
             if ("embed" in label or "text" in label) != (kind == "text"):

@@ -1,9 +1,10 @@
 """The transport's floor for the HTTP benchmarks: an ASGI app that reads the request's body and answers a fixed V2
 response, served the way ``fnserve serve``'s front processes are (``fnserve.adapters.fronts``: uvicorn, uvloop and
 httptools, a socket of its own a process); uvicorn's own httptools protocol, or with ``fnserve`` fnserve's
-(``fnserve.adapters.http.protocol``: a response's head and body in one write).
+(``fnserve.adapters.http.protocol``: a response's head and body in one write). ``ANSWER``: a file whose bytes
+are the answer instead (another model's, as fnserve answers it).
 
-    python -m tests.bench.echo_server PORT PROCESSES [fnserve]
+    python -m tests.bench.echo_server PORT PROCESSES [fnserve [ANSWER]]
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ ANSWER = (
     b'"data":[0.0,0.0,0.0,0.0,0.0,0.0,0.0,1.0,0.0,0.0]}]}'
 )
 HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER)).encode())]
+ANSWER_ENV = "ECHO_ANSWER"  # how the front processes (spawned: they import this module afresh) learn the answer
 
 
 async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -31,13 +33,35 @@ async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 def factory() -> Any:
-    return echo
+    import os
+
+    answer = os.environ.get(ANSWER_ENV)
+    if answer is None:
+        return echo
+    with open(answer, "rb") as file:
+        body = file.read()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+
+    async def echo_this(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        more = True
+        while more:
+            more = (await receive()).get("more_body", False)
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return echo_this
 
 
 if __name__ == "__main__":
+    import os
+
     from fnserve.adapters import fronts
 
-    protocol = "fnserve.adapters.http.protocol:HttpProtocol" if sys.argv[3:] == ["fnserve"] else "httptools"
+    if len(sys.argv) > 4:
+        os.environ[ANSWER_ENV] = sys.argv[4]
+    protocol = "fnserve.adapters.http.protocol:HttpProtocol" if sys.argv[3:4] == ["fnserve"] else "httptools"
     options = {"host": "127.0.0.1", "port": int(sys.argv[1]), "loop": "uvloop", "http": protocol}
     fronts.run(
         "tests.bench.echo_server:factory", int(sys.argv[2]), {**options, "access_log": False, "log_level": "warning"}
