@@ -347,8 +347,10 @@ async def neighbours(bounded: Server, priority: Server, unloaded: dict[str, tupl
         probe = await open_loop(server.port, wire, digits[0] / 10, NEIGHBOUR_SECONDS, connections=32)
         flooded = await flood
         answered = probe.of(200)
+        others = {status: len(v) for status, v in probe.latencies.items() if status != 200}
         print(
-            f"  {name}: digits-accurate answered {len(answered):,} of {sum(map(len, probe.latencies.values())):,}, "
+            f"  {name}: digits-accurate answered {len(answered):,} of {sum(map(len, probe.latencies.values())):,} "
+            f"(the others: {others or 'none'}), "
             f"p50 {percentile(answered, 50) * 1e3:.2f} ms, p99 {percentile(answered, 99) * 1e3:.2f} ms "
             f"({percentile(answered, 99) * 1e3 / digits[1]:.2f}x its unloaded p99); minilm-l6 answered "
             f"{len(flooded.of(200)) / flooded.seconds:,.0f}/s, refused {len(flooded.of(503)) / flooded.seconds:,.0f}/s"
