@@ -17,41 +17,33 @@ ANSWER = (
     b'"shape":[1],"data":[7]},{"name":"probabilities","datatype":"FP32","shape":[1,10],'
     b'"data":[0.0,0.0,0.0,0.0,0.0,0.0,0.0,1.0,0.0,0.0]}]}'
 )
-HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER)).encode())]
 ANSWER_ENV = "ECHO_ANSWER"  # how the front processes (spawned: they import this module afresh) learn the answer
 
 
-async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    if scope["type"] != "http":
-        return
-    more = True
-    while more:  # the whole body, as any server must read it
-        message = await receive()
-        more = message.get("more_body", False)
-    await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
-    await send({"type": "http.response.body", "body": ANSWER})
+def echo(answer: bytes) -> Any:
+    """The ASGI app that reads a request's whole body, as any server must, and answers ``answer``."""
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
 
-
-def factory() -> Any:
-    import os
-
-    answer = os.environ.get(ANSWER_ENV)
-    if answer is None:
-        return echo
-    with open(answer, "rb") as file:
-        body = file.read()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-
-    async def echo_this(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
         more = True
         while more:
             more = (await receive()).get("more_body", False)
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send({"type": "http.response.body", "body": answer})
 
-    return echo_this
+    return app
+
+
+def factory() -> Any:
+    import os
+
+    path = os.environ.get(ANSWER_ENV)
+    if path is None:
+        return echo(ANSWER)
+    with open(path, "rb") as file:
+        return echo(file.read())
 
 
 if __name__ == "__main__":
