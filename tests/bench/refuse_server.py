@@ -7,7 +7,8 @@ fnserve's did, with no admission, queue, decoding or answers around it.
 
     python -m tests.bench.refuse_server PORT [MODEL.onnx ROWS BUSY]
 
-``BUSY``: the share of the time the model runs (1: back to back); ``GET`` on any path answers 200 (it is up).
+``BUSY``: the share of the time the model runs (1: back to back); ``GET`` on any path answers 200 once the model
+has run its first batch (503 before).
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ REFUSAL_HEADERS = [
     (b"retry-after", b"1"),
 ]
 UP_HEADERS = [(b"content-length", b"0")]
+COMPUTING = threading.Event()  # set once the model runs (at once without one)
 
 
 async def refuse(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] != "http":
         return
     if scope["method"] == "GET":
-        await send({"type": "http.response.start", "status": 200, "headers": UP_HEADERS})
+        status = 200 if COMPUTING.is_set() else 503
+        await send({"type": "http.response.start", "status": status, "headers": UP_HEADERS})
         await send({"type": "http.response.body", "body": b""})
         return
     await send({"type": "http.response.start", "status": 503, "headers": REFUSAL_HEADERS})
@@ -63,6 +66,7 @@ def compute(path: str, rows: int, busy: float) -> None:
     while True:
         started = time.perf_counter()
         session.run(None, feed)
+        COMPUTING.set()
         if pause:
             time.sleep((time.perf_counter() - started) * pause)
 
@@ -73,6 +77,8 @@ if __name__ == "__main__":
     if len(sys.argv) > 2:  # in this process, as a batch's thread is in fnserve's
         args = (sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
         threading.Thread(target=compute, args=args, daemon=True).start()
+    else:
+        COMPUTING.set()
     uvicorn.run(
         refuse,
         host="127.0.0.1",
