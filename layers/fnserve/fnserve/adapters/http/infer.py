@@ -16,7 +16,7 @@ from typing import Any
 
 from fnserve.adapters.envelope import RequestWatcher, Telemetry
 from fnserve.adapters.http import compression
-from fnserve.adapters.http.wire import SEND_NOW, error_parts, header_request_id, server_timing, unnamed_request_id
+from fnserve.adapters.http.wire import answered, error_parts, header_request_id, server_timing, unnamed_request_id
 from fnserve.adapters.logs import logger, request_keys
 from fnserve.core.dataplane import Answer, DataPlane
 from fnserve.core.errors import BadRequest, ClientGone, FnserveError, PayloadTooLarge
@@ -119,8 +119,7 @@ class InferenceRoute:
         raw.append((b"x-request-id", rid.encode("latin-1")))
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": payload})
-        if status == 503 and SEND_NOW in scope:  # a refusal leaves at once, not with the turn's answers
-            scope[SEND_NOW]()
+        answered(scope, status)
 
     async def answer(
         self,

@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fnserve.adapters.http.wire import SEND_NOW, error_body, error_parts, request_id
+from fnserve.adapters.http.wire import answered, error_body, error_parts, request_id
 from fnserve.adapters.logs import logger, request_keys
 from fnserve.core.errors import ClientGone, FnserveError
 
@@ -67,14 +67,12 @@ class RequestContext:
             await error_response("internal server error", 500)(scope, receive, send_with_id)
 
 
-class SentAtOnce(Response):
-    """A response its server sends as soon as it is written (the scope's ``SEND_NOW``), not at the end of the event
-    loop's turn with the others: a refusal, whose client is to try again shortly."""
+class ErrorAnswer(Response):
+    """fnserve's error as an answer, sent as the V2 route sends one (a refusal at once: ``wire.answered``)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await super().__call__(scope, receive, send)
-        if SEND_NOW in scope:
-            scope[SEND_NOW]()
+        answered(scope, self.status_code)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -83,8 +81,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def fnserve_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, FnserveError)
         status, body, headers = error_parts(exc)
-        answer = SentAtOnce if status == 503 else Response  # a refusal, as the V2 route sends one
-        return answer(body, status_code=status, media_type=JSON, headers=headers)
+        return ErrorAnswer(body, status_code=status, media_type=JSON, headers=headers)
 
     async def validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)

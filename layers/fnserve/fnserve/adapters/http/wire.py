@@ -25,6 +25,13 @@ _ID_COUNTER = itertools.count(1)
 SEND_NOW = "fnserve.send_now"
 
 
+def answered(scope: Mapping[str, Any], status: int) -> None:
+    """An answer of ``status`` is written whole: a refusal (503) is sent at once (``SEND_NOW``, where the server
+    offers it), the others at the end of their turn."""
+    if status == 503 and SEND_NOW in scope:
+        scope[SEND_NOW]()
+
+
 def request_id(scope: Mapping[str, Any]) -> str:
     """The caller's X-Request-Id, else the Lambda request id, else a new one."""
     headers: Iterable[tuple[bytes, bytes]] = scope.get("headers", ())
