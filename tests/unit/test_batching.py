@@ -558,17 +558,44 @@ def test_a_request_whose_wait_is_foreseen_past_its_deadline_is_refused_as_it_arr
 
 
 def test_requests_still_being_read_count_against_the_queue_until_theirs_is_read() -> None:
-    """Four 256-row requests being read fill a 1,024-row queue: a fifth is refused from its headers, so that a burst
-    of large bodies is not all read and decoded to be refused after; once read, a request is judged by the rows
-    queued alone (the ones still being read came after it)."""
+    """Behind a running batch, four 256-row requests being read fill a 1,024-row queue: a fifth is refused from its
+    headers, so that a burst of large bodies is not all read and decoded to be refused after; once read, a request
+    is judged by the rows queued alone (the ones still being read came after it)."""
+    model = Gate()
+
+    async def main() -> AdaptiveBatcher:
+        batcher = AdaptiveBatcher(model, max_batch_size=1024, max_batch_time=0, max_queue=1024, name="digits")
+        running = asyncio.create_task(batcher.predict({"x": np.ones((256, 1))}))
+        await until(lambda: model.running == 1)
+        batcher.request_rows = 256.0  # what requests brought lately
+        batcher.arriving = 3
+        batcher.admit()  # 768 rows coming: room for one more
+        batcher.arriving = 4
+        with pytest.raises(Overloaded, match="1024 rows wait already, 1024 at most"):
+            batcher.admit()
+        batcher.admit(256, read=True)  # a request read already: nothing queued ahead of it
+        model.open.set()
+        await running
+        await batcher.close()
+        return batcher
+
+    assert run(main()).shed == 1
+
+
+def test_rows_an_idle_model_takes_at_once_do_not_count_as_waiting() -> None:
+    """With no batch running, the first batch's rows go as soon as it forms: four 256-row requests being read
+    leave room for four more in the queue of one 1,024-row batch (a flood on another model slows the reading of an
+    idle one's requests: they must not be refused for it), and a ninth is refused."""
     batcher = AdaptiveBatcher(Recorder(), max_batch_size=1024, max_batch_time=0, max_queue=1024, name="digits")
-    batcher.request_rows = 256.0  # what requests brought lately
-    batcher.arriving = 3
-    batcher.admit()  # 768 rows coming: room for one more
+    batcher.request_rows = 256.0
+    assert batcher.free_rows() == 1024
     batcher.arriving = 4
-    with pytest.raises(Overloaded, match="1024 rows wait already, 1024 at most"):
+    batcher.admit()
+    batcher.arriving = 7
+    batcher.admit()
+    batcher.arriving = 8
+    with pytest.raises(Overloaded, match="2048 rows wait already, 1024 at most"):
         batcher.admit()
-    batcher.admit(256, read=True)  # a request read already: nothing queued ahead of it
     assert batcher.shed == 1
 
 

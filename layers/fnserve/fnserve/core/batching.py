@@ -265,7 +265,8 @@ class AdaptiveBatcher:
     def admit(self, rows: int = 1, read: bool = False) -> None:
         """Refuse at once (:class:`Overloaded`) a request of ``rows`` that cannot be served in time, instead of
         letting it wait behind work that cannot finish: the rows ahead of it (queued, and those of the requests
-        still being read, at the rows a request brought lately) would go past ``max_queue``, or, with a queue
+        still being read, at the rows a request brought lately) would go past ``max_queue`` (beyond those a batch
+        takes as soon as it forms, :meth:`free_rows`), or, with a queue
         deadline, would keep it waiting past the deadline at the pace of the latest runs. Counting the requests
         being read keeps a burst of large bodies from all passing at once, to be decoded and then refused.
         An empty queue takes any request (one bigger than the bound still runs). The data plane asks before
@@ -273,7 +274,7 @@ class AdaptiveBatcher:
         (then the requests still being read came after it, and do not count)."""
         waiting = self.queued()
         ahead = waiting if read else waiting + round(self.arriving * self.request_rows)
-        if ahead and ahead + rows > self.max_queue:
+        if ahead and ahead + rows > self.max_queue + self.free_rows():
             self._refuse("queue_full")
             raise Overloaded(
                 f"model {self.name!r} is overloaded: {ahead} rows wait already, {self.max_queue} at most "
@@ -320,6 +321,14 @@ class AdaptiveBatcher:
     def queued(self) -> int:
         """Rows waiting for a batch, over every length bucket."""
         return sum(flight.rows - flight.running for flight in self._flights.values())
+
+    def free_rows(self) -> int:
+        """Rows that a batch takes as soon as it forms, not waiting for one to finish: ``max_batch_size`` for each
+        slot no running batch holds. Those ahead of a request within them do not count against ``max_queue``: a
+        model that is idle while another model's flood slows the reading of its requests (four 256-row bodies
+        being read at once fill a queue of one 1,024-row batch) takes a fifth, which the next batch leaves only
+        one batch to wait for, as the queue's bound means."""
+        return (self.max_concurrent - len(self._running)) * self.max_batch_size
 
     def running(self) -> int:
         """Rows of the batches running now, over every length bucket."""
