@@ -29,7 +29,9 @@ interleaved rounds (3); each figure is the median, with the range over the round
   measured apart, its caches its own; in a server the event loop's work runs on the CPU the model's runs leave,
   with the caches they leave, so ``lean``, the floor end to end, is a server: the lean batching server
   (``lean_batch_server``), which parses, batches what each process holds, runs and encodes, served as fnserve's
-  front processes are, and does nothing more; ``x lean`` is its CPU per request over the server's.
+  front processes are, and does nothing more; ``x lean`` is its CPU per request over the server's. Of a text
+  request likewise: the lean batching server with the tokenizer (one ``encode_batch`` of a batch's texts, its
+  length buckets run apart, mean-pooled), against the best of raw batch 1 and raw batch 16 sorted by length.
 - **Latency at concurrency 1**: fnserve's p50 beside a lone ``session.run`` at batch 1 plus the p50 of the
   naive server's HTTP round trip less its own ``session.run``: no batching window is paid when nothing else waits.
 """
@@ -69,6 +71,7 @@ TOKENIZER = DEMO_MANIFEST.parent / "minilm-l6" / "tokenizer.json"
 TOKENS = 16
 ROWS = 16
 LEAN = "lean batching server"  # the floor end to end (tests/bench/lean_batch_server.py)
+LEAN_TEXT = "lean batching text server"
 # The benchmark's sentences of 8 to 45 tokens (all but a handful of very short ones and the long concatenations).
 SENTENCES: list[str] = []
 
@@ -210,14 +213,17 @@ def servers(cpus: int) -> list[Server]:
     uvicorn = [sys.executable, "-m", "uvicorn", "--workers", str(cpus), "--loop", "uvloop"]
     uvicorn += ["--http", "httptools", "--no-access-log", "--log-level", "warning"]
     naive = {"PLAIN_MODEL_PATH": str(MODEL), "PLAIN_THREADS": "1", "PLAIN_TOKENIZER": str(TOKENIZER)}
+    lean = [sys.executable, "-m", "tests.bench.lean_batch_server"]
+    text = ["--tokenizer", str(TOKENIZER), "--buckets", ",".join(map(str, length_buckets()))]
     return [
         Server("fnserve, default layout", fnserve, {}, "minilm-l6", False),
         Server("fnserve, access log off", fnserve, {"FNSERVE_ACCESS_LOG": "false"}, "minilm-l6", False),
         Server(f"fnserve, 1 process x {cpus} threads", [*fnserve, "--processes", "1"], {}, "minilm-l6", False),
         Server("naive FastAPI + ORT", [*uvicorn, "tests.bench.plain_server:app"], naive, "minilm-l6", False),
-        Server(LEAN, [sys.executable, "-m", "tests.bench.lean_batch_server"], naive, "minilm-l6", False),
+        Server(LEAN, lean, naive, "minilm-l6", False),
         Server("fnserve minilm-embed, default", fnserve, {}, "minilm-embed", True),
         Server("naive text server", [*uvicorn, "tests.bench.plain_embed_server:app"], naive, "minilm-embed", True),
+        Server(LEAN_TEXT, [*lean, *text], naive, "minilm-embed", True),
     ]
 
 
@@ -378,6 +384,13 @@ def main() -> None:
         f"loop beside its runs as fnserve's): {shown(lean, '.3f')} ms a request = "
         f"{shown([b16[i] / lean[i] for i in range(ROUNDS)], '.2f')}x raw b16"
     )
+    text_raw = [min(raws["text b1"][i][1], raws["text b16"][i][1]) for i in range(ROUNDS)]
+    print(
+        f"  and of a text request, the {LEAN_TEXT} (parse, batch, tokenize, run the length buckets, pool, encode): "
+        f"{shown([run.cpu_ms for run in runs[LEAN_TEXT]], '.3f')} ms a request = "
+        f"{shown([text_raw[i] / runs[LEAN_TEXT][i].cpu_ms for i in range(ROUNDS)], '.2f')}x raw (the best of text "
+        "b1 and b16)"
+    )
     text_floors = {"raw": ("text b1", "text b16"), "drawn": ("text b1", f"text {in_flight} drawn")}
     for kind, peer, floors in (
         ("tensor", "naive FastAPI + ORT", {"raw": ("tensor b16",)}),
@@ -387,6 +400,8 @@ def main() -> None:
         if kind == "tensor":
             floor_cpu["pieced"] = tensor_floor
             floor_cpu["lean"] = lean
+        else:
+            floor_cpu["lean"] = [run.cpu_ms for run in runs[LEAN_TEXT]]
         named = "; ".join(f"{n} (best of {', '.join(floors[n])}) {shown(floor_cpu[n], '.3f')}" for n in floors)
         print(f"  {kind}s over HTTP, wrk -t1 -c16, {SECONDS:g} s; raw CPU per row: {named} ms")
         for label, served in runs.items():

@@ -13,7 +13,10 @@ coordinated omission: a request the generator could not send on time waits in th
 side: answered p50/p99 against the unloaded p99 (and how much of it was the server's queue and model, from
 Server-Timing), refusals (503) and how fast they came beside their floor (the same arrivals on a bare app that
 refuses every request at once, on the same CPU, beside the model computing the share of the time it did in
-fnserve's run: ``tests/bench/refuse_server.py``), and the server's RSS over the run.
+fnserve's run: ``tests/bench/refuse_server.py``), and the server's RSS over the run. Beside them, the floor end to
+end: the lean batching server (``tests/bench/lean_batch_server.py``: it parses, batches, runs, encodes and refuses
+at fnserve's default bounds, and does nothing more) on the same CPU, its own unloaded p99 at the same rate, then
+the same arrivals: what any server that batches and sheds at those bounds pays.
 """
 
 from __future__ import annotations
@@ -277,6 +280,29 @@ async def refusal_floor(model: str, rate: float, busy: float, pinned: bool) -> R
         proc.wait(timeout=30)
 
 
+async def lean_floor(model: str, unloaded_rate: float, rate: float, pinned: bool) -> tuple[Run, Run]:
+    """The floor end to end: the lean batching server (``tests/bench/lean_batch_server.py``: parse, batch, run,
+    encode, refuse, nothing more) with fnserve's default bounds (batches of ``BATCH_ROWS``, a queue of one batch), one
+    process on the CPU fnserve's server had: its unloaded run at fnserve's unloaded rate, then ``rate``."""
+    port = free_port()
+    rows = str(BATCH_ROWS[model])
+    cmd = [sys.executable, "-m", "tests.bench.lean_batch_server", "--port", str(port), "--processes", "1"]
+    cmd += ["--max-batch", rows, "--queue", rows]
+    env = {**os.environ, "PLAIN_MODEL_PATH": str(DEMO_MANIFEST.parent / demo_models()[model]["path"])}
+    proc = subprocess.Popen(
+        ["taskset", "-c", "0", *cmd] if pinned else cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_ready(Server(proc, port), "/")
+        wire = request_bytes(port, model)
+        await closed_loop(port, wire, 16, 1.0)  # warm-up
+        unloaded = await open_loop(port, wire, unloaded_rate, UNLOADED_SECONDS)
+        return unloaded, await open_loop(port, wire, rate, BASELINE_SECONDS)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 async def measure(unbounded: Server, bounded: Server, model: str, pinned: bool) -> tuple[float, float]:
     """Capacity and unloaded latency on the unbounded server; 3x the capacity on the bounded one, the refusal floor
     at the same rate, then the unbounded server at that rate."""
@@ -298,6 +324,7 @@ async def measure(unbounded: Server, bounded: Server, model: str, pinned: bool) 
     after, elapsed = await computed(bounded, model), time.perf_counter() - started
     busy = min(1.0, (after.ns - before.ns) / 1e9 / elapsed)
     floor = await refusal_floor(model, run.offered, busy, pinned)
+    lean_unloaded, lean = await lean_floor(model, unloaded.offered, run.offered, pinned)
     report("3x capacity, fnserve's defaults (a queue of one batch)", run, rss, generator, base_p99)
     admitted, refused = run.of(200), run.of(503)
     floor_p99 = percentile(floor.of(503), 99) * 1e3
@@ -306,12 +333,22 @@ async def measure(unbounded: Server, bounded: Server, model: str, pinned: bool) 
         f"{busy:.0%} of the time (as in this run), the same arrivals for {floor.seconds:g} s: p50 "
         f"{percentile(floor.of(503), 50) * 1e3:.2f} ms, p99 {floor_p99:.2f} ms"
     )
+    lean_base = percentile(lean_unloaded.of(200), 99) * 1e3
+    lean_ratio = percentile(lean.of(200), 99) * 1e3 / lean_base if lean.of(200) else float("nan")
+    lean_refused = percentile(lean.of(503), 99) * 1e3 if lean.of(503) else float("nan")
+    print(
+        f"    the floor end to end: the lean batching server (parse, batch, run, encode, refuse; fnserve's bounds), on "
+        f"the same CPU, {lean.seconds:g} s each: unloaded p99 {lean_base:.2f} ms; the same arrivals: answered "
+        f"{len(lean.of(200)) / lean.seconds:,.0f}/s, p99 {lean_ratio:.2f}x its unloaded p99; refused "
+        f"{len(lean.of(503)) / lean.seconds:,.0f}/s, p99 {lean_refused:.2f} ms"
+    )
     if admitted and refused:
         refused_p99 = percentile(refused, 99) * 1e3
         print(
-            f"    targets: answered p99 {percentile(admitted, 99) * 1e3 / base_p99:.2f}x the unloaded p99 (<= 2x), "
-            f"refusals p99 {refused_p99:.2f} ms (< 5 ms; {refused_p99 / floor_p99:.2f}x the floor's "
-            f"{floor_p99:.2f} ms), served {len(admitted) / run.seconds / capacity:.2f}x the capacity"
+            f"    targets: answered p99 {percentile(admitted, 99) * 1e3 / base_p99:.2f}x the unloaded p99 (<= 2x; "
+            f"the lean floor's {lean_ratio:.2f}x), refusals p99 {refused_p99:.2f} ms (< 5 ms; "
+            f"{refused_p99 / floor_p99:.2f}x the bare refusals' {floor_p99:.2f} ms, the lean floor's "
+            f"{lean_refused:.2f} ms), served {len(admitted) / run.seconds / capacity:.2f}x the capacity"
         )
     if after.full > before.full:
         batch_ms = (after.full_ns - before.full_ns) / (after.full - before.full) / 1e6
