@@ -197,6 +197,8 @@ max_batch_time_ms = 2
     plane = DataPlane(InferenceService.from_manifest(manifest, eager=True), batching=True)
     app = create_app(plane, Settings(manifest=manifest, access_log=False))
     minilm_batcher = plane.batchers["minilm-l6"]
+    metrics = ServerMetrics()
+    metrics.watch(plane, None)
 
     digit = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": DIGITS[0].tolist()}]}
 
@@ -222,6 +224,13 @@ max_batch_time_ms = 2
     assert reasons == [False, False, False, True, True], [r.json() for r in small]  # 3 at once, 2 at their deadline
     assert minilm_batcher.batches == 1 and minilm_batcher.shed == 5  # the refused ones never ran
     assert digits_answered > 0  # the other model answered while this one was flooded
+    shed = {
+        s.labels["reason"]: s.value
+        for family in text_string_to_metric_families(metrics.render().decode())
+        for s in family.samples
+        if s.name == "fnserve_requests_shed_total" and s.labels["model"] == "minilm-l6"
+    }
+    assert shed == {"queue_full": 3, "queue_deadline": 2}  # /metrics counts each refusal, by its reason
 
 
 def test_a_request_timeout_drops_it_from_the_queue_before_it_runs(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ or tests), the values live in memory.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
@@ -150,6 +151,7 @@ class ServerMetrics:
         self._pool: Overflow | Pools | None = None
         self._seen: dict[str, int] = {}
         self.pending: list[tuple[str, str, str, int, dict[str, float]]] = []  # records not yet in the series
+        self.pending_shed: dict[tuple[str, str], int] = {}  # refusals not yet counted, by model and reason
         self._flusher = Every(FLUSH_SECONDS, self.flush)
 
     def watch(self, plane: DataPlane, pool: Overflow | Pools | None = None) -> None:
@@ -172,11 +174,18 @@ class ServerMetrics:
         for model, batcher in plane.batchers.items():
             batcher.on_batch = self.batch_observer(model)
             batcher.on_split = self.batch_splits.labels(model).inc
-            batcher.on_shed = lambda reason, model=model: self.shed.labels(model, reason).inc()
+            batcher.on_shed = functools.partial(self._shed, model)
 
     def telemetry(self, transport: str) -> RequestMetrics:
         """The per-request record of one transport (``http``, ``grpc``)."""
         return RequestMetrics(self, transport)
+
+    def _shed(self, model: str, reason: str) -> None:
+        """A refusal, counted at the next flush with the requests' records: under overload a server refuses
+        thousands a second, and prometheus-client's ``labels(...).inc()`` each cost more than the refusal's own
+        decision."""
+        key = (model, reason)
+        self.pending_shed[key] = self.pending_shed.get(key, 0) + 1
 
     def batch_observer(self, model: str) -> Callable[[int], None]:
         """What a model's batcher calls with each batch's rows."""
@@ -193,6 +202,9 @@ class ServerMetrics:
         """Add up the records since the last flush and write each series they touch once: records grouped by
         their labels, then each stage's durations of a group observed together (:func:`_observe_all`)."""
         records, self.pending = self.pending, []
+        sheds, self.pending_shed = self.pending_shed, {}
+        for (model, reason), count in sheds.items():
+            self.shed.labels(model, reason).inc(count)
         known = self.known
         groups: dict[tuple[str, str, str, int], list[dict[str, float]]] = {}
         for model, version, transport, status, timings in records:
