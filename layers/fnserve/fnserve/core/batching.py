@@ -326,8 +326,8 @@ class AdaptiveBatcher:
         """Rows that a batch takes as soon as it forms, not waiting for one to finish: ``max_batch_size`` for each
         slot no running batch holds. Those ahead of a request within them do not count against ``max_queue``: a
         model that is idle while another model's flood slows the reading of its requests (four 256-row bodies
-        being read at once fill a queue of one 1,024-row batch) takes a fifth, which the next batch leaves only
-        one batch to wait for, as the queue's bound means."""
+        being read at once fill a queue of one 1,024-row batch) takes a fifth: it waits for that one batch alone,
+        as a queue of one batch means."""
         return (self.max_concurrent - len(self._running)) * self.max_batch_size
 
     def running(self) -> int:
