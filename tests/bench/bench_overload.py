@@ -22,12 +22,14 @@ the same arrivals: what any server that batches and sheds at those bounds pays.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -264,43 +266,47 @@ async def computed(server: Server, model: str) -> Computed:
     return Computed(full, full_ns, ns)
 
 
-async def refusal_floor(model: str, rate: float, busy: float, pinned: bool) -> Run:
-    """The same open loop on a bare app that refuses every request at once, on the CPU fnserve's server had, beside
-    the model computing ``busy`` of the time (``tests/bench/refuse_server.py``)."""
+@contextlib.contextmanager
+def floor_server(module: str, args: list[str], pinned: bool, env: dict[str, str] | None = None) -> Iterator[int]:
+    """A floor's server, ``python -m module *args`` (``{port}`` in them: the free port it is given), on the CPU
+    fnserve's server had, once ``GET /`` answers 200: its port."""
     port = free_port()
-    path = DEMO_MANIFEST.parent / demo_models()[model]["path"]
-    cmd = [sys.executable, "-m", "tests.bench.refuse_server", str(port)]
-    cmd += [str(path), str(BATCH_ROWS[model]), f"{busy:.4f}"]
-    proc = subprocess.Popen(["taskset", "-c", "0", *cmd] if pinned else cmd, stderr=subprocess.DEVNULL)
+    cmd = [sys.executable, "-m", module, *(arg.replace("{port}", str(port)) for arg in args)]
+    proc = subprocess.Popen(
+        ["taskset", "-c", "0", *cmd] if pinned else cmd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_ready(Server(proc, port), "/")
-        return await open_loop(port, request_bytes(port, model), rate, BASELINE_SECONDS)
+        yield port
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+async def refusal_floor(model: str, rate: float, busy: float, pinned: bool) -> Run:
+    """The same open loop on a bare app that refuses every request at once, on the CPU fnserve's server had, beside
+    the model computing ``busy`` of the time (``tests/bench/refuse_server.py``)."""
+    path = DEMO_MANIFEST.parent / demo_models()[model]["path"]
+    args = ["{port}", str(path), str(BATCH_ROWS[model]), f"{busy:.4f}"]
+    with floor_server("tests.bench.refuse_server", args, pinned) as port:
+        return await open_loop(port, request_bytes(port, model), rate, BASELINE_SECONDS)
 
 
 async def lean_floor(model: str, unloaded_rate: float, rate: float, pinned: bool) -> tuple[Run, Run]:
     """The floor end to end: the lean batching server (``tests/bench/lean_batch_server.py``: parse, batch, run,
     encode, refuse, nothing more) with fnserve's default bounds (batches of ``BATCH_ROWS``, a queue of one batch), one
     process on the CPU fnserve's server had: its unloaded run at fnserve's unloaded rate, then ``rate``."""
-    port = free_port()
     rows = str(BATCH_ROWS[model])
-    cmd = [sys.executable, "-m", "tests.bench.lean_batch_server", "--port", str(port), "--processes", "1"]
-    cmd += ["--max-batch", rows, "--queue", rows]
+    args = ["--port", "{port}", "--processes", "1", "--max-batch", rows, "--queue", rows]
     env = {**os.environ, "PLAIN_MODEL_PATH": str(DEMO_MANIFEST.parent / demo_models()[model]["path"])}
-    proc = subprocess.Popen(
-        ["taskset", "-c", "0", *cmd] if pinned else cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        wait_ready(Server(proc, port), "/")
+    with floor_server("tests.bench.lean_batch_server", args, pinned, env) as port:
         wire = request_bytes(port, model)
         await closed_loop(port, wire, 16, 1.0)  # warm-up
         unloaded = await open_loop(port, wire, unloaded_rate, UNLOADED_SECONDS)
         return unloaded, await open_loop(port, wire, rate, BASELINE_SECONDS)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 async def measure(unbounded: Server, bounded: Server, model: str, pinned: bool) -> tuple[float, float]:

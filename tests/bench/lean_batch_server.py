@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import concurrent.futures
 import os
 import shutil
 import tempfile
-import threading
 import time
 from typing import Any, Protocol
 
@@ -39,15 +37,18 @@ import numpy as np
 import onnxruntime as ort
 import orjson
 
+from fnserve.adapters.http.infer import read_body
 from fnserve.adapters.http.wire import answered
+from fnserve.core._niced import run_niced
+from fnserve.core.dataplane import BATCH_NICE
 from fnserve.core.tensors import decode_request
+from tests.bench.refuse_server import REFUSAL, REFUSAL_HEADERS, UP_HEADERS
 
 WINDOW = 0.002  # seconds a batch waits at most for the requests on their way (fnserve's max_batch_time_ms)
 SETTINGS_ENV = "LEAN_BATCH_SETTINGS"  # how the front processes (spawned afresh) learn the command line's settings
 DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
 NUMPY = orjson.OPT_SERIALIZE_NUMPY
-REFUSAL = b'{"error":"the model is overloaded; try again shortly"}'
-REFUSAL_HEADERS = [(b"content-type", b"application/json"), (b"retry-after", b"1")]
+BODY_LIMIT = 64 * 1024 * 1024  # bytes a request may bring (fnserve's reader refuses past its limit)
 
 
 class Work(Protocol):
@@ -140,7 +141,6 @@ class Batches:
         self.work = work
         self.max_batch = max_batch
         self.queue = queue
-        self.thread = concurrent.futures.ThreadPoolExecutor(1, initializer=_niced)
         self.waiting: list[Waiting] = []
         self.waiting_rows = 0
         self.reading = 0  # requests let in whose bodies are being read
@@ -198,7 +198,8 @@ class Batches:
         self.waiting_rows -= rows
         self.running = True
         requests = [request for request, _, _ in batch]
-        done = asyncio.get_running_loop().run_in_executor(self.thread, self.work.compute, requests)
+        # On fnserve's own threads for batches, niced below the event loop as its batches are.
+        done = asyncio.ensure_future(run_niced(BATCH_NICE, self.work.compute, requests))
         done.add_done_callback(lambda answers: self._answered(batch, answers))
 
     def _answered(self, batch: list[Waiting], answers: asyncio.Future[list[bytes]]) -> None:
@@ -211,39 +212,25 @@ class Batches:
 _batches: Batches | None = None
 
 
-def _niced() -> None:
-    """The batch's thread at the nice fnserve gives its own (below the event loop's)."""
-    from fnserve.core.dataplane import BATCH_NICE
-
-    thread = threading.get_native_id()
-    os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + BATCH_NICE)
-
-
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] != "http":
         return
     assert _batches is not None  # made by factory()
     if scope["method"] == "GET":
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.start", "status": 200, "headers": UP_HEADERS})
         await send({"type": "http.response.body", "body": b""})
         return
     if not _batches.admits():
-        headers = [*REFUSAL_HEADERS, (b"content-length", str(len(REFUSAL)).encode())]
-        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.start", "status": 503, "headers": REFUSAL_HEADERS})
         await send({"type": "http.response.body", "body": REFUSAL})
         answered(scope, 503)
         return
-    parts = []
-    more = True
     _batches.reading += 1
     try:
-        while more:
-            message = await receive()
-            parts.append(message.get("body", b""))
-            more = message.get("more_body", False)
+        body = await read_body(receive, None, BODY_LIMIT)  # fnserve's own reader
     finally:
         _batches.reading -= 1
-    answer = await _batches.answer(b"".join(parts))
+    answer = await _batches.answer(body)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": answer})
