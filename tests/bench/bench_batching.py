@@ -373,6 +373,7 @@ def main() -> None:
     b16 = [raws["tensor b16"][i][1] for i in range(ROUNDS)]
     of_b16 = shown([b16[i] / tensor_floor[i] for i in range(ROUNDS)], ".2f")
     lean = [run.cpu_ms for run in runs[LEAN]]
+    lean_text = [run.cpu_ms for run in runs[LEAN_TEXT]]
     print(
         f"  the floor of a tensor request at concurrency 16, pieced together: raw b{in_flight} {shown(held, '.3f')} ms "
         f"a row (what each of {cpus} processes holds) + the transport {shown(transport, '.3f')} ms (the echo server "
@@ -387,8 +388,8 @@ def main() -> None:
     text_raw = [min(raws["text b1"][i][1], raws["text b16"][i][1]) for i in range(ROUNDS)]
     print(
         f"  and of a text request, the {LEAN_TEXT} (parse, batch, tokenize, run the length buckets, pool, encode): "
-        f"{shown([run.cpu_ms for run in runs[LEAN_TEXT]], '.3f')} ms a request = "
-        f"{shown([text_raw[i] / runs[LEAN_TEXT][i].cpu_ms for i in range(ROUNDS)], '.2f')}x raw (the best of text "
+        f"{shown(lean_text, '.3f')} ms a request = "
+        f"{shown([text_raw[i] / lean_text[i] for i in range(ROUNDS)], '.2f')}x raw (the best of text "
         "b1 and b16)"
     )
     text_floors = {"raw": ("text b1", "text b16"), "drawn": ("text b1", f"text {in_flight} drawn")}
@@ -401,7 +402,7 @@ def main() -> None:
             floor_cpu["pieced"] = tensor_floor
             floor_cpu["lean"] = lean
         else:
-            floor_cpu["lean"] = [run.cpu_ms for run in runs[LEAN_TEXT]]
+            floor_cpu["lean"] = lean_text
         named = "; ".join(f"{n} (best of {', '.join(floors[n])}) {shown(floor_cpu[n], '.3f')}" for n in floors)
         print(f"  {kind}s over HTTP, wrk -t1 -c16, {SECONDS:g} s; raw CPU per row: {named} ms")
         for label, served in runs.items():
