@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import threading
@@ -263,17 +264,21 @@ def test_a_request_timeout_drops_it_from_the_queue_before_it_runs(tmp_path: Path
     assert stat["execution_count"] == 2
 
 
-def test_an_overloaded_model_refuses_a_request_from_its_headers_before_reading_its_body(tmp_path: Path) -> None:
+def test_an_overloaded_model_refuses_a_request_from_its_headers_before_reading_its_body(
+    tmp_path: Path, log_stream: io.StringIO
+) -> None:
     """MiniLM's queue full (max_queue_size = 2, behind a heavy batch): a request is refused from its path alone,
     503 with Retry-After, though its body never comes (a refusal reads nothing: it must cost next to nothing),
-    sent at once, and counted as a failure in the statistics; the queued ones are answered."""
+    sent at once, with its request id, and counted as a failure in the statistics and in the access log; the
+    queued ones are answered."""
     manifest = tmp_path / "manifest.toml"
     manifest.write_text(minilm_entry("max_queue_size = 2\n"))
     plane = DataPlane(InferenceService.from_manifest(manifest, eager=True), batching=True)
-    app = create_app(plane, Settings(manifest=manifest, access_log=False))
+    app = create_app(plane, Settings(manifest=manifest, access_log=True))
     batcher = plane.batchers["minilm-l6"]
     url = "/v2/models/minilm-l6/infer"
-    scope = post_scope(url, [(b"content-type", b"application/json"), (b"content-length", b"100000")])
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"100000"), (b"x-request-id", b"shed-1")]
+    scope = post_scope(url, headers)
     sent: list[dict[str, object]] = []
 
     async def body_never_comes() -> dict[str, object]:
@@ -299,9 +304,13 @@ def test_an_overloaded_model_refuses_a_request_from_its_headers_before_reading_i
     assert asyncio.run(main()) == [200, 200, 200]
     start, body = sent
     assert start["status"] == 503 and (b"retry-after", b"1") in start["headers"]  # type: ignore[operator]
+    assert (b"x-request-id", b"shed-1") in start["headers"]  # type: ignore[operator]
     assert sent_now == [2]  # the refusal, whole, leaves at once (fnserve's protocol: not at the turn's end)
     error = json.loads(body["body"])["error"]  # type: ignore[arg-type]
     assert "model 'minilm-l6' is overloaded: 2 rows wait already, 2 at most (max_queue_size)" in error
+    lines = [json.loads(line) for line in log_stream.getvalue().splitlines() if line.startswith("{")]
+    [refused] = [line for line in lines if line["message"] == "inference refused"]
+    assert refused["request_id"] == "shed-1" and refused["status"] == 503 and refused["error"] == error
     assert batcher.shed == 1 and batcher.batches == 2  # the heavy batch, then the two queued: nothing of its ran
     [stat] = plane.model_statistics("minilm-l6")
     assert stat["inference_stats"]["fail"]["count"] == 1 and stat["inference_stats"]["success"]["count"] == 3

@@ -263,10 +263,16 @@ class AdaptiveBatcher:
                 pending.expiry.cancel()
 
     def admit(self, rows: int = 1, read: bool = False) -> None:
-        """Refuse at once (:class:`Overloaded`) a request of ``rows`` that cannot be served in time, instead of
-        letting it wait behind work that cannot finish: the rows ahead of it (queued, and those of the requests
-        still being read, at the rows a request brought lately) would go past ``max_queue`` (beyond those a batch
-        takes as soon as it forms, :meth:`free_rows`), or, with a queue
+        """Raise :meth:`refusal`'s :class:`Overloaded`, if it has one."""
+        refusal = self.refusal(rows, read)
+        if refusal is not None:
+            raise refusal
+
+    def refusal(self, rows: int = 1, read: bool = False) -> Overloaded | None:
+        """The refusal (counted, not raised) of a request of ``rows`` that cannot be served in time, instead of
+        letting it wait behind work that cannot finish; None when it may come in. Refused: the rows ahead of it
+        (queued, and those of the requests still being read, at the rows a request brought lately) would go past
+        ``max_queue`` (beyond those a batch takes as soon as it forms, :meth:`free_rows`), or, with a queue
         deadline, would keep it waiting past the deadline at the pace of the latest runs. Counting the requests
         being read keeps a burst of large bodies from all passing at once, to be decoded and then refused.
         An empty queue takes any request (one bigger than the bound still runs). The data plane asks before
@@ -274,22 +280,25 @@ class AdaptiveBatcher:
         (then the requests still being read came after it, and do not count)."""
         waiting = self.queued()
         ahead = waiting if read else waiting + round(self.arriving * self.request_rows)
-        if ahead and ahead + rows > self.max_queue + self.free_rows():
+        if not ahead:
+            return None
+        if ahead + rows > self.max_queue + self.free_rows():
             self._refuse("queue_full")
-            raise Overloaded(
+            return Overloaded(
                 f"model {self.name!r} is overloaded: {ahead} rows wait already, {self.max_queue} at most "
                 "(max_queue_size); try again shortly"
             )
-        if self.max_queue_delay is None or not self.pace.runs or not ahead:
-            return
+        if self.max_queue_delay is None or not self.pace.runs:
+            return None
         wait = self.foreseen_wait(ahead, rows)
         if wait > self.max_queue_delay:
             self._refuse("queue_wait")
-            raise Overloaded(
+            return Overloaded(
                 f"model {self.name!r} is overloaded: the {ahead} rows ahead would keep it waiting about "
                 f"{wait * 1e3:.0f} ms, past its queue deadline of {self.max_queue_delay * 1e3:g} ms "
                 "(max_queue_delay_ms); try again shortly"
             )
+        return None
 
     def foreseen_wait(self, ahead: int, rows: int) -> float:
         """Seconds until a batch takes a request of ``rows`` that queues behind ``ahead`` rows: half the running

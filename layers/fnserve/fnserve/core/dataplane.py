@@ -233,6 +233,27 @@ class DataPlane:
         )
         return payload, answer, timings
 
+    def refusal(
+        self, watcher: Watcher, name: str, version: str | None, traceparent: str | None = None
+    ) -> Overloaded | None:
+        """The refusal of a request to a batched model that cannot take it now, decided from its name before
+        anything else of it is read, and counted as :meth:`serve` counts one (its statistics, and the watcher's
+        access line, metrics record and span); None when it may come in (then :meth:`serve` serves it, and
+        admits it again on the same terms: nothing runs between the two).
+
+        A transport asks this first where it can: under overload most requests are refusals, and each
+        runs on the CPU the model's runs leave, where :meth:`serve`'s frames, its body's coroutine and an
+        exception raised through them cost a refusal several times what deciding and answering it cost."""
+        batcher = self._batcher(name, version)
+        if batcher is None:
+            return None
+        arrived = time.perf_counter_ns()
+        refusal = batcher.refusal()
+        if refusal is not None:
+            watcher.start(name, version, traceparent).refused(refusal)
+            self.statistics.failed(name, self._version_of(name, version), time.perf_counter_ns() - arrived)
+        return refusal
+
     async def _decoded(self, name: str, version: str | None, body: Awaitable[B], decode: Callable[[B], R]) -> R:
         """A request's body, read and decoded. A batched model that is overloaded refuses it first, its body left
         unread (a refusal must cost next to nothing), and counts it as coming to its queue while it is read."""

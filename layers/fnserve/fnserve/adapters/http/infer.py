@@ -94,26 +94,31 @@ class InferenceRoute:
             rid = unnamed_request_id(scope)
         request_keys(request_id=rid)
         headers: dict[str, str]
-        try:
-            payload, media_type, headers = await self.answer(
-                name,
-                version,
-                read_body(receive, declared, self.limit),
-                json_length,
-                traceparent,
-                encoding=encoding,
-                accept=accept,
-            )
-            status = 200
-        except FnserveError as exc:
-            status, payload, headers = error_parts(exc)
-            media_type = JSON
-        except ClientGone:
-            return  # nobody to answer
-        except Exception:  # reading the body failed in a way no error of fnserve's says
-            logger.exception("unhandled error", extra={"path": scope.get("path")})
-            status, payload, headers = error_parts(FnserveError("internal server error"))
-            media_type = JSON
+        media_type = JSON
+        refusal = self.plane.refusal(self.watcher, name, version, traceparent)
+        if refusal is not None:  # an overloaded model's, from the headers alone: its body never read
+            status, payload, headers = error_parts(refusal)
+        else:
+            try:
+                payload, media_type, headers = await self.answer(
+                    name,
+                    version,
+                    read_body(receive, declared, self.limit),
+                    json_length,
+                    traceparent,
+                    encoding=encoding,
+                    accept=accept,
+                )
+                status = 200
+            except FnserveError as exc:
+                status, payload, headers = error_parts(exc)
+                media_type = JSON
+            except ClientGone:
+                return  # nobody to answer
+            except Exception:  # reading the body failed in a way no error of fnserve's says
+                logger.exception("unhandled error", extra={"path": scope.get("path")})
+                status, payload, headers = error_parts(FnserveError("internal server error"))
+                media_type = JSON
         raw = [(b"content-length", str(len(payload)).encode()), (b"content-type", media_type.encode())]
         raw += [(k.encode(), v.encode("latin-1")) for k, v in headers.items()]
         raw.append((b"x-request-id", rid.encode("latin-1")))
