@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -367,10 +368,6 @@ class AdaptiveBatcher:
         assert slots is not None  # made with the first queue
         carried: _Pending | None = None  # the request that would have overflowed the last batch
 
-        def finished(task: asyncio.Task[None]) -> None:
-            self._running.discard(task)
-            slots.release()
-
         while True:
             if carried is None:
                 if not queue.empty():
@@ -410,9 +407,10 @@ class AdaptiveBatcher:
                 batch.append(item)
                 _taken(item)
                 rows += item.rows
+            flight.running += rows  # from now on, not waiting: the batch's task runs them
             task = asyncio.get_running_loop().create_task(self._execute(batch, bucket, flight, rows))
             self._running.add(task)
-            task.add_done_callback(finished)
+            task.add_done_callback(functools.partial(self._ended, flight=flight, rows=rows))
 
     def _mixed(self, key: _Key) -> bool:
         """Whether requests of another length or shape came to this model lately: then a batch forming for ``key``
@@ -437,11 +435,22 @@ class AdaptiveBatcher:
         started = time.monotonic()
         ran_on = RanOn()
         RAN_ON.set(ran_on)  # this batch's task: the runner's thread says which device ran it
-        flight.running += rows
         try:
             await self._answer(batch, bucket, started, ran_on, flight)
         finally:
+            # Ended as its answers are set, not by the task's done-callback a turn later: in between, its callers'
+            # answers are encoded and sent, and a request arriving then must see its slot free (it was refused,
+            # with the next batch's rows all waiting and no batch running).
+            self._ended(asyncio.current_task(), flight, rows)  # type: ignore[arg-type]
+
+    def _ended(self, task: asyncio.Task[None], flight: _Flight, rows: int) -> None:
+        """A batch's task ended (or was cancelled before it began: the batcher closing): its rows and slot are
+        free. Once: from the task as its answers are set, then again by its done-callback."""
+        if task in self._running:
+            self._running.discard(task)
             flight.running -= rows
+            assert self._slots is not None
+            self._slots.release()
 
     async def _answer(self, batch: list[_Pending], bucket: int, started: float, ran_on: RanOn, flight: _Flight) -> None:
         """Run ``batch`` and answer each of its requests. A failed run is split in halves, each run again,
