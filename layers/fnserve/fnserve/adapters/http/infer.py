@@ -94,10 +94,10 @@ class InferenceRoute:
             rid = unnamed_request_id(scope)
         request_keys(request_id=rid)
         headers: dict[str, str]
-        media_type = JSON
         refusal = self.plane.refusal(self.watcher, name, version, traceparent)
         if refusal is not None:  # an overloaded model's, from the headers alone: its body never read
             status, payload, headers = error_parts(refusal)
+            media_type = JSON
         else:
             try:
                 payload, media_type, headers = await self.answer(
