@@ -22,9 +22,11 @@ from fnserve.adapters.http.wire import SEND_NOW
 from fnserve.adapters.metrics import ServerMetrics
 from fnserve.core.batching import AdaptiveBatcher
 from fnserve.core.cache import ResultCache
-from fnserve.core.dataplane import DataPlane
+from fnserve.core.dataplane import Answer, DataPlane
+from fnserve.core.errors import FnserveError, InvalidInput
 from fnserve.core.manifest import ModelSettings
 from fnserve.core.service import InferenceService
+from fnserve.core.tensors import InferenceRequest
 from fnserve.settings import Settings
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, post_scope, write_test_manifest
 
@@ -69,6 +71,71 @@ def test_concurrent_requests_are_batched_and_answered_alone(tmp_path: Path) -> N
         assert response.json()["outputs"][0]["data"] == expected
         assert "queue;dur=" in response.headers["server-timing"]
     assert plane.batchers["digits-accurate"].batches < 23  # fewer runtime calls than requests
+
+
+class Watched:
+    """A transport's watcher that keeps how each request ended: 200 and its timings, or the refusal's status."""
+
+    def __init__(self) -> None:
+        self.ended: list[tuple[int, dict[str, float]]] = []
+
+    def start(self, name: str, version: str | None, traceparent: str | None) -> Watched:
+        return self
+
+    def served(self, answer: Answer, timings: dict[str, float]) -> None:
+        self.ended.append((200, timings))
+
+    def refused(self, error: FnserveError) -> None:
+        self.ended.append((error.status_code, {}))
+
+    def cancelled(self, reason: str) -> None:
+        raise AssertionError(f"no request was cancelled: {reason}")
+
+
+def test_a_batched_models_answers_are_encoded_in_its_batchs_thread_and_an_error_there_is_its_request_s(
+    tmp_path: Path,
+) -> None:
+    """Each answer of a batch is finished and encoded in the thread that ran the batch, not on the event loop (which
+    keeps reading and refusing requests meanwhile); an encoding that fails fails its own request, not the batch."""
+    manifest = write_test_manifest(tmp_path)
+    manifest.write_text(
+        manifest.read_text().replace('name = "digits-accurate"\n', 'name = "digits-accurate"\nmax_batch_time_ms = 50\n')
+    )
+    plane = DataPlane(InferenceService.from_manifest(manifest, eager=True), batching=True)
+    batcher = plane.batchers["digits-accurate"]
+    watcher = Watched()
+    threads: list[str] = []
+
+    def encode(answer: Answer, request: InferenceRequest) -> list[int]:
+        threads.append(threading.current_thread().name)
+        if request.inputs["input"][0, 0] < 0:
+            raise InvalidInput("this answer cannot be written")
+        return answer.outputs["label"].tolist()
+
+    async def body(x: np.ndarray) -> dict[str, np.ndarray]:
+        return {"input": x}
+
+    async def main() -> tuple[str, list[Any]]:
+        rows = [DIGITS[i : i + 1].copy() for i in range(4)]
+        rows[2][0, 0] = -1.0  # the model runs it; its answer's encoding fails
+        served = [plane.serve(watcher, "digits-accurate", None, body(x), InferenceRequest, encode) for x in rows]
+        return threading.current_thread().name, await asyncio.gather(*served, return_exceptions=True)
+
+    loop_thread, results = asyncio.run(main())
+    session = ort.InferenceSession(str(DEMO_MANIFEST.parent / "digits-accurate" / "1" / "model.onnx"))
+    for i, result in enumerate(results):
+        if i == 2:
+            assert isinstance(result, InvalidInput) and result.message == "this answer cannot be written"
+            continue
+        assert not isinstance(result, BaseException), result
+        payload, _, timings = result
+        assert payload == session.run(["label"], {"input": DIGITS[i : i + 1]})[0].tolist()
+        assert timings["encode"] >= 0 and timings["queue"] >= 0 and timings["infer"] >= 0
+    assert batcher.batches == 1 and batcher.splits == 0  # one run, not split by the failed encoding
+    assert len(threads) == 4 and loop_thread not in threads
+    assert all(name.startswith("fnserve-nice") for name in threads), threads
+    assert sorted(status for status, _ in watcher.ended) == [200, 200, 200, 422]
+    assert all("encode" in timings for status, timings in watcher.ended if status == 200)
 
 
 def test_batching_settings_are_checked_when_they_load() -> None:

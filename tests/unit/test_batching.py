@@ -207,6 +207,42 @@ def test_every_culprit_of_a_batch_gets_its_own_error() -> None:
     assert all(isinstance(r, tuple) for i, r in enumerate(results) if i not in (0, 7, 8))
 
 
+def test_each_request_s_then_runs_where_its_batch_ran_and_fails_only_its_own_request() -> None:
+    """``then`` (the data plane's finishing and encoding) makes each request's answer from its part of the outputs,
+    in ``run_then``'s call when the batcher has one (where the batch ran), else on the event loop; what it raises
+    reaches its own request, never splitting the batch (the run itself went well)."""
+    model = Recorder()
+    calls: list[str] = []
+
+    async def run_then(feed: Arrays, after: Any) -> list[Any]:
+        calls.append("run_then")
+        return after(await model(feed))
+
+    def then(part: Arrays) -> float:
+        if part["y"][0, 0] == 6.0:
+            raise InvalidInput("cannot write this answer")
+        return float(part["y"].sum())
+
+    async def main(batcher: AdaptiveBatcher) -> list[Any]:
+        requests = [batcher.predict({"x": np.full((1 + i % 2, 1), float(i))}, then) for i in range(5)]
+        requests.append(batcher.predict({"x": np.ones((1, 1))}))  # without one: its outputs, as ever
+        results = await asyncio.gather(*requests, return_exceptions=True)
+        await batcher.close()
+        return results
+
+    for with_run_then in (True, False):
+        calls.clear()
+        batcher = AdaptiveBatcher(
+            model, max_batch_size=16, max_batch_time=0.05, run_then=run_then if with_run_then else None
+        )
+        results = run(main(batcher))
+        assert [r[0] for r in results[:3]] == [0.0, 4.0, 4.0] and results[4][0] == 8.0
+        assert isinstance(results[3], InvalidInput) and results[3].message == "cannot write this answer"
+        np.testing.assert_array_equal(results[5][0]["y"], [[2.0]])
+        assert (batcher.batches, batcher.splits) == (1, 0)
+        assert calls == (["run_then"] if with_run_then else [])
+
+
 def test_outputs_that_do_not_split_back_are_refused() -> None:
     async def bad_model(feed: Arrays) -> Arrays:
         return {"y": feed["x"][:1]}

@@ -56,6 +56,8 @@ from fnserve.core.errors import FnserveError, InferenceError, InvalidInput, Mode
 from fnserve.core.providers import RAN_ON, RanOn
 
 Runner = Callable[[Arrays], Awaitable[Arrays]]
+# A batch's run, then ``after`` on its outputs, in one call where the run happens (one thread hop, not two).
+RunThen = Callable[[Arrays, Callable[[Arrays], list[Any]]], Awaitable[list[Any]]]
 _Key = tuple[int, tuple[tuple[str, tuple[int, ...]], ...]]  # length bucket, and each input's padded row shape
 IDLE_SECONDS = 300.0  # a shape's queue (and its task) is dropped after this long without a request
 PACE_WEIGHT = 0.2  # how much each run moves the model's pace (exponential averages of the latest runs)
@@ -136,6 +138,23 @@ class _Pending:
     arrived: float = field(default_factory=time.monotonic)
     expiry: asyncio.TimerHandle | None = None  # refuses it at its queue deadline, unless a batch takes it first
     left: bool = False  # answered (or gone): no longer in its flight's rows
+    then: Callable[[Arrays], Any] | None = None  # what its outputs become, where its batch ran (predict's)
+
+
+@dataclass(slots=True)
+class _Failed:
+    """A request's ``then`` that raised: its error alone, the batch's other answers kept."""
+
+    error: Exception
+
+
+def _completed(then: Callable[[Arrays], Any] | None, part: Arrays) -> Any:
+    if then is None:
+        return part
+    try:
+        return then(part)
+    except Exception as exc:
+        return _Failed(exc)
 
 
 def _taken(pending: _Pending) -> None:
@@ -196,10 +215,12 @@ class AdaptiveBatcher:
         max_queue_delay: float | None = None,
         max_concurrent: int = 1,
         name: str = "model",
+        run_then: RunThen | None = None,
     ) -> None:
         if max_batch_size < 1 or max_batch_time < 0 or max_concurrent < 1:
             raise ValueError("max_batch_size and max_concurrent must be >= 1, max_batch_time >= 0")
         self._run = run
+        self._run_then = run_then
         self.max_batch_size = max_batch_size
         self.max_batch_time = max_batch_time
         self.buckets = sorted(buckets)
@@ -226,8 +247,15 @@ class AdaptiveBatcher:
         self.arriving = 0  # requests let in whose bodies are being read, not queued yet (the data plane counts them)
         self.request_rows = 1.0  # the rows a request brought lately: what one arriving will add to the queue
 
-    async def predict(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> tuple[Arrays, float]:
-        """This request's outputs, and the seconds it waited in the queue."""
+    async def predict(
+        self, inputs: Mapping[str, np.ndarray[Any, Any]], then: Callable[[Arrays], Any] | None = None
+    ) -> tuple[Any, float]:
+        """This request's outputs (or what ``then`` made of them), and the seconds it waited in the queue.
+
+        ``then``: what the request's outputs become (its answer, finished and encoded for its transport), computed
+        as soon as its batch has run, where it ran (in ``run_then``'s thread, when the batcher has one), not on the
+        event loop, which keeps reading, admitting and refusing requests meanwhile; what it raises is this request's
+        error alone."""
         arrays = {name: np.asarray(value) for name, value in inputs.items()}
         rows = {a.shape[0] for a in arrays.values() if a.ndim}
         if len(rows) != 1:
@@ -248,7 +276,7 @@ class AdaptiveBatcher:
         self.request_rows += PACE_WEIGHT * (max(rows) - self.request_rows)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[Arrays, float]] = loop.create_future()
-        pending = _Pending(arrays, rows.pop(), future, RAN_ON.get(), length)
+        pending = _Pending(arrays, rows.pop(), future, RAN_ON.get(), length, then=then)
         if self.max_queue_delay is not None:
             pending.expiry = loop.call_later(self.max_queue_delay, self._expire, pending, flight)
         flight.arrive(pending.rows)
@@ -476,11 +504,16 @@ class AdaptiveBatcher:
             if pending.ran_on is not None:
                 pending.ran_on.device = ran_on.device
             flight.leave(pending)
-            if not pending.future.done():
+            if pending.future.done():
+                continue
+            if isinstance(part, _Failed):
+                pending.future.set_exception(part.error)
+            else:
                 pending.future.set_result((part, started - pending.arrived))
 
-    async def _attempt(self, batch: list[_Pending], bucket: int) -> list[Arrays]:
-        """One runtime call for ``batch``: its requests stacked (padded to the bucket), outputs split back."""
+    async def _attempt(self, batch: list[_Pending], bucket: int) -> list[Any]:
+        """One runtime call for ``batch``: its requests stacked (padded to the bucket), outputs split back, and each
+        request's ``then`` applied to its part (in ``run_then``'s call, when the batcher has one)."""
         self.batches += 1
         names = list(batch[0].inputs)
         rows = [p.rows for p in batch]
@@ -489,10 +522,20 @@ class AdaptiveBatcher:
         stacked = {name: self._stack([p.inputs[name] for p in batch], name, length, padding) for name in names}
         if self.on_batch is not None:
             self.on_batch(sum(rows))
+        thens = [p.then for p in batch]
+
+        def after(outputs: Arrays) -> list[Any]:
+            parts = split_rows(outputs, rows + [padding] if padding else rows, "batched inference")
+            return [_completed(then, part) for then, part in zip(thens, parts[: len(thens)], strict=True)]
+
         started = time.monotonic()
-        outputs = await self._run(stacked)
+        if self._run_then is not None and any(thens):
+            answers = await self._run_then(stacked, after)
+        else:
+            answers = after(await self._run(stacked))
+        # Its requests' completions counted in: the batch holds its slot until they are done.
         self.pace.add(sum(rows) + padding, time.monotonic() - started)
-        return split_rows(outputs, rows + [padding] if padding else rows, "batched inference")[: len(batch)]
+        return answers
 
     def _batch_padding(self, rows: int) -> int:
         """Rows of zeros that bring a batch up to its batch bucket (none past the largest)."""
