@@ -132,7 +132,7 @@ class _Flight:
 class _Pending:
     inputs: Arrays
     rows: int
-    future: asyncio.Future[tuple[Arrays, float]]
+    future: asyncio.Future[tuple[Any, float]]  # its outputs (or what its then made of them), and its wait
     ran_on: RanOn | None  # the request's: told which device ran its batch
     length: int = 0  # of its variable-length inputs (0 when nothing is padded)
     arrived: float = field(default_factory=time.monotonic)
@@ -275,7 +275,7 @@ class AdaptiveBatcher:
         self.admit(max(rows), read=True)
         self.request_rows += PACE_WEIGHT * (max(rows) - self.request_rows)
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[tuple[Arrays, float]] = loop.create_future()
+        future: asyncio.Future[tuple[Any, float]] = loop.create_future()
         pending = _Pending(arrays, rows.pop(), future, RAN_ON.get(), length, then=then)
         if self.max_queue_delay is not None:
             pending.expiry = loop.call_later(self.max_queue_delay, self._expire, pending, flight)
