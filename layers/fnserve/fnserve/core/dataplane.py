@@ -513,22 +513,11 @@ def _batchers(service: InferenceService, max_concurrent: int) -> dict[str, Adapt
         if settings.max_batch_time_ms is None:
             continue
 
-        async def run(
-            feed: Arrays, model: str = name, nice: int = BATCH_NICE + NICE_PER_LEVEL * (top - settings.priority)
-        ) -> Arrays:
-            # In a thread the OS favours less than the event loop's, which keeps accepting (and batching, and
-            # refusing) requests meanwhile; a lower priority model's lower still, so that its flood leaves the CPU
-            # to the others.
-            return await run_niced(nice, service.run, model, feed)
-
-        async def run_then(
-            feed: Arrays,
-            after: Callable[[Arrays], list[Any]],
-            model: str = name,
-            nice: int = BATCH_NICE + NICE_PER_LEVEL * (top - settings.priority),
-        ) -> list[Any]:
-            return await run_niced(nice, _run_then, service, model, feed, after)
-
+        # In a thread the OS favours less than the event loop's, which keeps accepting (and batching, and refusing)
+        # requests meanwhile; a lower priority model's lower still, so that its flood leaves the CPU to the others.
+        nice = BATCH_NICE + NICE_PER_LEVEL * (top - settings.priority)
+        run = functools.partial(run_niced, nice, service.run, name)
+        run_then = functools.partial(run_niced, nice, _run_then, service, name)  # the run, then its answers
         found[name] = AdaptiveBatcher(
             run,
             max_batch_size=settings.max_batch_size,
