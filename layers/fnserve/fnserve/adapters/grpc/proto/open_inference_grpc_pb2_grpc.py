@@ -5,7 +5,7 @@ import warnings
 
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as fnserve_dot_adapters_dot_grpc_dot_proto_dot_open__inference__grpc__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
