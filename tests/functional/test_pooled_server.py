@@ -7,6 +7,9 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +27,7 @@ from fnserve.core.errors import HandlerError
 from fnserve.settings import Settings
 from fnserve.workers.pool import WorkerPool
 from fnserve.workers.remote import PoolSession
-from tests.functional.conftest import start_server, wait_for
+from tests.functional.conftest import free_port, start_server, wait_for
 from tests.helpers import BAD_NUMBERS, DEMO_HOLDOUT, DEMO_MANIFEST, write_test_manifest
 
 DIGITS = np.load(DEMO_HOLDOUT)["input"]
@@ -303,3 +306,121 @@ def test_the_directories_of_a_server_killed_outright_are_removed_by_the_next_one
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+# -- a supervisor that fails fast ------------------------------------------------------------------------------
+
+
+def spawned_children(pid: int) -> list[int]:
+    """The spawned processes ``pid`` started (front processes, or inference workers), from any of its threads."""
+    children = [c for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+    return [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
+def serve_until_it_exits(options: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``fnserve serve`` that must exit on its own within 30 s (the test fails if it is still running then)."""
+    command = [sys.executable, "-m", "fnserve", "serve", "--port", str(free_port()), *options]
+    began = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=30, env=env)
+    assert time.monotonic() - began < 30
+    return done
+
+
+# What protobuf raises at import when the stubs' gencode is newer than its runtime, from a module only the front
+# processes import (gRPC's, for --grpc-port): the server's own process loads the models and never imports it.
+VERSION_ERROR = """
+from google.protobuf.runtime_version import VersionError
+
+raise VersionError("Detected incompatible Protobuf Gencode/Runtime versions when loading a stub: gencode 9.0.0")
+"""
+
+
+def test_front_processes_that_cannot_start_stop_the_server_with_their_error(tmp_path: Path) -> None:
+    shadow = tmp_path / "shadow"
+    (shadow / "grpc_health").mkdir(parents=True)
+    (shadow / "grpc_health" / "__init__.py").write_text(VERSION_ERROR)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(shadow), os.environ.get("PYTHONPATH")]))}
+    manifest = str(write_test_manifest(tmp_path))
+    options = ["-m", manifest, "--processes", "2", "--workers", "0", "--grpc-port", str(free_port())]
+    done = serve_until_it_exits(options, env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    error = "VersionError: Detected incompatible Protobuf Gencode/Runtime versions when loading a stub: gencode 9.0.0"
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: front processes failed to start {fronts.START_ATTEMPTS} time(s) in a row"), last
+    assert last.endswith(error), last  # the child's own error, as the server's last word
+    starts = done.stdout.count(f"stopped: {error}")  # each front process's own log line, with its traceback
+    assert fronts.START_ATTEMPTS <= starts <= fronts.START_ATTEMPTS + 1, done.stdout  # not restarted for ever
+
+
+def test_front_processes_whose_app_cannot_be_imported_stop_the_server_at_once(tmp_path: Path) -> None:
+    script = (
+        "from fnserve.adapters import fronts\n"
+        "fronts.run('tests.no_such_module:factory', 2, {'host': '127.0.0.1', 'port': 0, 'log_level': 'warning'})\n"
+    )
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert time.monotonic() - began < 30
+    assert done.returncode == 1, done.stderr
+    assert 'Could not import module "tests.no_such_module"' in done.stderr  # the child's own error (uvicorn's log)
+    # uvicorn's start-failure status: nothing a second try would change.
+    assert "front processes failed to start 1 time(s) in a row, the last (pid" in done.stderr
+
+
+def test_inference_workers_that_cannot_load_a_model_stop_the_server_with_its_error(tmp_path: Path) -> None:
+    manifest = write_test_manifest(tmp_path)
+    zeros = 'sha256 = "' + "0" * 64 + '"'
+    manifest.write_text(re.sub(r'sha256 = "[0-9a-f]{64}"', zeros, manifest.read_text(), count=1))
+    done = serve_until_it_exits(["-m", str(manifest), "--processes", "1", "--workers", "1"])
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert re.search("error: function inference-workers cannot start: .*has sha256 .*but the manifest says 0{64}", last)
+
+
+def test_an_inference_worker_whose_replacements_cannot_start_stops_the_server(tmp_path: Path) -> None:
+    manifest = write_test_manifest(tmp_path)
+    log = tmp_path / "serve.log"
+    proc, url = start_server(["-m", str(manifest), "--processes", "1", "--workers", "1"], log, new_session=True)
+    try:
+        assert httpx.post(f"{url}/v2/models/digits-accurate/infer", json=body(DIGITS[:2]), timeout=30).is_success
+        (tmp_path / "identity.onnx").write_bytes(b"not the model the manifest names")  # a new worker cannot load it
+        [worker] = spawned_children(proc.pid)
+        os.kill(worker, signal.SIGKILL)
+        assert proc.wait(timeout=30) == 1
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    last = log.read_text().strip().splitlines()[-1]
+    given_up = rf"\({fronts.START_ATTEMPTS} times in a row\)"
+    assert re.search(rf"error: function inference-workers cannot start: .*identity.*sha256.*{given_up}", last), last
+
+
+def test_a_front_process_killed_after_it_served_is_replaced_and_counted(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    options = ["-m", str(write_test_manifest(tmp_path)), "--processes", "2", "--workers", "0"]
+    proc, url = start_server(options, log, new_session=True)
+    try:
+        assert httpx.post(f"{url}/v2/models/digits-accurate/infer", json=body(DIGITS[:2]), timeout=30).is_success
+        before = spawned_children(proc.pid)
+        assert len(before) == 2
+        os.kill(before[0], signal.SIGKILL)
+
+        def replaced() -> bool:
+            now = spawned_children(proc.pid)
+            return len(now) == 2 and before[0] not in now
+
+        wait_for(replaced, 30, "the front process to be replaced")
+        wait_for(lambda: "fnserve_front_respawns_total 1.0" in metrics(url), 30, "the replacement to be counted")
+        for _ in range(8):  # new connections, spread over both front processes
+            assert httpx.post(f"{url}/v2/models/digits-accurate/infer", json=body(DIGITS[:2]), timeout=30).is_success
+        assert f"front process {before[0]} exited with status -9; starting another" in log.read_text()
+        assert proc.poll() is None
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def metrics(url: str) -> str:
+    try:
+        return httpx.get(f"{url}/metrics", timeout=10).text
+    except httpx.TransportError:  # a connection the killed process held
+        return ""

@@ -12,13 +12,18 @@ A front process listens only once its models are loaded and warm, so the first t
 would take every connection opened before the others are up: the server answers ready (HTTP,
 SageMaker's ``/ping``, gRPC) only once every front process is listening (:class:`AllListening`).
 
-The parent supervises them as uvicorn's does: SIGINT or SIGTERM stops them gracefully
-(requests in flight finish), one that exits is replaced, and one that fails its start stops
-the server with uvicorn's start-failure status.
+The parent supervises them: SIGINT or SIGTERM stops them gracefully (requests in flight finish).
+One that exits after it listened is replaced, at once, then after a doubling delay while its
+replacements keep dying soon after their start. One that dies before it ever listened is started
+again, but :data:`START_ATTEMPTS` of those in a row (or one with uvicorn's start-failure status)
+stop the server with the last one's error, as gunicorn stops on "Worker failed to boot": a front
+process that cannot start would otherwise be restarted for ever, the server never ready, never
+exiting. Each child logs its own error with its traceback, and sends it to the parent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -26,12 +31,18 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from multiprocessing.sharedctypes import Synchronized
 from typing import Any
 
+import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
 from fnserve.adapters.logs import logger
+from fnserve.core.errors import FnserveError, HandlerError
 
 _spawn = multiprocessing.get_context("spawn")
 
@@ -85,12 +96,72 @@ def all_listening() -> AllListening | None:
     return AllListening(*_listening) if _listening is not None else None
 
 
-def run(app: str, processes: int, options: dict[str, Any]) -> None:
-    """Serve the ASGI app factory ``app`` (an import string) from ``processes`` front processes on
-    ``options["host"]:options["port"]`` (``options``: uvicorn.Config's), until SIGINT or SIGTERM."""
-    if not balanced():
-        import uvicorn
+START_ATTEMPTS = 3  # processes in a row that die before they serve, before the server stops: one killed while
+# every process loads at once may do better the next time, a fault that stays stops the server in seconds
+FIRST_DELAY, MAX_DELAY = 1.0, 30.0  # a front process dying again soon after its replacement: the next one waits
+STEADY_SECONDS = 60.0  # one that lived this long died of something new: its replacement starts at once
 
+# This process's uvicorn server while it serves, and the error fail() stops it with.
+_server: uvicorn.Server | None = None
+_failure: FnserveError | None = None
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, saying when it listens (``served``), and stopped by :func:`fail`."""
+
+    def __init__(self, config: uvicorn.Config, served: Synchronized[int] | None = None) -> None:
+        super().__init__(config)
+        self._served = served
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self._served is not None:
+            self._served.value = 1
+        if _failure is not None:  # failed while the app started
+            self.should_exit = True
+
+
+def _run(server: _Server, sockets: list[socket.socket] | None = None) -> None:
+    global _server
+    _server = server
+    try:
+        server.run(sockets=sockets)
+    finally:
+        _server = None
+
+
+def fail(error: FnserveError) -> None:
+    """Stop this process's server for good, requests in flight finished, and have it exit with ``error``: a part
+    it cannot serve without (its inference workers) cannot start again. Safe from any thread."""
+    global _failure
+    _failure = error
+    logger.error(f"{error.message}; stopping the server")
+    if _server is not None:
+        _server.should_exit = True
+
+
+def serve(app: Any, options: dict[str, Any]) -> None:
+    """Serve the ASGI ``app`` from this process alone until SIGINT or SIGTERM; raise the error :func:`fail` stopped
+    it with, if any."""
+    _run(_Server(uvicorn.Config(app, **options)))
+    if _failure is not None:
+        raise _failure
+
+
+@dataclass(eq=False)
+class _Child:
+    process: BaseProcess
+    served: Synchronized[int]  # set once it listens
+    reason: Connection  # its start error, when it could send it
+    began: float
+    seen: bool = False  # seen serving by the supervisor
+
+
+def run(app: str, processes: int, options: dict[str, Any], on_replaced: Callable[[], None] | None = None) -> None:
+    """Serve the ASGI app factory ``app`` (an import string) from ``processes`` front processes on
+    ``options["host"]:options["port"]`` (``options``: uvicorn.Config's), until SIGINT or SIGTERM; ``on_replaced``
+    is called for each one replaced after it served. Raises :class:`HandlerError` when they cannot start."""
+    if not balanced():
         uvicorn.run(app, factory=True, workers=processes, **options)
         return
     # Bound (not listening) for the server's life: a port already taken fails here, at once, and no other program
@@ -101,49 +172,108 @@ def run(app: str, processes: int, options: dict[str, Any]) -> None:
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
 
-    def start() -> multiprocessing.process.BaseProcess:
-        child = _spawn.Process(target=_front, args=(app, options, listening, processes), daemon=False)
-        child.start()
-        return child
+    def start() -> _Child:
+        served: Synchronized[int] = _spawn.Value("b", 0)
+        reason, send = _spawn.Pipe(duplex=False)
+        process = _spawn.Process(target=_front, args=(app, options, listening, processes, served, send), daemon=False)
+        process.start()
+        send.close()
+        return _Child(process, served, reason, time.monotonic())
 
-    children = [start() for _ in range(processes)]
-    failed = False
+    children: list[_Child | None] = [start() for _ in range(processes)]
+    due = [0.0] * processes  # when each empty slot's replacement starts
+    delays = [0.0] * processes  # each slot's delay before its next replacement, if that one dies soon too
+    failures = 0  # front processes in a row that died before they listened
+    failed: HandlerError | None = None
     try:
-        while not stop.wait(0.5):
+        while failed is None and not stop.wait(0.2):
+            now = time.monotonic()
             for i, child in enumerate(children):
-                if child.is_alive():
+                if child is None:
+                    if now >= due[i]:
+                        children[i] = start()
                     continue
-                if child.exitcode == STARTUP_FAILURE:
-                    logger.error("a front process could not start (its reason is above); stopping the server")
-                    failed = True
-                    stop.set()
-                    break
-                logger.warning(f"front process {child.pid} exited with status {child.exitcode}; starting another")
-                children[i] = start()
+                if child.served.value and not child.seen:
+                    child.seen, failures = True, 0
+                if child.process.is_alive():
+                    continue
+                pid, code, said = child.process.pid, child.process.exitcode, _said(child)
+                child.reason.close()
+                if not child.served.value:
+                    failures += 1
+                    if code == STARTUP_FAILURE or failures >= START_ATTEMPTS:
+                        failed = HandlerError(
+                            f"front processes failed to start {failures} time(s) in a row, the last (pid {pid}) with "
+                            f"status {code}: {said or 'its error is above'}"
+                        )
+                        break
+                    logger.warning(
+                        f"front process {pid} exited with status {code} before it listened "
+                        f"({said or 'its error is above'}); starting another ({failures} of {START_ATTEMPTS} tries)"
+                    )
+                    children[i] = start()
+                    continue
+                delay = 0.0 if now - child.began >= STEADY_SECONDS else delays[i]
+                delays[i] = min(MAX_DELAY, max(FIRST_DELAY, 2 * delay))
+                logger.warning(
+                    f"front process {pid} exited with status {code}{f' ({said})' if said else ''}; starting another"
+                    + (f" in {delay:g}s (its predecessor died soon after its start too)" if delay else "")
+                )
+                if on_replaced is not None:
+                    on_replaced()
+                children[i], due[i] = None, now + delay
     finally:
-        for child in children:
-            if child.is_alive():
-                child.terminate()  # SIGTERM: uvicorn finishes the requests in flight, then the app's lifespan ends
-        for child in children:
-            child.join()
+        alive = [child for child in children if child is not None]
+        for child in alive:
+            if child.process.is_alive():
+                child.process.terminate()  # SIGTERM: uvicorn finishes the requests in flight, then the lifespan ends
+        for child in alive:
+            child.process.join()
+            child.reason.close()
         held.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if failed:
-        raise SystemExit(STARTUP_FAILURE)
+    if failed is not None:
+        raise failed
 
 
-def _front(app: str, options: dict[str, Any], listening: Synchronized[int], processes: int) -> None:
-    """One front process: its own SO_REUSEPORT socket, and uvicorn serving ``app`` on it."""
-    import uvicorn
+def _said(child: _Child) -> str | None:
+    """What a front process that died said of its start error, if it could."""
+    with contextlib.suppress(EOFError, OSError):
+        if child.reason.poll():
+            said: str = child.reason.recv()
+            return said
+    return None
 
+
+def _front(
+    app: str,
+    options: dict[str, Any],
+    listening: Synchronized[int],
+    processes: int,
+    served: Synchronized[int],
+    reason: Connection,
+) -> None:
+    """One front process: its own SO_REUSEPORT socket, and uvicorn serving ``app`` on it; its start error, if it
+    has one, logged and sent to the parent (``reason``)."""
     global _listening
     _listening = (listening, processes)
     parent = os.getppid()
     threading.Thread(target=_exit_with, args=(parent,), name="fnserve-orphan-watch", daemon=True).start()
     sock = reuse_port_socket(options["host"], options["port"])
-    server = uvicorn.Server(uvicorn.Config(app, factory=True, **options))
-    server.run(sockets=[sock])
+    server = _Server(uvicorn.Config(app, factory=True, **options), served)
+    try:
+        _run(server, [sock])
+    except Exception as exc:  # noqa: BLE001 - the app's import or factory: the parent reports it
+        said = f"{type(exc).__name__}: {exc}"
+        logger.exception(f"front process {os.getpid()} stopped: {said}")
+        with contextlib.suppress(OSError):
+            reason.send(said)
+        sys.exit(1)
+    if _failure is not None:
+        with contextlib.suppress(OSError):
+            reason.send(_failure.message)
+        sys.exit(1)
     if not server.started:
         sys.exit(STARTUP_FAILURE)
 

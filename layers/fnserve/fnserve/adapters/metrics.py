@@ -4,7 +4,8 @@ Per request, from each transport's telemetry record (HTTP and gRPC): a count by 
 version, transport and status, and a latency histogram per stage (decode, a pipeline's pre,
 queue, infer, a pipeline's post, encode) and in total. Per batch, from the adaptive batchers:
 its rows. At each scrape, from the process's own state: batcher queue depth, inference
-workers busy and idle, worker respawns, cache lookups by tier and result, cache backend errors.
+workers busy and idle, worker respawns, cache lookups by tier and result, cache backend errors. From the
+process supervising several front processes: those it replaced (:func:`front_respawns`).
 
 Several front processes (``--processes``) share one port and each may answer a scrape: the
 server points ``PROMETHEUS_MULTIPROC_DIR`` at a directory of its own before any process
@@ -41,6 +42,13 @@ FLUSH_AT = 2_000  # records kept before a flush, whatever the time
 # Milliseconds-to-seconds stages; buckets from 50 µs (the digits model over HTTP) to 10 s (a slow model).
 LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def front_respawns() -> Callable[[], None]:
+    """Counts front processes replaced after dying: the supervising process's series, in the multiprocess
+    directory beside the front processes' own, so whichever answers a scrape reports it."""
+    counter = Counter("fnserve_front_respawns", "Front processes replaced after dying.", registry=None)
+    return counter.inc
 
 
 class ServerMetrics:

@@ -9,6 +9,10 @@ which is the better choice for models so small that the hop costs more than the 
 
 Given neither (no ``--workers``, ``--processes`` or their variables), :func:`fnserve.adapters.layout.choose_layout`
 decides at start, from the loaded models.
+
+A child that cannot start stops the server with its error, within seconds: an inference worker at the start, or
+:data:`~fnserve.adapters.fronts.START_ATTEMPTS` replacements of one in a row later; a front process as
+:func:`fnserve.adapters.fronts.run` says. One that dies after it served is replaced.
 """
 
 from __future__ import annotations
@@ -67,8 +71,6 @@ def serve(
 def _serve(
     settings: Settings, host: str, port: int, on_ready: Callable[[InferenceService, Settings], None] | None
 ) -> None:
-    import uvicorn
-
     options: dict[str, Any] = {
         "host": host,
         "port": port,
@@ -85,10 +87,10 @@ def _serve(
     with not_ready_until_loaded(host, port):
         settings, app = _load(settings, on_ready)
     if app is None:
-        fronts.run(f"{__name__}:app_factory", settings.server_processes, options)
+        fronts.run(f"{__name__}:app_factory", settings.server_processes, options, _front_respawns(settings))
         return
     try:
-        uvicorn.Server(uvicorn.Config(app, **options)).run()
+        fronts.serve(app, options)
     finally:
         if app.state.pool is not None:  # the lifespan closed it already, unless uvicorn never started
             app.state.pool.close()
@@ -171,6 +173,15 @@ def _placed(settings: Settings, groups: list[WorkerGroup]) -> Settings:
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
+def _front_respawns(settings: Settings) -> Callable[[], None] | None:
+    """What counts the front processes replaced, in this supervising process (none without metrics)."""
+    if not settings.metrics:
+        return None
+    from fnserve.adapters.metrics import front_respawns
+
+    return front_respawns()
+
+
 def app_factory() -> V2App:
     """One front process of a multi-process server (uvicorn calls it in each), from FNSERVE_* settings."""
     return front(Settings())
@@ -221,7 +232,7 @@ def group_pools(settings: Settings, groups: list[WorkerGroup]) -> Pools:
             spec = _inference_spec(
                 group.name, children_env(settings.model_copy(update={"worker_group": group.name})), settings
             )
-            started[group.name] = Overflow([Group(group.name, WorkerPool(spec, group.workers).start())])
+            started[group.name] = Overflow([Group(group.name, _pool(spec, group.workers).start())])
     except BaseException:
         for pool in started.values():
             pool.close()
@@ -238,6 +249,13 @@ def _inference_spec(name: str, env: dict[str, str], settings: Settings) -> Funct
         env=env,
         timeout=settings.inference_timeout_seconds,
     )
+
+
+def _pool(spec: FunctionSpec, workers: int) -> WorkerPool:
+    """Inference workers that stop the server when, once started, a replacement cannot start a few times in a row:
+    its models cannot load any more (a file changed, a device gone), and a server retrying for ever is never
+    whole again, where a fresh start reports why."""
+    return WorkerPool(spec, workers, attempts=fronts.START_ATTEMPTS, on_give_up=fronts.fail)
 
 
 def inference_pool(settings: Settings) -> Overflow:
@@ -258,7 +276,7 @@ def inference_pool(settings: Settings) -> Overflow:
     started: list[Group] = []
     try:
         for device, workers, env, capacity in groups:
-            started.append(Group(device, WorkerPool(_inference_spec(device, env, settings), workers).start(), capacity))
+            started.append(Group(device, _pool(_inference_spec(device, env, settings), workers).start(), capacity))
     except BaseException:
         for group in started:
             group.pool.close()

@@ -7,9 +7,11 @@ resolves their futures, and notices a dead worker at once, failing its invocatio
 503-class error and starting a replacement. A worker that outlives the function's timeout
 is killed and replaced (a 504). A worker that cannot start (its module fails to import) is
 started again on the next invocation, as Lambda retries a failed init, and the invocations
-waiting for it get the init error. Only plain data crosses the process boundary: events and
-responses as plain values (dicts, lists, strings, numbers, bytes, numpy arrays), errors as
-``{type, message, status_code}``, in the typed messages of :mod:`fnserve.workers.messages`.
+waiting for it get the init error; a pool given ``attempts`` (a server's) starts it again at
+once instead, and gives up after that many in a row, for its owner to stop. Only plain data
+crosses the process boundary: events and responses as plain values (dicts, lists, strings,
+numbers, bytes, numpy arrays), errors as ``{type, message, status_code}``, in the typed
+messages of :mod:`fnserve.workers.messages`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import selectors
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
@@ -128,13 +131,33 @@ class _Worker:
 
 
 class WorkerPool:
-    """``workers`` warm containers of one function; :meth:`invoke` returns a future of the response."""
+    """``workers`` warm containers of one function; :meth:`invoke` returns a future of the response.
 
-    def __init__(self, spec: FunctionSpec, workers: int = 1, observer: Observer | None = None) -> None:
+    ``attempts``: once started, how many workers in a row may exit before they are ready (each started again at
+    once) before the pool gives up: it starts no more, fails what no worker is left to run with the init error,
+    and calls ``on_give_up`` with that error (on its dispatcher thread). None: as Lambda, a worker that cannot
+    start is tried again at the next invocation, for ever.
+    """
+
+    def __init__(
+        self,
+        spec: FunctionSpec,
+        workers: int = 1,
+        observer: Observer | None = None,
+        attempts: int | None = None,
+        on_give_up: Callable[[HandlerError], None] | None = None,
+    ) -> None:
         if workers < 1:
             raise ValueError("a pool needs at least one worker")
+        if attempts is not None and attempts < 1:
+            raise ValueError("a pool that gives up needs at least one attempt")
         self.spec = spec
         self.observer = observer
+        self.attempts = attempts
+        self.on_give_up = on_give_up
+        self.start_failures = 0  # workers in a row that exited before they were ready
+        self.given_up: HandlerError | None = None  # the init error the pool gave up on (``attempts``)
+        self._started = False  # start() returned: a worker that cannot start no longer fails the start
         self._context = multiprocessing.get_context("spawn")
         self._workers: list[_Worker] = []
         self._queue = _Jobs()
@@ -173,6 +196,7 @@ class WorkerPool:
                 self.close()
                 raise TimeoutError(f"function {self.spec.name}: workers not ready after {wait_ready}s")
             time.sleep(0.01)
+        self._started = True
         return self
 
     def invoke(self, event: Any, priority: int = 0) -> Future[Any]:
@@ -293,6 +317,7 @@ class WorkerPool:
     def _handle(self, worker: _Worker, message: FromWorker) -> None:
         if isinstance(message, Ready):
             worker.ready = True
+            self.start_failures = 0
         elif isinstance(message, InitFailed):  # the worker exits next
             self.failure = message.message
             logger.error("function %s: %s", self.spec.name, self.failure)
@@ -350,16 +375,34 @@ class WorkerPool:
         self.respawns += 1
 
     def _broken(self, worker: _Worker) -> None:
-        """A worker exited while starting: like a failed Lambda init, retried on the next invocation."""
+        """A worker exited while starting: like a failed Lambda init, retried on the next invocation (at once,
+        with ``attempts``, until that many in a row have failed)."""
         worker.broken = True
+        self.start_failures += 1
         if self.failure is None:
             self.failure = f"its worker exited with code {worker.process.exitcode} while starting"
+        error = HandlerError(f"function {self.spec.name} cannot start: {self.failure}")
+        if self._started and self.attempts is not None and self.start_failures >= self.attempts:
+            if self.given_up is None:
+                self.given_up = HandlerError(f"{error.message} ({self.start_failures} times in a row)")
+                logger.error("function %s: %s; giving up", self.spec.name, self.given_up.message)
+                if self.on_give_up is not None:
+                    self.on_give_up(self.given_up)
         if any(not w.broken for w in self._workers):
             return  # another worker is up or starting: the queue waits for it
-        error = HandlerError(f"function {self.spec.name} cannot start: {self.failure}")
+        self._fail_queue(self.given_up or error)
+
+    def _fail_queue(self, error: FnserveError) -> None:
         with self._lock:
             while self._queue:
                 self._queue.popleft().future.set_exception(error)
+
+    def _restart_broken(self) -> bool:
+        """Whether to start a worker that could not start again now: at the next invocation, as Lambda does;
+        at once with ``attempts``, so the pool is whole again or gives up without waiting for traffic."""
+        if self._closing or self.given_up is not None:
+            return False
+        return bool(self._queue) or (self.attempts is not None and self._started)
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -386,11 +429,13 @@ class WorkerPool:
             self._workers[index] = self._spawn()
 
     def _assign(self) -> None:
-        if self._queue and not self._closing:
+        if self._restart_broken():
             for index, worker in enumerate(self._workers):
-                if worker.broken:  # an invocation is waiting: try to start it again
+                if worker.broken:
                     self._workers[index] = self._spawn()
                     self.respawns += 1
+        elif self.given_up is not None and all(w.broken for w in self._workers):
+            self._fail_queue(self.given_up)  # no worker is left to run them
         for worker in self._workers:
             if not worker.ready or worker.job is not None or worker.timed_out:
                 continue
