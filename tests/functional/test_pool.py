@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -180,6 +181,32 @@ def test_an_init_error_is_the_answer_until_a_later_invocation_starts_cleanly(tmp
             pool.invoke({}).result(timeout=60)
         broken.unlink()  # fixed: the next invocation starts a worker again, and it serves
         assert isinstance(pool.invoke({}).result(timeout=60), int)
+    finally:
+        pool.close()
+
+
+def test_a_pool_given_attempts_starts_a_broken_worker_again_at_once_then_gives_up(tmp_path: Path) -> None:
+    """A server's pool: a replacement that cannot start is retried without waiting for an invocation, and after
+    ``attempts`` in a row the pool tells its owner (who stops the server) instead of retrying for ever."""
+    (tmp_path / "app.py").write_text(FRAGILE)
+    broken = tmp_path / "broken"
+    spec = FunctionSpec(name="fragile", code_dir=str(tmp_path), env={"BROKEN_IF": str(broken)}, timeout=10)
+    given_up: list[HandlerError] = []
+    pool = WorkerPool(spec, workers=1, attempts=2, on_give_up=given_up.append).start()
+    try:
+        broken.touch()  # from now on a new worker cannot start
+        with pytest.raises(WorkerDied):
+            pool.invoke({"action": "exit"}).result(timeout=10)
+        wait_for(lambda: bool(given_up), 60, "the pool to give up")
+        [error] = given_up
+        assert re.fullmatch(
+            r"function fragile cannot start: .*the model store is unreachable \(2 times in a row\)", error.message
+        )
+        assert (pool.start_failures, pool.respawns) == (2, 2)  # the replacement, and one more try
+        broken.unlink()
+        with pytest.raises(HandlerError) as raised:  # given up: not started again, even once it could start
+            pool.invoke({}).result(timeout=10)
+        assert raised.value.message == error.message and pool.respawns == 2
     finally:
         pool.close()
 
