@@ -263,6 +263,45 @@ def test_the_emulator_on_a_taken_port_stops_before_it_starts_anything(tmp_path: 
     assert "moto" not in done.stdout + done.stderr  # nothing started: not the AWS emulator, not a function
 
 
+BROKEN_FUNCTION = """Transform: AWS::Serverless-2016-10-31
+Resources:
+  Broken:
+    Type: AWS::Serverless::Function
+    Properties:
+      CodeUri: broken
+      Handler: app.handler
+      Runtime: python3.12
+      Events:
+        Get:
+          Type: HttpApi
+          Properties:
+            Path: /broken
+            Method: GET
+"""
+
+
+def test_the_emulator_stops_with_a_functions_init_error_when_it_cannot_start(tmp_path: Path) -> None:
+    (tmp_path / "template.yaml").write_text(BROKEN_FUNCTION)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "app.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\")\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("AWS_ENDPOINT_URL", "LOCALSTACK_HOST")}
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "fnserve"), "local", "--template", "template.yaml"]
+        + ["--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == (
+        "error: function Broken cannot start: app.handler failed to initialise: "
+        "ModuleNotFoundError: No module named 'torch'"
+    ), done.stderr
+
+
 # -- the first hour's rough edges ---------------------------------------------------------------
 
 
