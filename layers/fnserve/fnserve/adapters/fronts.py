@@ -39,10 +39,12 @@ from multiprocessing.sharedctypes import Synchronized
 from typing import Any
 
 import uvicorn
-from uvicorn.config import STARTUP_FAILURE
 
 from fnserve.adapters.logs import logger
 from fnserve.core.errors import FnserveError, HandlerError
+
+# uvicorn's exit status for a server that could not start (its own constant moved between releases).
+STARTUP_FAILURE = 3
 
 _spawn = multiprocessing.get_context("spawn")
 
