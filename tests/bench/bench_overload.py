@@ -5,8 +5,9 @@
 Two ``fnserve serve`` (one front process running the models, pinned to the first CPU when there are two or
 more; one loaded at a time), with adaptive batching on MiniLM (int8, 16 tokens a request, batches of 8 rows)
 and digits-accurate (256 rows a request, so that a Python load generator on the other CPU can offer three
-times what it serves; batches of 1,024 rows): one with fnserve's default admission bounds (a queue of one
-batch), one with a queue that never fills. For each model: its capacity (closed loop, 16 connections), its
+times what it serves; batches of 1,024 rows): one with a queue of one batch (``max_queue_size``; by default
+fnserve bounds the wait instead, at a second, which the answered requests then wait under overload), one with a
+queue that never fills. For each model: its capacity (closed loop, 16 connections), its
 latency unloaded (open loop at half the capacity), then an open loop at three times the capacity on each
 server. Arrivals are scheduled at fixed intervals and each latency is counted from its scheduled time (no
 coordinated omission: a request the generator could not send on time waits in the count). Printed side by
@@ -15,7 +16,7 @@ Server-Timing), refusals (503) and how fast they came beside their floor (the sa
 refuses every request at once, on the same CPU, beside the model computing the share of the time it did in
 fnserve's run: ``tests/bench/refuse_server.py``), and the server's RSS over the run. Beside them, the floor end to
 end: the lean batching server (``tests/bench/lean_batch_server.py``: it parses, batches, runs, encodes and refuses
-at fnserve's default bounds, and does nothing more) on the same CPU, its own unloaded p99 at the same rate, then
+at a queue of one batch, and does nothing more) on the same CPU, its own unloaded p99 at the same rate, then
 the same arrivals: what any server that batches and sheds at those bounds pays.
 """
 
@@ -74,13 +75,16 @@ def demo_models() -> dict[str, dict[str, Any]]:
 
 def manifest(directory: Path, kind: str) -> Path:
     """The two models with adaptive batching: ``unbounded``, a queue that never fills (what a server without
-    admission control does); ``bounded``, fnserve's default admission bounds (a queue of one batch);
+    admission control does); ``bounded``, a queue of one batch (``max_queue_size``);
     ``priority``, those and digits-accurate a priority above MiniLM's."""
     demo = demo_models()
     minilm, digits = demo["minilm-l6"], demo["digits-accurate"]
-    bounds = {name: "max_queue_size = 1000000\n" if kind == "unbounded" else "" for name in BATCH_ROWS}
+    if kind == "unbounded":  # nor a bound on the wait
+        bounds = {name: "max_queue_size = 1000000\nmax_queue_delay_ms = 1e9\n" for name in BATCH_ROWS}
+    else:
+        bounds = {name: f"max_queue_size = {rows}\n" for name, rows in BATCH_ROWS.items()}
     if kind == "priority":
-        bounds["digits-accurate"] = "priority = 1\n"
+        bounds["digits-accurate"] += "priority = 1\n"
     text = f'''[[models]]
 name = "minilm-l6"
 path = "{DEMO_MANIFEST.parent / minilm["path"]}"
@@ -297,7 +301,7 @@ async def refusal_floor(model: str, rate: float, busy: float, pinned: bool) -> R
 
 async def lean_floor(model: str, unloaded_rate: float, rate: float, pinned: bool) -> tuple[Run, Run]:
     """The floor end to end: the lean batching server (``tests/bench/lean_batch_server.py``: parse, batch, run,
-    encode, refuse, nothing more) with fnserve's default bounds (batches of ``BATCH_ROWS``, a queue of one batch), one
+    encode, refuse, nothing more) with the bounded server's (batches of ``BATCH_ROWS``, a queue of one batch), one
     process on the CPU fnserve's server had: its unloaded run at fnserve's unloaded rate, then ``rate``."""
     rows = str(BATCH_ROWS[model])
     args = ["--port", "{port}", "--processes", "1", "--max-batch", rows, "--queue", rows]
@@ -331,7 +335,7 @@ async def measure(unbounded: Server, bounded: Server, model: str, pinned: bool) 
     busy = min(1.0, (after.ns - before.ns) / 1e9 / elapsed)
     floor = await refusal_floor(model, run.offered, busy, pinned)
     lean_unloaded, lean = await lean_floor(model, unloaded.offered, run.offered, pinned)
-    report("3x capacity, fnserve's defaults (a queue of one batch)", run, rss, generator, base_p99)
+    report("3x capacity, a queue of one batch (max_queue_size)", run, rss, generator, base_p99)
     admitted, refused = run.of(200), run.of(503)
     floor_p99 = percentile(floor.of(503), 99) * 1e3
     print(
@@ -434,7 +438,7 @@ def main() -> None:
     print(
         f"overload: fnserve serve, one front process "
         f"({'on CPU 0, the load generator on the rest' if pinned else 'unpinned'}), "
-        f"with its default admission bounds and without; 3x capacity for {SECONDS:g} s per model "
+        f"with a queue of one batch and without; 3x capacity for {SECONDS:g} s per model "
         f"({BASELINE_SECONDS:g} s without)"
     )
     try:

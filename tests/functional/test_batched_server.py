@@ -204,6 +204,9 @@ def test_a_batched_model_with_a_cache_ttl_serves_a_repeat_request_from_the_cache
     }
 
 
+PATIENT = "max_queue_delay_ms = 600000\n"  # requests queued behind the heavy batch wait it out
+
+
 def minilm_entry(extra: str = "") -> str:
     """The demo's MiniLM in a manifest of a test's own: batched, with a long bucket for one heavy request."""
     import tomllib
@@ -305,7 +308,7 @@ def test_a_request_timeout_drops_it_from_the_queue_before_it_runs(tmp_path: Path
     """Triton's ``timeout`` request parameter (µs): requests queued behind a heavy batch past their timeout are
     answered 504 and never run, counted as failures in the statistics; one without it waits and is answered."""
     manifest = tmp_path / "manifest.toml"
-    manifest.write_text(minilm_entry())
+    manifest.write_text(minilm_entry(PATIENT))
     plane = DataPlane(InferenceService.from_manifest(manifest, eager=True), batching=True)
     app = create_app(plane, Settings(manifest=manifest, access_log=False))
     batcher = plane.batchers["minilm-l6"]
@@ -339,7 +342,7 @@ def test_an_overloaded_model_refuses_a_request_from_its_headers_before_reading_i
     sent at once, with its request id, and counted as a failure in the statistics and in the access log; the
     queued ones are answered."""
     manifest = tmp_path / "manifest.toml"
-    manifest.write_text(minilm_entry("max_queue_size = 2\n"))
+    manifest.write_text(minilm_entry("max_queue_size = 2\n" + PATIENT))
     plane = DataPlane(InferenceService.from_manifest(manifest, eager=True), batching=True)
     app = create_app(plane, Settings(manifest=manifest, access_log=True))
     batcher = plane.batchers["minilm-l6"]
@@ -433,7 +436,7 @@ def test_a_full_queue_refuses_over_grpc_with_unavailable_and_over_sagemaker_with
     from fnserve.adapters.grpc.server import GrpcServer
 
     manifest = tmp_path / "manifest.toml"
-    manifest.write_text(minilm_entry("max_queue_size = 2\n"))
+    manifest.write_text(minilm_entry("max_queue_size = 2\n" + PATIENT))
     plane = DataPlane(InferenceService.from_manifest(manifest, eager=True), batching=True)
     app = create_app(plane, Settings(manifest=manifest, access_log=False))
     batcher = plane.batchers["minilm-l6"]

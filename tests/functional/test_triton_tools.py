@@ -189,7 +189,9 @@ def test_model_configuration_over_http_and_grpc(
 
     minilm = grpc.get_model_config("minilm-l6").config
     assert minilm.dynamic_batching.max_queue_delay_microseconds == 2000  # max_batch_time_ms = 2
-    assert minilm.dynamic_batching.default_queue_policy.max_queue_size == 64  # one batch of 64 rows
+    policy = minilm.dynamic_batching.default_queue_policy
+    assert policy.max_queue_size == 0  # no bound on the count: the wait bounds the queue
+    assert policy.default_timeout_microseconds == 1_000_000 and policy.allow_timeout_override
     assert [(t.name, list(t.dims)) for t in minilm.input][0] == ("input_ids", [-1])
 
     text = http.get_model_config("minilm-embed")

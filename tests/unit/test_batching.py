@@ -542,11 +542,13 @@ def test_a_batch_just_answered_does_not_count_as_waiting() -> None:
 
 
 def test_the_pace_is_fitted_to_the_latest_runs() -> None:
-    """A fixed cost and a cost a row, from runs of several sizes; a cost a row alone while they were of one size."""
+    """A fixed cost and a cost a row, from runs of several sizes; while they were of one size, a cost a row up to
+    it and their time past it (how the time grows is not known yet: a guess must not refuse a request)."""
     pace = Pace()
     assert pace.seconds(8) == 0.0  # nothing run yet: nothing foreseen
     pace.add(4, 0.04)
-    assert pace.seconds(8) == pytest.approx(0.08)  # one size seen: 10 ms a row
+    assert pace.seconds(2) == pytest.approx(0.02)  # one size seen: 10 ms a row up to it
+    assert pace.seconds(64) == pytest.approx(0.04)  # and no more past it, not 0.64 s
     for rows in (1, 16, 4, 8, 2, 16, 1) * 2:
         pace.add(rows, 0.005 + 0.002 * rows)  # 5 ms a run and 2 ms a row
     assert pace.seconds(16) == pytest.approx(0.005 + 0.032, rel=0.05)
@@ -573,7 +575,7 @@ def test_a_request_whose_wait_is_foreseen_past_its_deadline_is_refused_as_it_arr
     async def main() -> list[Any]:
         batcher = AdaptiveBatcher(model, max_batch_size=2, max_batch_time=0, max_queue_delay=0.9, name="minilm")
         batcher.on_shed = reasons.append
-        batcher.pace.add(1, 0.4)  # as the latest runs measured it
+        batcher.pace.add(2, 0.8)  # as the latest runs measured it: full batches, 0.4 s a row
         running = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
         await until(lambda: model.running == 1)
         queued = [asyncio.create_task(batcher.predict({"x": np.ones((1, 1))})) for _ in range(2)]
@@ -706,3 +708,88 @@ def test_a_batch_holds_its_slot_and_rows_from_when_it_forms_until_its_answers_ar
     full, *seen = run(main())
     assert full is not None and "2 rows wait already, 2 at most" in full.message
     assert seen == [None, None]
+
+
+def test_a_request_foreseen_to_be_answered_past_its_callers_deadline_is_refused_as_it_arrives() -> None:
+    """At 0.4 s a row, batches of 2, behind a running row and one queued: a request joins the next batch, taken in
+    about 0.2 s (half the running one) and answered 0.8 s later. Its caller's deadline of 0.5 s refuses it at once,
+    never run; one of 2 s, or none, lets it in, and it is answered."""
+    model = Gate()
+    reasons: list[str] = []
+
+    async def main() -> tuple[Overloaded, list[Any]]:
+        batcher = AdaptiveBatcher(model, max_batch_size=2, max_batch_time=0, name="minilm")
+        batcher.on_shed = reasons.append
+        batcher.pace.add(2, 0.8)
+        running = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
+        await until(lambda: model.running == 1)
+        queued = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
+        await until(lambda: batcher.queued() == 1)
+        with pytest.raises(Overloaded) as refused:
+            await batcher.predict({"x": np.ones((1, 1))}, within=0.5)
+        assert batcher.refusal(within=0.5) is not None  # the same from its headers, before its body
+        patient = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}, within=2.0))
+        await until(lambda: batcher.queued() == 2)
+        model.open.set()
+        answered = await asyncio.gather(running, queued, patient)
+        await batcher.close()
+        return refused.value, answered
+
+    refused, answered = run(main())
+    assert "the 1 rows ahead would answer it in about 1000 ms, past its deadline of 500 ms" in refused.message
+    assert refused.status_code == 503 and reasons == ["queue_wait", "queue_wait"]
+    assert len(answered) == 3 and model.sizes == [1, 2]
+
+
+def test_by_default_the_queue_holds_what_is_answered_in_time_however_many_rows() -> None:
+    """No count bound and the default queue deadline (1 s) at 10 ms a batch of 2: behind a running row, ten
+    requests queue (five batches, well within the deadline) and none is refused, as a closed loop of clients at
+    several times a batch keeps its queue; each is answered."""
+    model = Gate()
+
+    async def main() -> list[Any]:
+        batcher = AdaptiveBatcher(model, max_batch_size=2, max_batch_time=0)
+        batcher.pace.add(2, 0.01)
+        assert (batcher.max_queue, batcher.queue_delay()) == (None, 1.0)
+        running = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
+        await until(lambda: model.running == 1)
+        queued = [asyncio.create_task(batcher.predict({"x": np.ones((1, 1))})) for _ in range(10)]
+        await until(lambda: batcher.queued() == 10)
+        assert batcher.refusal() is None and batcher.shed == 0
+        model.open.set()
+        answered = await asyncio.gather(running, *queued)
+        await batcher.close()
+        return answered
+
+    assert len(run(main())) == 11 and model.sizes == [1, 2, 2, 2, 2, 2]
+
+
+def test_by_default_a_slow_models_queue_of_one_batch_is_not_refused_on_time() -> None:
+    """A model whose full batch of 2 takes 1 s: by default its queue deadline is twice that (a second would refuse
+    whatever waits behind a batch). Behind a running row, a request with a batch ahead of it (about 1.25 s) is let
+    in; one with two batches ahead (about 2.25 s) is refused."""
+    model = Gate()
+
+    async def main() -> tuple[Overloaded | None, Overloaded | None, list[Any]]:
+        batcher = AdaptiveBatcher(model, max_batch_size=2, max_batch_time=0, name="slow")
+        batcher.pace.add(2, 1.0)
+        assert batcher.queue_delay() == 2.0
+        running = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
+        await until(lambda: model.running == 1)
+        queued = [asyncio.create_task(batcher.predict({"x": np.ones((1, 1))})) for _ in range(2)]
+        await until(lambda: batcher.queued() == 2)
+        one_batch_ahead = batcher.refusal()
+        queued += [asyncio.create_task(batcher.predict({"x": np.ones((1, 1))})) for _ in range(2)]
+        await until(lambda: batcher.queued() == 4)
+        two_batches_ahead = batcher.refusal()
+        model.open.set()
+        answered = await asyncio.gather(running, *queued)
+        await batcher.close()
+        return one_batch_ahead, two_batches_ahead, answered
+
+    one_batch_ahead, two_batches_ahead, answered = run(main())
+    assert one_batch_ahead is None and len(answered) == 5
+    assert two_batches_ahead is not None
+    assert "the 4 rows ahead would keep it waiting about 2250 ms, past its queue deadline of 2000 ms" in (
+        two_batches_ahead.message
+    )

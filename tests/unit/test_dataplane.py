@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from typing import Any
 
 import numpy as np
 import pytest
 
 from fnserve.core.cache import ResultCache
-from fnserve.core.dataplane import DataPlane
-from fnserve.core.errors import ConfigError, ModelNotFound, ResultNotFound
+from fnserve.core.dataplane import Answer, DataPlane
+from fnserve.core.errors import ConfigError, FnserveError, ModelNotFound, Overloaded, ResultNotFound
 from fnserve.core.followups import FollowupIds, ResultLookup
 from fnserve.core.jobs import MAX_MESSAGE_BYTES
 from fnserve.core.service import InferenceService
+from fnserve.core.tensors import InferenceRequest
 from fnserve.stores.objects import job_body
 from tests.helpers import ManifestWriter, MemoryStore, model_bytes
 
@@ -65,3 +68,72 @@ def test_ready_waits_for_every_condition_the_server_adds(plane: DataPlane) -> No
     assert not plane.ready()
     others_listening[0] = True
     assert plane.ready()
+
+
+class Ended:
+    """A transport's watcher that keeps how each request ended: 200, or the refusal's status."""
+
+    def __init__(self) -> None:
+        self.statuses: list[int] = []
+
+    def start(self, name: str, version: str | None, traceparent: str | None) -> Ended:
+        return self
+
+    def served(self, answer: Answer, timings: dict[str, float]) -> None:
+        self.statuses.append(200)
+
+    def refused(self, error: FnserveError) -> None:
+        self.statuses.append(error.status_code)
+
+    def cancelled(self, reason: str) -> None:
+        raise AssertionError(f"no request was cancelled: {reason}")
+
+
+def test_a_callers_deadline_refuses_a_batched_request_foreseen_past_it_before_its_body_is_read(
+    write_manifest: ManifestWriter,
+) -> None:
+    """A caller's deadline (gRPC's, known before the body) reaches the batcher: behind a running batch and one
+    queued, at 0.4 s a row, a request would be answered in about 1 s; with 0.5 s left it is refused at once (503),
+    its body never read, and with 5 s it is let in and answered."""
+    manifest = write_manifest({"data": model_bytes(), "max_batch_time_ms": 1, "max_batch_size": 2})
+    service = InferenceService.from_manifest(manifest)
+    release = threading.Event()
+    run = service.run
+
+    def held(model: str, feed: Any, **options: Any) -> Any:
+        release.wait(30)  # the batch runs until the test lets it go
+        return run(model, feed, **options)
+
+    service.run = held  # type: ignore[method-assign]
+    plane = DataPlane(service, batching=True)
+    batcher = plane.batchers["scale"]
+    batcher.pace.add(2, 0.8)  # as its latest runs measured it
+    one = {"x": np.ones((1, 3), np.float32), "k": np.arange(1, dtype=np.int64)}
+    watcher = Ended()
+    bodies_read: list[float] = []
+
+    async def body(deadline: float) -> dict[str, np.ndarray]:
+        bodies_read.append(deadline)
+        return one
+
+    def served(deadline: float) -> Any:
+        return plane.serve(watcher, "scale", None, body(deadline), InferenceRequest, lambda a, r: a, None, deadline)
+
+    async def main() -> list[Any]:
+        running = asyncio.create_task(plane.infer("scale", one))
+        while batcher.running() < 1:
+            await asyncio.sleep(0.001)
+        queued = asyncio.create_task(plane.infer("scale", one))
+        while batcher.queued() < 1:
+            await asyncio.sleep(0.001)
+        with pytest.raises(Overloaded, match="past its deadline of 500 ms"):
+            await served(0.5)
+        patient = asyncio.create_task(served(5.0))
+        while batcher.queued() < 2:
+            await asyncio.sleep(0.001)
+        release.set()
+        return await asyncio.gather(running, queued, patient)
+
+    answers = asyncio.run(main())
+    assert len(answers) == 3 and bodies_read == [5.0]  # the refused one's body was never read
+    assert watcher.statuses == [503, 200] and batcher.shed == 1

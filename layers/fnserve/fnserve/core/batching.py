@@ -32,10 +32,13 @@ and the next batch takes whatever has queued, up to ``max_batch_size``, then wai
 way. A request
 whose caller has gone (its future cancelled: a gRPC deadline, a client that hung up) before its
 batch forms is dropped, not computed. Past its bounds a request is refused at once (:meth:`AdaptiveBatcher.admit`):
-the queue full, or, with a queue deadline, the rows ahead of it foreseen to take longer than the deadline at the
-pace of the latest runs, so that under overload the excess hears at once instead of after waiting out the
-deadline; one admitted that still waits past its deadline is refused then, never run. asyncio objects are made
-inside the running loop, on first use, never at import.
+the rows ahead of it foreseen, at the pace of the latest runs, to keep it waiting past the queue deadline, or to
+answer it past its caller's own deadline, or, with a count bound, the queue full; so that under overload the
+excess hears at once instead of after waiting out the deadline. A bound on time, not on rows, refuses a closed loop
+of clients (each waits for its answer before sending again) only where its answers come slower than the deadline:
+a count near a batch refuses more clients than a batch whenever the batch running is not full. One admitted that
+still waits past its queue deadline is refused then, never run. asyncio objects are made inside the running loop,
+on first use, never at import.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ _Key = tuple[int, tuple[tuple[str, tuple[int, ...]], ...]]  # length bucket, and
 IDLE_SECONDS = 300.0  # a shape's queue (and its task) is dropped after this long without a request
 PACE_WEIGHT = 0.2  # how much each run moves the model's pace (exponential averages of the latest runs)
 PEAK_SECONDS = 1.0  # how long the most rows seen in flight at once is remembered: what a batch expects
+QUEUE_DELAY = 1.0  # the longest a request waits for its batch unless max_queue_delay says (AdaptiveBatcher.queue_delay)
 
 
 class _Flight:
@@ -171,8 +175,9 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 class Pace:
     """How long a model's run of so many rows takes, fitted to its latest runs: a fixed cost and a cost a row
-    (least squares on exponential averages), or a cost a row alone while the runs were all of one size. Wall time
-    in the server, whatever else took the CPU meanwhile: what a request queued behind them will wait."""
+    (least squares on exponential averages), or, while the runs were all of one size, a cost a row up to that size
+    and their time past it. Wall time in the server, whatever else took the CPU meanwhile: what a request queued
+    behind them will wait."""
 
     def __init__(self) -> None:
         self.runs = 0
@@ -194,7 +199,9 @@ class Pace:
         if spread > 0.25:  # runs of several sizes: how their times grew with their rows
             per_row = max(0.0, (self._products - self._rows * self._seconds) / spread)
             return max(0.0, self._seconds - per_row * self._rows) + per_row * rows
-        return self._seconds / self._rows * rows
+        # How a run's time grows past the size seen is not known yet, and a guess must not refuse: a lone first
+        # request's fixed cost, counted again for every row of a full batch, refused a closed loop as it started.
+        return self._seconds * min(1.0, rows / self._rows)
 
 
 class AdaptiveBatcher:
@@ -211,7 +218,7 @@ class AdaptiveBatcher:
         pad_inputs: Sequence[str] = (),
         pad_value: float = 0.0,
         pad_to_bucket: bool = True,
-        max_queue: int = 1024,
+        max_queue: int | None = None,
         max_queue_delay: float | None = None,
         max_concurrent: int = 1,
         name: str = "model",
@@ -229,7 +236,7 @@ class AdaptiveBatcher:
         self.pad_value = pad_value
         self.pad_to_bucket = pad_to_bucket
         self.max_queue = max_queue
-        self.max_queue_delay = max_queue_delay
+        self.max_queue_delay = max_queue_delay  # None: QUEUE_DELAY, or more for a slow model (queue_delay)
         self.name = name
         self.max_concurrent = max_concurrent
         self._queues: dict[_Key, asyncio.Queue[_Pending]] = {}
@@ -242,20 +249,23 @@ class AdaptiveBatcher:
         self.on_batch: Callable[[int], None] | None = None  # called with each batch's rows (metrics)
         self.on_split: Callable[[], None] | None = None  # called when a failed batch is split (metrics)
         self.on_shed: Callable[[str], None] | None = None  # called with the reason of each refusal (metrics)
-        self.shed = 0  # requests refused: the queue full, their wait foreseen past the deadline, or the deadline passed
+        self.shed = 0  # requests refused: their wait foreseen past a deadline, the deadline passed, or the queue full
         self.pace = Pace()  # what a run of so many rows takes: how long the queue will keep a request
         self.arriving = 0  # requests let in whose bodies are being read, not queued yet (the data plane counts them)
         self.request_rows = 1.0  # the rows a request brought lately: what one arriving will add to the queue
 
     async def predict(
-        self, inputs: Mapping[str, np.ndarray[Any, Any]], then: Callable[[Arrays], Any] | None = None
+        self,
+        inputs: Mapping[str, np.ndarray[Any, Any]],
+        then: Callable[[Arrays], Any] | None = None,
+        within: float | None = None,
     ) -> tuple[Any, float]:
         """This request's outputs (or what ``then`` made of them), and the seconds it waited in the queue.
 
         ``then``: what the request's outputs become (its answer, finished and encoded for its transport), computed
         as soon as its batch has run, where it ran (in ``run_then``'s thread, when the batcher has one), not on the
         event loop, which keeps reading, admitting and refusing requests meanwhile; what it raises is this request's
-        error alone."""
+        error alone. ``within``: the seconds its caller waits for the answer, where it said (:meth:`refusal`)."""
         arrays = {name: np.asarray(value) for name, value in inputs.items()}
         rows = {a.shape[0] for a in arrays.values() if a.ndim}
         if len(rows) != 1:
@@ -267,18 +277,18 @@ class AdaptiveBatcher:
         if queue is None:  # created here, inside the running loop
             if self._slots is None:
                 self._slots = asyncio.Semaphore(self.max_concurrent)
-            queue = self._queues[key] = asyncio.Queue()  # bounded by max_queue over every bucket, in predict
+            queue = self._queues[key] = asyncio.Queue()  # bounded by admit over every bucket, in predict
             flight = self._flights[key] = _Flight()
             self._tasks[key] = asyncio.get_running_loop().create_task(self._loop(queue, key, flight))
         else:
             flight = self._flights[key]
-        self.admit(max(rows), read=True)
+        self.admit(max(rows), read=True, within=within)
         self.request_rows += PACE_WEIGHT * (max(rows) - self.request_rows)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[Any, float]] = loop.create_future()
         pending = _Pending(arrays, rows.pop(), future, RAN_ON.get(), length, then=then)
-        if self.max_queue_delay is not None:
-            pending.expiry = loop.call_later(self.max_queue_delay, self._expire, pending, flight)
+        delay = self.queue_delay()
+        pending.expiry = loop.call_later(delay, self._expire, pending, flight, delay)
         flight.arrive(pending.rows)
         try:
             queue.put_nowait(pending)
@@ -291,43 +301,60 @@ class AdaptiveBatcher:
             if pending.expiry is not None:
                 pending.expiry.cancel()
 
-    def admit(self, rows: int = 1, read: bool = False) -> None:
+    def admit(self, rows: int = 1, read: bool = False, within: float | None = None) -> None:
         """Raise :meth:`refusal`'s :class:`Overloaded`, if it has one."""
-        refusal = self.refusal(rows, read)
+        refusal = self.refusal(rows, read, within)
         if refusal is not None:
             raise refusal
 
-    def refusal(self, rows: int = 1, read: bool = False) -> Overloaded | None:
+    def refusal(self, rows: int = 1, read: bool = False, within: float | None = None) -> Overloaded | None:
         """The refusal (counted, not raised) of a request of ``rows`` that cannot be served in time, instead of
         letting it wait behind work that cannot finish; None when it may come in. Refused: the rows ahead of it
-        (queued, and those of the requests still being read, at the rows a request brought lately) would go past
-        ``max_queue`` (beyond those a batch takes as soon as it forms, :meth:`free_rows`), or, with a queue
-        deadline, would keep it waiting past the deadline at the pace of the latest runs. Counting the requests
-        being read keeps a burst of large bodies from all passing at once, to be decoded and then refused.
-        An empty queue takes any request (one bigger than the bound still runs). The data plane asks before
-        reading a request's body (one row: all it knows then), and :meth:`predict` with its rows once ``read``
-        (then the requests still being read came after it, and do not count)."""
+        (queued, and those of the requests still being read, at the rows a request brought lately) would, at the
+        pace of the latest runs, keep it waiting past the queue deadline (:meth:`queue_delay`), or answer it past
+        ``within`` (the seconds its caller waits, where it said: a gRPC deadline, Triton's ``timeout``), or, with a
+        count bound, go past ``max_queue`` (beyond those a batch takes as soon as it forms, :meth:`free_rows`).
+        Counting the requests being read keeps a burst of large bodies from all passing at once, to be decoded and
+        then refused. An empty queue takes any request (one bigger than the bound still runs). The data plane asks
+        before reading a request's body (one row: all it knows then), and :meth:`predict` with its rows once
+        ``read`` (then the requests still being read came after it, and do not count)."""
         waiting = self.queued()
         ahead = waiting if read else waiting + round(self.arriving * self.request_rows)
         if not ahead:
             return None
-        if ahead + rows > self.max_queue + self.free_rows():
+        if self.max_queue is not None and ahead + rows > self.max_queue + self.free_rows():
             self._refuse("queue_full")
             return Overloaded(
                 f"model {self.name!r} is overloaded: {ahead} rows wait already, {self.max_queue} at most "
                 "(max_queue_size); try again shortly"
             )
-        if self.max_queue_delay is None or not self.pace.runs:
+        if not self.pace.runs:
             return None
-        wait = self.foreseen_wait(ahead, rows)
-        if wait > self.max_queue_delay:
+        wait, delay = self.foreseen_wait(ahead, rows), self.queue_delay()
+        if wait > delay:
             self._refuse("queue_wait")
             return Overloaded(
                 f"model {self.name!r} is overloaded: the {ahead} rows ahead would keep it waiting about "
-                f"{wait * 1e3:.0f} ms, past its queue deadline of {self.max_queue_delay * 1e3:g} ms "
+                f"{wait * 1e3:.0f} ms, past its queue deadline of {delay * 1e3:.0f} ms "
                 "(max_queue_delay_ms); try again shortly"
             )
+        # Its own batch's run too: the caller waits for the answer, not for the batch to take it.
+        answered = wait + self.pace.seconds(min(ahead + rows, self.max_batch_size))
+        if within is not None and answered > within:
+            self._refuse("queue_wait")
+            return Overloaded(
+                f"model {self.name!r} is overloaded: the {ahead} rows ahead would answer it in about "
+                f"{answered * 1e3:.0f} ms, past its deadline of {within * 1e3:.0f} ms; try again shortly"
+            )
         return None
+
+    def queue_delay(self) -> float:
+        """The longest a request waits for its batch: ``max_queue_delay`` where set, else ``QUEUE_DELAY`` or, for a
+        model slower than that, a full batch's run twice at the latest pace (the batch running, then its own: a
+        queue of one batch is never refused on time, however slow the model)."""
+        if self.max_queue_delay is not None:
+            return self.max_queue_delay
+        return max(QUEUE_DELAY, 2 * self.pace.seconds(self.max_batch_size))
 
     def foreseen_wait(self, ahead: int, rows: int) -> float:
         """Seconds until a batch takes a request of ``rows`` that queues behind ``ahead`` rows: half the running
@@ -337,16 +364,16 @@ class AdaptiveBatcher:
         wait = (self.pace.seconds(running) / 2 if running else 0.0) + before * self.pace.seconds(self.max_batch_size)
         return wait / self.max_concurrent
 
-    def _expire(self, pending: _Pending, flight: _Flight) -> None:
-        """A request's queue deadline: still waiting for its batch, it is refused and never run."""
+    def _expire(self, pending: _Pending, flight: _Flight, delay: float) -> None:
+        """A request's queue deadline, ``delay`` after it came: still waiting for its batch, it is refused and never
+        run."""
         if pending.future.done():
             return
-        assert self.max_queue_delay is not None
         flight.leave(pending)
         self._refuse("queue_deadline")
         pending.future.set_exception(
             Overloaded(
-                f"model {self.name!r} is overloaded: the request waited {self.max_queue_delay * 1e3:g} ms "
+                f"model {self.name!r} is overloaded: the request waited {delay * 1e3:.0f} ms "
                 "(max_queue_delay_ms) without a batch; try again shortly"
             )
         )

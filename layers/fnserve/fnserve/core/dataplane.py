@@ -177,7 +177,8 @@ class DataPlane:
         """One request, whatever carried it: the encoded answer, the answer, and the milliseconds of each stage.
 
         ``deadline``: the seconds the caller waits (gRPC's; the request's own ``timeout`` parameter, Triton's,
-        when it is shorter or there is none); past it the inference is dropped (not
+        when it is shorter or there is none); a batched model refuses the request at once when it foresees its
+        answer later, and past it the inference is dropped (not
         computed, if it is still queued) and a :class:`DeadlineExceeded` raised. A refusal is raised as
         an :class:`FnserveError`, anything unexpected as a 500 "internal server error" (its traceback
         logged). ``traceparent``: the caller's trace, which the watcher's span continues.
@@ -191,7 +192,7 @@ class DataPlane:
                 _unread(body)
                 raise unknown_model(name)
             t0 = time.perf_counter()
-            decoded = await self._decoded(name, version, body, decode)
+            decoded = await self._decoded(name, version, body, decode, deadline)
             t1 = time.perf_counter()
             if decoded.timeout is not None:  # the request's own, Triton's "timeout" parameter
                 deadline = decoded.timeout if deadline is None else min(deadline, decoded.timeout)
@@ -207,7 +208,7 @@ class DataPlane:
                         raise TimeoutError()
                     async with asyncio.timeout(left):  # in this task: a deadline costs no task of its own
                         answer = await self.infer(
-                            name, decoded.inputs, version=version, outputs=decoded.outputs, encode=encoding
+                            name, decoded.inputs, version=version, outputs=decoded.outputs, encode=encoding, within=left
                         )
                 except TimeoutError:
                     raise DeadlineExceeded("the deadline passed before the inference finished") from None
@@ -266,14 +267,17 @@ class DataPlane:
             self.statistics.failed(name, self._version_of(name, version), time.perf_counter_ns() - arrived)
         return refusal
 
-    async def _decoded(self, name: str, version: str | None, body: Awaitable[B], decode: Callable[[B], R]) -> R:
+    async def _decoded(
+        self, name: str, version: str | None, body: Awaitable[B], decode: Callable[[B], R], deadline: float | None
+    ) -> R:
         """A request's body, read and decoded. A batched model that is overloaded refuses it first, its body left
-        unread (a refusal must cost next to nothing), and counts it as coming to its queue while it is read."""
+        unread (a refusal must cost next to nothing), and counts it as coming to its queue while it is read.
+        ``deadline``: the seconds its caller waits, where the transport knows them before the body (gRPC's)."""
         batcher = self._batcher(name, version)
         if batcher is None:
             return decode(await body)
         try:
-            batcher.admit()
+            batcher.admit(within=deadline)
         except Overloaded:
             _unread(body)
             raise
@@ -291,13 +295,15 @@ class DataPlane:
         version: str | None = None,
         outputs: Sequence[str] | None = None,
         encode: Callable[[Answer], Any] | None = None,
+        within: float | None = None,
     ) -> Answer:
         """The answer of whatever ``name`` serves, with its ``infer`` time. ``encode``: how its transport writes
-        it, for a batched model to do in its batch's thread (then in the answer's ``encoded``)."""
+        it, for a batched model to do in its batch's thread (then in the answer's ``encoded``). ``within``: the
+        seconds its caller waits, for a batched model to refuse it at once if it foresees the answer later."""
         started = time.perf_counter()
         ran_on = RanOn()
         RAN_ON.set(ran_on)  # this request's task (and the threads it waits on) say which device ran it
-        answer = await self._route(name, version, inputs, outputs, encode)
+        answer = await self._route(name, version, inputs, outputs, encode, within)
         answer.device = ran_on.device
         timings = answer.timings
         spent = timings.get("queue", 0.0) + timings.get("pre", 0.0) + timings.get("post", 0.0) if timings else 0.0
@@ -313,6 +319,7 @@ class DataPlane:
         inputs: Mapping[str, Any],
         outputs: Sequence[str] | None,
         encode: Callable[[Answer], Any] | None = None,
+        within: float | None = None,
     ) -> Awaitable[Answer]:
         """What serves ``name`` (and ``version``): a cascade, a batched model or pipeline, or one run alone."""
         if self.cascades is not None and name in self.cascades.cascades:
@@ -321,7 +328,7 @@ class DataPlane:
             return self._cascade(name, inputs, outputs)
         batcher = self._batcher(name, version)
         if batcher is not None:
-            return self._batched(batcher, name, inputs, outputs, encode)
+            return self._batched(batcher, name, inputs, outputs, encode, within)
         return self._model(name, version, inputs, outputs)
 
     def _batcher(self, name: str, version: str | None) -> AdaptiveBatcher | None:
@@ -346,6 +353,7 @@ class DataPlane:
         inputs: Mapping[str, Any],
         outputs: Sequence[str] | None,
         encode: Callable[[Answer], Any] | None,
+        within: float | None,
     ) -> Answer:
         # Validated alone first: a bad request must not fail the batch it would have joined.
         if self._offload_cache:
@@ -356,14 +364,14 @@ class DataPlane:
         if cached is not None:
             return _answer(name, cached)
         if self._offload_cache:  # its store leaves the process: in a thread of its own, not the batch's
-            everything, waited = await batcher.predict(prepared.feed)
+            everything, waited = await batcher.predict(prepared.feed, within=within)
             answer = _answer(name, await asyncio.to_thread(self.service.finish, prepared, everything))
         else:
             # Finished (a pipeline's post steps, the cache's store) and encoded in the batch's thread: off the event
             # loop, which would otherwise write each of the batch's answers in turn while requests wait to be read
             # (MiniLM's token embeddings: 6,144 floats of JSON, a third of the loop's time an answered request).
             complete = functools.partial(self._complete, name, prepared, encode)
-            answer, waited = await batcher.predict(prepared.feed, complete)
+            answer, waited = await batcher.predict(prepared.feed, complete, within)
         answer.timings["queue"] = round(waited * 1e3, 3)
         return answer
 
@@ -528,7 +536,7 @@ def _batchers(service: InferenceService, max_concurrent: int) -> dict[str, Adapt
             pad_value=settings.pad_value,
             # A GPU sees the bucket lengths it warmed at start; a CPU runs no padding it can do without.
             pad_to_bucket=bool(settings.batch_buckets) or settings.execution_providers != ["CPUExecutionProvider"],
-            max_queue=settings.queue_rows,
+            max_queue=settings.max_queue_size,
             max_queue_delay=None if settings.max_queue_delay_ms is None else settings.max_queue_delay_ms / 1000,
             # A worker group's model: as many batches at once as the group has workers.
             max_concurrent=group.workers if (group := service.registry.manifest.group_of(name)) else max_concurrent,

@@ -166,18 +166,22 @@ class ModelSettings(BaseModel):
     max_queue_size: int | None = Field(
         default=None,
         ge=1,
-        description="Adaptive batching: the most rows that wait for a batch; a request that would go past it is "
-        "refused at once (503 with Retry-After, gRPC UNAVAILABLE) instead of waiting behind work that cannot finish "
-        "in time. Default: one batch (max_batch_size): what waits fits the next batch, so a request waits at most "
-        "for the batch running, and the next one is always ready to run.",
+        description="Adaptive batching: a bound on the rows that wait for a batch, beside max_queue_delay_ms; a "
+        "request that would go past it is refused at once (503 with Retry-After, gRPC UNAVAILABLE). Unset: none, "
+        "the wait bounds the queue. A bound near max_batch_size refuses some requests of more clients than a batch "
+        "whenever the batch running is not full, though they would be answered in time.",
     )
     max_queue_delay_ms: float | None = Field(
         default=None,
         gt=0,
         description="Adaptive batching: the longest a request waits for its batch. One whose rows ahead would take "
-        "longer, at the pace of the latest runs, is refused as it arrives, before its body is read; one still "
-        "waiting this long after it arrived is refused then (503 with Retry-After, gRPC UNAVAILABLE), never run; "
-        "unset: it waits its turn.",
+        "longer, at the pace of the latest runs, is refused as it arrives, before its body is read, and so is one "
+        "foreseen to be answered past its client's own deadline (a gRPC deadline, Triton's timeout parameter); one "
+        "still waiting this long after it arrived is refused then (503 with Retry-After, gRPC UNAVAILABLE), never "
+        "run. Unset: 1000, or for a model slower than that, twice a full batch's run at the latest pace (a queue of "
+        "one batch always fits). Clients that each wait for their answer before sending again are not refused "
+        "while their requests wait less than this, however many they are; under overload the answered ones wait "
+        "up to it.",
     )
     length_buckets: list[int] = Field(
         default_factory=list,
@@ -269,11 +273,6 @@ class ModelSettings(BaseModel):
         if queueing and self.max_batch_time_ms is None:
             raise ValueError(f"{' and '.join(sorted(queueing))} only apply with max_batch_time_ms (adaptive batching)")
         return self
-
-    @property
-    def queue_rows(self) -> int:
-        """The rows that may wait for a batch: ``max_queue_size``, else one batch."""
-        return self.max_queue_size if self.max_queue_size is not None else self.max_batch_size
 
     @model_validator(mode="after")
     def _overrides(self) -> ModelSettings:

@@ -9,7 +9,8 @@ their datatypes and shapes, and whether the model batches from it. fnserve has n
   first dimension says 0 and gives whole shapes.
 - ``dynamic_batching`` where the manifest batches (``max_batch_time_ms``): the window as
   ``max_queue_delay_microseconds``, ``batch_buckets`` as preferred sizes, and the admission
-  bounds (``max_queue_size``, ``max_queue_delay_ms``) as the default queue policy, which rejects.
+  bounds (``max_queue_delay_ms``, ``max_queue_size`` or 0: none) as the default queue policy, which
+  rejects, and which a request's own shorter timeout overrides.
 - ``instance_group``: where its sessions run (KIND_CPU or KIND_GPU) and how many run at once in
   this server (``instances``: one per front process running models itself, else one per inference
   worker of every front process).
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fnserve.core.batching import QUEUE_DELAY
 from fnserve.core.manifest import ModelSettings
 from fnserve.core.registry import TensorSpec
 from fnserve.core.servable import Servable
@@ -77,9 +79,15 @@ def _instances(device: str, instances: int) -> dict[str, Any]:
 
 def _dynamic_batching(settings: ModelSettings) -> dict[str, Any]:
     assert settings.max_batch_time_ms is not None
-    policy: dict[str, Any] = {"timeout_action": "REJECT", "max_queue_size": settings.queue_rows}
-    if settings.max_queue_delay_ms is not None:
-        policy["default_timeout_microseconds"] = round(settings.max_queue_delay_ms * 1000)
+    policy: dict[str, Any] = {
+        "timeout_action": "REJECT",
+        # unset: the least it is (a slow model's is longer: AdaptiveBatcher.queue_delay)
+        "default_timeout_microseconds": round(
+            QUEUE_DELAY * 1e6 if settings.max_queue_delay_ms is None else settings.max_queue_delay_ms * 1000
+        ),
+        "allow_timeout_override": True,  # a request's own timeout bounds its wait where shorter
+        "max_queue_size": settings.max_queue_size or 0,  # Triton's 0: no bound on the count
+    }
     return {
         "preferred_batch_size": list(settings.batch_buckets),
         "max_queue_delay_microseconds": round(settings.max_batch_time_ms * 1000),
