@@ -99,9 +99,9 @@ class ServerMetrics:
         )
         self.shed = Counter(
             "fnserve_requests_shed",
-            "Requests an adaptive batcher refused at once (503, gRPC UNAVAILABLE), never run, by reason: queue_full "
-            "(max_queue_size rows waited already), queue_wait (the rows ahead would take past max_queue_delay_ms) or "
-            "queue_deadline (max_queue_delay_ms passed before a batch).",
+            "Requests an adaptive batcher refused at once (503, gRPC UNAVAILABLE), never run, by reason: queue_wait "
+            "(the rows ahead would take past max_queue_delay_ms, or answer it past its client's deadline), "
+            "queue_deadline (max_queue_delay_ms passed before a batch) or queue_full (max_queue_size rows waited).",
             ["model", "reason"],
             registry=r,
         )
