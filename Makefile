@@ -13,7 +13,7 @@ PY312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12
 	$$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$c; break; }; done)
 SAM := SAM_CLI_TELEMETRY=0 PATH="$(dir $(PY312)):$$PATH" $(SAM_VENV)/bin/sam
 
-.PHONY: setup image-test run serve test docs perf-analyzer test-gpu gpu-models test-servers lint sam-build sam-check deploy bench bench-models tune models minilm grpc-stubs clean
+.PHONY: setup image-test run serve test test-installs locks docs perf-analyzer test-gpu gpu-models test-servers lint sam-build sam-check deploy bench bench-models tune models minilm grpc-stubs clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fnserve needs Python >= 3.11"'
@@ -85,6 +85,11 @@ test-servers:
 test: lint sam-check test-servers perf-analyzer
 	$(BIN)/pytest
 
+# What pip may choose for a user: each extra set installed fresh at its floors and at its latest, beside the newest
+# tritonclient, and each supported Python (tests/install, a few minutes from uv's cache). CI runs it after make test.
+test-installs: setup test-servers
+	$(BIN)/pytest tests/install -p no:cacheprovider
+
 # The docs site (docs/, mkdocs.yml) on http://127.0.0.1:8000, rebuilt as pages change; make test builds it with
 # --strict (tests/functional/test_docs.py), so a broken link or anchor fails.
 docs: setup
@@ -106,6 +111,11 @@ $(PERF_ANALYZER)/perf_analyzer: setup
 	printf '#!/bin/sh\nLD_LIBRARY_PATH="%s$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" exec "%s" "$$@"\n' \
 		"$(CURDIR)/$(PERF_ANALYZER)/lib/nvidia/cuda_runtime/lib" "$(CURDIR)/$(PERF_ANALYZER)/lib/bin/perf_analyzer" > $@
 	chmod +x $@
+
+# What ships (the images, the Lambda layer) installs from locks compiled from pyproject's ranges (infra/locks.py):
+# run after a range changes; tests/functional/test_locks.py fails while a lock is stale.
+locks: setup
+	$(PY) infra/locks.py
 
 # The images fnserve ships, built from their Dockerfiles and started by tests/image: the server (CPU variant) and
 # the Lambda functions' image, then the CUDA variant's build. No Docker engine: Debian's buildah (as root, chroot

@@ -19,14 +19,16 @@ FROM ${BASE} AS build
 ARG PYTHON
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
+COPY infra/container/lambda-requirements.lock infra/container/
 COPY layers/fnserve/fnserve layers/fnserve/fnserve
 # What the zip path's runtime layer holds (fnserve[lambda]), boto3 (which Lambda's runtime provides to zip
-# functions only) and the runtime interface client, into /opt/python as a layer would be. Bytecode is
+# functions only) and the runtime interface client, into /opt/python as a layer would be, at the versions the
+# lock holds (make locks) and `make image-test` ran; then fnserve itself, resolving nothing again. Bytecode is
 # compiled here: Lambda's file system is read-only, so without it every cold start compiles every module.
 # pip runs from a virtualenv of its own: a distribution's Python may have no pip, or refuse installs (PEP 668).
-# hadolint ignore=DL3013
 RUN ${PYTHON} -m venv /opt/build \
-    && /opt/build/bin/pip install --no-cache-dir --target /opt/python ".[lambda,aws]" awslambdaric \
+    && /opt/build/bin/pip install --no-cache-dir --target /opt/python -r infra/container/lambda-requirements.lock \
+    && /opt/build/bin/pip install --no-cache-dir --no-deps --target /opt/python . \
     && rm -rf /opt/python/numpy/*/tests /opt/python/bin \
     && ${PYTHON} -m compileall -q --invalidation-mode unchecked-hash /opt/python
 

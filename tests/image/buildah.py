@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
 from fnserve.adapters.local.images import BUILDAH, Container, buildah, image_exists
 from tests.helpers import REPO
 
@@ -168,3 +171,29 @@ def started(
             yield Running(container, log)
         finally:
             container.stop()
+
+
+INSTALLED = (
+    "import importlib.metadata as m, json, platform; print(json.dumps([platform.python_version(), "
+    "{d.metadata['Name']: d.version for d in m.distributions()}]))"
+)
+
+
+def unlocked(image: Built, python: str, lock: Path, log: Path) -> dict[str, tuple[str, str | None]]:
+    """What ``image`` holds at another version than ``lock`` pins for its Python: name -> (locked, installed).
+    ``python``: the image's interpreter, run as its user with its environment."""
+    with started(image.name, [python, "-c", INSTALLED], log) as running:
+        assert running.process.wait(120) == 0, running.output()
+    version, installed = json.loads(running.output().strip().splitlines()[-1])
+    have = {canonicalize_name(name): found for name, found in installed.items()}
+    differ: dict[str, tuple[str, str | None]] = {}
+    for line in lock.read_text().splitlines():
+        if not line or line[0] in "# ":
+            continue
+        requirement = Requirement(line)
+        if requirement.marker is not None and not requirement.marker.evaluate({"python_full_version": version}):
+            continue
+        pinned = next(iter(requirement.specifier)).version
+        if have.get(canonicalize_name(requirement.name)) != pinned:
+            differ[requirement.name] = (pinned, have.get(canonicalize_name(requirement.name)))
+    return differ

@@ -13,7 +13,8 @@ import pytest
 from fnserve.adapters.local.runtime_api import RuntimeApi
 from fnserve.aws import clients
 from tests.functional.conftest import create_resources
-from tests.image.buildah import Built, started
+from tests.helpers import REPO
+from tests.image.buildah import Built, started, unlocked
 from tests.lambda_runtime import BUCKET, HANDLERS, TABLE, check_api, check_batch, check_init_error, function_env
 from tests.moto import aws_env, moto_server
 
@@ -67,3 +68,8 @@ def test_the_image_without_its_manifest_reports_an_init_error(
     missing = {"FNSERVE_MANIFEST": "/opt/models/missing.toml"}
     with function(lambda_image, HANDLERS["api"], moto_url, tmp_path / "api.log", **missing) as api:
         check_init_error(api)
+
+
+def test_the_image_holds_the_locked_versions(lambda_image: Built, tmp_path: Path) -> None:
+    lock = REPO / "infra" / "container" / "lambda-requirements.lock"
+    assert unlocked(lambda_image, "/opt/fnserve/bin/python", lock, tmp_path / "installed.log") == {}

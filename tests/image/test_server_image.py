@@ -21,8 +21,8 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 
 from fnserve.bench.sweep import process_tree
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, demo_labels
-from tests.image.buildah import Built, Running, started
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO, demo_labels
+from tests.image.buildah import Built, Running, started, unlocked
 from tests.moto import free_port
 from tests.servers import wait_for
 
@@ -144,3 +144,8 @@ def test_an_image_without_its_manifest_stops_with_the_reason(server_image: Built
         running.process.wait(120)
         assert running.process.returncode != 0
         assert "/opt/ml/model/missing.toml" in running.output()
+
+
+def test_the_image_holds_the_locked_versions(server_image: Built, tmp_path: Path) -> None:
+    lock = REPO / "infra" / "container" / "requirements.lock"
+    assert unlocked(server_image, "python", lock, tmp_path / "installed.log") == {}

@@ -1,0 +1,101 @@
+"""The lock files what fnserve ships installs from, compiled by uv from pyproject's ranges.
+
+The library keeps ranges (users install it beside their own packages); the server images, the Lambda image and
+the Lambda layer install these exact versions, so what ``make image-test`` and ``make sam-check`` ran is what
+ships, not whatever the index holds the day someone builds. ``make locks`` writes them after a range changes;
+``--check`` (tests/functional/test_locks.py) recompiles each against its committed self, which uv keeps wherever
+pyproject still allows it, and fails when anything would change.
+
+    python infra/locks.py            # write every lock
+    python infra/locks.py --check    # exit 1, with the difference, where a lock is stale
+    python infra/locks.py --check --root DIR    # another checkout's
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+UV = shutil.which("uv", path=str(Path(sys.executable).parent)) or "uv"
+
+
+@dataclass(frozen=True)
+class Lock:
+    """One lock: where it lives, the Python it is for (and every later one: markers where versions differ), what it
+    holds (pyproject's requirements with ``extras``, and ``requirements`` beside them), and the lock whose versions
+    it must agree with."""
+
+    path: str
+    python: str
+    extras: tuple[str, ...] = ()
+    requirements: tuple[str, ...] = ()
+    constraints: str | None = None
+
+    def compile(self, output: Path, root: Path = REPO) -> None:
+        """Compile into ``output``, keeping the versions it already pins wherever they still fit."""
+        command = [UV, "pip", "compile", "--quiet", "--universal", "--no-strip-markers", "--native-tls"]
+        command += ["--python-version", self.python, "--custom-compile-command", "make locks", "-o", str(output)]
+        if self.extras:
+            command += ["pyproject.toml", *(f"--extra={extra}" for extra in self.extras)]
+        if self.requirements:
+            command.append("-")
+        if self.constraints:
+            command += ["-c", self.constraints]
+        subprocess.run(command, cwd=root, input="\n".join(self.requirements), text=True, check=True, timeout=600)
+
+
+LOCKS = [
+    # The server image (infra/container/Dockerfile), CPU variant: its Python is the base image's.
+    Lock("infra/container/requirements.lock", "3.11", extras=("server", "grpc", "aws", "redis")),
+    # The CUDA variant's GPU runtime, at the version TensorRT 10 links to, on the CPU lock's versions.
+    Lock(
+        "infra/container/requirements-cuda.lock",
+        "3.11",
+        requirements=("onnxruntime-gpu[cuda,cudnn]==1.30.0",),
+        constraints="infra/container/requirements.lock",
+    ),
+    # The Lambda image (infra/container/lambda.Dockerfile): the layer's set, boto3, the runtime interface client.
+    Lock(
+        "infra/container/lambda-requirements.lock", "3.11", extras=("lambda", "aws"), requirements=("awslambdaric>=3",)
+    ),
+    # The Lambda layer (sam build reads it): Lambda's Python; boto3 comes with the runtime. Add "tracing" to its
+    # extras for OpenTelemetry in the functions.
+    Lock("layers/fnserve/requirements.txt", "3.12", extras=("lambda",)),
+]
+
+
+def main(check: bool, root: Path = REPO) -> int:
+    """Write every lock of the checkout at ``root``, or (``check``) say which are stale."""
+    stale = []
+    for lock in LOCKS:
+        committed = root / lock.path
+        if not check:
+            lock.compile(committed, root)
+            continue
+        with tempfile.TemporaryDirectory() as scratch:
+            fresh = Path(scratch) / committed.name
+            if committed.exists():
+                shutil.copyfile(committed, fresh)
+            lock.compile(fresh, root)
+            before = committed.read_text().splitlines() if committed.exists() else []
+            after = fresh.read_text().splitlines()
+        if before != after:
+            stale.append(lock.path)
+            sys.stdout.writelines(line + os.linesep for line in difflib.unified_diff(before, after, lock.path, "fresh"))
+    if stale:
+        print(f"stale against pyproject.toml: {', '.join(stale)}; run `make locks` and commit them", file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    arguments = sys.argv[1:]
+    sys.exit(
+        main("--check" in arguments, Path(arguments[arguments.index("--root") + 1]) if "--root" in arguments else REPO)
+    )

@@ -1,0 +1,44 @@
+"""What ships installs from locks (infra/locks.py): each must be what pyproject's ranges compile to today, so a
+range raised in pyproject cannot leave an image or the layer on a version the library no longer allows."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+
+LOCKS = ["infra/container/requirements.lock", "infra/container/requirements-cuda.lock"]
+LOCKS += ["infra/container/lambda-requirements.lock", "layers/fnserve/requirements.txt"]
+
+
+def check(root: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, str(REPO / "infra" / "locks.py"), "--check", "--root", str(root)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+def test_every_lock_is_what_pyproject_compiles_to() -> None:
+    done = check(REPO)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_lock_pinning_what_pyproject_no_longer_allows_is_stale(tmp_path: Path) -> None:
+    for name in ["pyproject.toml", "README.md", "LICENSE", *LOCKS]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPO / name, tmp_path / name)
+    shutil.copytree(REPO / "layers" / "fnserve" / "fnserve", tmp_path / "layers" / "fnserve" / "fnserve")
+    # The layer's lock pinned below pyproject's floor (as a floor raised after the lock was made leaves it).
+    floor = re.search(r'"pydantic>=([^"]+)"', (tmp_path / "pyproject.toml").read_text())
+    assert floor is not None and floor.group(1) == "2.10"
+    layer = tmp_path / "layers" / "fnserve" / "requirements.txt"
+    layer.write_text(re.sub(r"^pydantic==\S+$", "pydantic==2.9.2", layer.read_text(), count=1, flags=re.MULTILINE))
+    done = check(tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "-pydantic==2.9.2" in done.stdout and "layers/fnserve/requirements.txt" in done.stderr
