@@ -1,0 +1,354 @@
+"""What a user's ``pip install`` gets works: each extra set users install, in a fresh virtualenv, at the lowest
+versions pyproject's ranges allow and at the latest, runs what the extra is for.
+
+The sets are the ones users install (each extra alone), every set an install instruction names (the README's
+and the docs' ``pip install 'fnserve[...]'``) and every set the images and the layer lock (infra/locks.py), read
+from those files, so a new one is tested as soon as it is written. "lowest": every direct requirement of the set at the
+lowest version its range allows that resolves with the others (uv's ``--resolution lowest-direct``), the rest
+latest; "highest": what pip resolves today. The newest ``tritonclient[all]`` is installed beside fnserve every
+time, as our docs recommend it as the client: it pins protobuf and grpcio of its own, which is how a range that
+fnserve's stubs do not fit used to reach users. Each supported Python runs one set's smoke too (the full suite
+runs on the default one).
+
+The virtualenvs are made by uv (from its cache, in seconds; the system's trust store, as pip's, for a machine
+behind a TLS proxy). GPU-only extras are left out: their wheels need a GPU machine (``make test-gpu``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+import httpx
+import numpy as np
+import pytest
+from packaging.requirements import Requirement
+
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
+from tests.moto import aws_env, free_port, reset
+from tests.servers import start_http
+
+UV = str(Path(sys.executable).parent / "uv")
+GPU_ONLY = {"gpu", "tensorrt"}
+DOCKERFILES = sorted((REPO / "infra" / "container").glob("*Dockerfile"))
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+# What users install one by one (the README's and the docs' extras), beside the documented sets below.
+ALONE = ["server", "grpc", "aws", "gcp", "redis", "lambda"]
+# Each supported Python (pyproject's classifiers) beside the one the suite runs on, with the set it smokes.
+PYTHONS = sorted(
+    c.rsplit(" :: ", 1)[1]
+    for c in PROJECT["classifiers"]
+    if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+)
+
+
+def documented() -> dict[frozenset[str], str]:
+    """Every extra set an install instruction names, with where it is named."""
+    found: dict[frozenset[str], str] = {}
+    for path in [*DOCKERFILES, REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for extras in re.findall(r"""pip install[^\n]*?(?:\.|fnserve)\[([a-z0-9_,-]+)\]""", path.read_text()):
+            wanted = frozenset(extras.split(",")) - GPU_ONLY
+            found.setdefault(wanted, path.name)
+    return found
+
+
+def shipped() -> set[frozenset[str]]:
+    """The extra sets the images and the Lambda layer install, from their locks (infra/locks.py)."""
+    spec = importlib.util.spec_from_file_location("locks", REPO / "infra" / "locks.py")
+    assert spec is not None and spec.loader is not None
+    locks = sys.modules["locks"] = importlib.util.module_from_spec(spec)  # its dataclass looks itself up there
+    spec.loader.exec_module(locks)
+    return {frozenset(lock.extras) for lock in locks.LOCKS if lock.extras}
+
+
+SETS = sorted(
+    {frozenset([extra]) for extra in ALONE} | set(documented()) | shipped(), key=lambda s: (len(s), sorted(s))
+)
+
+
+def requirements(extras: frozenset[str]) -> list[str]:
+    """fnserve's own requirements with ``extras``, its self-references (``fnserve[lambda]``) followed."""
+    found, seen, todo = list(PROJECT["dependencies"]), set(), list(extras)
+    while todo:
+        extra = todo.pop()
+        if extra in seen:
+            continue
+        seen.add(extra)
+        for line in PROJECT["optional-dependencies"][extra]:
+            requirement = Requirement(line)
+            if requirement.name == "fnserve":
+                todo += sorted(requirement.extras)
+            else:
+                found.append(line)
+    return sorted(set(found))
+
+
+@pytest.fixture(scope="session")
+def tritonclient() -> str:
+    """The newest tritonclient[all] the index has for this Python, pinned, so a lowest resolution keeps it newest."""
+    done = subprocess.run(
+        [UV, "pip", "compile", "--quiet", "--native-tls", "--no-header", "--python", sys.executable, "-"],
+        input="tritonclient[all]\n",
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    version = re.search(r"^tritonclient==(\S+)$", done.stdout, re.MULTILINE)
+    assert version is not None, done.stdout
+    return f"tritonclient[all]=={version.group(1)}"
+
+
+def venv(where: Path, extras: frozenset[str], resolution: str, extra: list[str], python: str = sys.executable) -> Path:
+    """A new virtualenv with fnserve, ``extras`` (every direct requirement at ``resolution``) and ``extra``
+    requirements; its bin directory."""
+    target = where / "venv"
+    subprocess.run([UV, "venv", "--quiet", "--python", python, str(target)], check=True, timeout=300)
+    done = subprocess.run(
+        [UV, "pip", "install", "--quiet", "--native-tls", "--python", str(target / "bin" / "python")]
+        + ["--resolution", resolution, f"{REPO}[{','.join(sorted(extras))}]", *requirements(extras), *extra],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return target / "bin"
+
+
+@dataclass(frozen=True)
+class Env:
+    """A fresh virtualenv's bin directory, the environment its programs run in, and where logs go."""
+
+    bin: Path
+    env: dict[str, str]
+    logs: Path
+
+    def python(self, code: str, extra_env: dict[str, str] | None = None) -> str:
+        """What ``code`` prints, run by the virtualenv's Python from the repository (where functions/ is)."""
+        done = subprocess.run(
+            [str(self.bin / "python"), "-c", code],
+            cwd=REPO,
+            env={**self.env, **(extra_env or {})},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        return done.stdout
+
+
+def environment(bin_dir: Path, logs: Path) -> Env:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FNSERVE_")) and k != "PYTHONPATH"}
+    env |= {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FNSERVE_MANIFEST": str(DEMO_MANIFEST)}
+    return Env(bin_dir, env, logs)
+
+
+# -- the smokes: each starts what its extra is for, from the fresh virtualenv ---------------------------------
+
+DIGITS = json.dumps(np.load(DEMO_HOLDOUT)["input"][:1].tolist())  # one digit of the demo's held-out set
+
+TRITON_HTTP = f"""
+import numpy as np, tritonclient.http as http
+client = http.InferenceServerClient("127.0.0.1:{{port}}")
+assert client.is_server_ready()
+x = http.InferInput("input", [1, 64], "FP32")
+x.set_data_from_numpy(np.array({DIGITS}, np.float32), binary_data=True)
+result = client.infer("digits-fast", [x])
+print(result.as_numpy("label").tolist())
+"""
+
+TRITON_GRPC = f"""
+import numpy as np, tritonclient.grpc as grpc
+client = grpc.InferenceServerClient("127.0.0.1:{{port}}")
+assert client.is_server_ready()
+x = grpc.InferInput("input", [1, 64], "FP32")
+x.set_data_from_numpy(np.array({DIGITS}, np.float32))
+result = client.infer("digits-fast", [x])
+print(result.as_numpy("label").tolist())
+"""
+
+
+def expected_label(url: str) -> list[int]:
+    """The server's own JSON answer for the digit, what each client must decode."""
+    body = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": json.loads(DIGITS)}]}
+    answer = httpx.post(f"{url}/v2/models/digits-fast/infer", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    label = next(o for o in answer.json()["outputs"] if o["name"] == "label")
+    return list(label["data"])
+
+
+def serve(env: Env, grpc: bool) -> None:
+    """``fnserve serve`` on the demo models, answered by tritonclient over HTTP (and gRPC beside it)."""
+    port = free_port()
+    command = [str(env.bin / "fnserve"), "serve", "--port", str(port)]
+    grpc_port = free_port()
+    if grpc:
+        command += ["--grpc-port", str(grpc_port)]
+    process, url = start_http(command, port, env.logs / "serve.log", env=env.env)
+    try:
+        label = expected_label(url)
+        assert json.loads(env.python(TRITON_HTTP.format(port=port))) == label
+        if grpc:
+            assert json.loads(env.python(TRITON_GRPC.format(port=grpc_port))) == label
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+HANDLER = """
+import json, sys
+sys.path.insert(0, "functions/{function}")
+import app
+from fnserve.adapters.lambda_.events import LambdaContext
+print("---" + json.dumps(app.handler(json.load(open("events/{event}")), LambdaContext())))
+"""
+
+
+def lambda_api(env: Env) -> None:
+    """The API function's handler on an API Gateway event, as Lambda's runtime calls it."""
+    printed = env.python(
+        HANDLER.format(function="api", event="api-http-infer.json"), {"AWS_DEFAULT_REGION": "us-east-1"}
+    )
+    answer = json.loads(printed.rsplit("---", 1)[1])
+    assert answer["statusCode"] == 200 and "outputs" in json.loads(answer["body"]), answer
+
+
+def sqs_jobs(env: Env, moto_url: str) -> None:
+    """The batch function's handler on a real-shaped SQS event, its results written to DynamoDB (moto)."""
+    reset(moto_url)
+    aws = aws_env(moto_url)
+    dynamodb = boto3.client("dynamodb", endpoint_url=moto_url, region_name="us-east-1", **_keys(aws))
+    dynamodb.create_table(
+        TableName="results",
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    printed = env.python(
+        HANDLER.format(function="batch", event="batch-jobs.json"), {**aws, "FNSERVE_RESULTS_TABLE": "results"}
+    )
+    answer = json.loads(printed.rsplit("---", 1)[1])
+    records = json.loads((REPO / "events" / "batch-jobs.json").read_text())["Records"]
+    assert answer == {"batchItemFailures": []}
+    assert dynamodb.scan(TableName="results", Select="COUNT")["Count"] == len(records)
+
+
+def _keys(aws: dict[str, str]) -> dict[str, str]:
+    return {
+        "aws_access_key_id": aws["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": aws["AWS_SECRET_ACCESS_KEY"],
+        "aws_session_token": aws["AWS_SESSION_TOKEN"],
+    }
+
+
+def cloud_function(env: Env) -> None:
+    """The HTTP Cloud Function on functions-framework (its ASGI mode), answering a V2 request."""
+    port = free_port()
+    command = [str(env.bin / "functions-framework"), "--target", "infer", "--source", "functions/gcp_api/main.py"]
+    command += ["--asgi", "--host", "127.0.0.1", "--port", str(port)]
+    process, url = start_http(command, port, env.logs / "gcp.log", env=env.env)
+    try:
+        assert expected_label(url)
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+REDIS_ROUND_TRIP = """
+from fnserve.core.results import ResultRecord
+from fnserve.stores.redis import RedisResultStore
+store = RedisResultStore.from_url("{url}")
+import time
+record = ResultRecord.failed("k", "digits-fast", "stored", now=int(time.time()), ttl=60)
+assert store.put([record]) == set()
+print(store.get(["k"])["k"].error)
+"""
+
+
+def redis_results(env: Env, redis_url: str) -> None:
+    """The Redis result store writing and reading a record on a real redis-server."""
+    assert env.python(REDIS_ROUND_TRIP.format(url=redis_url)).strip() == "stored"
+
+
+def smoke(extras: frozenset[str], env: Env, moto_url: str, redis_url: str) -> None:
+    """Everything ``extras`` is for."""
+    if extras & {"server", "grpc"}:
+        serve(env, grpc="grpc" in extras)
+    if "lambda" in extras:
+        lambda_api(env)
+    if "aws" in extras:
+        sqs_jobs(env, moto_url)
+    if "gcp" in extras:
+        cloud_function(env)
+    if "redis" in extras:
+        redis_results(env, redis_url)
+    if "cli" in extras or extras & {"server", "grpc"}:
+        done = subprocess.run([str(env.bin / "fnserve"), "--help"], env=env.env, capture_output=True, text=True)
+        assert done.returncode == 0 and "serve" in done.stdout, done.stderr[-3000:]
+
+
+def test_the_images_and_the_readme_name_extra_sets() -> None:
+    assert frozenset({"server", "grpc", "aws", "redis"}) in SETS  # the server image's
+    assert frozenset({"lambda", "aws"}) in SETS  # the Lambda image's
+    assert frozenset({"server"}) in SETS  # the README's 'fnserve[server,gpu]', on a CPU
+
+
+def test_every_declared_requirement_has_a_floor() -> None:
+    """A range without a lower bound cannot be tested at its lowest: every requirement users install says where it
+    starts (the dev extra is the project's own tooling)."""
+    extras = [lines for name, lines in PROJECT["optional-dependencies"].items() if name != "dev"]
+    every = [Requirement(line) for line in PROJECT["dependencies"] + [line for lines in extras for line in lines]]
+    floors = {">=", "==", "~="}
+    unbounded = [str(r) for r in every if r.name != "fnserve" and not any(s.operator in floors for s in r.specifier)]
+    assert not unbounded
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("resolution", ["lowest-direct", "highest"])
+@pytest.mark.parametrize("extras", SETS, ids=lambda extras: ",".join(sorted(extras)))
+def test_each_extra_set_runs_what_it_is_for(
+    extras: frozenset[str], resolution: str, tritonclient: str, moto_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    env = environment(venv(tmp_path, extras, resolution, [tritonclient]), tmp_path)
+    smoke(extras, env, moto_url, redis_url)
+
+
+def pythons() -> Iterator[str]:
+    """The supported Pythons other than the suite's."""
+    yield from (v for v in PYTHONS if v != f"{sys.version_info.major}.{sys.version_info.minor}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("version", list(pythons()))
+def test_each_supported_python_serves_and_runs_jobs(
+    version: str, tritonclient: str, moto_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    python = _interpreter(version)
+    extras = frozenset({"server", "grpc", "aws", "redis"})  # the server image's set
+    env = environment(venv(tmp_path, extras, "highest", [tritonclient], python=python), tmp_path)
+    assert env.python("import sys; print('%d.%d' % sys.version_info[:2])").strip() == version
+    smoke(extras, env, moto_url, redis_url)
+
+
+def _interpreter(version: str) -> str:
+    """An interpreter of ``version``, on PATH or under pyenv."""
+    found = [
+        shutil.which(f"python{version}"),
+        *map(str, Path.home().glob(f".pyenv/versions/{version}*/bin/python{version}")),
+    ]
+    for candidate in filter(None, found):
+        if subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
+            return candidate
+    pytest.skip(f"no Python {version} on this machine (pyenv install {version}): it is not tested here")
