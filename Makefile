@@ -56,10 +56,8 @@ sam-build: setup $(SAM_VENV)/.installed
 		"(pyenv install 3.12, or your distribution's python3.12) or pass PY312=/path/to/python3.12"; exit 1; }
 	$(SAM) build $(SAM_BUILD_ARGS)
 	find .aws-sam/build/FnserveLayer/python/numpy -type d -name tests -prune -exec rm -rf {} +  # numpy's own test suite: 16 MB
-	# tokenizers requires huggingface_hub for Tokenizer.from_pretrained, which fnserve never calls (a pipeline's
-	# tokenizer.json is a file): it and what it alone requires are 21 MB of the layer that nothing imports.
-	cd .aws-sam/build/FnserveLayer/python && rm -rf huggingface_hub huggingface_hub-*.dist-info hf_xet hf_xet-*.dist-info \
-		fsspec fsspec-*.dist-info bin/hf bin/huggingface-cli bin/tiny-agents
+	# tokenizers requires huggingface_hub, which fnserve never calls: it and what it alone requires leave the layer.
+	$(PY) infra/prune_layer.py layers/fnserve/requirements.txt .aws-sam/build/FnserveLayer/python
 	$(PY312) -m compileall -q -j0 --invalidation-mode unchecked-hash .aws-sam/build/FnserveLayer/python >/dev/null
 
 # The deploy checks that run without Docker or an AWS account: lint, validate, build, and the
