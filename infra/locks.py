@@ -65,6 +65,8 @@ LOCKS = [
     Lock(
         "infra/container/lambda-requirements.lock", "3.11", extras=("lambda", "aws"), requirements=("awslambdaric>=3",)
     ),
+    # The Cloud Functions' (infra/gcp/deploy.sh stages it beside fnserve's wheel).
+    Lock("infra/gcp/requirements.lock", "3.11", extras=("gcp",)),
     # The Lambda layer (sam build reads it): Lambda's Python; boto3 comes with the runtime. Add "tracing" to its
     # extras for OpenTelemetry in the functions.
     Lock("layers/fnserve/requirements.txt", "3.12", extras=("lambda",)),

@@ -85,8 +85,9 @@ run() {
 # Idempotent creates: a second deploy reuses what the first made.
 exists() { [ "$DRY_RUN" != 1 ] && "$@" >/dev/null 2>&1; }
 
-# fnserve itself as a wheel built from this checkout: the functions install it with its gcp extra, so their
-# requirements are pyproject's, never a list kept by hand beside it. Built from a fresh copy of what the build
+# fnserve itself as a wheel built from this checkout: the functions install it with its gcp extra at the versions
+# locked in infra/gcp/requirements.lock (make locks compiles it from pyproject's ranges), so what deploys is what
+# the tests ran, never a list kept by hand beside it nor whatever the index holds that day. Built from a fresh copy of what the build
 # reads, not in the checkout: there setuptools reuses build/lib, and a module deleted since an earlier build
 # would still ship in the wheel.
 WHEEL_DIR=$BUILD/wheel
@@ -106,7 +107,8 @@ stage() {  # stage NAME: the function's source, as Cloud Functions builds it (ma
     mkdir -p "$dir"
     cp "$ROOT/functions/gcp_$1/main.py" "$dir/main.py"
     cp "$WHEEL_DIR/$WHEEL" "$dir/$WHEEL"
-    echo "./$WHEEL[gcp]" > "$dir/requirements.txt"  # pip, in Cloud Functions' build, reads it in the source folder
+    # pip, in Cloud Functions' build, reads it in the source folder: the locked versions, then the wheel.
+    { cat "$ROOT/infra/gcp/requirements.lock"; echo "./$WHEEL[gcp]"; } > "$dir/requirements.txt"
     if [ -z "$MODELS" ]; then
         cp -R "$ROOT/layers/models/models" "$dir/models"
     fi

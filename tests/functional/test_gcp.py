@@ -440,7 +440,9 @@ def test_the_deploy_script_stages_sources_that_serve_and_deploys_least_privilege
     api = build / "api"
     wheel = next(api.glob("fnserve-*-py3-none-any.whl"))
     assert sorted(p.name for p in api.iterdir()) == sorted([wheel.name, "main.py", "models", "requirements.txt"])
-    assert (api / "requirements.txt").read_text().split() == [f"./{wheel.name}[gcp]"]
+    # The locked versions, then the wheel: what deploys is what the tests ran (infra/gcp/requirements.lock).
+    lock = (REPO / "infra" / "gcp" / "requirements.lock").read_text()
+    assert (api / "requirements.txt").read_text() == f"{lock}./{wheel.name}[gcp]\n"
     # The wheel is this checkout's: its version, pyproject's gcp extra, its modules and no others (a module deleted
     # from the source but left in an earlier build's build/lib would otherwise ship).
     assert wheel.name == f"fnserve-{fnserve.__version__}-py3-none-any.whl"

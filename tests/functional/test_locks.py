@@ -14,7 +14,7 @@ import pytest
 from tests.helpers import REPO
 
 LOCKS = ["infra/container/requirements.lock", "infra/container/requirements-cuda.lock"]
-LOCKS += ["infra/container/lambda-requirements.lock", "layers/fnserve/requirements.txt"]
+LOCKS += ["infra/container/lambda-requirements.lock", "infra/gcp/requirements.lock", "layers/fnserve/requirements.txt"]
 
 
 def check(root: Path) -> subprocess.CompletedProcess[str]:
