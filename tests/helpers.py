@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -252,3 +253,9 @@ def post_scope(path: str, headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
         "client": ("127.0.0.1", 5000),
         "server": ("127.0.0.1", 8080),
     }
+
+
+async def body_never_comes() -> dict[str, object]:
+    """An ASGI ``receive`` whose body never arrives: what a server that refuses from the headers alone never reads."""
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")

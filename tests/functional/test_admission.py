@@ -19,7 +19,7 @@ from fnserve.adapters.http.app import create_app
 from fnserve.core.dataplane import DataPlane
 from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, post_scope
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, body_never_comes, post_scope
 from tests.servers import start_server
 
 
@@ -134,10 +134,6 @@ def test_an_overload_is_refused_by_its_foreseen_wait_before_its_body_is_read(tmp
     url = "/v2/models/minilm-l6/infer"
     scope = post_scope(url, [(b"content-type", b"application/json"), (b"content-length", b"100000")])
     sent: list[dict[str, object]] = []
-
-    async def body_never_comes() -> dict[str, object]:
-        await asyncio.Event().wait()
-        raise AssertionError("unreachable")
 
     async def send(message: dict[str, object]) -> None:
         sent.append(message)

@@ -28,7 +28,7 @@ from fnserve.core.manifest import ModelSettings
 from fnserve.core.service import InferenceService
 from fnserve.core.tensors import InferenceRequest
 from fnserve.settings import Settings
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, post_scope, write_test_manifest
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, body_never_comes, post_scope, write_test_manifest
 
 DIGITS = np.load(DEMO_HOLDOUT)["input"]
 
@@ -350,10 +350,6 @@ def test_an_overloaded_model_refuses_a_request_from_its_headers_before_reading_i
     headers = [(b"content-type", b"application/json"), (b"content-length", b"100000"), (b"x-request-id", b"shed-1")]
     scope = post_scope(url, headers)
     sent: list[dict[str, object]] = []
-
-    async def body_never_comes() -> dict[str, object]:
-        await asyncio.Event().wait()
-        raise AssertionError("unreachable")
 
     async def send(message: dict[str, object]) -> None:
         sent.append(message)
