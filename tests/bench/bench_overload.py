@@ -2,12 +2,12 @@
 
     make bench        (or: python -m tests.bench.bench_overload; BENCH_OVERLOAD_SECONDS, default 30)
 
-Two ``fnserve serve`` (one front process running the models, pinned to the first CPU when there are two or
+Three ``fnserve serve`` (one front process running the models, pinned to the first CPU when there are two or
 more; one loaded at a time), with adaptive batching on MiniLM (int8, 16 tokens a request, batches of 8 rows)
 and digits-accurate (256 rows a request, so that a Python load generator on the other CPU can offer three
-times what it serves; batches of 1,024 rows): one with a queue of one batch (``max_queue_size``; by default
-fnserve bounds the wait instead, at a second, which the answered requests then wait under overload), one with a
-queue that never fills. For each model: its capacity (closed loop, 16 connections), its
+times what it serves; batches of 1,024 rows): one with a queue of one batch (``max_queue_size``), one with
+fnserve's default bound (the wait, ``max_queue_delay_ms``: closed loops of any size are answered, and under
+overload the answered requests wait up to it), one with a queue that never fills. For each model: its capacity (closed loop, 16 connections), its
 latency unloaded (open loop at half the capacity), then an open loop at three times the capacity on each
 server. Arrivals are scheduled at fixed intervals and each latency is counted from its scheduled time (no
 coordinated omission: a request the generator could not send on time waits in the count). Printed side by
@@ -75,12 +75,14 @@ def demo_models() -> dict[str, dict[str, Any]]:
 
 def manifest(directory: Path, kind: str) -> Path:
     """The two models with adaptive batching: ``unbounded``, a queue that never fills (what a server without
-    admission control does); ``bounded``, a queue of one batch (``max_queue_size``);
-    ``priority``, those and digits-accurate a priority above MiniLM's."""
+    admission control does); ``bounded``, a queue of one batch (``max_queue_size``); ``defaults``, fnserve's own
+    bound (the wait); ``priority``, the bounded ones and digits-accurate a priority above MiniLM's."""
     demo = demo_models()
     minilm, digits = demo["minilm-l6"], demo["digits-accurate"]
     if kind == "unbounded":  # nor a bound on the wait
         bounds = {name: "max_queue_size = 1000000\nmax_queue_delay_ms = 1e9\n" for name in BATCH_ROWS}
+    elif kind == "defaults":
+        bounds = dict.fromkeys(BATCH_ROWS, "")
     else:
         bounds = {name: f"max_queue_size = {rows}\n" for name, rows in BATCH_ROWS.items()}
     if kind == "priority":
@@ -313,11 +315,13 @@ async def lean_floor(model: str, unloaded_rate: float, rate: float, pinned: bool
         return unloaded, await open_loop(port, wire, rate, BASELINE_SECONDS)
 
 
-async def measure(unbounded: Server, bounded: Server, model: str, pinned: bool) -> tuple[float, float]:
+async def measure(
+    unbounded: Server, bounded: Server, defaults: Server, model: str, pinned: bool
+) -> tuple[float, float]:
     """Capacity and unloaded latency on the unbounded server; 3x the capacity on the bounded one, the refusal floor
-    at the same rate, then the unbounded server at that rate."""
+    at the same rate, then the server with fnserve's default bound and the unbounded one at that rate."""
     wire = request_bytes(unbounded.port, model)
-    for server in (unbounded, bounded):
+    for server in (unbounded, bounded, defaults):
         await closed_loop(server.port, wire, 16, 1.0)  # warm-up
     capacity = await closed_loop(unbounded.port, wire, 16, 5.0)
     unloaded = await open_loop(unbounded.port, wire, capacity / 2, UNLOADED_SECONDS)
@@ -373,6 +377,8 @@ async def measure(unbounded: Server, bounded: Server, model: str, pinned: bool) 
             f"    the answered requests' own time in the queue and the model (Server-Timing): p50 "
             f"{percentile(run.server, 50) * 1e3:.1f} ms, p99 {p99:.1f} ms = {p99 / base_p99:.2f}x the unloaded p99"
         )
+    run, rss, generator = await overload(defaults, wire, 3 * capacity, BASELINE_SECONDS)
+    report("3x capacity, fnserve's default bound (the wait, max_queue_delay_ms)", run, rss, generator, base_p99)
     run, rss, generator = await overload(unbounded, wire, 3 * capacity, BASELINE_SECONDS)
     report("3x capacity, a queue that never fills (no admission control)", run, rss, generator, base_p99)
     return capacity, base_p99
@@ -434,12 +440,12 @@ def main() -> None:
     if pinned:
         os.sched_setaffinity(0, set(range(1, cpus)))
     # One loaded at a time: the others idle.
-    servers = {kind: start(work, kind, pinned) for kind in ("unbounded", "bounded", "priority")}
+    servers = {kind: start(work, kind, pinned) for kind in ("unbounded", "bounded", "defaults", "priority")}
     print(
         f"overload: fnserve serve, one front process "
         f"({'on CPU 0, the load generator on the rest' if pinned else 'unpinned'}), "
-        f"with a queue of one batch and without; 3x capacity for {SECONDS:g} s per model "
-        f"({BASELINE_SECONDS:g} s without)"
+        f"with a queue of one batch, with its default bound and without; 3x capacity for {SECONDS:g} s per model "
+        f"({BASELINE_SECONDS:g} s with the others)"
     )
     try:
         for server in servers.values():
@@ -447,7 +453,7 @@ def main() -> None:
         import uvloop  # the server's loop too: the generator must not be the slower side
 
         unloaded = {
-            model: uvloop.run(measure(servers["unbounded"], servers["bounded"], model, pinned))
+            model: uvloop.run(measure(servers["unbounded"], servers["bounded"], servers["defaults"], model, pinned))
             for model in ("minilm-l6", "digits-accurate")
         }
         uvloop.run(neighbours(servers["bounded"], servers["priority"], unloaded))
