@@ -2,22 +2,22 @@
 
     make bench        (or: python -m tests.bench.bench_overload; BENCH_OVERLOAD_SECONDS, default 30)
 
-Three ``fnserve serve`` (one front process running the models, pinned to the first CPU when there are two or
-more; one loaded at a time), with adaptive batching on MiniLM (int8, 16 tokens a request, batches of 8 rows)
-and digits-accurate (256 rows a request, so that a Python load generator on the other CPU can offer three
-times what it serves; batches of 1,024 rows): one with a queue of one batch (``max_queue_size``), one with
-fnserve's default bound (the wait, ``max_queue_delay_ms``: closed loops of any size are answered, and under
-overload the answered requests wait up to it), one with a queue that never fills. For each model: its capacity (closed loop, 16 connections), its
-latency unloaded (open loop at half the capacity), then an open loop at three times the capacity on each
-server. Arrivals are scheduled at fixed intervals and each latency is counted from its scheduled time (no
-coordinated omission: a request the generator could not send on time waits in the count). Printed side by
-side: answered p50/p99 against the unloaded p99 (and how much of it was the server's queue and model, from
-Server-Timing), refusals (503) and how fast they came beside their floor (the same arrivals on a bare app that
-refuses every request at once, on the same CPU, beside the model computing the share of the time it did in
-fnserve's run: ``tests/bench/refuse_server.py``), and the server's RSS over the run. Beside them, the floor end to
-end: the lean batching server (``tests/bench/lean_batch_server.py``: it parses, batches, runs, encodes and refuses
-at a queue of one batch, and does nothing more) on the same CPU, its own unloaded p99 at the same rate, then
-the same arrivals: what any server that batches and sheds at those bounds pays.
+Three ``fnserve serve`` (one front process running the models, pinned to the first CPU when there are two or more;
+one loaded at a time), with adaptive batching on MiniLM (int8, 16 tokens a request, batches of 8 rows) and
+digits-accurate (256 rows a request, so that a Python load generator on the other CPU can offer three times what it
+serves; batches of 1,024 rows): one with a queue of one batch (``max_queue_size``), one with fnserve's default bound
+(the wait, ``max_queue_delay_ms``: closed loops of any size are answered, and under overload the answered requests
+wait up to it), one with a queue that never fills. For each model: its capacity (closed loop, 16 connections), its
+latency unloaded (open loop at half the capacity), then an open loop at three times the capacity on each server.
+Arrivals are scheduled at fixed intervals and each latency is counted from its scheduled time (no coordinated
+omission: a request the generator could not send on time waits in the count). Printed side by side: answered p50/p99
+against the unloaded p99 (and how much of it was the server's queue and model, from Server-Timing), refusals (503)
+and how fast they came beside their floor (the same arrivals on a bare app that refuses every request at once, on
+the same CPU, beside the model computing the share of the time it did in fnserve's run:
+``tests/bench/refuse_server.py``), and the server's RSS over the run. Beside them, the floor end to end: the lean
+batching server (``tests/bench/lean_batch_server.py``: it parses, batches, runs, encodes and refuses at a queue of
+one batch, and does nothing more) on the same CPU, its own unloaded p99 at the same rate, then the same arrivals:
+what any server that batches and sheds at those bounds pays.
 """
 
 from __future__ import annotations
