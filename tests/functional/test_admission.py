@@ -152,13 +152,21 @@ def test_an_overload_is_refused_by_its_foreseen_wait_before_its_body_is_read(tmp
             delay = batcher.queue_delay()
             assert delay == max(1.0, 2 * batcher.pace.seconds(64))
             flood = 3 * math.ceil(delay / batcher.pace.seconds(64)) + 3
+            # The model's slot held while the flood comes, so that its queue cannot drain under the probe below:
+            # the refusal is then the queue's doing, not a race with the batches' runs.
+            slots = batcher._slots
+            assert slots is not None
+            await slots.acquire()
             tasks = [asyncio.create_task(client.post(url, content=full, headers=headers)) for _ in range(flood)]
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 60
             while not past_deadline():
                 assert loop.time() < deadline and not all(t.done() for t in tasks), "the queue never filled"
                 await asyncio.sleep(0.001)
-            await asyncio.wait_for(app(scope, body_never_comes, send), 30)
+            try:
+                await asyncio.wait_for(app(scope, body_never_comes, send), 30)
+            finally:
+                slots.release()
             return [r.status_code for r in await asyncio.gather(*tasks)]
 
     statuses = asyncio.run(main())
