@@ -110,8 +110,8 @@ $(PERF_ANALYZER)/perf_analyzer: setup
 		"$(CURDIR)/$(PERF_ANALYZER)/lib/nvidia/cuda_runtime/lib" "$(CURDIR)/$(PERF_ANALYZER)/lib/bin/perf_analyzer" > $@
 	chmod +x $@
 
-# What ships (the images, the Lambda layer) installs from locks compiled from pyproject's ranges (infra/locks.py):
-# run after a range changes; tests/functional/test_locks.py fails while a lock is stale.
+# What ships (the images, the Lambda layer, the Cloud Functions) installs from locks compiled from pyproject's ranges
+# (infra/locks.py): run after a range changes; tests/functional/test_locks.py fails while a lock is stale.
 locks: setup
 	$(PY) infra/locks.py
 
