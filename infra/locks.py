@@ -1,10 +1,10 @@
 """The lock files what fnserve ships installs from, compiled by uv from pyproject's ranges.
 
-The library keeps ranges (users install it beside their own packages); the server images, the Lambda image and
-the Lambda layer install these exact versions, so what ``make image-test`` and ``make sam-check`` ran is what
-ships, not whatever the index holds the day someone builds. ``make locks`` writes them after a range changes;
-``--check`` (tests/functional/test_locks.py) recompiles each against its committed self, which uv keeps wherever
-pyproject still allows it, and fails when anything would change.
+The library keeps ranges (users install it beside their own packages); the server images, the Lambda image, the
+Lambda layer and the Cloud Functions install these exact versions, so what ``make image-test``, ``make sam-check``
+and the tests ran is what ships, not whatever the index holds the day someone builds. ``make locks`` writes them
+after a range changes; ``--check`` (tests/functional/test_locks.py) recompiles each against its committed self,
+which uv keeps wherever pyproject still allows it, and fails when anything would change.
 
     python infra/locks.py            # write every lock
     python infra/locks.py --check    # exit 1, with the difference, where a lock is stale
