@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import re
+import sys
+import tomllib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import onnx
 import onnx.numpy_helper
 from onnx import TensorProto, helper
+from packaging.requirements import Requirement
 
 from fnserve.core.results import ResultRecord
 
@@ -259,3 +264,33 @@ async def body_never_comes() -> dict[str, object]:
     """An ASGI ``receive`` whose body never arrives: what a server that refuses from the headers alone never reads."""
     await asyncio.Event().wait()
     raise AssertionError("unreachable")
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """The Python file at ``path`` imported as a fresh module ``name`` (a script of infra/, a function's app.py);
+    registered in ``sys.modules`` first, where dataclasses look their module up."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+
+def requirements(extras: Iterable[str]) -> list[str]:
+    """fnserve's own requirements with ``extras``, its self-references (``fnserve[lambda]``) followed."""
+    found, seen, todo = list(PROJECT["dependencies"]), set(), list(extras)
+    while todo:
+        extra = todo.pop()
+        if extra in seen:
+            continue
+        seen.add(extra)
+        for line in PROJECT["optional-dependencies"][extra]:
+            requirement = Requirement(line)
+            if requirement.name == "fnserve":
+                todo += sorted(requirement.extras)
+            else:
+                found.append(line)
+    return sorted(set(found))

@@ -3,14 +3,13 @@ README stays a short way in: a working curl and "your own model" on its first sc
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import REPO
+from tests.helpers import REPO, load_module
 
 README = (REPO / "README.md").read_text()
 
@@ -47,10 +46,7 @@ def test_the_readme_is_a_short_way_in() -> None:
 
 
 def test_the_cli_reference_is_what_the_commands_print() -> None:
-    spec = importlib.util.spec_from_file_location("cli_reference", REPO / "infra" / "docs" / "cli_reference.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_module(REPO / "infra" / "docs" / "cli_reference.py", "cli_reference")
     written = (REPO / "docs" / "cli.md").read_text()
     assert written == module.reference(), "docs/cli.md is stale: run python infra/docs/cli_reference.py"
     assert "<bool>" not in written  # flags read as flags, not as typed values

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import importlib.util
 import io
 import json
 import logging
@@ -21,7 +20,7 @@ import pytest
 
 from fnserve.adapters.lambda_.events import LambdaContext
 from tests.functional.conftest import Aws
-from tests.helpers import BAD_NUMBERS, DEMO_MANIFEST, REPO
+from tests.helpers import BAD_NUMBERS, DEMO_MANIFEST, REPO, load_module
 
 # The deployed API's events, and those of integrations the handler also accepts (REST API, ALB).
 EVENTS = sorted([*(REPO / "events").glob("api-*.json"), *(REPO / "tests" / "events").glob("api-*.json")])
@@ -30,11 +29,7 @@ Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
 
 def load_function(path: Path) -> ModuleType:
     """Import a function's app.py as Lambda does: a fresh module, built at import."""
-    spec = importlib.util.spec_from_file_location(f"fn_{path.parent.name}", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(path, f"fn_{path.parent.name}")
 
 
 @pytest.fixture(scope="module")

@@ -16,14 +16,12 @@ behind a TLS proxy). GPU-only extras are left out: their wheels need a GPU machi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,14 +32,13 @@ import numpy as np
 import pytest
 from packaging.requirements import Requirement
 
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, PROJECT, REPO, load_module, requirements
 from tests.moto import aws_env, free_port, reset
 from tests.servers import start_http
 
 UV = str(Path(sys.executable).parent / "uv")
 GPU_ONLY = {"gpu", "tensorrt"}
 DOCKERFILES = sorted((REPO / "infra" / "container").glob("*Dockerfile"))
-PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 # What users install one by one (the README's and the docs' extras), beside the documented sets below.
 ALONE = ["server", "grpc", "aws", "gcp", "redis", "lambda"]
 # Each supported Python (pyproject's classifiers) beside the one the suite runs on, with the set it smokes.
@@ -64,33 +61,13 @@ def documented() -> dict[frozenset[str], str]:
 
 def shipped() -> set[frozenset[str]]:
     """The extra sets the images and the Lambda layer install, from their locks (infra/locks.py)."""
-    spec = importlib.util.spec_from_file_location("locks", REPO / "infra" / "locks.py")
-    assert spec is not None and spec.loader is not None
-    locks = sys.modules["locks"] = importlib.util.module_from_spec(spec)  # its dataclass looks itself up there
-    spec.loader.exec_module(locks)
+    locks = load_module(REPO / "infra" / "locks.py", "locks")
     return {frozenset(lock.extras) for lock in locks.LOCKS if lock.extras}
 
 
 SETS = sorted(
     {frozenset([extra]) for extra in ALONE} | set(documented()) | shipped(), key=lambda s: (len(s), sorted(s))
 )
-
-
-def requirements(extras: frozenset[str]) -> list[str]:
-    """fnserve's own requirements with ``extras``, its self-references (``fnserve[lambda]``) followed."""
-    found, seen, todo = list(PROJECT["dependencies"]), set(), list(extras)
-    while todo:
-        extra = todo.pop()
-        if extra in seen:
-            continue
-        seen.add(extra)
-        for line in PROJECT["optional-dependencies"][extra]:
-            requirement = Requirement(line)
-            if requirement.name == "fnserve":
-                todo += sorted(requirement.extras)
-            else:
-                found.append(line)
-    return sorted(set(found))
 
 
 @pytest.fixture(scope="session")

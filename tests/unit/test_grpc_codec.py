@@ -6,7 +6,6 @@ import asyncio
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from fnserve.bootstrap import build_dataplane
 from fnserve.core.datatypes import V2_TO_NUMPY
 from fnserve.core.errors import DeadlineExceeded, InvalidInput, grpc_code
 from fnserve.settings import Settings
-from tests.helpers import REPO, sample_arrays, write_test_manifest
+from tests.helpers import PROJECT, REPO, sample_arrays, write_test_manifest
 
 PROTO = Path("fnserve/adapters/grpc/proto/open_inference_grpc.proto")
 
@@ -43,8 +42,7 @@ def test_the_committed_stubs_describe_the_proto(tmp_path: Path) -> None:
 
 def floor(extra: str, package: str) -> str:
     """The lowest version ``pyproject.toml``'s ``extra`` allows of ``package``."""
-    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    wanted = next(Requirement(r) for r in extras[extra] if Requirement(r).name == package)
+    wanted = next(Requirement(r) for r in PROJECT["optional-dependencies"][extra] if Requirement(r).name == package)
     return next(spec.version for spec in wanted.specifier if spec.operator == ">=")
 
 

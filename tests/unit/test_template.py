@@ -9,7 +9,7 @@ import pytest
 from cfnlint.decode.cfn_yaml import load
 
 from fnserve.settings import Settings
-from tests.helpers import REPO
+from tests.helpers import REPO, requirements
 
 TEMPLATE: dict[str, Any] = load(str(REPO / "template.yaml"))
 RESOURCES: dict[str, Any] = TEMPLATE["Resources"]
@@ -322,24 +322,9 @@ def test_fnserve_local_runs_the_twins_the_parameters_choose(image_uri: str) -> N
 def test_the_runtime_layer_installs_what_the_lambda_extra_names() -> None:
     """sam build reads layers/fnserve/requirements.txt, the lambda extra's lock (make locks): it pins each of the
     extra's requirements, and not boto3, which the Lambda runtime brings to zip functions."""
-    import tomllib
-
     from packaging.requirements import Requirement
-
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    extras = project["optional-dependencies"]
-
-    def names(requirements: list[str]) -> set[str]:
-        found = set()
-        for line in requirements:
-            requirement = Requirement(line)
-            if requirement.name == "fnserve":
-                found |= names([r for extra in requirement.extras for r in extras[extra]])
-            else:
-                found.add(requirement.name.lower())
-        return found
 
     layer = (REPO / "layers" / "fnserve" / "requirements.txt").read_text().splitlines()
     pinned = {Requirement(line).name.lower() for line in layer if line.strip() and line[0] not in "# "}
-    assert names(project["dependencies"] + extras["lambda"]) <= pinned
+    assert {Requirement(line).name.lower() for line in requirements(["lambda"])} <= pinned
     assert "boto3" not in pinned and "botocore" not in pinned
