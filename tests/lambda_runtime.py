@@ -2,7 +2,7 @@
 
 The same checks run against the runtime interface client started from the dev environment
 (``tests/functional/test_lambda_runtime.py``) and against the built image (``tests/image``): the
-function polls :class:`~fnserve.adapters.local.runtime_api.RuntimeApi` for real-shaped events from
+function polls :class:`~fnserve.emulator.runtime_api.RuntimeApi` for real-shaped events from
 ``events/`` and its answers are compared with onnxruntime's own on the same inputs.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fnserve.adapters.local.runtime_api import FunctionError, InitError, RuntimeApi
 from fnserve.core.results import job_key
+from fnserve.emulator.runtime_api import FunctionError, InitError, RuntimeApi
 from fnserve.stores.dynamodb import DynamoResultStore
 from tests.helpers import REPO, demo_labels
 from tests.moto import aws_env

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from fnserve.adapters.lambda_.events import ACCOUNT_ID, REGION, http_api_event, rest_api_event, sqs_event
+from fnserve.aws.events import ACCOUNT_ID, REGION, http_api_event, rest_api_event, sqs_event
 
 REPO = Path(__file__).resolve().parents[2]
 

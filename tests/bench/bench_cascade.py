@@ -29,12 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from fnserve.adapters.lambda_.events import LambdaContext, sqs_event
 from fnserve.adapters.lambda_.http import create_handler
 from fnserve.adapters.lambda_.sqs import create_handler as create_sqs_handler
-from fnserve.adapters.logs import logger
 from fnserve.aws import clients
+from fnserve.aws.events import LambdaContext, sqs_event
 from fnserve.core.jobs import job_message
+from fnserve.observability.logs import logger
 from fnserve.settings import Settings
 from tests.bench._timing import interleaved
 from tests.helpers import DEMO_HOLDOUT, REPO, MemoryStore, write_test_manifest

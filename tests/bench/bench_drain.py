@@ -12,7 +12,7 @@ result is stored, read back with ``fnserve results``'s reads. Then: the good job
 (must be 0), the poison stored as failed, and what is left in the queue (only the poison
 without an id, in flight until it reaches the DLQ after maxReceiveCount deliveries), beside
 the send time, the drain time and the jobs per second. (Before moto's SQS speed-ups in
-``fnserve.adapters.local.moto_sqs``, 2,000 jobs took 99 s here.)
+``fnserve.emulator.moto_sqs``, 2,000 jobs took 99 s here.)
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ import numpy as np
 import onnxruntime as ort
 import orjson
 
-from fnserve.adapters.lambda_.events import LambdaContext
+from fnserve.aws.events import LambdaContext
 from tests.bench._timing import interleaved, percentile
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO, post_scope
 from tests.moto import free_port
@@ -72,8 +72,8 @@ def function_overhead() -> None:
     os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "fnserve")
     from functions_framework.aio import create_asgi_app
 
-    from fnserve.adapters import logs
     from fnserve.adapters.lambda_.http import create_handler
+    from fnserve.observability import logs
 
     handler = create_handler()
     app = create_asgi_app(target="infer", source=str(REPO / "functions" / "gcp_api" / "main.py"))

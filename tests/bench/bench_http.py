@@ -45,7 +45,7 @@ import httpx
 import numpy as np
 import onnxruntime as ort
 
-from fnserve.adapters.lambda_.events import LambdaContext
+from fnserve.aws.events import LambdaContext
 from fnserve.bench.load import run_wrk
 from tests.bench._timing import interleaved, percentile, process_tree, tree_cpu_seconds
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
@@ -62,7 +62,7 @@ def handler_overhead() -> None:
     os.environ["PLAIN_MODEL_PATH"] = str(MODEL_PATH)
     os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "fnserve")
     from fnserve.adapters.lambda_.http import create_handler
-    from fnserve.adapters.logs import logger
+    from fnserve.observability.logs import logger
     from tests.bench import plain_server
 
     handler = create_handler()

@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from fnserve.adapters.local.images import image_exists
+from fnserve.emulator.images import image_exists
 from tests.bench._timing import fresh_process_seconds
 from tests.helpers import REPO
 from tests.moto import aws_env, moto_server
@@ -98,7 +98,7 @@ API = f"""
 import json, sys
 sys.path.insert(0, {str(REPO / "functions" / "api")!r})
 import app
-from fnserve.adapters.lambda_.events import LambdaContext
+from fnserve.aws.events import LambdaContext
 answer = app.handler(json.load(open(EVENT)), LambdaContext(function_name="cold"))
 assert answer["statusCode"] == 200, answer
 """
@@ -106,8 +106,8 @@ assert answer["statusCode"] == 200, answer
 
 def image_seconds(models: Path, event_file: Path, moto_url: str) -> float:
     """From ``buildah run`` to the first answer through the Runtime API (the container is made before)."""
-    from fnserve.adapters.local.images import LAMBDA_USER, Container
-    from fnserve.adapters.local.runtime_api import RuntimeApi
+    from fnserve.emulator.images import LAMBDA_USER, Container
+    from fnserve.emulator.runtime_api import RuntimeApi
 
     with RuntimeApi(timeout=300) as api:
         env = {**aws_env(moto_url), "AWS_LAMBDA_RUNTIME_API": api.address}

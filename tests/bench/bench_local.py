@@ -31,8 +31,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from fnserve.adapters.local.emulator import Emulator
 from fnserve.aws import clients
+from fnserve.emulator.emulator import Emulator
 from tests.bench._timing import percentile
 from tests.moto import free_port
 

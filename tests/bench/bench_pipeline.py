@@ -34,8 +34,8 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from fnserve.adapters.lambda_.events import LambdaContext, sqs_event
 from fnserve.adapters.lambda_.sqs import create_handler
+from fnserve.aws.events import LambdaContext, sqs_event
 from fnserve.core._cpus import available_cpus
 from fnserve.core.jobs import job_message
 from fnserve.core.service import InferenceService
@@ -125,7 +125,7 @@ def jobs() -> None:
     event = sqs_event(bodies)
     service = InferenceService.from_manifest(DEMO_MANIFEST, eager=True)
     handler = create_handler(service=service, settings=Settings(manifest=DEMO_MANIFEST), store=MemoryStore())
-    from fnserve.adapters.logs import logger
+    from fnserve.observability.logs import logger
 
     logger.registered_handler.setStream(open(os.devnull, "w"))  # type: ignore[attr-defined]  # noqa: SIM115
     tokenizer = tokenizer_from(str(TOKENIZER))

@@ -32,9 +32,9 @@ import numpy as np
 import orjson
 import simdjson
 
-from fnserve.adapters.lambda_.events import LambdaContext, sqs_event
 from fnserve.adapters.lambda_.sqs import create_handler, records_of
 from fnserve.aws import clients
+from fnserve.aws.events import LambdaContext, sqs_event
 from fnserve.core.jobs import CHUNK, job_message, parse_job
 from fnserve.core.results import ResultRecord, job_key
 from fnserve.core.service import InferenceService
@@ -103,7 +103,7 @@ def vectorised_vs_loop() -> None:
     sink = open(os.devnull, "w")  # noqa: SIM115
     from contextlib import redirect_stdout
 
-    from fnserve.adapters.logs import logger
+    from fnserve.observability.logs import logger
 
     logger.registered_handler.setStream(sink)  # type: ignore[attr-defined]
     binary_event = sqs_event(bodies(RECORDS, "bench-bin", binary=True))

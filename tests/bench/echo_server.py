@@ -1,5 +1,5 @@
 """The transport's floor for the HTTP benchmarks: an ASGI app that reads the request's body and answers a fixed V2
-response, served the way ``fnserve serve``'s front processes are (``fnserve.adapters.fronts``: uvicorn, uvloop and
+response, served the way ``fnserve serve``'s front processes are (``fnserve.server.fronts``: uvicorn, uvloop and
 httptools, a socket of its own a process); uvicorn's own httptools protocol, or with ``fnserve`` fnserve's
 (``fnserve.adapters.http.protocol``: a response's head and body in one write). ``ANSWER``: a file whose bytes
 are the answer instead (another model's, as fnserve answers it).
@@ -49,7 +49,7 @@ def factory() -> Any:
 if __name__ == "__main__":
     import os
 
-    from fnserve.adapters import fronts
+    from fnserve.server import fronts
 
     if len(sys.argv) > 4:
         os.environ[ANSWER_ENV] = sys.argv[4]

@@ -1,5 +1,5 @@
 """The floor of a batching server, end to end: what a server of single-threaded sessions must do to answer V2 JSON
-in batches, and nothing else, served as ``fnserve serve``'s front processes are (``fnserve.adapters.fronts``,
+in batches, and nothing else, served as ``fnserve serve``'s front processes are (``fnserve.server.fronts``,
 fnserve's HTTP protocol, one process per CPU pinned to it, inference in each).
 
 Each request's whole body is read and parsed; the requests a process holds run together (one intra-op thread, in a
@@ -257,8 +257,8 @@ def factory() -> Any:
 if __name__ == "__main__":
     import argparse
 
-    from fnserve.adapters import fronts
     from fnserve.core._cpus import available_cpus
+    from fnserve.server import fronts
 
     parser = argparse.ArgumentParser(prog="python -m tests.bench.lean_batch_server")
     parser.add_argument("--port", type=int, required=True)

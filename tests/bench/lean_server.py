@@ -1,5 +1,5 @@
 """The lean path for the HTTP benchmarks: what a V2 request of one model needs and nothing around it, served as
-``fnserve serve``'s front processes are (``fnserve.adapters.fronts``, fnserve's HTTP protocol: uvicorn, uvloop,
+``fnserve serve``'s front processes are (``fnserve.server.fronts``, fnserve's HTTP protocol: uvicorn, uvloop,
 httptools, a response in one write, one process per CPU with inference in each).
 
 Each request's whole body is read, parsed (orjson), checked against the model's inputs (names, datatype, shape,
@@ -107,7 +107,7 @@ def factory() -> Any:
 
 
 if __name__ == "__main__":
-    from fnserve.adapters import fronts
+    from fnserve.server import fronts
 
     options = {
         "host": "127.0.0.1",

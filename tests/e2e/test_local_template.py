@@ -12,11 +12,11 @@ from typing import Any
 import httpx
 import pytest
 
-from fnserve.adapters.local.emulator import Emulator, Local
-from fnserve.adapters.local.functions import collect
-from fnserve.adapters.local.template import Resolver, load_template
 from fnserve.aws import clients
 from fnserve.core.errors import HandlerError
+from fnserve.emulator.emulator import Emulator, Local
+from fnserve.emulator.functions import collect
+from fnserve.emulator.template import Resolver, load_template
 from fnserve.workers.pool import FunctionSpec
 from tests.functional.conftest import free_port, wait_for
 

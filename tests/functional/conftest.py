@@ -144,7 +144,7 @@ def aws(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Aws]:
 @pytest.fixture
 def log_stream() -> Iterator[io.StringIO]:
     """What fnserve's Powertools logger writes (its handler bound stdout at import)."""
-    from fnserve.adapters.logs import logger
+    from fnserve.observability.logs import logger
 
     stream = io.StringIO()
     handler = logger.registered_handler

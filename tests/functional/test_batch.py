@@ -15,9 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 from fnserve import jobsclient
-from fnserve.adapters.lambda_.events import LambdaContext, sqs_event
 from fnserve.adapters.lambda_.sqs import create_handler, records_of
 from fnserve.aws import clients
+from fnserve.aws.events import LambdaContext, sqs_event
 from fnserve.bootstrap import build_dataplane, build_service
 from fnserve.cli import app, explain
 from fnserve.core.jobs import job_message
@@ -395,9 +395,9 @@ def test_the_job_functions_handle_their_sample_events(
 
 
 def test_the_batch_function_refuses_to_start_without_a_results_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fnserve.adapters import logs
     from fnserve.adapters.gcp.jobs import create_function
     from fnserve.core.errors import ConfigError
+    from fnserve.observability import logs
 
     monkeypatch.delenv("FNSERVE_RESULTS_TABLE", raising=False)
     monkeypatch.delenv("FNSERVE_RESULTS", raising=False)

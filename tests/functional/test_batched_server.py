@@ -19,7 +19,6 @@ from pydantic import ValidationError
 
 from fnserve.adapters.http.app import create_app
 from fnserve.adapters.http.wire import SEND_NOW
-from fnserve.adapters.metrics import ServerMetrics
 from fnserve.core.batching import AdaptiveBatcher
 from fnserve.core.cache import ResultCache
 from fnserve.core.dataplane import Answer, DataPlane
@@ -27,6 +26,7 @@ from fnserve.core.errors import FnserveError, InvalidInput
 from fnserve.core.manifest import ModelSettings
 from fnserve.core.service import InferenceService
 from fnserve.core.tensors import InferenceRequest
+from fnserve.observability.metrics import ServerMetrics
 from fnserve.settings import Settings
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, body_never_comes, post_scope, write_test_manifest
 

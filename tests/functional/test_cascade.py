@@ -13,9 +13,9 @@ import onnxruntime as ort
 import pytest
 
 from fnserve.adapters.http.app import create_app
-from fnserve.adapters.lambda_.events import LambdaContext, sqs_event
 from fnserve.adapters.lambda_.sqs import create_handler as create_sqs_handler
 from fnserve.aws import clients
+from fnserve.aws.events import LambdaContext, sqs_event
 from fnserve.bootstrap import build_dataplane
 from fnserve.settings import Settings
 from fnserve.stores.dynamodb import DynamoResultStore

@@ -22,8 +22,8 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from fnserve import jobsclient
-from fnserve.adapters.lambda_.events import LambdaContext, sqs_event
 from fnserve.adapters.lambda_.sqs import create_handler
+from fnserve.aws.events import LambdaContext, sqs_event
 from fnserve.core.jobs import job_message
 from fnserve.settings import Settings
 from tests.functional.conftest import Aws, Served

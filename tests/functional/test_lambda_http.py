@@ -18,7 +18,7 @@ import onnxruntime as ort
 import orjson
 import pytest
 
-from fnserve.adapters.lambda_.events import LambdaContext
+from fnserve.aws.events import LambdaContext
 from tests.functional.conftest import Aws
 from tests.helpers import BAD_NUMBERS, DEMO_MANIFEST, REPO, load_module
 
@@ -216,7 +216,7 @@ def test_logs_and_emf_metrics_carry_the_request(
 def test_powertools_log_level_and_metrics_switch_take_effect_in_the_api_function(
     capsys: pytest.CaptureFixture[str], log_stream: io.StringIO
 ) -> None:
-    from fnserve.adapters.logs import logger
+    from fnserve.observability.logs import logger
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FNSERVE_MANIFEST", str(DEMO_MANIFEST))
@@ -272,7 +272,7 @@ watched = ("fastapi", "starlette", "pydantic.v1", "pydantic_settings", "boto3", 
 print(json.dumps(sorted(m for m in watched if m in sys.modules)))
 """
 API_CALL = """
-from fnserve.adapters.lambda_.events import LambdaContext
+from fnserve.aws.events import LambdaContext
 event = json.load(open({event!r}))
 assert app.handler(event, LambdaContext())["statusCode"] == 200
 """
@@ -328,7 +328,7 @@ POWERTOOLS_CALL = """
 import json, sys
 sys.path.insert(0, {function!r})
 import app
-from fnserve.adapters.lambda_.events import LambdaContext
+from fnserve.aws.events import LambdaContext
 print("---")
 app.handler(json.load(open({event!r})), LambdaContext())
 """

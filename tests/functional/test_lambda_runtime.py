@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fnserve.adapters.local.runtime_api import RuntimeApi
 from fnserve.aws import clients
 from fnserve.core.results import job_key
+from fnserve.emulator.runtime_api import RuntimeApi
 from fnserve.stores.dynamodb import DynamoResultStore
 from tests.functional.conftest import Aws
 from tests.helpers import DEMO_MANIFEST, REPO

@@ -11,7 +11,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from fnserve.adapters.local.resources import start_aws
+from fnserve.emulator.resources import start_aws
 from tests.servers import free_port
 
 
@@ -57,7 +57,7 @@ def test_reload_watches_what_a_reader_changes_not_hidden_temporary_files(tmp_pat
     must name the manifest, not ``.manifest.toml.new.toml``."""
     from watchfiles import Change
 
-    from fnserve.adapters.local.emulator import reload_filter
+    from fnserve.emulator.emulator import reload_filter
 
     watch = reload_filter()
     assert watch(Change.modified, str(tmp_path / "models" / "manifest.toml"))

@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 
 from fnserve.aws import clients
-from fnserve.bootstrap import server_app
+from fnserve.server.app import server_app
 from fnserve.settings import Settings
 from tests.faults import FaultyProxy, faulty_proxy
 from tests.functional.conftest import Aws, wait_for

@@ -26,7 +26,7 @@ from fnserve.adapters.grpc.service import InferenceServicer
 from fnserve.adapters.http.app import create_app
 from fnserve.adapters.lambda_ import http as lambda_http
 from fnserve.adapters.lambda_ import sqs as lambda_sqs
-from fnserve.adapters.lambda_.events import LambdaContext, sqs_event
+from fnserve.aws.events import LambdaContext, sqs_event
 from fnserve.bootstrap import build_dataplane, build_service
 from fnserve.core.jobs import job_message
 from fnserve.core.service import InferenceService

@@ -28,8 +28,8 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from fnserve.adapters.http.app import create_app
-from fnserve.adapters.lambda_.events import LambdaContext, sqs_event
 from fnserve.adapters.lambda_.sqs import create_handler as create_sqs_handler
+from fnserve.aws.events import LambdaContext, sqs_event
 from fnserve.bootstrap import build_dataplane
 from fnserve.core.errors import FnserveError, InferenceError, InvalidInput, ModelNotReady
 from fnserve.core.jobs import job_message

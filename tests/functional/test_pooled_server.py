@@ -19,11 +19,11 @@ import onnxruntime as ort
 import orjson
 import pytest
 
-from fnserve.adapters import fronts
-from fnserve.adapters.server import inference_pool
 from fnserve.bench.sweep import process_tree
-from fnserve.bootstrap import server_app
 from fnserve.core.errors import HandlerError
+from fnserve.server import fronts
+from fnserve.server.app import server_app
+from fnserve.server.serve import inference_pool
 from fnserve.settings import Settings
 from fnserve.workers.pool import WorkerPool
 from fnserve.workers.remote import PoolSession
@@ -354,7 +354,7 @@ def test_front_processes_that_cannot_start_stop_the_server_with_their_error(tmp_
 
 def test_front_processes_whose_app_cannot_be_imported_stop_the_server_at_once(tmp_path: Path) -> None:
     script = (
-        "from fnserve.adapters import fronts\n"
+        "from fnserve.server import fronts\n"
         "fronts.run('tests.no_such_module:factory', 2, {'host': '127.0.0.1', 'port': 0, 'log_level': 'warning'})\n"
     )
     began = time.monotonic()

@@ -16,8 +16,8 @@ import redis
 
 from fnserve import bootstrap
 from fnserve.adapters.http.app import create_app
-from fnserve.adapters.lambda_.events import LambdaContext, sqs_event
 from fnserve.adapters.lambda_.sqs import create_handler
+from fnserve.aws.events import LambdaContext, sqs_event
 from fnserve.core.errors import ConfigError, StoreUnavailable
 from fnserve.core.jobs import job_message
 from fnserve.core.results import ResultRecord, job_key

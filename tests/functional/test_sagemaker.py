@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from fnserve.adapters.metrics import FLUSH_SECONDS
+from fnserve.observability.metrics import FLUSH_SECONDS
 from fnserve.settings import sagemaker_settings
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
 from tests.servers import start_server

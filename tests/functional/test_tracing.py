@@ -14,12 +14,12 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from fnserve import tracing
 from fnserve.adapters.lambda_ import http as lambda_http
 from fnserve.adapters.lambda_ import sqs as lambda_sqs
-from fnserve.adapters.lambda_.events import LambdaContext, sqs_event
+from fnserve.aws.events import LambdaContext, sqs_event
 from fnserve.bootstrap import build_service
 from fnserve.core.jobs import job_message
+from fnserve.observability import tracing
 from fnserve.settings import Settings
 from tests.functional.conftest import Aws, serve_with_grpc, stop, wait_for
 from tests.functional.test_batch import received_event

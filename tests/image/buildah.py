@@ -24,7 +24,7 @@ from typing import Any
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from fnserve.adapters.local.images import BUILDAH, Container, buildah, image_exists
+from fnserve.emulator.images import BUILDAH, Container, buildah, image_exists
 from tests.helpers import REPO
 
 SUITE = "bookworm"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fnserve.adapters.local.runtime_api import RuntimeApi
 from fnserve.aws import clients
+from fnserve.emulator.runtime_api import RuntimeApi
 from tests.functional.conftest import create_resources
 from tests.helpers import REPO
 from tests.image.buildah import Built, started, unlocked

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from fnserve.adapters.local.emulator import Emulator, Local
 from fnserve.aws import clients
 from fnserve.core.results import job_key
+from fnserve.emulator.emulator import Emulator, Local
 from fnserve.stores.dynamodb import DynamoResultStore
 from tests.helpers import REPO
 from tests.image.buildah import Built

@@ -188,7 +188,7 @@ HANDLER = """
 import json, sys
 sys.path.insert(0, "functions/{function}")
 import app
-from fnserve.adapters.lambda_.events import LambdaContext
+from fnserve.aws.events import LambdaContext
 print("---" + json.dumps(app.handler(json.load(open("events/{event}")), LambdaContext())))
 """
 

@@ -13,7 +13,7 @@ def main() -> None:
     sys.path.insert(0, function_dir)
     import app  # the built function, as Lambda imports it
 
-    from fnserve.adapters.lambda_.events import LambdaContext  # from the built layer, like app's imports
+    from fnserve.aws.events import LambdaContext  # from the built layer, like app's imports
 
     response = app.handler(json.load(open(event_file)), LambdaContext(function_name="built"))
     where = sorted({m.__file__.split("/python/")[0] for m in map(sys.modules.get, ("fnserve", "onnxruntime")) if m})

@@ -1,4 +1,4 @@
-"""Access lines of a server process: one write a turn of its event loop (fnserve.adapters.logs.AccessLines)."""
+"""Access lines of a server process: one write a turn of its event loop (fnserve.observability.logs.AccessLines)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fnserve.adapters import logs
+from fnserve.observability import logs
 
 
 class Writes(io.StringIO):

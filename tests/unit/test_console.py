@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 import json
 
-from fnserve.adapters.lambda_.events import http_api_event, sqs_event
-from fnserve.adapters.local.console import Console, render
+from fnserve.aws.events import http_api_event, sqs_event
+from fnserve.emulator.console import Console, render
 from fnserve.workers.messages import Usage
 from fnserve.workers.pool import FunctionSpec
 

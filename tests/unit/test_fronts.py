@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from fnserve.adapters.fronts import AllListening, balanced, reuse_port_socket
+from fnserve.server.fronts import AllListening, balanced, reuse_port_socket
 
 
 def test_ready_once_every_front_process_listened_and_after_one_is_replaced() -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from fnserve.adapters.gpu_metrics import GpuCollector, gpu_collector
-from fnserve.adapters.metrics import ServerMetrics
+from fnserve.observability.gpu_metrics import GpuCollector, gpu_collector
+from fnserve.observability.metrics import ServerMetrics
 
 
 class FakeNvml:

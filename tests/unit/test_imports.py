@@ -9,7 +9,7 @@ from pathlib import Path
 import fnserve
 
 PACKAGE = Path(fnserve.__file__).parent
-EMULATOR = "fnserve.adapters.local"
+EMULATOR = "fnserve.emulator"
 
 
 def modules() -> dict[str, Path]:

@@ -21,8 +21,8 @@ import yaml
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from fnserve.adapters.envelope import NoTelemetry, RequestWatcher
 from fnserve.adapters.http import routes
+from fnserve.observability.envelope import NoTelemetry, RequestWatcher
 from tests.helpers import REPO, dockerfile_instructions
 
 KUBERNETES = "1.33"
@@ -209,7 +209,7 @@ def test_the_probes_call_fnserves_health_routes_on_its_http_port(
     assert loading.get(probes["readinessProbe"]["path"]).status_code == 503
     assert loading.get(probes["livenessProbe"]["path"]).status_code == 200
     assert loading.get(probes["startupProbe"]["path"]).status_code == 200
-    # Until its models have loaded, the port answers 503 to every path (fnserve.adapters.starting): the
+    # Until its models have loaded, the port answers 503 to every path (fnserve.server.starting): the
     # startup probe gives a start at least the time the image's own HEALTHCHECK does.
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= HEALTHCHECK_START

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from fnserve.adapters.layout import IN_PROCESS_MAX_MS, choose_layout
 from fnserve.core.registry import TensorSpec
 from fnserve.core.service import InferenceService
+from fnserve.server.layout import IN_PROCESS_MAX_MS, choose_layout
 from tests.helpers import DEMO_MANIFEST, write_test_manifest
 
 MIB = 2**20

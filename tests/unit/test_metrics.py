@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
-from fnserve.adapters.metrics import FLUSH_AT, LATENCY_BUCKETS, ServerMetrics
+from fnserve.observability.metrics import FLUSH_AT, LATENCY_BUCKETS, ServerMetrics
 
 
 def series(metrics: ServerMetrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

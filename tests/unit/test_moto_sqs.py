@@ -60,7 +60,7 @@ def scenario() -> list[Any]:
 
 
 def test_the_speed_ups_keep_moto_sqs_behaviour(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fnserve.adapters.local import moto_sqs
+    from fnserve.emulator import moto_sqs
 
     for name, value in {
         "AWS_ACCESS_KEY_ID": "x",

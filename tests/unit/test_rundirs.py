@@ -10,12 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-from fnserve.adapters import rundirs
-from fnserve.adapters.rundirs import OWNER, RunDirs, sweep
+from fnserve.server import rundirs
+from fnserve.server.rundirs import OWNER, RunDirs, sweep
 
 MAKER = """
 import sys
-from fnserve.adapters.rundirs import RunDirs
+from fnserve.server.rundirs import RunDirs
 made = RunDirs()
 print(made.make("fnserve-stats-", sys.argv[1]), flush=True)
 sys.stdin.read()  # until the test kills it

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from cfnlint.decode.cfn_yaml import load
 
-from fnserve.adapters.local.template import NO_VALUE, Resolver, Template
+from fnserve.emulator.template import NO_VALUE, Resolver, Template
 from tests.helpers import REPO
 
 SAGEMAKER_PATH = REPO / "infra" / "container" / "sagemaker.yaml"

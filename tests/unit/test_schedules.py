@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from fnserve.adapters.local.schedules import Schedule
+from fnserve.emulator.schedules import Schedule
 
 MONDAY = datetime(2026, 11, 23, 5, 58, 30, tzinfo=UTC)  # a Monday
 

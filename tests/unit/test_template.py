@@ -297,8 +297,8 @@ def test_sam_translates_the_chosen_packaging(image_uri: str, monkeypatch: pytest
 
 @pytest.mark.parametrize("image_uri", ["", "123456789012.dkr.ecr.us-east-1.amazonaws.com/fnserve:lambda"])
 def test_fnserve_local_runs_the_twins_the_parameters_choose(image_uri: str) -> None:
-    from fnserve.adapters.local.functions import collect
-    from fnserve.adapters.local.template import Resolver, load_template
+    from fnserve.emulator.functions import collect
+    from fnserve.emulator.template import Resolver, load_template
 
     template = load_template(REPO / "template.yaml")
     queues = [name for name, r in RESOURCES.items() if r["Type"] == "AWS::SQS::Queue"]

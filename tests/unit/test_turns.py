@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fnserve.adapters.lambda_.events import sqs_event
 from fnserve.adapters.lambda_.sqs import records_of
+from fnserve.aws.events import sqs_event
 from fnserve.core.cache import ResultCache
 from fnserve.core.dataplane import Answer, DataPlane
 from fnserve.core.errors import ConfigError, InvalidInput, ModelNotFound

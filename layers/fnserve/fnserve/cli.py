@@ -19,9 +19,9 @@ from fnserve.core.errors import FnserveError
 if TYPE_CHECKING:
     import onnxruntime as ort
 
-    from fnserve.adapters.local.emulator import Emulator, Local
     from fnserve.core.service import InferenceService
     from fnserve.datafiles import DataFile
+    from fnserve.emulator.emulator import Emulator, Local
     from fnserve.quantize import Mode, QuantizeReport
     from fnserve.settings import Settings
 
@@ -423,8 +423,8 @@ def serve(
 
     from pydantic import ValidationError
 
-    from fnserve.adapters import logs
-    from fnserve.adapters.server import serve as run_server
+    from fnserve.observability import logs
+    from fnserve.server.serve import serve as run_server
     from fnserve.settings import Settings, sagemaker_settings
 
     # Log lines a person reads at a terminal; JSON for whatever collects them (a container's, a pipe's reader).
@@ -816,9 +816,9 @@ def local(
     import sys
     import threading
 
-    from fnserve.adapters.local.console import Console
-    from fnserve.adapters.local.emulator import Emulator
-    from fnserve.adapters.logs import logger
+    from fnserve.emulator.console import Console
+    from fnserve.emulator.emulator import Emulator
+    from fnserve.observability.logs import logger
 
     overrides = {}
     for item in parameter or []:

@@ -28,10 +28,10 @@ from typing import Any
 import httpx
 import numpy as np
 
-from fnserve.adapters.fronts import SHARE_SECONDS
 from fnserve.bench.load import Load
 from fnserve.bench.requests import Request
 from fnserve.core.tensors import binary_tensor
+from fnserve.server.fronts import SHARE_SECONDS
 
 COMMAND = "perf_analyzer"
 WINDOWS = 3  # perf_analyzer measures at least three windows that agree

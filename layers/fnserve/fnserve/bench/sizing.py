@@ -158,8 +158,8 @@ def _child(
     os.environ.update(environ)
     go.wait()  # in its cgroup from here
     began = time.perf_counter()
-    from fnserve.adapters.lambda_.events import LambdaContext, http_api_event
     from fnserve.adapters.lambda_.http import create_handler
+    from fnserve.aws.events import LambdaContext, http_api_event
 
     handler = create_handler()
     init_ms = (time.perf_counter() - began) * 1e3

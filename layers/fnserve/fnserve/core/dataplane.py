@@ -93,7 +93,7 @@ class Watch(Protocol):
 
 
 class Watcher(Protocol):
-    """What watches a transport's requests (:class:`fnserve.adapters.envelope.RequestWatcher`)."""
+    """What watches a transport's requests (:class:`fnserve.observability.envelope.RequestWatcher`)."""
 
     def start(self, name: str, version: str | None, traceparent: str | None) -> Watch: ...
 

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import TYPE_CHECKING, Any
 
-from fnserve import tracing
 from fnserve.core.errors import InvalidInput
 from fnserve.core.jobs import SubmitReport
+from fnserve.observability import tracing
 from fnserve.stores.objects import job_body
 
 if TYPE_CHECKING:

@@ -12,9 +12,9 @@ from typing import Any
 
 import orjson
 
-from fnserve import tracing
 from fnserve.aws.clients import client
 from fnserve.core.jobs import MAX_MESSAGE_BYTES, SubmitReport
+from fnserve.observability import tracing
 from fnserve.stores.objects import job_body
 
 SEND_BATCH = 10  # SendMessageBatch's limit

@@ -52,13 +52,13 @@ class FunctionSpec:
     console: bool = False  # send its output and each invocation's usage to the pool's observer
     paths: list[str] = field(default_factory=list)  # import paths after code_dir (a Lambda function's layers)
     memory_limit: bool = False  # stop the worker, as Lambda stops a function, when it uses over memory_mb
-    image: str = ""  # a container image function runs from this image (fnserve.adapters.local.images),
+    image: str = ""  # a container image function runs from this image (fnserve.emulator.images),
     command: list[str] = field(default_factory=list)  # with this command (ImageConfig.Command; empty: the image's)
 
 
 class Pool(Protocol):
     """Warm workers of one function, as the emulator invokes them: this module's processes, or containers
-    of an image function (:class:`fnserve.adapters.local.images.ImagePool`)."""
+    of an image function (:class:`fnserve.emulator.images.ImagePool`)."""
 
     @property
     def size(self) -> int: ...

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from fnserve.adapters.lambda_.events import LambdaContext
-from fnserve.adapters.lines import LineWriter
+from fnserve.aws.events import LambdaContext
 from fnserve.core.errors import FnserveError, HandlerError
+from fnserve.observability.lines import LineWriter
 from fnserve.workers.messages import InitFailed, Invoke, Output, Raised, Ready, Returned, Started, Usage
 
 

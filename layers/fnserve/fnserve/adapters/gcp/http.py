@@ -18,10 +18,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from fnserve import bootstrap, tracing
+from fnserve import bootstrap
 from fnserve.adapters.gcp.logs import bind_trace, use_cloud_logging
 from fnserve.adapters.http.app import create_app
 from fnserve.core.service import InferenceService
+from fnserve.observability import tracing
 from fnserve.settings import Settings
 
 Asgi = Callable[[dict[str, Any], Any, Any], Any]

@@ -34,12 +34,13 @@ import orjson
 from cloudevents.abstract import CloudEvent
 from starlette.exceptions import HTTPException
 
-from fnserve import bootstrap, tracing
+from fnserve import bootstrap
 from fnserve.adapters.gcp.logs import use_cloud_logging
-from fnserve.adapters.logs import logger
 from fnserve.core.processor import JobProcessor
 from fnserve.core.results import ResultStore
 from fnserve.core.service import InferenceService
+from fnserve.observability import tracing
+from fnserve.observability.logs import logger
 from fnserve.settings import Settings
 
 Record = tuple[str, bytes | str, int]  # what the job processor takes: (message id, body, delivery attempt)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from fnserve.adapters.logs import cloud_logging, request_keys
+from fnserve.observability.logs import cloud_logging, request_keys
 
 TRACE = "logging.googleapis.com/trace"
 SPAN = "logging.googleapis.com/spanId"

@@ -14,12 +14,12 @@ from google.protobuf import descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
-from fnserve.adapters.envelope import Telemetry
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
 from fnserve.adapters.grpc.service import SERVICE, InferenceServicer, method_handlers
-from fnserve.adapters.logs import logger
 from fnserve.core.dataplane import DataPlane
 from fnserve.core.errors import ConfigError
+from fnserve.observability.envelope import Telemetry
+from fnserve.observability.logs import logger
 
 
 class GrpcServer:

@@ -16,14 +16,15 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from fnserve import __version__, tracing
-from fnserve.adapters.envelope import EXTENSIONS, NoTelemetry, RequestWatcher, Telemetry
+from fnserve import __version__
 from fnserve.adapters.grpc import codec
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
 from fnserve.adapters.http.wire import new_request_id, server_timing
-from fnserve.adapters.logs import request_keys
 from fnserve.core.dataplane import DataPlane
 from fnserve.core.errors import BadRequest, FnserveError, grpc_code
+from fnserve.observability import tracing
+from fnserve.observability.envelope import EXTENSIONS, NoTelemetry, RequestWatcher, Telemetry
+from fnserve.observability.logs import request_keys
 
 Context = grpc.aio.ServicerContext[Any, Any]
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from fnserve.adapters import logs
-from fnserve.adapters.envelope import NoTelemetry, Telemetry
 from fnserve.adapters.http.infer import InferenceRoute, V2App
-from fnserve.adapters.logs import logger
 from fnserve.core.dataplane import DataPlane
+from fnserve.observability import logs
+from fnserve.observability.envelope import NoTelemetry, Telemetry
+from fnserve.observability.logs import logger
 from fnserve.settings import Settings
 
 if TYPE_CHECKING:

@@ -14,13 +14,13 @@ import types
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from fnserve.adapters.envelope import RequestWatcher, Telemetry
 from fnserve.adapters.http import compression
 from fnserve.adapters.http.wire import answered, error_parts, header_request_id, server_timing, unnamed_request_id
-from fnserve.adapters.logs import logger, request_keys
 from fnserve.core.dataplane import Answer, DataPlane
 from fnserve.core.errors import BadRequest, ClientGone, FnserveError, PayloadTooLarge
 from fnserve.core.tensors import JSON_HEADER, InferenceRequest, decode_request, encode_response
+from fnserve.observability.envelope import RequestWatcher, Telemetry
+from fnserve.observability.logs import logger, request_keys
 from fnserve.settings import Settings
 
 ASGIMessage = MutableMapping[str, Any]  # as Starlette and Mangum type them

@@ -13,8 +13,8 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fnserve.adapters.http.wire import answered, error_body, error_parts, request_id
-from fnserve.adapters.logs import logger, request_keys
 from fnserve.core.errors import ClientGone, FnserveError
+from fnserve.observability.logs import logger, request_keys
 
 JSON = "application/json"
 

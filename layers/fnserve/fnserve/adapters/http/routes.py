@@ -15,13 +15,13 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
 
 from fnserve import __version__
-from fnserve.adapters.envelope import EXTENSIONS
 from fnserve.adapters.http import openapi
 from fnserve.adapters.http.infer import InferenceRoute, read_body
 from fnserve.adapters.http.middleware import RequestContext, install_error_handlers, json_response
 from fnserve.adapters.http.sagemaker import SageMakerRoutes
 from fnserve.core.followups import ResultState
 from fnserve.core.tensors import JSON_HEADER, json_tensor
+from fnserve.observability.envelope import EXTENSIONS
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -27,12 +27,12 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
 
-from fnserve.adapters.envelope import RequestWatcher
 from fnserve.adapters.http.infer import JSON, InferenceRoute, encode_v2, read_body
 from fnserve.adapters.http.middleware import json_response
 from fnserve.core.dataplane import Answer
 from fnserve.core.errors import BadRequest, InvalidInput
 from fnserve.core.tensors import JSON_HEADER, InferenceRequest
+from fnserve.observability.envelope import RequestWatcher
 
 NPY = "application/x-npy"
 NPZ = "application/x-npz"

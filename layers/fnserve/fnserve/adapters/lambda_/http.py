@@ -15,13 +15,13 @@ from typing import Any, TextIO
 
 import orjson
 
-from fnserve import bootstrap, tracing
-from fnserve.adapters import logs
+from fnserve import bootstrap
 from fnserve.adapters.http.app import create_app
 from fnserve.adapters.lambda_ import asgi as lambda_asgi
 from fnserve.adapters.lambda_ import snapstart
-from fnserve.adapters.logs import logger
 from fnserve.core.service import InferenceService
+from fnserve.observability import logs, tracing
+from fnserve.observability.logs import logger
 from fnserve.settings import Settings
 
 # Only JSON is text; everything else (the binary tensor extension's application/octet-stream)

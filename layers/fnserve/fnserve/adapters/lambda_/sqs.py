@@ -17,11 +17,12 @@ from typing import Any
 from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
-from fnserve import bootstrap, tracing
+from fnserve import bootstrap
 from fnserve.adapters.lambda_ import snapstart
-from fnserve.adapters.logs import logger
 from fnserve.core.results import ResultStore
 from fnserve.core.service import InferenceService
+from fnserve.observability import tracing
+from fnserve.observability.logs import logger
 from fnserve.settings import Settings
 
 SqsHandler = Callable[[dict[str, Any], Any], dict[str, Any]]

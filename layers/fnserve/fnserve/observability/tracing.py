@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from fnserve.adapters.logs import logger
+from fnserve.observability.logs import logger
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider

@@ -7,12 +7,12 @@ The front process parses HTTP, validates, caches, batches and runs cascades; wit
 which is the better choice for models so small that the hop costs more than the model
 (``make bench`` shows where that line is).
 
-Given neither (no ``--workers``, ``--processes`` or their variables), :func:`fnserve.adapters.layout.choose_layout`
+Given neither (no ``--workers``, ``--processes`` or their variables), :func:`fnserve.server.layout.choose_layout`
 decides at start, from the loaded models.
 
 A child that cannot start stops the server with its error, within seconds: an inference worker at the start, or
-:data:`~fnserve.adapters.fronts.START_ATTEMPTS` replacements of one in a row later; a front process as
-:func:`fnserve.adapters.fronts.run` says. One that dies after it served is replaced.
+:data:`~fnserve.server.fronts.START_ATTEMPTS` replacements of one in a row later; a front process as
+:func:`fnserve.server.fronts.run` says. One that dies after it served is replaced.
 """
 
 from __future__ import annotations
@@ -22,16 +22,17 @@ from collections.abc import Callable
 from typing import Any
 
 from fnserve import bootstrap
-from fnserve.adapters import fronts, rundirs
 from fnserve.adapters.http.infer import V2App
-from fnserve.adapters.layout import choose_layout
-from fnserve.adapters.logs import logger
-from fnserve.adapters.starting import not_ready_until_loaded, refuse_taken
 from fnserve.core._cpus import AFFINITY_DIR_ENV, available_cpus
 from fnserve.core._heap import freeze_heap
 from fnserve.core.errors import ConfigError
 from fnserve.core.manifest import WorkerGroup, load_manifest
 from fnserve.core.service import InferenceService
+from fnserve.observability.logs import logger
+from fnserve.server import fronts, rundirs
+from fnserve.server.app import server_app
+from fnserve.server.layout import choose_layout
+from fnserve.server.starting import not_ready_until_loaded, refuse_taken
 from fnserve.settings import Settings
 from fnserve.workers.pool import FunctionSpec, WorkerPool
 from fnserve.workers.remote import Group, Overflow, Pools
@@ -48,7 +49,7 @@ def serve(
     On a signal, requests in flight finish, then the workers stop (the app's lifespan). The
     workers ignore signals themselves, and exit on their own if this process is killed
     outright (their pipe to it closes). With ``server_processes > 1``, that many front processes serve the
-    port (:mod:`fnserve.adapters.fronts`), each building its own app (:func:`app_factory`).
+    port (:mod:`fnserve.server.fronts`), each building its own app (:func:`app_factory`).
     """
     rundirs.sweep()  # what servers killed outright left behind (their statistics take memory in /dev/shm)
     made = rundirs.RunDirs()
@@ -57,7 +58,7 @@ def serve(
         # written in memory, not replaced, so a disk's temporary directory, not a tmpfs a full one of which
         # would be a SIGBUS.
         made.publish(MULTIPROC_ENV, "fnserve-metrics-")
-    # Where several front processes add up each other's statistics (bootstrap.server_app shares them): files
+    # Where several front processes add up each other's statistics (server_app shares them): files
     # replaced 10 times a second each, in memory where the system has a tmpfs for that (a tenth of the cost).
     made.publish(fronts.STATISTICS_DIR_ENV, "fnserve-stats-", rundirs.memory_parent())
     if settings.cpu_affinity:  # the slot locks of the processes pinned to CPUs (bootstrap.pin_inference)
@@ -177,7 +178,7 @@ def _front_respawns(settings: Settings) -> Callable[[], None] | None:
     """What counts the front processes replaced, in this supervising process (none without metrics)."""
     if not settings.metrics:
         return None
-    from fnserve.adapters.metrics import front_respawns
+    from fnserve.observability.metrics import front_respawns
 
     return front_respawns()
 
@@ -199,7 +200,7 @@ def front(
     elif pooled(settings):
         pool = inference_pool(settings)
     try:
-        app = bootstrap.server_app(settings, pool, service)
+        app = server_app(settings, pool, service)
     except BaseException:
         if pool is not None:
             pool.close()
@@ -245,7 +246,7 @@ def _inference_spec(name: str, env: dict[str, str], settings: Settings) -> Funct
     return FunctionSpec(
         name=f"inference-{name}",
         code_dir=os.getcwd(),
-        handler="fnserve.workers.inference.handler",
+        handler="fnserve.server.inference.handler",
         env=env,
         timeout=settings.inference_timeout_seconds,
     )

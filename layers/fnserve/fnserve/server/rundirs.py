@@ -22,7 +22,7 @@ import shutil
 import tempfile
 import time
 
-from fnserve.adapters.logs import logger
+from fnserve.observability.logs import logger
 
 OWNER = ".owner"
 STAGING = ".fnserve-new-"  # a directory being made: not yet locked, swept only once abandoned

@@ -21,8 +21,8 @@ import math
 import threading
 from typing import Any, TextIO
 
-from fnserve.adapters.lines import LineWriter
-from fnserve.adapters.logs import render
+from fnserve.observability.lines import LineWriter
+from fnserve.observability.logs import render
 from fnserve.workers.messages import Usage
 from fnserve.workers.pool import FunctionSpec
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from fnserve import tracing
-from fnserve.adapters import logs
 from fnserve.core.dataplane import Answer
 from fnserve.core.errors import FnserveError
+from fnserve.observability import logs, tracing
 
 # The V2 protocol extensions fnserve speaks, on every transport (Triton's names).
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration"]

@@ -22,9 +22,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as StarletteRoute
 
-from fnserve.adapters.lambda_ import events
-from fnserve.adapters.local.schedules import Schedule
+from fnserve.aws import events
 from fnserve.core.errors import FnserveError, InvocationTimeout
+from fnserve.emulator.schedules import Schedule
 from fnserve.workers.pool import Pool
 
 TEXT_TYPES = ("application/json", "text/", "application/xml", "application/x-www-form-urlencoded")

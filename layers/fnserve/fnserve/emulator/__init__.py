@@ -2,7 +2,6 @@
 
 ``emulator`` (the lifecycle), ``resources`` (AWS: the embedded moto server and the
 template's queues, tables and buckets), ``functions`` (the template's functions, routes and
-event sources), ``gateway`` (route matcher and HTTP <-> event), ``sqs`` (the pollers),
-``events`` (events, the Lambda context and the fake identities) and ``template`` (YAML and
+event sources), ``gateway`` (route matcher and HTTP <-> event), ``sqs`` (the pollers) and ``template`` (YAML and
 intrinsic functions).
 """

@@ -2,7 +2,7 @@
 
 Each warm worker is a container of the function's image, started as Lambda starts one: the image's
 ENTRYPOINT with the function's ``ImageConfig.Command``, a user that is not root, and
-``AWS_LAMBDA_RUNTIME_API`` pointing at a :class:`~fnserve.adapters.local.runtime_api.RuntimeApi` of its
+``AWS_LAMBDA_RUNTIME_API`` pointing at a :class:`~fnserve.emulator.runtime_api.RuntimeApi` of its
 own on loopback. There is no Docker engine to ask: containers are started by Debian's ``buildah`` (as
 root, chroot isolation, the host's network, so the function reaches the emulator's AWS endpoint on
 127.0.0.1). :class:`ImagePool` has the interface of :class:`~fnserve.workers.pool.WorkerPool`, so the
@@ -25,8 +25,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from fnserve.adapters.local.runtime_api import FunctionError, InitError, RuntimeApi, RuntimeExited
 from fnserve.core.errors import ConfigError, HandlerError, InvocationTimeout, WorkerDied
+from fnserve.emulator.runtime_api import FunctionError, InitError, RuntimeApi, RuntimeExited
 from fnserve.workers.pool import FunctionSpec, Observer
 
 BUILDAH = ["buildah", "--storage-driver", "vfs"]

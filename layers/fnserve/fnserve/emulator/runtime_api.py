@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from fnserve.adapters.lambda_.events import arn
+from fnserve.aws.events import arn
 
 PREFIX = "/2018-06-01/runtime"
 

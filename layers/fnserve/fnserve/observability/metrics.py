@@ -9,7 +9,7 @@ process supervising several front processes: those it replaced (:func:`front_res
 
 Several front processes (``--processes``) share one port and each may answer a scrape: the
 server points ``PROMETHEUS_MULTIPROC_DIR`` at a directory of its own before any process
-imports prometheus-client (:func:`fnserve.adapters.server.serve`), every process writes its values
+imports prometheus-client (:func:`fnserve.server.serve.serve`), every process writes its values
 there, and any of them reports the sum (prometheus-client's multiprocess mode). Labels stay
 low-cardinality: the manifest's model names (a name no model has is ``_unknown``), versions,
 stages, transports and status codes, never request data. Without the directory (one process,
@@ -20,18 +20,41 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
-from fnserve.adapters.gpu_metrics import GpuCollector, gpu_collector
-from fnserve.adapters.periodic import Every
+from fnserve.observability.gpu_metrics import GpuCollector, gpu_collector
+from fnserve.observability.periodic import Every
 
 if TYPE_CHECKING:
     from fnserve.core.dataplane import DataPlane
-    from fnserve.workers.remote import Overflow, Pools
+
+
+class _Workers(Protocol):
+    def busy(self) -> int: ...
+    def worker_pids(self) -> list[int]: ...
+
+
+class _Group(Protocol):
+    @property
+    def device(self) -> str: ...
+    @property
+    def pool(self) -> _Workers: ...
+
+
+class WorkerGroups(Protocol):
+    """What the metrics read of a server's worker pool (``fnserve.workers.remote``'s ``Pools`` or ``Overflow``)."""
+
+    @property
+    def groups(self) -> Sequence[_Group]: ...
+    @property
+    def runs(self) -> Mapping[str, int]: ...
+    @property
+    def respawns(self) -> int: ...
+
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 UNKNOWN = "_unknown"
@@ -156,13 +179,13 @@ class ServerMetrics:
         )
         self.known: frozenset[str] | None = None  # the served names; any other is counted as UNKNOWN
         self._plane: DataPlane | None = None
-        self._pool: Overflow | Pools | None = None
+        self._pool: WorkerGroups | None = None
         self._seen: dict[str, int] = {}
         self.pending: list[tuple[str, str, str, int, dict[str, float]]] = []  # records not yet in the series
         self.pending_shed: dict[tuple[str, str], int] = {}  # refusals not yet counted, by model and reason
         self._flusher = Every(FLUSH_SECONDS, self.flush)
 
-    def watch(self, plane: DataPlane, pool: Overflow | Pools | None = None) -> None:
+    def watch(self, plane: DataPlane, pool: WorkerGroups | None = None) -> None:
         """Count ``plane``'s batches, say where each loaded model runs, and read its batchers, its cache and
         ``pool`` at each scrape."""
         self._plane = plane
@@ -282,7 +305,7 @@ class ServerMetrics:
 
 
 class RequestMetrics:
-    """The :class:`~fnserve.adapters.envelope.Telemetry` of one transport, into :class:`ServerMetrics`.
+    """The :class:`~fnserve.observability.envelope.Telemetry` of one transport, into :class:`ServerMetrics`.
 
     A record is appended to a list (~0.2 µs); :meth:`ServerMetrics.flush` adds them up and
     writes each series once. Through prometheus-client directly, a request's counter and five

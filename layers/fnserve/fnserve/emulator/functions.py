@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fnserve.adapters.local.gateway import HttpRoute
-from fnserve.adapters.local.schedules import Schedule
-from fnserve.adapters.local.sqs import SqsSource
-from fnserve.adapters.local.template import Resolver, Template
+from fnserve.emulator.gateway import HttpRoute
+from fnserve.emulator.schedules import Schedule
+from fnserve.emulator.sqs import SqsSource
+from fnserve.emulator.template import Resolver, Template
 from fnserve.workers.pool import FunctionSpec
 
 # Event sources the emulator runs; any other is named in a warning at start, never skipped in silence.

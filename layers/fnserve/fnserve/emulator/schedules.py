@@ -22,7 +22,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from fnserve.adapters.lambda_.events import scheduled_event
+from fnserve.aws.events import scheduled_event
 
 MONTHS = {m: i for i, m in enumerate("JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split(), start=1)}
 WEEKDAYS = {d: i for i, d in enumerate("SUN MON TUE WED THU FRI SAT".split(), start=1)}  # EventBridge: 1 is Sunday

@@ -8,7 +8,7 @@
   HTTP APIs, v1 for REST APIs) and the response back into HTTP.
 - SQS: pollers feed each event source's batches to its function, as the event source mapping does.
 - Schedules: ``Schedule`` and ``ScheduleV2`` events invoke their function when due
-  (:mod:`fnserve.adapters.local.schedules`), or at once on ``POST /_fnserve/schedules/{function}/{event}``.
+  (:mod:`fnserve.emulator.schedules`), or at once on ``POST /_fnserve/schedules/{function}/{event}``.
 - ``reload``: a change to a function's code, its layers or the files its environment names (the
   model manifest and the models beside it) replaces that function's workers once each is idle, as
   a new deployment would: the next invocation is a cold start with the new code.
@@ -25,13 +25,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from fnserve.adapters.local.functions import Application, collect
-from fnserve.adapters.local.gateway import HttpRoute, gateway_app
-from fnserve.adapters.local.resources import create_resources, start_aws
-from fnserve.adapters.local.sqs import Poller, SqsSource
-from fnserve.adapters.local.template import Resolver, Template, load_template
-from fnserve.adapters.logs import logger
 from fnserve.aws import clients
+from fnserve.emulator.functions import Application, collect
+from fnserve.emulator.gateway import HttpRoute, gateway_app
+from fnserve.emulator.resources import create_resources, start_aws
+from fnserve.emulator.sqs import Poller, SqsSource
+from fnserve.emulator.template import Resolver, Template, load_template
+from fnserve.observability.logs import logger
 from fnserve.workers.pool import FunctionSpec, Observer, Pool, WorkerPool
 
 
@@ -85,7 +85,7 @@ class Emulator:
 
     def start(self) -> Local:
         """Start everything; if any part cannot start (a function whose init fails, say), stop the rest."""
-        from fnserve.adapters.starting import refuse_taken
+        from fnserve.server.starting import refuse_taken
 
         refuse_taken(self.host, self.port, "the gateway's")  # at once, not after every function has started
         try:
@@ -100,7 +100,7 @@ class Emulator:
             for name, spec in self.app.functions.items():
                 spec = dataclasses.replace(spec, console=self.observer is not None)
                 if spec.image:  # a container image function: its containers, on a Runtime API each
-                    from fnserve.adapters.local.images import ImagePool
+                    from fnserve.emulator.images import ImagePool
 
                     self.pools[name] = ImagePool(spec, self.workers, self.observer).start()
                 else:

@@ -40,8 +40,8 @@ from typing import Any
 
 import uvicorn
 
-from fnserve.adapters.logs import logger
 from fnserve.core.errors import FnserveError, HandlerError
+from fnserve.observability.logs import logger
 
 # uvicorn's exit status for a server that could not start (its own constant moved between releases).
 STARTUP_FAILURE = 3

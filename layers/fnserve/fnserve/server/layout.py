@@ -30,7 +30,7 @@ from fnserve.core.service import InferenceService
 # inference in one front process per CPU 0.88-0.94x without adaptive batching; with it, one
 # front process with every CPU's threads 0.81-0.90x, and one per CPU 0.93x once each front
 # process had a socket of its own (it swung between 0.49x and 1.01x when they shared one, see
-# fnserve.adapters.fronts). So the default runs inference in the front processes: one per CPU
+# fnserve.server.fronts). So the default runs inference in the front processes: one per CPU
 # (as many as fit in memory), or one when a model batches and one batcher serves it faster
 # (one_batcher); a worker pool stays one flag away (--workers).
 WORKER_ROUND_TRIP_MS = 0.7

@@ -13,9 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from fnserve.adapters.lambda_ import events
-from fnserve.adapters.logs import logger
-from fnserve.aws import clients
+from fnserve.aws import clients, events
+from fnserve.observability.logs import logger
 from fnserve.workers.pool import Pool
 
 

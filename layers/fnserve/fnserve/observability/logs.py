@@ -23,7 +23,7 @@ import orjson
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.logging.formatter import set_context_keys
 
-from fnserve.adapters.lines import LineWriter
+from fnserve.observability.lines import LineWriter
 
 if TYPE_CHECKING:
     import asyncio  # not imported by the batch function's cold path

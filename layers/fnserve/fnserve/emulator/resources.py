@@ -16,10 +16,10 @@ import secrets
 import socket
 from typing import Any
 
-from fnserve.adapters.lambda_.events import REGION, arn
-from fnserve.adapters.local.template import Resolver, Template
 from fnserve.aws import clients
+from fnserve.aws.events import REGION, arn
 from fnserve.core.errors import ConfigError
+from fnserve.emulator.template import Resolver, Template
 
 logger = logging.getLogger(__name__)
 Physical = dict[str, str]
@@ -42,7 +42,7 @@ def start_aws(port: int | None = None) -> tuple[str, Any]:
     if endpoint is None:
         from moto.server import ThreadedMotoServer
 
-        from fnserve.adapters.local import moto_sqs
+        from fnserve.emulator import moto_sqs
 
         moto_sqs.apply()  # deep queues at the cost of shallow ones
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per AWS call

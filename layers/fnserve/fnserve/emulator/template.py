@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fnserve.adapters.lambda_.events import ACCOUNT_ID, REGION
+from fnserve.aws.events import ACCOUNT_ID, REGION
 
 PSEUDO = {
     "AWS::Region": REGION,

@@ -1,0 +1,3 @@
+"""What every transport and process tells of its work: ``logs`` and ``lines`` (structured logs, access lines),
+``envelope`` (the request watcher, timing headers), ``metrics`` and ``gpu_metrics`` (Prometheus), ``tracing``
+(OpenTelemetry) and ``periodic`` (a flush on the event loop)."""

@@ -1,0 +1,97 @@
+"""The package's import graph is a tree of layers: no two packages (or modules beside each other) import each other,
+and fnserve's top level has no cycle at all. Every import counts: inside functions and under ``TYPE_CHECKING`` too,
+since an import deferred into a function still ties the two packages together."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.helpers import REPO
+
+PACKAGE = REPO / "layers" / "fnserve" / "fnserve"
+GENERATED = PACKAGE / "adapters" / "grpc" / "proto"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(tree: ast.AST, package: list[str]) -> Iterator[tuple[str, int]]:
+    """Every module (or name in one) that a module of ``package`` imports, wherever the import is, with its line."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            yield module, node.lineno
+            yield from ((f"{module}.{alias.name}", node.lineno) for alias in node.names)
+
+
+def edges() -> dict[tuple[str, str], set[str]]:
+    """(importer, imported) -> where, for every pair of sibling units: the children of one package (its modules
+    and subpackages), at every depth."""
+    found: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if GENERATED in path.parents:
+            continue
+        me = module_name(path).split(".")
+        package = me if path.name == "__init__.py" else me[:-1]
+        for target, line in imports(ast.parse(path.read_text(), str(path)), package):
+            other = target.split(".")
+            if other[0] != "fnserve":
+                continue
+            # The first level where the two names part: each side's unit there, when both are below a shared package.
+            depth = next((i for i, (a, b) in enumerate(zip(me, other, strict=False)) if a != b), None)
+            if depth is None or depth >= len(me) or depth >= len(other):
+                continue
+            a, b = ".".join(me[: depth + 1]), ".".join(other[: depth + 1])
+            found[(a, b)].add(f"{path.relative_to(PACKAGE.parent)}:{line}")
+    return found
+
+
+def test_no_two_packages_or_modules_import_each_other() -> None:
+    graph = edges()
+    assert graph, "the walk found no imports at all"
+    both_ways = sorted({tuple(sorted(pair)) for pair in graph if (pair[1], pair[0]) in graph})
+    described = [f"{a} <-> {b}: {sorted(graph[(a, b)])[:3]} / {sorted(graph[(b, a)])[:3]}" for a, b in both_ways]
+    assert not both_ways, "packages that import each other:\n" + "\n".join(described)
+
+
+def test_the_top_level_has_no_cycle() -> None:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for a, b in edges():
+        if a.count(".") == 1 and b.count(".") == 1:
+            graph[a].add(b)
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def cycle_from(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt] if nxt in path else [*path, nxt]
+            if nxt not in state and (found := cycle_from(nxt, [*path, nxt])):
+                return found
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := cycle_from(node, [node])):
+            raise AssertionError("an import cycle among fnserve's packages: " + " -> ".join(found))
+
+
+def test_the_walk_sees_imports_inside_functions_type_checking_blocks_and_relative_ones() -> None:
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from fnserve.core import errors\n"
+        "def f():\n    from fnserve.workers.pool import WorkerPool\n"
+        "from ..stores import redis\n"
+    )
+    found = {target for target, _ in imports(ast.parse(source), ["fnserve", "adapters"])}
+    assert {"fnserve.core.errors", "fnserve.workers.pool", "fnserve.stores.redis"} <= found
