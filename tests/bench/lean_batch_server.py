@@ -40,7 +40,7 @@ import orjson
 from fnserve.adapters.http.infer import read_body
 from fnserve.adapters.http.wire import answered
 from fnserve.core._niced import run_niced
-from fnserve.core.dataplane import BATCH_NICE
+from fnserve.core.batching import BATCH_NICE
 from fnserve.core.tensors import decode_request
 from tests.bench.refuse_server import REFUSAL, REFUSAL_HEADERS, UP_HEADERS
 

@@ -49,7 +49,7 @@ def compute(path: str, rows: int, busy: float) -> None:
     import onnxruntime as ort
 
     from fnserve.core._niced import _nice
-    from fnserve.core.dataplane import BATCH_NICE
+    from fnserve.core.batching import BATCH_NICE
 
     _nice(BATCH_NICE)  # as fnserve's batch threads are niced
     options = ort.SessionOptions()

@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from fnserve.adapters.http.app import create_app
+from fnserve.core.batching import BatchObservers
 from fnserve.core.dataplane import DataPlane
 from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
@@ -125,12 +126,11 @@ def test_an_overload_is_refused_by_its_foreseen_wait_before_its_body_is_read(tmp
     refused as they arrive (503), the others answered; while the queue holds that much, a request is refused from
     its headers alone, its body never read."""
     service = InferenceService.from_manifest(DEMO_MANIFEST, eager=True)
-    plane = DataPlane(service, batching=True)
+    reasons: list[str] = []
+    plane = DataPlane(service, batching=True, observers=lambda model: BatchObservers(on_shed=reasons.append))
     app = create_app(plane, Settings(manifest=DEMO_MANIFEST, access_log=False))
     batcher = plane.batchers["minilm-l6"]
     assert (batcher.max_queue, batcher.max_queue_delay) == (None, None)  # the defaults: a bound on time, not rows
-    reasons: list[str] = []
-    batcher.on_shed = reasons.append
     url = "/v2/models/minilm-l6/infer"
     scope = post_scope(url, [(b"content-type", b"application/json"), (b"content-length", b"100000")])
     sent: list[dict[str, object]] = []

@@ -265,10 +265,11 @@ sha256 = "{digits["sha256"]}"
 max_batch_time_ms = 2
 '''
     )
-    plane = DataPlane(InferenceService.from_manifest(manifest, eager=True), batching=True)
+    metrics = ServerMetrics()  # built first, as the server's are: its batchers tell it from the start
+    service = InferenceService.from_manifest(manifest, eager=True)
+    plane = DataPlane(service, batching=True, observers=metrics.batch_observers)
     app = create_app(plane, Settings(manifest=manifest, access_log=False))
     minilm_batcher = plane.batchers["minilm-l6"]
-    metrics = ServerMetrics()
     metrics.watch(plane, None)
 
     digit = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": DIGITS[0].tolist()}]}

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
 import numpy as np
 import pytest
 
-from fnserve.core.batching import AdaptiveBatcher, Pace
+from fnserve.core.batching import AdaptiveBatcher, BatchObservers, Pace
 from fnserve.core.errors import InferenceError, InvalidInput, Overloaded, grpc_code
 
 Arrays = dict[str, np.ndarray]
@@ -32,6 +33,11 @@ class Recorder:
 
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
+
+
+def shed_to(reasons: list[str]) -> BatchObservers:
+    """Observers that note each refusal's reason."""
+    return BatchObservers(on_shed=reasons.append)
 
 
 def test_concurrent_requests_share_batches_and_get_exactly_their_rows() -> None:
@@ -120,8 +126,7 @@ def test_a_closed_loop_of_clients_runs_as_one_batch_not_two_cohorts() -> None:
             await asyncio.sleep(0.001)  # the client reads its answer and sends the next request
 
     async def main() -> None:
-        batcher = AdaptiveBatcher(model, max_batch_size=64, max_batch_time=0.02)
-        batcher.on_batch = sizes.append
+        batcher = AdaptiveBatcher(model, max_batch_size=64, max_batch_time=0.02, observers=BatchObservers(sizes.append))
         await asyncio.gather(*(client(batcher, i) for i in range(8)))
         await batcher.close()
 
@@ -461,8 +466,9 @@ def test_past_max_queue_a_request_is_refused_at_once_and_the_queued_ones_still_r
     reasons: list[str] = []
 
     async def main() -> list[Any]:
-        batcher = AdaptiveBatcher(model, max_batch_size=8, max_batch_time=0, max_queue=2, name="digits")
-        batcher.on_shed = reasons.append
+        batcher = AdaptiveBatcher(
+            model, max_batch_size=8, max_batch_time=0, max_queue=2, name="digits", observers=shed_to(reasons)
+        )
         running = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
         await until(lambda: model.running == 1)  # the slot is busy: what comes next queues
         queued = [asyncio.create_task(batcher.predict({"x": np.ones((1, 1))})) for _ in range(2)]
@@ -490,8 +496,9 @@ def test_a_request_past_its_queue_deadline_is_refused_and_never_run() -> None:
     reasons: list[str] = []
 
     async def main() -> list[Any]:
-        batcher = AdaptiveBatcher(model, max_batch_size=8, max_batch_time=0, max_queue_delay=0.05)
-        batcher.on_shed = reasons.append
+        batcher = AdaptiveBatcher(
+            model, max_batch_size=8, max_batch_time=0, max_queue_delay=0.05, observers=shed_to(reasons)
+        )
         running = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
         await until(lambda: model.running == 1)
         late = await asyncio.gather(
@@ -573,8 +580,9 @@ def test_a_request_whose_wait_is_foreseen_past_its_deadline_is_refused_as_it_arr
     reasons: list[str] = []
 
     async def main() -> list[Any]:
-        batcher = AdaptiveBatcher(model, max_batch_size=2, max_batch_time=0, max_queue_delay=0.9, name="minilm")
-        batcher.on_shed = reasons.append
+        batcher = AdaptiveBatcher(
+            model, max_batch_size=2, max_batch_time=0, max_queue_delay=0.9, name="minilm", observers=shed_to(reasons)
+        )
         batcher.pace.add(2, 0.8)  # as the latest runs measured it: full batches, 0.4 s a row
         running = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
         await until(lambda: model.running == 1)
@@ -618,6 +626,25 @@ def test_requests_still_being_read_count_against_the_queue_until_theirs_is_read(
         return batcher
 
     assert run(main()).shed == 1
+
+
+def test_an_admitted_request_counts_as_arriving_in_its_scope_and_a_refused_one_not_at_all() -> None:
+    """``admitted`` is the scope a request's body is read in: it counts as coming to the queue until the scope ends,
+    however it ends; a refused request raises before its scope, and counts nothing."""
+    batcher = AdaptiveBatcher(Recorder(), max_batch_size=4, max_batch_time=0, max_queue=4, name="digits")
+    with batcher.admitted(), batcher.admitted():
+        assert batcher.arriving == 2
+    assert batcher.arriving == 0
+    with pytest.raises(ConnectionError), batcher.admitted():
+        raise ConnectionError("its body never came")
+    assert batcher.arriving == 0
+    with contextlib.ExitStack() as reading:
+        for _ in range(8):  # a batch taken at once, and a queue of 4 rows, all being read
+            reading.enter_context(batcher.admitted())
+        with pytest.raises(Overloaded, match="8 rows wait already, 4 at most"):
+            batcher.admitted()
+        assert batcher.arriving == 8 and batcher.shed == 1
+    assert batcher.arriving == 0
 
 
 def test_rows_an_idle_model_takes_at_once_do_not_count_as_waiting() -> None:
@@ -718,8 +745,7 @@ def test_a_request_foreseen_to_be_answered_past_its_callers_deadline_is_refused_
     reasons: list[str] = []
 
     async def main() -> tuple[Overloaded, list[Any]]:
-        batcher = AdaptiveBatcher(model, max_batch_size=2, max_batch_time=0, name="minilm")
-        batcher.on_shed = reasons.append
+        batcher = AdaptiveBatcher(model, max_batch_size=2, max_batch_time=0, name="minilm", observers=shed_to(reasons))
         batcher.pace.add(2, 0.8)
         running = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
         await until(lambda: model.running == 1)

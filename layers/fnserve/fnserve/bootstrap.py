@@ -33,6 +33,9 @@ from fnserve.stores.redis import RedisCacheBackend, RedisResultStore
 from fnserve.stores.sqs import SqsFollowups
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from fnserve.core.batching import BatchObservers
     from fnserve.core.dataplane import DataPlane
     from fnserve.workers.pool import WorkerPool
     from fnserve.workers.remote import Overflow, Pools
@@ -132,10 +135,12 @@ def build_dataplane(
     store: Store | None = None,
     batching: bool = False,
     offload: bool = False,
+    observers: Callable[[str], BatchObservers] | None = None,
 ) -> DataPlane:
     """The data plane of a process: the service, its cascades (follow-ups through SQS) and stored results.
 
-    Without ``service`` and ``store``, both are built from the settings.
+    Without ``service`` and ``store``, both are built from the settings. ``observers``: what each model's batcher
+    tells (the server's metrics), by model name.
     """
     from fnserve.core.dataplane import DataPlane  # and asyncio: not on the batch functions' path
 
@@ -151,6 +156,7 @@ def build_dataplane(
         batching=batching,
         max_concurrent_batches=max(1, settings.parallel_workers),
         offload=offload,
+        observers=observers,
     )
 
 

@@ -22,9 +22,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from fnserve.core._niced import run_niced
 from fnserve.core._rows import batch_size
-from fnserve.core.batching import AdaptiveBatcher
+from fnserve.core.batching import AdaptiveBatcher, BatchObservers, batchers_for
 from fnserve.core.cascade import CascadeRunner
 from fnserve.core.datatypes import Arrays
 from fnserve.core.errors import ClientGone, DeadlineExceeded, FnserveError, Overloaded, ResultNotFound, unknown_model
@@ -125,6 +124,7 @@ class DataPlane:
         batching: bool = False,
         max_concurrent_batches: int = 1,
         offload: bool = False,
+        observers: Callable[[str], BatchObservers] | None = None,
     ) -> None:
         self.service = service
         self.cascades = cascades
@@ -133,7 +133,7 @@ class DataPlane:
         # Batched requests look the cache up before they join a batch: off the loop if that leaves the process.
         self._offload_cache = offload and service.cache is not None and service.cache.remote
         self._offload_models = self._offload_cache or (offload and not service.registry.in_process)
-        self.batchers = _batchers(service, max_concurrent_batches) if batching else {}
+        self.batchers = batchers_for(service, max_concurrent_batches, observers) if batching else {}
         # The other models' requests that one turn of the loop decodes run as one call, where the model runs here.
         self.turns = TurnBatcher(service) if batching and not self._offload_models else None
         # A pipeline joins the batcher of its model, when it runs the model's default version.
@@ -277,15 +277,12 @@ class DataPlane:
         if batcher is None:
             return decode(await body)
         try:
-            batcher.admit(within=deadline)
+            arriving = batcher.admitted(within=deadline)
         except Overloaded:
             _unread(body)
             raise
-        batcher.arriving += 1
-        try:
+        with arriving:
             return decode(await body)
-        finally:
-            batcher.arriving -= 1
 
     async def infer(
         self,
@@ -501,50 +498,3 @@ def _answer(name: str, prediction: Prediction) -> Answer:
     if prediction.timings:
         answer.timings = {stage: round(ms, 3) for stage, ms in prediction.timings.items()}
     return answer
-
-
-# A batch's compute runs on threads of nice BATCH_NICE, and NICE_PER_LEVEL more for each priority level below the
-# highest (about 3x less CPU a level). Where the event loop's thread (it reads, admits, refuses and answers requests)
-# and a batch share a CPU, the loop is not queued behind a batch for it: MiniLM overloaded on one core, refusals' p99
-# lower in 7 of 8 interleaved rounds (medians of two runs 11.4 -> 6.9 and 7.1 -> 6.6 ms), throughput alike; under a
-# closed loop of 16 on two cores, MiniLM's req/s and CPU a request alike.
-BATCH_NICE = 5
-NICE_PER_LEVEL = 5
-
-
-def _batchers(service: InferenceService, max_concurrent: int) -> dict[str, AdaptiveBatcher]:
-    """An adaptive batcher for each model that asks for one (its default version)."""
-    found = {}
-    top = max(m.priority for m in service.registry.manifest.models)
-    for name in service.registry.names():
-        settings = service.registry.resolve(name)
-        if settings.max_batch_time_ms is None:
-            continue
-
-        # In a thread the OS favours less than the event loop's, which keeps accepting (and batching, and refusing)
-        # requests meanwhile; a lower priority model's lower still, so that its flood leaves the CPU to the others.
-        nice = BATCH_NICE + NICE_PER_LEVEL * (top - settings.priority)
-        run = functools.partial(run_niced, nice, service.run, name)
-        run_then = functools.partial(run_niced, nice, _run_then, service, name)  # the run, then its answers
-        found[name] = AdaptiveBatcher(
-            run,
-            max_batch_size=settings.max_batch_size,
-            max_batch_time=settings.max_batch_time_ms / 1000,
-            buckets=settings.length_buckets,
-            batch_buckets=settings.batch_buckets,
-            pad_inputs=settings.pad_inputs,
-            pad_value=settings.pad_value,
-            # A GPU sees the bucket lengths it warmed at start; a CPU runs no padding it can do without.
-            pad_to_bucket=bool(settings.batch_buckets) or settings.execution_providers != ["CPUExecutionProvider"],
-            max_queue=settings.max_queue_size,
-            max_queue_delay=None if settings.max_queue_delay_ms is None else settings.max_queue_delay_ms / 1000,
-            # A worker group's model: as many batches at once as the group has workers.
-            max_concurrent=group.workers if (group := service.registry.manifest.group_of(name)) else max_concurrent,
-            name=name,
-            run_then=run_then,
-        )
-    return found
-
-
-def _run_then(service: InferenceService, model: str, feed: Arrays, after: Callable[[Arrays], list[Any]]) -> list[Any]:
-    return after(service.run(model, feed))

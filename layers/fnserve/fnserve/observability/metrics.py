@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
+from fnserve.core.batching import BatchObservers
 from fnserve.observability.gpu_metrics import GpuCollector, gpu_collector
 from fnserve.observability.periodic import Every
 
@@ -186,8 +187,8 @@ class ServerMetrics:
         self._flusher = Every(FLUSH_SECONDS, self.flush)
 
     def watch(self, plane: DataPlane, pool: WorkerGroups | None = None) -> None:
-        """Count ``plane``'s batches, say where each loaded model runs, and read its batchers, its cache and
-        ``pool`` at each scrape."""
+        """Say where each of ``plane``'s loaded models runs, and read its batchers, its cache and ``pool`` at each
+        scrape (its batches are counted by the observers it was built with, :meth:`batch_observers`)."""
         self._plane = plane
         self._pool = pool
         registry = plane.service.registry
@@ -202,10 +203,6 @@ class ServerMetrics:
                 fallback = str(placement.fallback is not None).lower()
                 self.placement.labels(name, version, ",".join(placement.providers), placement.device, fallback).set(1)
         self.known = plane.names
-        for model, batcher in plane.batchers.items():
-            batcher.on_batch = self.batch_observer(model)
-            batcher.on_split = self.batch_splits.labels(model).inc
-            batcher.on_shed = functools.partial(self._shed, model)
 
     def telemetry(self, transport: str) -> RequestMetrics:
         """The per-request record of one transport (``http``, ``grpc``)."""
@@ -218,9 +215,14 @@ class ServerMetrics:
         key = (model, reason)
         self.pending_shed[key] = self.pending_shed.get(key, 0) + 1
 
-    def batch_observer(self, model: str) -> Callable[[int], None]:
-        """What a model's batcher calls with each batch's rows."""
-        return self.batch_rows.labels(model).observe
+    def batch_observers(self, model: str) -> BatchObservers:
+        """What ``model``'s batcher tells these metrics: each batch's rows, each split of a failed batch, and each
+        refusal (counted at the next flush)."""
+        return BatchObservers(
+            on_batch=self.batch_rows.labels(model).observe,
+            on_split=self.batch_splits.labels(model).inc,
+            on_shed=functools.partial(self._shed, model),
+        )
 
     async def start(self) -> None:
         """Flush this process's records every :data:`FLUSH_SECONDS` (the app's lifespan starts it)."""

@@ -53,16 +53,24 @@ def server_app(
     service = service or bootstrap.build_service(settings, store, pool)
     # Blocking calls wait in threads when there are any: models in workers, DynamoDB, SQS follow-ups.
     blocking = pool is not None or store is not None or bool(service.registry.manifest.cascades)
-    plane = bootstrap.build_dataplane(settings, service=service, store=store, batching=True, offload=blocking)
-    # Sessions of each model running at once: every front process's own, or its workers'.
-    per_process = (settings.parallel_workers + settings.gpu_workers) if pool is not None else 1
-    plane.instances = settings.server_processes * per_process
-    tracing.configure()
     metrics = None
     if settings.metrics:
         from fnserve.observability.metrics import ServerMetrics
 
         metrics = ServerMetrics()
+    plane = bootstrap.build_dataplane(
+        settings,
+        service=service,
+        store=store,
+        batching=True,
+        offload=blocking,
+        observers=metrics.batch_observers if metrics is not None else None,  # its batchers counted from the start
+    )
+    # Sessions of each model running at once: every front process's own, or its workers'.
+    per_process = (settings.parallel_workers + settings.gpu_workers) if pool is not None else 1
+    plane.instances = settings.server_processes * per_process
+    tracing.configure()
+    if metrics is not None:
         metrics.watch(plane, pool)
     companions: list[Companion] = [metrics] if metrics is not None else []  # stopped last: its final flush
     if settings.access_log:
