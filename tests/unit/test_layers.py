@@ -95,3 +95,20 @@ def test_the_walk_sees_imports_inside_functions_type_checking_blocks_and_relativ
     )
     found = {target for target, _ in imports(ast.parse(source), ["fnserve", "adapters"])}
     assert {"fnserve.core.errors", "fnserve.workers.pool", "fnserve.stores.redis"} <= found
+
+
+def test_the_architecture_page_names_every_package_and_only_packages_that_exist() -> None:
+    page = (REPO / "docs" / "architecture.md").read_text()
+    block = page.split("## Packages", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    named, parents = set(), []
+    for line in block.splitlines()[1:]:  # below the package itself
+        indent, name = len(line) - len(line.lstrip()), line.split()[0] if line.strip() else ""
+        if not name.endswith("/"):
+            continue  # a role's continued line
+        depth = indent // 2 - 1
+        parents[depth:] = [name.rstrip("/")]
+        named.add("/".join(parents))
+    packages = {str(p.parent.relative_to(PACKAGE)) for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
+    assert named, "no package list under docs/architecture.md's 'Packages'"
+    assert named - packages == set(), "docs/architecture.md names packages that do not exist"
+    assert packages - named == set(), "packages that docs/architecture.md does not name"
