@@ -27,9 +27,9 @@ class EnvSettings(BaseModel):
     """Settings read from ``FNSERVE_<FIELD>`` variables (names case-insensitive); values given to the
     constructor take precedence, and either counts as set (``model_fields_set``).
 
-    What fnserve used pydantic-settings' ``BaseSettings`` for, on plain pydantic: every setting is a
-    scalar that pydantic parses from its string, and importing pydantic-settings (its cloud secret
-    sources, dotenv, asyncio) cost 30-45 ms of every Lambda cold start.
+    pydantic-settings' ``BaseSettings``, on plain pydantic: every setting is a scalar that pydantic
+    parses from its string, and importing pydantic-settings (its cloud secret sources, dotenv, asyncio)
+    would weigh on every Lambda cold start (docs/design/start.md).
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)

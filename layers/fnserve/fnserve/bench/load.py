@@ -7,8 +7,8 @@ second, latency percentiles, errors (connection errors and non-2xx answers).
 
 The built-in generator reads each answer by its Content-Length, no HTTP library in between,
 and can also collect each answer's ``Server-Timing`` stages and ``device``. Its own ceiling
-(what it reaches against a server that answers at once) is :func:`ceiling`; on the 2-core
-bench machine about 40k requests/s from one process, far above what a model server answers.
+(what it reaches against a server that answers at once) is :func:`ceiling`, which ``fnserve bench`` prints
+beside its figures: it must stay far above what the server under test answers.
 """
 
 from __future__ import annotations

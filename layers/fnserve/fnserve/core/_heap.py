@@ -10,7 +10,7 @@ def freeze_heap() -> None:
 
     It lives as long as the process; left in the collector's oldest generation, every full
     collection walks all of it again, tens of milliseconds that land on some request's
-    latency (``make bench``: p99 36 ms -> 8 ms on digits-accurate under load).
+    latency (the p99 under load: docs/design/server-layout.md).
     """
     gc.collect()
     gc.freeze()

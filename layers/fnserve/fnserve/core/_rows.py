@@ -31,8 +31,8 @@ def slice_rows(arrays: Mapping[str, np.ndarray[Any, Any]], rows: Sequence[int]) 
     """Each request's rows of every array, in order (views, not copies, where the arrays allow).
 
     Plain slices, not np.split: it costs several times more per piece, and there is a piece per request. Many
-    alike requests (a queue's jobs of one row each) take one reshape an array instead: past ~500 requests it costs
-    less than their slices, below it more (a server's turn of 5 requests: 6.1 against 2.9 us).
+    alike requests (a queue's jobs of one row each) take one reshape an array instead: past ``_RESHAPED`` requests
+    it costs less than their slices, below it more (docs/design/jobs.md).
     """
     count = len(rows)
     if arrays and count >= _RESHAPED and rows.count(rows[0]) == count:

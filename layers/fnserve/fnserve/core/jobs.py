@@ -166,8 +166,8 @@ class JobGroup:
 
 
 # Jobs read and stacked at a time: a chunk's objects are freed before the next one's are made, so the allocator
-# hands out memory still in cache. On 10,000 digits jobs 128 was among the fastest of 64 to 10,000 (all at once took
-# 1.1x its time with JSON numbers, 1.7x with binary tensors).
+# hands out memory still in cache, and a batch read in chunks takes less time than one read all at once
+# (docs/design/jobs.md).
 CHUNK = 128
 
 # A job as the fast path reads it: its header (all but its id and its tensors' contents: what its signature is
@@ -238,7 +238,7 @@ def _read_numbers(parser: simdjson.Parser, body: str | bytes) -> _Read | None:
         else:
             keys = keys_once(doc)  # a key twice: parse_job decides
             plain = "payload" not in keys and "parameters" not in keys
-            version = doc["version"] if "version" in keys else None  # a key looked up and not there costs 2 us
+            version = doc["version"] if "version" in keys else None  # tested first: a lookup that misses raises
             outputs = doc["outputs"].mini if "outputs" in keys else None  # not a list: AttributeError
         if type(inputs) is not SIMDJSON_ARRAY or not _strings(job_id, model, version):
             return None
@@ -327,7 +327,7 @@ def _is_id(job_id: Any) -> TypeGuard[str]:
 
 
 def _all_ids(ids: list[Any]) -> bool:
-    """Whether every one is a job id, in one call (a tenth of a call each)."""
+    """Whether every one is a job id, in one regular-expression call for them all rather than one each."""
     try:
         text = "\n".join(ids)
     except TypeError:  # one is not a string

@@ -20,8 +20,8 @@ accurate answer where it is needed, and only there.
 Idempotency: queues deliver at least once. A redelivered job (receive count above 1, or 0:
 not known, as from a Pub/Sub subscription without a dead-letter policy) whose result is
 already stored is neither recomputed nor written again; the check is one batched read per
-100 redelivered jobs. (Powertools' idempotency utility was weighed and not used: it
-makes a conditional write per record, where this path batches every read and write.)
+100 redelivered jobs. (Not Powertools' idempotency utility: it makes a conditional write per
+record, where this path batches every read and write.)
 """
 
 from __future__ import annotations

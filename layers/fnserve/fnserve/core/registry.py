@@ -50,7 +50,8 @@ class TensorSpec:
 
 
 class Session(Protocol):
-    """What inference needs of a session: an ONNX Runtime one, or one in a worker process (core.pooled)."""
+    """What inference needs of a session: an ONNX Runtime one, or one in a worker process
+    (:class:`~fnserve.workers.remote.PoolSession`)."""
 
     def run(self, output_names: Sequence[str], input_feed: Mapping[str, Any]) -> list[Any]: ...
 

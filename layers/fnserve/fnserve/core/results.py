@@ -36,7 +36,7 @@ class ResultRecord(NamedTuple):
     """A job's stored outcome: its outputs (packed) when done, the reason when failed.
 
     Immutable and typed; a NamedTuple rather than a frozen dataclass because a batch makes one
-    per job, and a frozen dataclass costs four times as much to build (10,000 jobs: ~10 ms).
+    per job, and a frozen dataclass costs several times as much to build (docs/design/jobs.md).
     """
 
     key: str
@@ -62,8 +62,8 @@ class ResultRecord(NamedTuple):
         cls, keys: Sequence[str], model: str, jobs: Iterable[tuple[str, bytes, str | None]], *, now: int, ttl: int
     ) -> list[ResultRecord]:
         """The records of jobs that ran, each ``(version, payload, answered_by)`` (its outputs packed already), in one
-        pass: a batch stores 10,000, and a call each cost 5% of it."""
-        expires, new = now + ttl, tuple.__new__  # the tuple's own constructor: a third of the generated one's cost
+        pass: a batch stores 10,000, and a call each would show in its time."""
+        expires, new = now + ttl, tuple.__new__  # the tuple's own constructor: cheaper than the generated one
         return [
             new(cls, (key, "done", model, version, now, expires, payload, None, answered_by))
             for key, (version, payload, answered_by) in zip(keys, jobs, strict=True)

@@ -63,8 +63,8 @@ class Servable:
         self.stackable = self.batch_first and self.model.settings.stack_requests
         # A server runs the requests of one turn of its event loop together (core/turns.py) only on a CPU, where a
         # batch of a new size costs no more than its rows. On a GPU each new input shape is a new plan (cuDNN's
-        # algorithm search, a CUDA graph's capture): ResNet-50 joined so on an H100 fell from 469 to 33 req/s at 64
-        # clients. There only the adaptive batcher joins requests, into the batch sizes it warmed.
+        # algorithm search, a CUDA graph's capture), and joining turns there cuts throughput many times over
+        # (docs/design/gpu-shapes.md). There only the adaptive batcher joins requests, into the batch sizes it warmed.
         self.joins_turns = self.stackable and self.model.placement.device == "cpu"
 
     @property

@@ -1,16 +1,15 @@
 """Sessions that keep one compiled form per input shape, for models whose batcher pads to a few fixed shapes.
 
 On the CUDA provider a CNN pays for every change of input shape: ONNX Runtime rebuilds its cuDNN
-plans (ResNet-50 fp16 on an H100: about 200 ms at each change between batch sizes 1, 4 and 16,
-whatever ``cudnn_conv_algo_search`` says, however well the shapes were warmed). Two remedies, each
-over the shapes the batcher can form (``batch_buckets`` x ``length_buckets``):
+plans, whatever ``cudnn_conv_algo_search`` says, however well the shapes were warmed, and that
+rebuild costs many runs of the model (docs/design/gpu-shapes.md). Two remedies, each over the shapes
+the batcher can form (``batch_buckets`` x ``length_buckets``):
 
 - :class:`ShapeSessions` (``session_per_shape = true``): one ONNX Runtime session per shape, each
-  keeping its own plans, so a change costs nothing (2.5 to 3.9 ms a call, against 200 ms). The
-  weights are held once per session.
+  keeping its own plans, so a change costs nothing. The weights are held once per session.
 - :class:`GraphSession` (the CUDA provider's ``cuda_graph = true``): one session with CUDA graph
   capture, one graph captured per shape and replayed through IO binding on device buffers that never
-  move (ResNet-50 fp16 at batch 1: 0.91 ms against 2.23 ms for ``run()``). ONNX Runtime captures
+  move, which also saves the launches of a ``run()``. ONNX Runtime captures
   only graphs whose every node runs on CUDA; it refuses the others when the session is created.
 
 A shape outside the set (a free dimension the batcher does not pad, say) still runs, on the first

@@ -43,9 +43,8 @@ BUFFER_DTYPE = {"d": np.dtype(np.float64), "i": np.dtype(np.int64), "u": np.dtyp
 SIMDJSON_OBJECT: Any = simdjson.Object
 SIMDJSON_ARRAY: Any = simdjson.Array
 # A request body's JSON of this many bytes or more has its tensors' numbers read by simdjson (read_numbers);
-# below it, orjson's parse costs less than reading the fields through simdjson's proxies does. The two cross at
-# about 128 numbers (1.3-2.6 KB of float32 values, 0.4-0.6 KB of small integers); a 64-number request decodes in
-# 7.7 us by orjson, 9.5 by simdjson; 1,024 rows of 64 in 2.8 ms by orjson, 1.0 by simdjson.
+# below it, orjson's parse costs less than reading the fields through simdjson's proxies does, above it simdjson
+# wins by more the longer the body (where the two cross: docs/design/codec.md).
 NUMBERS_READ_FROM = 2048
 # A simdjson parser a thread, reused for bodies up to _KEPT_PARSER_BYTES: it keeps the memory it grew to (a few
 # times the largest body it read), so a larger body gets a parser of its own, freed after.
@@ -101,8 +100,8 @@ class Numbers:
 
 def read_numbers(head: bytes) -> dict[str, Any] | None:
     """A request's JSON as orjson reads it, but with each input's numbers read by simdjson straight into an
-    array (:class:`Numbers`): no Python number made for each, a third of orjson's and numpy's time on a
-    thousand rows of 64. None where that reading would differ from orjson's in any way: a value its datatype's
+    array (:class:`Numbers`): no Python number made for each, so a large tensor decodes in a fraction of
+    orjson's and numpy's time. None where that reading would differ from orjson's in any way: a value its datatype's
     buffer refuses (a string, ``null``, a fraction for an integer type, an integer past 64 bits), nested
     lists, a key twice, or not JSON; orjson then reads it and the decoder says what is wrong.
 
@@ -257,7 +256,7 @@ def _decode_input(raw: Any, binary: bytes, offset: int) -> tuple[str, np.ndarray
     shape = raw.get("shape")
     if type(shape) is not list:
         raise InvalidInput(f"input {name!r}: 'shape' must be a list of non-negative integers")
-    for d in shape:  # a loop, not all() over a generator: a third of the cost for the two or three of a shape
+    for d in shape:  # a loop, not all() over a generator: cheaper for the two or three of a shape
         if type(d) is not int or d < 0:
             raise InvalidInput(f"input {name!r}: 'shape' must be a list of non-negative integers")
     size = math.prod(shape)

@@ -17,9 +17,10 @@ tracing adds no clock reads to the stages. The SQS handler continues each job's 
 the batch's span links them all. The tracer and propagator are fnserve's own, not
 OpenTelemetry's global ones: an application embedding fnserve keeps its own setup.
 
-A traced request costs ~80 µs of CPU in the SDK (five spans), ~250 µs in the server with
-OTLP export (bench_metrics): at high rates, sample (``OTEL_TRACES_SAMPLER=parentbased_traceidratio``,
-``OTEL_TRACES_SAMPLER_ARG=0.01``, read by the SDK); a request sampled out writes no stage spans.
+A traced request costs CPU in the SDK (five spans) and more with OTLP export, a noticeable share of a small
+model's request (docs/design/observability.md): at high rates, sample
+(``OTEL_TRACES_SAMPLER=parentbased_traceidratio``, ``OTEL_TRACES_SAMPLER_ARG=0.01``, read by the SDK); a request
+sampled out writes no stage spans.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 uvicorn's ``workers`` share one listening socket: every process waits on the same queue of
 connections, and the first one awake accepts all that are waiting. A burst of keep-alive
 connections (a load balancer's pool, a load generator's) can then land in one process and stay
-there while the others idle: with two front processes and wrk's 16 connections, one run in
-three had every connection in one process and half the throughput. Here each front process
-binds its own socket with ``SO_REUSEPORT`` and the kernel spreads new connections over the
-sockets by a hash of their addresses (Linux; elsewhere uvicorn's shared socket is used).
+there while the others idle, the server then serving at one process's pace
+(docs/design/server-layout.md). Here each front process binds its own socket with ``SO_REUSEPORT``
+and the kernel spreads new connections over the sockets by a hash of their addresses (Linux;
+elsewhere uvicorn's shared socket is used).
 
 A front process listens only once its models are loaded and warm, so the first to finish
 would take every connection opened before the others are up: the server answers ready (HTTP,

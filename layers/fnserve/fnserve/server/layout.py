@@ -1,8 +1,8 @@
 """The server's layout, chosen at start when none is given: how many front processes, how many inference
 workers each, and why (timed on the loaded models; the start log gives the figures and the reason).
 
-Inference runs in the front processes (measured faster than a worker pool for light and heavy models
-alike on the bench machine), one per CPU, as many as fit in memory, or one with every CPU's threads
+Inference runs in the front processes (faster than a worker pool for light and heavy models alike:
+docs/design/server-layout.md), one per CPU, as many as fit in memory, or one with every CPU's threads
 when a model batches adaptively and one batcher serves it faster (timed both ways).
 """
 
@@ -22,16 +22,11 @@ import onnxruntime as ort
 from fnserve.core.registry import LoadedModel, Session, session_options, zeros_feed
 from fnserve.core.service import InferenceService
 
-# A request's round trip to an inference worker (pipe, pickling, the worker's wake-up) costs
-# ~0.7 ms on the bench machine (bench_serve): a model whose batch-1 run is a small part of it
-# is served faster by the front processes themselves. Heavier models measured the same way
-# (MiniLM int8, bench_serve, three runs each) gave the same answer: one worker reached
-# 0.52-0.87x raw ORT capacity (the front process's HTTP and JSON take CPU from the worker),
-# inference in one front process per CPU 0.88-0.94x without adaptive batching; with it, one
-# front process with every CPU's threads 0.81-0.90x, and one per CPU 0.93x once each front
-# process had a socket of its own (it swung between 0.49x and 1.01x when they shared one, see
-# fnserve.server.fronts). So the default runs inference in the front processes: one per CPU
-# (as many as fit in memory), or one when a model batches and one batcher serves it faster
+# A request's round trip to an inference worker (pipe, pickling, the worker's wake-up): a model whose batch-1
+# run is a small part of it is served faster by the front processes themselves. Heavier models gave the same
+# answer, since a worker's front process spends on HTTP and JSON the CPU the worker needs (bench_serve; the
+# figures: docs/design/server-layout.md). So the default runs inference in the front processes:
+# one per CPU (as many as fit in memory), or one when a model batches and one batcher serves it faster
 # (one_batcher); a worker pool stays one flag away (--workers).
 WORKER_ROUND_TRIP_MS = 0.7
 IN_PROCESS_MAX_MS = WORKER_ROUND_TRIP_MS / 4
@@ -123,11 +118,9 @@ def one_batcher(
     its share of the requests), and the figures that say so, on zeros at its middle length bucket.
 
     A tiny model is served by one batcher: HTTP costs more than the model, and one batcher fills its batches
-    where split ones wait out their windows half full (digits: 7.9k requests/s against 4.5k, bench_serve). A
-    model on a GPU too. A heavy one on CPUs is timed both ways: on 2 cores MiniLM int8 runs 16 rows of 48 tokens
-    on 2 threads slower than 2 single-threaded processes run 8 rows each (ONNX Runtime gains little from a
-    second thread), and split front processes served it at 0.93-0.96x raw capacity against 0.86x (bench_serve),
-    text to embeddings at 0.88-0.92x the naive server against 0.68-0.73x (bench_pipeline).
+    where split ones wait out their windows half full. A model on a GPU too. A heavy one on CPUs is timed both
+    ways: ONNX Runtime may gain little from a second thread, and then split front processes, each batching its
+    share on one thread, serve it faster (docs/design/server-layout.md).
     """
     settings = model.settings
     if model.placement.device != "cpu":

@@ -59,7 +59,7 @@ def serve(
         # would be a SIGBUS.
         made.publish(MULTIPROC_ENV, "fnserve-metrics-")
     # Where several front processes add up each other's statistics (server_app shares them): files
-    # replaced 10 times a second each, in memory where the system has a tmpfs for that (a tenth of the cost).
+    # replaced 10 times a second each, in memory where the system has a tmpfs for that (cheaper than a disk's).
     made.publish(fronts.STATISTICS_DIR_ENV, "fnserve-stats-", rundirs.memory_parent())
     if settings.cpu_affinity:  # the slot locks of the processes pinned to CPUs (bootstrap.pin_inference)
         made.publish(AFFINITY_DIR_ENV, "fnserve-cpus-")

@@ -24,7 +24,7 @@ class SqsFollowups:
     """Sends cascade follow-up jobs: one SendMessage each, continuing the request's trace.
 
     The message carries the current span's W3C ``traceparent`` as a message attribute (when
-    tracing is on, :mod:`fnserve.adapters.tracing`) and, in a Lambda function with X-Ray
+    tracing is on, :mod:`fnserve.observability.tracing`) and, in a Lambda function with X-Ray
     tracing, its trace header as the ``AWSTraceHeader`` system attribute, which X-Ray follows
     into the function that receives the message.
     """

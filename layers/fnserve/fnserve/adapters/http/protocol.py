@@ -2,8 +2,8 @@
 
 uvicorn writes a response's status line and headers as soon as the app sends
 ``http.response.start``, then its body on ``http.response.body``: two ``send`` calls, two TCP
-segments, and on the receiving side two wake-ups, for a response that fits in one. For a small
-model that second system call is a tenth of a request's CPU. Here every write of one turn of the
+segments, and on the receiving side two wake-ups, for a response that fits in one; for a small
+model that second system call is a large share of a request's CPU. Here every write of one turn of the
 event loop is held and sent at its end, together (:class:`Coalescing`); a response's parts are
 written in the same turn whenever the app sends them back to back, as the V2 inference route does.
 Everything else is uvicorn's own :class:`~uvicorn.protocols.http.httptools_impl.HttpToolsProtocol`.
@@ -76,15 +76,12 @@ class HttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol writing through :class:`Coalescing`.
 
     A complete response waits for the end of its turn too (the other requests the turn answers), rather than
-    going out at once: measured on digits at concurrency 16 (3 interleaved rounds, 2 CPUs), at once cost 0.16 ms of
-    server CPU a request against 0.14 and served 10,600 requests/s against 12,600, with no better p99 (3.4-3.6 ms
-    against 3.1-3.4): the answers of a turn leave together, so the client sends the next requests together and
-    the server wakes once for them, not once each.
+    going out at once: the answers of a turn leave together, so the client sends the next requests together and
+    the server wakes once for them, not once each (less CPU a request, more requests a second, no worse p99).
 
     The app may send a response at once, though (a refusal: its client is to try again shortly, and hears at once):
-    each request's scope holds the connection's flush under ``SEND_NOW``. Measured on digits-accurate offered 2,700
-    requests/s on one CPU (3x what it serves; 3 interleaved rounds of 10 s), refusals p50 0.85-0.91 ms against
-    0.99-1.22 at the turn's end, p99 5.5-10.8 against 5.5-12.9, the answered alike."""
+    each request's scope holds the connection's flush under ``SEND_NOW``. Refusals under overload then come sooner,
+    and the answered requests are served alike. The figures: docs/design/coalesced-write.md."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(Coalescing(transport, self.loop))  # type: ignore[arg-type]

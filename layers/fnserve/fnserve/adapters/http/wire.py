@@ -1,7 +1,7 @@
 """What the HTTP API writes without a web framework: request ids and ``{"error": ...}`` bodies.
 
 Kept apart from :mod:`~fnserve.adapters.http.middleware` so that the inference road, the
-batch function and the SnapStart hooks import no FastAPI (~140 ms of a cold start).
+batch function and the SnapStart hooks import no FastAPI, a large part of a cold start's imports.
 """
 
 from __future__ import annotations
