@@ -15,14 +15,14 @@ from tests.helpers import REPO, load_module
 
 TOOL = load_module(REPO / "infra" / "docs" / "request_paths.py", "request_paths")
 
-# Per way, the most distinct fnserve files and hops between core/ and the rest: a little above what each takes
-# now, so a file or a crossing more shows up here, while the data plane's own moves stay free to reshuffle.
+# Per way, the most distinct fnserve files and hops between core/ and the rest: above what each takes now by what
+# the data plane's refactoring may move (a file or two, a callback more), so that a way that grows shows up here.
 MOST = {
-    "HTTP V2, batched model": (24, 14),
-    "HTTP V2, unbatched model": (23, 14),
-    "gRPC": (23, 16),
-    "Lambda API event": (24, 13),
-    "SQS batch": (21, 8),
+    "HTTP V2, batched model": (26, 15),
+    "HTTP V2, unbatched model": (24, 15),
+    "gRPC": (24, 20),
+    "Lambda API event": (25, 14),
+    "SQS batch": (22, 8),
 }
 
 
