@@ -18,6 +18,7 @@ from onnx import TensorProto, helper
 from packaging.requirements import Requirement
 
 from fnserve.core.results import ResultRecord
+from fnserve.core.tensors import InferenceRequest
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_MANIFEST = REPO / "layers" / "models" / "models" / "manifest.toml"
@@ -294,3 +295,33 @@ def requirements(extras: Iterable[str]) -> list[str]:
             else:
                 found.append(line)
     return sorted(set(found))
+
+
+class Arrived:
+    """A request for :meth:`DataPlane.serve` with its tensors already in hand: answered as ``encode`` writes it
+    (the answer itself by default); ``on_read`` is called when the plane reads its body."""
+
+    def __init__(
+        self,
+        name: str,
+        inputs: dict[str, Any],
+        encode: Callable[[Any, InferenceRequest], Any] | None = None,
+        *,
+        version: str | None = None,
+        deadline: float | None = None,
+        traceparent: str | None = None,
+        on_read: Callable[[], None] | None = None,
+    ) -> None:
+        self.name, self.version, self.deadline, self.traceparent = name, version, deadline, traceparent
+        self._inputs, self._encode, self._on_read = inputs, encode, on_read
+        self._request: InferenceRequest | None = None
+
+    async def decoded(self) -> InferenceRequest:
+        if self._on_read is not None:
+            self._on_read()
+        self._request = InferenceRequest(self._inputs)
+        return self._request
+
+    def encode(self, answer: Any) -> Any:
+        assert self._request is not None
+        return answer if self._encode is None else self._encode(answer, self._request)

@@ -28,7 +28,7 @@ from fnserve.core.service import InferenceService
 from fnserve.core.tensors import InferenceRequest
 from fnserve.observability.metrics import ServerMetrics
 from fnserve.settings import Settings
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, body_never_comes, post_scope, write_test_manifest
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, Arrived, body_never_comes, post_scope, write_test_manifest
 
 DIGITS = np.load(DEMO_HOLDOUT)["input"]
 
@@ -112,13 +112,10 @@ def test_a_batched_models_answers_are_encoded_in_its_batchs_thread_and_an_error_
             raise InvalidInput("this answer cannot be written")
         return answer.outputs["label"].tolist()
 
-    async def body(x: np.ndarray) -> dict[str, np.ndarray]:
-        return {"input": x}
-
     async def main() -> tuple[str, list[Any]]:
         rows = [DIGITS[i : i + 1].copy() for i in range(4)]
         rows[2][0, 0] = -1.0  # the model runs it; its answer's encoding fails
-        served = [plane.serve(watcher, "digits-accurate", None, body(x), InferenceRequest, encode) for x in rows]
+        served = [plane.serve(watcher, Arrived("digits-accurate", {"input": x}, encode)) for x in rows]
         return threading.current_thread().name, await asyncio.gather(*served, return_exceptions=True)
 
     loop_thread, results = asyncio.run(main())

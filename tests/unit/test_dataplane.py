@@ -15,9 +15,8 @@ from fnserve.core.errors import ConfigError, FnserveError, ModelNotFound, Overlo
 from fnserve.core.followups import FollowupIds, ResultLookup
 from fnserve.core.jobs import MAX_MESSAGE_BYTES
 from fnserve.core.service import InferenceService
-from fnserve.core.tensors import InferenceRequest
 from fnserve.stores.objects import job_body
-from tests.helpers import ManifestWriter, MemoryStore, model_bytes
+from tests.helpers import Arrived, ManifestWriter, MemoryStore, model_bytes
 
 
 def feed() -> dict[str, np.ndarray]:
@@ -112,12 +111,10 @@ def test_a_callers_deadline_refuses_a_batched_request_foreseen_past_it_before_it
     watcher = Ended()
     bodies_read: list[float] = []
 
-    async def body(deadline: float) -> dict[str, np.ndarray]:
-        bodies_read.append(deadline)
-        return one
-
     def served(deadline: float) -> Any:
-        return plane.serve(watcher, "scale", None, body(deadline), InferenceRequest, lambda a, r: a, None, deadline)
+        return plane.serve(
+            watcher, Arrived("scale", one, deadline=deadline, on_read=lambda: bodies_read.append(deadline))
+        )
 
     async def main() -> list[Any]:
         running = asyncio.create_task(plane.infer("scale", one))

@@ -1,24 +1,20 @@
 """The data plane: the one entry every transport calls (HTTP, and through it Lambda, Cloud Functions and
 SageMaker; gRPC).
 
-A served name is a plain model, a batched model (adaptive batching wraps its runner), a
-pipeline (steps around a model, batched with it when it is) or a cascade (of models or
-pipelines); :meth:`DataPlane.infer` routes each to what serves it, and every route gives one
-answer type. :meth:`DataPlane.serve` is the envelope of every request, whatever
-carried it: decoded, inferred, encoded, timed, with a caller's deadline, and watched (the span, the
-access line, the metrics: a transport's :class:`Watcher`); an error is an :class:`FnserveError`
-whose class says its REST status and gRPC code. Transports only say how a request is decoded and an
-answer encoded; they decide nothing about inference.
-"""
+A transport hands :meth:`DataPlane.serve` a :class:`Request` (whom it is for, its body decoded on demand, its
+answer encoded by the transport's codec) and gets the encoded answer back. Between the two, the plane decides
+everything: refusals before the body is read, the route (a plain model, a batched model, a pipeline batched with
+its model, or a cascade), the caller's deadline, the timings, and the watch (the span, the access line, the
+metrics: a transport's :class:`Watcher`). Every route gives one :class:`Answer`; an error is an
+:class:`FnserveError` whose class says its REST status and gRPC code."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -26,7 +22,7 @@ from fnserve.core._rows import batch_size
 from fnserve.core.batching import AdaptiveBatcher, BatchObservers, batchers_for
 from fnserve.core.cascade import CascadeRunner
 from fnserve.core.datatypes import Arrays
-from fnserve.core.errors import ClientGone, DeadlineExceeded, FnserveError, Overloaded, ResultNotFound, unknown_model
+from fnserve.core.errors import ClientGone, DeadlineExceeded, FnserveError, ResultNotFound, unknown_model
 from fnserve.core.followups import ResultLookup, ResultState
 from fnserve.core.manifest import CascadeSettings
 from fnserve.core.model_config import triton_config
@@ -37,7 +33,7 @@ from fnserve.core.statistics import Statistics
 from fnserve.core.turns import TurnBatcher
 
 T = TypeVar("T")
-B = TypeVar("B")  # a request as it arrives: HTTP's body bytes, gRPC's parsed message
+T_co = TypeVar("T_co", covariant=True)
 logger = logging.getLogger(__name__)
 
 
@@ -52,9 +48,6 @@ class Decoded(Protocol):
 
     @property
     def timeout(self) -> float | None: ...
-
-
-R = TypeVar("R", bound=Decoded)  # a request decoded: V2's InferenceRequest, gRPC's GrpcRequest
 
 
 @dataclass(slots=True)  # not frozen: one per request (a frozen init costs 4x), and timings are added as it goes
@@ -95,6 +88,29 @@ class Watcher(Protocol):
     """What watches a transport's requests (:class:`fnserve.observability.envelope.RequestWatcher`)."""
 
     def start(self, name: str, version: str | None, traceparent: str | None) -> Watch: ...
+
+
+class Request(Protocol[T_co]):
+    """A request as its transport hands it to the data plane: whom it is for and its caller's terms, known before
+    its body; the body read and decoded only once the request is admitted; the answer written as its transport
+    writes it (in the thread that ran its batch, for a batched model)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> str | None: ...
+
+    @property
+    def traceparent(self) -> str | None: ...
+
+    @property
+    def deadline(self) -> float | None:
+        """The seconds its caller waits, where the transport knows them before the body (gRPC's)."""
+
+    async def decoded(self) -> Decoded: ...
+
+    def encode(self, answer: Answer) -> T_co: ...
 
 
 class DataPlane:
@@ -163,43 +179,49 @@ class DataPlane:
 
     # -- inference ------------------------------------------------------------------------------
 
-    async def serve(
-        self,
-        watcher: Watcher,
-        name: str,
-        version: str | None,
-        body: Awaitable[B],
-        decode: Callable[[B], R],
-        encode: Callable[[Answer, R], T],
-        traceparent: str | None = None,
-        deadline: float | None = None,
-    ) -> tuple[T, Answer, dict[str, float]]:
-        """One request, whatever carried it: the encoded answer, the answer, and the milliseconds of each stage.
+    def serve(self, watcher: Watcher, request: Request[T]) -> Awaitable[tuple[T, Answer, dict[str, float]]]:
+        """One request, whatever carried it: awaited, the encoded answer, the answer, and the milliseconds of each
+        stage.
 
-        ``deadline``: the seconds the caller waits (gRPC's; the request's own ``timeout`` parameter, Triton's,
-        when it is shorter or there is none); a batched model refuses the request at once when it foresees its
-        answer later, and past it the inference is dropped (not
-        computed, if it is still queued) and a :class:`DeadlineExceeded` raised. A refusal is raised as
-        an :class:`FnserveError`, anything unexpected as a 500 "internal server error" (its traceback
-        logged). ``traceparent``: the caller's trace, which the watcher's span continues.
+        What is decided before the body is raised here, before anything is awaited, its body never read: an
+        unknown name (404), and an overloaded batched model's refusal (503), since under overload most requests
+        are refusals and each must cost next to nothing. ``request.deadline`` bounds the rest (with the request's
+        own ``timeout`` parameter, Triton's, when it is shorter): a batched model refuses the request at once when
+        it foresees its answer later, and past it the inference is dropped (not computed, if it is still queued)
+        and a :class:`DeadlineExceeded` raised. A refusal is an :class:`FnserveError`, anything unexpected a 500
+        "internal server error" (its traceback logged). The watcher's span continues ``request.traceparent``.
         """
-        watch = watcher.start(name, version, traceparent)
+        name, version = request.name, request.version
         arrived = time.perf_counter_ns()
         try:
-            # Before the body: an unknown name is a 404 whatever was sent. A request naming none (gRPC bytes
-            # that are not a request) is judged by its body.
+            # A request naming none (gRPC bytes that are not a request) is judged by its body.
             if name and name not in self.names:
-                _unread(body)
                 raise unknown_model(name)
+            batcher = self._batcher(name, version)
+            arriving = batcher.admitted(within=request.deadline) if batcher is not None else None
+        except FnserveError as refusal:
+            watcher.start(name, version, request.traceparent).refused(refusal)
+            self.statistics.failed(name, self._version_of(name, version), time.perf_counter_ns() - arrived)
+            raise
+        return self._serve(watcher.start(name, version, request.traceparent), request, arriving, arrived)
+
+    async def _serve(
+        self, watch: Watch, request: Request[T], arriving: AbstractContextManager[None] | None, arrived: int
+    ) -> tuple[T, Answer, dict[str, float]]:
+        name, version, deadline = request.name, request.version, request.deadline
+        try:
             t0 = time.perf_counter()
-            decoded = await self._decoded(name, version, body, decode, deadline)
+            if arriving is None:
+                decoded = await request.decoded()
+            else:
+                with arriving:  # counted as coming to the model's queue while its body is read
+                    decoded = await request.decoded()
             t1 = time.perf_counter()
-            if decoded.timeout is not None:  # the request's own, Triton's "timeout" parameter
+            if decoded.timeout is not None:
                 deadline = decoded.timeout if deadline is None else min(deadline, decoded.timeout)
-            encoding = functools.partial(_encoded, encode, decoded)  # where a batch runs, encoded there
             if deadline is None:
                 answer = await self.infer(
-                    name, decoded.inputs, version=version, outputs=decoded.outputs, encode=encoding
+                    name, decoded.inputs, version=version, outputs=decoded.outputs, encode=request.encode
                 )
             else:
                 try:
@@ -208,13 +230,18 @@ class DataPlane:
                         raise TimeoutError()
                     async with asyncio.timeout(left):  # in this task: a deadline costs no task of its own
                         answer = await self.infer(
-                            name, decoded.inputs, version=version, outputs=decoded.outputs, encode=encoding, within=left
+                            name,
+                            decoded.inputs,
+                            version=version,
+                            outputs=decoded.outputs,
+                            encode=request.encode,
+                            within=left,
                         )
                 except TimeoutError:
                     raise DeadlineExceeded("the deadline passed before the inference finished") from None
             if answer.encoded is None:
                 t2 = time.perf_counter()
-                payload = encode(answer, decoded)
+                payload = request.encode(answer)
                 encoded_ms = round((time.perf_counter() - t2) * 1e3, 3)
             else:
                 payload, encoded_ms = answer.encoded
@@ -245,44 +272,6 @@ class DataPlane:
             batch_size(decoded.inputs),
         )
         return payload, answer, timings
-
-    def refusal(
-        self, watcher: Watcher, name: str, version: str | None, traceparent: str | None = None
-    ) -> Overloaded | None:
-        """The refusal of a request to a batched model that cannot take it now, decided from its name before
-        anything else of it is read, and counted as :meth:`serve` counts one (its statistics, and the watcher's
-        access line, metrics record and span); None when it may come in (then :meth:`serve` serves it, and
-        admits it again on the same terms: nothing runs between the two).
-
-        A transport asks this first where it can: under overload most requests are refusals, and each
-        runs on the CPU the model's runs leave, where :meth:`serve`'s frames, its body's coroutine and an
-        exception raised through them cost a refusal several times what deciding and answering it cost."""
-        batcher = self._batcher(name, version)
-        if batcher is None:
-            return None
-        arrived = time.perf_counter_ns()
-        refusal = batcher.refusal()
-        if refusal is not None:
-            watcher.start(name, version, traceparent).refused(refusal)
-            self.statistics.failed(name, self._version_of(name, version), time.perf_counter_ns() - arrived)
-        return refusal
-
-    async def _decoded(
-        self, name: str, version: str | None, body: Awaitable[B], decode: Callable[[B], R], deadline: float | None
-    ) -> R:
-        """A request's body, read and decoded. A batched model that is overloaded refuses it first, its body left
-        unread (a refusal must cost next to nothing), and counts it as coming to its queue while it is read.
-        ``deadline``: the seconds its caller waits, where the transport knows them before the body (gRPC's)."""
-        batcher = self._batcher(name, version)
-        if batcher is None:
-            return decode(await body)
-        try:
-            arriving = batcher.admitted(within=deadline)
-        except Overloaded:
-            _unread(body)
-            raise
-        with arriving:
-            return decode(await body)
 
     async def infer(
         self,
@@ -364,21 +353,10 @@ class DataPlane:
             everything, waited = await batcher.predict(prepared.feed, within=within)
             answer = _answer(name, await asyncio.to_thread(self.service.finish, prepared, everything))
         else:
-            # Finished (a pipeline's post steps, the cache's store) and encoded in the batch's thread: off the event
-            # loop, which would otherwise write each of the batch's answers in turn while requests wait to be read
-            # (MiniLM's token embeddings: 6,144 floats of JSON, a third of the loop's time an answered request).
-            complete = functools.partial(self._complete, name, prepared, encode)
-            answer, waited = await batcher.predict(prepared.feed, complete, within)
+            # Finished and encoded in the batch's thread: off the event loop, which would otherwise write each of
+            # the batch's answers in turn while requests wait to be read.
+            answer, waited = await batcher.predict(prepared.feed, Finish(self.service, name, prepared, encode), within)
         answer.timings["queue"] = round(waited * 1e3, 3)
-        return answer
-
-    def _complete(
-        self, name: str, prepared: Prepared, encode: Callable[[Answer], Any] | None, everything: Arrays
-    ) -> Answer:
-        """A batched request's answer from its batch's outputs (where the batch ran), encoded when ``encode``."""
-        answer = _answer(name, self.service.finish(prepared, everything))
-        if encode is not None:
-            answer.encoded = encode(answer)
         return answer
 
     async def _cascade(self, name: str, inputs: Mapping[str, Any], outputs: Sequence[str] | None) -> Answer:
@@ -479,17 +457,27 @@ class DataPlane:
             await batcher.close()
 
 
-def _unread(body: Awaitable[Any]) -> None:
-    """A request's body that is refused before it is read: never read (a coroutine, closed unawaited)."""
-    if inspect.iscoroutine(body):
-        body.close()
+class Finish:
+    """What runs after a batched request's model, in the thread that ran its batch: the service's finish (a
+    pipeline's post steps, the cache's store), then its transport's encoding, timed, in the answer's ``encoded``."""
 
+    __slots__ = ("_service", "_name", "_prepared", "_encode")
 
-def _encoded(encode: Callable[[Answer, R], T], decoded: R, answer: Answer) -> tuple[T, float]:
-    """``answer`` as its transport writes it, and the milliseconds that took."""
-    started = time.perf_counter()
-    payload = encode(answer, decoded)
-    return payload, round((time.perf_counter() - started) * 1e3, 3)
+    def __init__(
+        self, service: InferenceService, name: str, prepared: Prepared, encode: Callable[[Answer], Any] | None
+    ) -> None:
+        self._service = service
+        self._name = name
+        self._prepared = prepared
+        self._encode = encode
+
+    def __call__(self, outputs: Arrays) -> Answer:
+        answer = _answer(self._name, self._service.finish(self._prepared, outputs))
+        if self._encode is not None:
+            started = time.perf_counter()
+            payload = self._encode(answer)
+            answer.encoded = (payload, round((time.perf_counter() - started) * 1e3, 3))
+        return answer
 
 
 def _answer(name: str, prediction: Prediction) -> Answer:

@@ -20,7 +20,7 @@ from fnserve import __version__
 from fnserve.adapters.grpc import codec
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
 from fnserve.adapters.http.wire import new_request_id, server_timing
-from fnserve.core.dataplane import DataPlane
+from fnserve.core.dataplane import Answer, DataPlane
 from fnserve.core.errors import BadRequest, FnserveError, grpc_code
 from fnserve.observability import tracing
 from fnserve.observability.envelope import EXTENSIONS, NoTelemetry, RequestWatcher, Telemetry
@@ -89,19 +89,9 @@ class InferenceServicer:
     async def ModelInfer(self, request: codec.ParsedRequest, context: Context) -> Any:
         rid, traceparent = _request_metadata(context)
         request_keys(request_id=rid)
-        message = request.message
         try:
             response, _, timings = await self.plane.serve(
-                self.watcher,
-                message.model_name,
-                message.model_version or None,
-                _arrived(request),
-                _decode,
-                lambda answer, decoded: codec.encode_response(
-                    answer.name, answer.version, answer.outputs, message.id, answer.parameters, decoded.raw_outputs
-                ),
-                traceparent,
-                context.time_remaining(),
+                self.watcher, GrpcCall(request, traceparent, context.time_remaining())
             )
         except FnserveError as exc:
             context.set_trailing_metadata((("x-request-id", rid),))
@@ -110,15 +100,32 @@ class InferenceServicer:
         return response
 
 
-async def _arrived(parsed: codec.ParsedRequest) -> codec.ParsedRequest:
-    """A request gRPC has already read, as the envelope awaits a body."""
-    return parsed
+class GrpcCall:
+    """A ModelInfer call as the data plane takes it: gRPC has read and parsed its message already; its deadline is
+    known before it is decoded; its answer is serialised by :func:`codec.encode_response`."""
 
+    __slots__ = ("name", "version", "traceparent", "deadline", "_parsed", "_decoded")
 
-def _decode(parsed: codec.ParsedRequest) -> codec.GrpcRequest:
-    if parsed.error is not None:
-        raise BadRequest(parsed.error)
-    return codec.decode_request(parsed.message, parsed.raw)
+    def __init__(self, parsed: codec.ParsedRequest, traceparent: str | None, deadline: float | None) -> None:
+        self.name: str = parsed.message.model_name
+        self.version: str | None = parsed.message.model_version or None
+        self.traceparent = traceparent
+        self.deadline = deadline
+        self._parsed = parsed
+        self._decoded: codec.GrpcRequest | None = None
+
+    async def decoded(self) -> codec.GrpcRequest:
+        if self._parsed.error is not None:
+            raise BadRequest(self._parsed.error)
+        self._decoded = codec.decode_request(self._parsed.message, self._parsed.raw)
+        return self._decoded
+
+    def encode(self, answer: Answer) -> bytes:
+        assert self._decoded is not None, "encoded before it was decoded"
+        message = self._parsed.message
+        return codec.encode_response(
+            answer.name, answer.version, answer.outputs, message.id, answer.parameters, self._decoded.raw_outputs
+        )
 
 
 def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:

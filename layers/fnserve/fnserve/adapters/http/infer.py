@@ -3,9 +3,9 @@ its answer encoded, with the request id, ``Server-Timing`` and cache headers; th
 envelope every transport shares (:meth:`fnserve.core.dataplane.DataPlane.serve`).
 
 Inference requests take a shorter road than the other routes: :class:`V2App` answers them as
-plain ASGI, before Starlette's middleware stack, router and FastAPI's dependency solving (~60 µs
-a request, more than the digits model's own run), with the same request id, errors, headers,
-log line and metrics as the FastAPI route.
+plain ASGI, before Starlette's middleware stack, router and FastAPI's dependency solving (which cost more
+than a small model's own run), with the same request id, errors, headers, log line and metrics as the
+FastAPI route.
 """
 
 from __future__ import annotations
@@ -93,32 +93,21 @@ class InferenceRoute:
         if rid is None:
             rid = unnamed_request_id(scope)
         request_keys(request_id=rid)
+        request = V2Request(name, version, traceparent, receive, declared, self.limit, json_length, encoding)
         headers: dict[str, str]
-        refusal = self.plane.refusal(self.watcher, name, version, traceparent)
-        if refusal is not None:  # an overloaded model's, from the headers alone: its body never read
-            status, payload, headers = error_parts(refusal)
+        try:
+            served = self.plane.serve(self.watcher, request)  # an overloaded model refuses here, its body unread
+            payload, media_type, headers = self.written(await served, accept)
+            status = 200
+        except FnserveError as exc:
+            status, payload, headers = error_parts(exc)
             media_type = JSON
-        else:
-            try:
-                payload, media_type, headers = await self.answer(
-                    name,
-                    version,
-                    read_body(receive, declared, self.limit),
-                    json_length,
-                    traceparent,
-                    encoding=encoding,
-                    accept=accept,
-                )
-                status = 200
-            except FnserveError as exc:
-                status, payload, headers = error_parts(exc)
-                media_type = JSON
-            except ClientGone:
-                return  # nobody to answer
-            except Exception:  # reading the body failed in a way no error of fnserve's says
-                logger.exception("unhandled error", extra={"path": scope.get("path")})
-                status, payload, headers = error_parts(FnserveError("internal server error"))
-                media_type = JSON
+        except ClientGone:
+            return  # nobody to answer
+        except Exception:  # reading the body failed in a way no error of fnserve's says
+            logger.exception("unhandled error", extra={"path": scope.get("path")})
+            status, payload, headers = error_parts(FnserveError("internal server error"))
+            media_type = JSON
         raw = [(b"content-length", str(len(payload)).encode()), (b"content-type", media_type.encode())]
         raw += [(k.encode(), v.encode("latin-1")) for k, v in headers.items()]
         raw.append((b"x-request-id", rid.encode("latin-1")))
@@ -127,27 +116,21 @@ class InferenceRoute:
         answered(scope, status)
 
     async def answer(
-        self,
-        name: str,
-        version: str | None,
-        body: Awaitable[bytes],
-        json_length: str | None,
-        traceparent: str | None = None,
-        watcher: RequestWatcher | None = None,
-        *,
-        encoding: str | None = None,
-        accept: str | None = None,
+        self, request: V2Request, watcher: RequestWatcher | None = None, accept: str | None = None
     ) -> tuple[bytes, str, dict[str, str]]:
-        """One V2 inference (JSON, or the binary tensor extension): (payload, media type, headers).
-        ``encoding``: the body's Content-Encoding; ``accept``: the Accept-Encoding the answer may use."""
-        limit = self.limit
+        """One inference, however its body is written: (payload, media type, headers); a refusal is raised.
+        ``watcher``: another route's (SageMaker's), else the V2 route's; ``accept``: the Accept-Encoding the
+        answer may use."""
+        return self.written(await self.plane.serve(watcher or self.watcher, request), accept)
 
-        def decode(raw: bytes) -> InferenceRequest:
-            if encoding is not None:  # the binary extension's JSON length counts the decompressed body, as Triton's
-                raw = compression.decompress(raw, encoding, limit)
-            return decode_request(raw, _json_length(json_length))
-
-        payload, media_type, headers = await self.serve(name, version, body, decode, encode_v2, traceparent, watcher)
+    def written(
+        self, served: tuple[tuple[bytes, str, dict[str, str]], Answer, dict[str, float]], accept: str | None
+    ) -> tuple[bytes, str, dict[str, str]]:
+        """A served request's payload, media type and headers: its own, Server-Timing, the cache's, compression."""
+        (payload, media_type, encoded), answer, timings = served
+        headers = {"server-timing": server_timing(timings, answer.device), **encoded}
+        if answer.cache != "off":
+            headers["x-fnserve-cache"] = answer.cache
         coding = compression.accepted(accept)
         if coding is not None:
             payload = compression.compress(payload, coding)
@@ -155,29 +138,49 @@ class InferenceRoute:
             headers["vary"] = "accept-encoding"
         return payload, media_type, headers
 
-    async def serve(
+
+class V2Request:
+    """A V2 inference over HTTP, as the data plane takes it: its body read only once the request is admitted
+    (refused past ``limit`` bytes), decompressed, then decoded as V2 JSON or Triton's binary tensor extension;
+    its answer encoded likewise. Subclasses decode and encode other formats (SageMaker's NumPy bodies)."""
+
+    __slots__ = ("name", "version", "traceparent", "_receive", "_declared", "_limit", "_json_length", "_coding", "_v2")
+    deadline = None  # an HTTP caller's wait is not told before the body (the body's own "timeout" parameter is)
+
+    def __init__(
         self,
         name: str,
         version: str | None,
-        body: Awaitable[bytes],
-        decode: Callable[[bytes], InferenceRequest],
-        encode: Encoder,
-        traceparent: str | None = None,
-        watcher: RequestWatcher | None = None,
-    ) -> tuple[bytes, str, dict[str, str]]:
-        """One inference, however its body is written: (payload, media type, headers); a refusal is raised.
-        ``watcher``: another route's (SageMaker's), else the V2 route's."""
-        (payload, media_type, encoded), answer, timings = await self.plane.serve(
-            watcher or self.watcher, name, version, body, decode, encode, traceparent
-        )
-        headers = {"server-timing": server_timing(timings, answer.device), **encoded}
-        if answer.cache != "off":
-            headers["x-fnserve-cache"] = answer.cache
-        return payload, media_type, headers
+        traceparent: str | None,
+        receive: Receive,
+        declared: str | None,
+        limit: int,
+        json_length: str | None = None,
+        coding: str | None = None,
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.traceparent = traceparent
+        self._receive = receive
+        self._declared = declared  # Content-Length
+        self._limit = limit
+        self._json_length = json_length  # Inference-Header-Content-Length
+        self._coding = coding  # Content-Encoding
+        self._v2: InferenceRequest | None = None
 
+    async def decoded(self) -> InferenceRequest:
+        raw = await read_body(self._receive, self._declared, self._limit)
+        if self._coding is not None:  # the binary extension's JSON length counts the decompressed body, as Triton's
+            raw = compression.decompress(raw, self._coding, self._limit)
+        self._v2 = self.decode(raw)
+        return self._v2
 
-# How an answer is written: (payload, media type, headers of its own).
-Encoder = Callable[[Answer, InferenceRequest], tuple[bytes, str, dict[str, str]]]
+    def decode(self, raw: bytes) -> InferenceRequest:
+        return decode_request(raw, _json_length(self._json_length))
+
+    def encode(self, answer: Answer) -> tuple[bytes, str, dict[str, str]]:
+        assert self._v2 is not None, "encoded before it was decoded"
+        return encode_v2(answer, self._v2)
 
 
 def encode_v2(answer: Answer, request: InferenceRequest) -> tuple[bytes, str, dict[str, str]]:

@@ -16,7 +16,7 @@ from fastapi.responses import Response
 
 from fnserve import __version__
 from fnserve.adapters.http import openapi
-from fnserve.adapters.http.infer import InferenceRoute, read_body
+from fnserve.adapters.http.infer import InferenceRoute, V2Request
 from fnserve.adapters.http.middleware import RequestContext, install_error_handlers, json_response
 from fnserve.adapters.http.sagemaker import SageMakerRoutes
 from fnserve.core.followups import ResultState
@@ -108,15 +108,17 @@ class V2Routes:
         """Inference under a ``root_path`` (V2App answers every other inference request before FastAPI)."""
         # Path parameters read directly: FastAPI's per-parameter validation costs more than the model.
         headers = request.headers
-        payload, media_type, extra = await self.inference.answer(
+        v2 = V2Request(
             request.path_params["name"],
             request.path_params.get("version"),
-            read_body(request.receive, headers.get("content-length"), self.inference.limit),
-            headers.get(JSON_HEADER),
             headers.get("traceparent"),
-            encoding=headers.get("content-encoding"),
-            accept=headers.get("accept-encoding"),
+            request.receive,
+            headers.get("content-length"),
+            self.inference.limit,
+            headers.get(JSON_HEADER),
+            headers.get("content-encoding"),
         )
+        payload, media_type, extra = await self.inference.answer(v2, accept=headers.get("accept-encoding"))
         return Response(payload, media_type=media_type, headers=extra)
 
     async def live(self) -> Response:

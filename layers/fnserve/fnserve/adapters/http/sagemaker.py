@@ -27,7 +27,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
 
-from fnserve.adapters.http.infer import JSON, InferenceRoute, encode_v2, read_body
+from fnserve.adapters.http.infer import JSON, InferenceRoute, Receive, V2Request, encode_v2
 from fnserve.adapters.http.middleware import json_response
 from fnserve.core.dataplane import Answer
 from fnserve.core.errors import BadRequest, InvalidInput
@@ -59,23 +59,15 @@ class SageMakerRoutes:
         headers = request.headers
         attributes = custom_attributes(headers.get(CUSTOM_ATTRIBUTES, ""))
         name, version = self.model(headers.get(TARGET_MODEL), attributes)
-        body = read_body(request.receive, headers.get("content-length"), self.inference.limit)
         media = headers.get("content-type", JSON).split(";")[0].strip().lower()
+        arrived = (name, version, headers.get("traceparent"), request.receive, headers.get("content-length"))
         if media not in (NPY, NPZ):
-            payload, media_type, extra = await self.inference.answer(
-                name, version, body, headers.get(JSON_HEADER), headers.get("traceparent"), self.watcher
-            )
-            return Response(payload, media_type=media_type, headers=extra)
-        accept = headers.get("accept", JSON).split(";")[0].strip().lower()
-        payload, media_type, extra = await self.inference.serve(
-            name,
-            version,
-            body,
-            lambda raw: InferenceRequest(self.arrays(name, version, media, raw, attributes)),
-            lambda answer, request: self.encode(answer, request, accept, attributes),
-            headers.get("traceparent"),
-            self.watcher,
-        )
+            v2 = V2Request(*arrived, self.inference.limit, headers.get(JSON_HEADER))
+            payload, media_type, extra = await self.inference.answer(v2, self.watcher)
+        else:
+            accept = headers.get("accept", JSON).split(";")[0].strip().lower()
+            numpy = NumpyRequest(*arrived, self.inference.limit, self, media, accept, attributes)
+            payload, media_type, extra = await self.inference.answer(numpy, self.watcher)
         return Response(payload, media_type=media_type, headers=extra)
 
     def encode(
@@ -125,6 +117,39 @@ class SageMakerRoutes:
                 return {key: npz[key] for key in npz.files}
         except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
             raise BadRequest(f"the body is not a valid {media} document: {exc}") from None
+
+
+class NumpyRequest(V2Request):
+    """An invocation whose body is a .npy document (the model's one input) or a .npz (by input name), answered as
+    .npy (one output), .npz (every output) or V2 JSON, as its Accept says."""
+
+    __slots__ = ("_routes", "_media", "_accept", "_attributes")
+
+    def __init__(
+        self,
+        name: str,
+        version: str | None,
+        traceparent: str | None,
+        receive: Receive,
+        declared: str | None,
+        limit: int,
+        routes: SageMakerRoutes,
+        media: str,
+        accept: str,
+        attributes: Mapping[str, str],
+    ) -> None:
+        super().__init__(name, version, traceparent, receive, declared, limit)
+        self._routes = routes
+        self._media = media
+        self._accept = accept
+        self._attributes = attributes
+
+    def decode(self, raw: bytes) -> InferenceRequest:
+        return InferenceRequest(self._routes.arrays(self.name, self.version, self._media, raw, self._attributes))
+
+    def encode(self, answer: Answer) -> tuple[bytes, str, dict[str, str]]:
+        assert self._v2 is not None, "encoded before it was decoded"
+        return self._routes.encode(answer, self._v2, self._accept, self._attributes)
 
 
 def custom_attributes(value: str) -> dict[str, str]:
