@@ -50,7 +50,7 @@ class Decoded(Protocol):
     def timeout(self) -> float | None: ...
 
 
-@dataclass(slots=True)  # not frozen: one per request (a frozen init costs 4x), and timings are added as it goes
+@dataclass(slots=True)  # not frozen: one per request (a frozen init costs more), and timings are added as it goes
 class Answer:
     """An inference answer, whatever served it.
 
@@ -127,8 +127,8 @@ class DataPlane:
     while DynamoDB stalls; otherwise they run inline, fastest for in-process models with
     nothing remote, and in Lambda, where a container answers one request at a time. A
     model's own requests are offloaded only when they may block (models in workers, a remote
-    cache tier): a cascade's follow-up send does not send the models beside it to a thread
-    (a thread hop cost ~0.3 ms a request).
+    cache tier): a cascade's follow-up send does not send the models beside it to a thread (a thread
+    hop costs more than a small model's run; docs/design/dataplane.md).
     """
 
     def __init__(

@@ -36,7 +36,7 @@ from fnserve.core.tensors import pack_arrays, pack_rows, unpack_arrays
 logger = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)  # not frozen: a batch of jobs makes one per job, and a frozen init costs 4x
+@dataclass(slots=True)  # not frozen: a batch of jobs makes one per job, and a frozen init costs more
 class Prediction:
     """A result with where it came from: the model version, and ``hit``/``miss``/``off`` for the cache.
 
@@ -57,7 +57,7 @@ class Packed(Sequence[Prediction]):
     """The predictions of stacked jobs, by column, as :meth:`InferenceService.infer_stacked` gives them to a caller
     that stores them (``pack``): each job's outputs packed for its result record (:attr:`Prediction.packed`),
     and its :class:`Prediction` made only when asked for. A batch stores 10,000 jobs without making one: splitting
-    the outputs per job and a prediction each cost half as much as running the model."""
+    the outputs per job and a prediction each cost a share of the model's run (docs/design/dataplane.md)."""
 
     __slots__ = ("model", "version", "packed", "cache", "hits")
 
@@ -83,7 +83,7 @@ class Packed(Sequence[Prediction]):
         return Prediction(unpack_arrays(packed), self.model, self.version, self.cache[j], packed=packed)
 
 
-@dataclass(slots=True)  # not frozen: one per request, and a frozen init costs 4x (about 0.7 µs)
+@dataclass(slots=True)  # not frozen: one per request, and a frozen init costs more
 class Prepared:
     """A validated request, looked up in the cache and staged for its model: :meth:`InferenceService.finish`
     it with the model's outputs for its rows."""

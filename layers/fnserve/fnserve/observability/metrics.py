@@ -60,7 +60,7 @@ class WorkerGroups(Protocol):
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 UNKNOWN = "_unknown"
 # How stale another process's figures may be in a scrape; also how long the event loop holds records before adding
-# them up: every second, a front process at 5,000 requests/s stopped for ~15 ms to add up 5,000 (its p99).
+# them up: held for a whole second, the adding up stalls a busy front process (docs/design/observability.md).
 FLUSH_SECONDS = 0.1
 FLUSH_AT = 2_000  # records kept before a flush, whatever the time
 # Milliseconds-to-seconds stages; buckets from 50 µs (the digits model over HTTP) to 10 s (a slow model).
@@ -309,10 +309,9 @@ class ServerMetrics:
 class RequestMetrics:
     """The :class:`~fnserve.observability.envelope.Telemetry` of one transport, into :class:`ServerMetrics`.
 
-    A record is appended to a list (~0.2 µs); :meth:`ServerMetrics.flush` adds them up and
-    writes each series once. Through prometheus-client directly, a request's counter and five
-    histogram observations cost ~14 µs in isolation and ~37 µs in the server (bench_metrics):
-    a third of a digits request.
+    A record is appended to a list; :meth:`ServerMetrics.flush` adds them up and writes each series
+    once: prometheus-client's own counter and histograms, observed per request, cost a large share of a
+    small model's request (docs/design/observability.md).
     """
 
     def __init__(self, metrics: ServerMetrics, transport: str) -> None:
