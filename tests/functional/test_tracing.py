@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,8 +25,7 @@ from fnserve.settings import Settings
 from tests.functional.conftest import Aws, serve_with_grpc, stop, wait_for
 from tests.functional.test_batch import received_event
 from tests.functional.test_cascade import CORRECTED, SURE, app_client, follow_up, request
-from tests.functional.test_paths import api_event
-from tests.helpers import DEMO_HOLDOUT, MemoryStore, close_main_loop, write_test_manifest
+from tests.helpers import DEMO_HOLDOUT, REPO, MemoryStore, close_main_loop, write_test_manifest
 from tests.otlp import Collector
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -54,6 +54,16 @@ def settings(aws: Aws, tmp_path: Path) -> Settings:
         followup_queue_url=aws.queue_url,
         access_log=False,
     )
+
+
+def api_event(model: str, rows: np.ndarray) -> dict[str, Any]:
+    """The API function's sample event (HTTP API v2), asking ``model`` to infer ``rows``."""
+    event = json.loads((REPO / "events" / "api-http-infer.json").read_text())
+    event["rawPath"] = event["requestContext"]["http"]["path"] = f"/v2/models/{model}/infer"
+    tensor = {"name": "input", "shape": list(rows.shape), "datatype": "FP32", "data": rows.ravel().tolist()}
+    event["body"] = json.dumps({"inputs": [tensor]})
+    event["headers"]["content-length"] = str(len(event["body"]))
+    return event
 
 
 def hex_trace(span: ReadableSpan) -> str:
