@@ -6,6 +6,7 @@ V2 app: Starlette calls it with the request's own ASGI scope, receive and send, 
 app reads the body and writes the answer itself (binary tensors untouched, streaming as it
 likes), with no request or response translated in between. Logs are Cloud Logging's
 structured JSON, each line carrying the request's trace (:mod:`fnserve.adapters.gcp.logs`).
+The function starts as the Lambda ones do (:mod:`fnserve.adapters.handler`).
 
     functions-framework --target infer --source functions/gcp_api/main.py --signature-type http --asgi
 """
@@ -18,11 +19,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from fnserve import bootstrap
 from fnserve.adapters.gcp.logs import bind_trace, use_cloud_logging
+from fnserve.adapters.handler import start_requests
 from fnserve.adapters.http.app import create_app
 from fnserve.core.service import InferenceService
-from fnserve.observability import tracing
 from fnserve.settings import Settings
 
 Asgi = Callable[[dict[str, Any], Any, Any], Any]
@@ -43,15 +43,9 @@ def create_function(
     service: InferenceService | None = None, settings: Settings | None = None
 ) -> Callable[[Request], Awaitable[Response]]:
     """The HTTP function; build it once per instance, at import (warm globals)."""
-    settings = settings or Settings()
-    use_cloud_logging()
-    store = bootstrap.result_store(settings, for_requests=True)
-    service = service or bootstrap.build_service(settings, store)
-    # An instance may take concurrent requests: calls that leave the process wait in threads.
-    offload = store is not None or bool(service.registry.manifest.cascades)
-    plane = bootstrap.build_dataplane(settings, service=service, store=store, offload=offload)
+    # An instance takes concurrent requests (Cloud Run's concurrency).
+    settings, plane = start_requests(settings, service, concurrent=True, prepare=use_cloud_logging)
     response = AppResponse(create_app(plane, settings))
-    tracing.configure()
 
     async def infer(request: Request) -> Response:  # async: run on the loop, not in the framework's threads
         return response

@@ -4,7 +4,8 @@ Each event is one Pub/Sub message (as Eventarc delivers them) whose ``data`` is 
 job, in the SQS job format (:mod:`fnserve.core.jobs`). An instance takes many events at once
 (Cloud Run's concurrency): the events that arrive within ``FNSERVE_JOBS_GATHER_MS`` of the first,
 and those arriving while a batch runs, are gathered and run as one delivery through the job
-processor, so same-shaped jobs become one vectorised runtime call, as an SQS batch does.
+processor, so same-shaped jobs become one vectorised runtime call, as an SQS batch does. The
+function starts as the SQS one does (:mod:`fnserve.adapters.handler`).
 
 What each event's answer means to Pub/Sub:
 
@@ -34,12 +35,11 @@ import orjson
 from cloudevents.abstract import CloudEvent
 from starlette.exceptions import HTTPException
 
-from fnserve import bootstrap
 from fnserve.adapters.gcp.logs import use_cloud_logging
+from fnserve.adapters.handler import start_jobs
 from fnserve.core.processor import JobProcessor
 from fnserve.core.results import ResultStore
 from fnserve.core.service import InferenceService
-from fnserve.observability import tracing
 from fnserve.observability.logs import logger
 from fnserve.settings import Settings
 
@@ -140,11 +140,8 @@ def create_function(
     service: InferenceService | None = None, settings: Settings | None = None, store: ResultStore | None = None
 ) -> Callable[[CloudEvent], Awaitable[None]]:
     """The CloudEvent function; build it once per instance, at import (warm globals)."""
-    settings = settings or Settings()
-    use_cloud_logging()
-    processor = bootstrap.batch_processor(settings, service, store)
+    settings, processor = start_jobs(settings, service, store, prepare=use_cloud_logging)
     gatherer = Gatherer(processor, window=settings.jobs_gather_ms / 1000, max_jobs=settings.jobs_max_batch)
-    tracing.configure()
 
     async def jobs(event: CloudEvent) -> None:
         record = record_of(event)

@@ -1,8 +1,9 @@
 """The Lambda HTTP handler: API Gateway (REST v1, HTTP API v2) and ALB events -> Mangum -> the app.
 
 Everything is built once per container, at import of the function's ``app.py`` (warm
-globals); Mangum's lifespan is off, since Mangum would run it on every invocation, and any
-Host header a client sends is answered (:mod:`fnserve.adapters.lambda_.asgi`).
+globals, started by the handler base, :mod:`fnserve.adapters.handler`); Mangum's lifespan is
+off, since Mangum would run it on every invocation, and any Host header a client sends is
+answered (:mod:`fnserve.adapters.lambda_.asgi`).
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ from typing import Any, TextIO
 
 import orjson
 
-from fnserve import bootstrap
+from fnserve.adapters.handler import lambda_handler, start_requests
 from fnserve.adapters.http.app import create_app
 from fnserve.adapters.lambda_ import asgi as lambda_asgi
 from fnserve.adapters.lambda_ import snapstart
 from fnserve.core.service import InferenceService
-from fnserve.observability import logs, tracing
-from fnserve.observability.logs import logger
+from fnserve.observability import logs
 from fnserve.settings import Settings
 
 # Only JSON is text; everything else (the binary tensor extension's application/octet-stream)
@@ -92,24 +92,7 @@ def create_handler(
     telemetry: EmfTelemetry | None = None,
 ) -> LambdaHandler:
     """The Lambda handler for the HTTP API; build it once, at import."""
-    settings = settings or Settings()
-    store = bootstrap.result_store(settings, for_requests=True)
-    plane = bootstrap.build_dataplane(
-        settings, service=service or bootstrap.build_service(settings, store), store=store
-    )
+    settings, plane = start_requests(settings, service, ready=snapstart.register)
     telemetry = telemetry or EmfTelemetry()
-    app = create_app(plane, settings, telemetry=telemetry)
-    asgi = lambda_asgi.adapter(app, TEXT_MIME_TYPES)
-
-    snapstart.register(plane.service.registry)
-    tracing.configure()
-
-    @logger.inject_lambda_context(clear_state=True)
-    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-        try:
-            return asgi(event, context)
-        finally:
-            telemetry.flush()
-            tracing.flush()
-
-    return handler
+    asgi = lambda_asgi.adapter(create_app(plane, settings, telemetry=telemetry), TEXT_MIME_TYPES)
+    return lambda_handler(asgi, telemetry.flush)

@@ -1,8 +1,9 @@
 """The SQS handler (batch jobs and cascade follow-ups): records in, ``batchItemFailures`` out.
 
 Everything about jobs (parsing, stacking, running, storing, idempotency) is the job
-processor's (:mod:`fnserve.core.processor`); this adapter only takes the records out of the
-event and puts the message ids to redeliver into the partial batch response. When every
+processor's (:mod:`fnserve.core.processor`), and its start and each invocation's end are the
+handler base's (:mod:`fnserve.adapters.handler`); this adapter only takes the records out of
+the event and puts the message ids to redeliver into the partial batch response. When every
 record fails, every record is reported (the handler does not raise): SQS retries them all
 either way, and each reason is already logged.
 """
@@ -17,7 +18,7 @@ from typing import Any
 from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
-from fnserve import bootstrap
+from fnserve.adapters.handler import lambda_handler, start_jobs
 from fnserve.adapters.lambda_ import snapstart
 from fnserve.core.results import ResultStore
 from fnserve.core.service import InferenceService
@@ -52,19 +53,13 @@ def create_handler(
     metrics: Metrics | None = None,
 ) -> SqsHandler:
     """The batch function's handler; build it once, at import."""
-    settings = settings or Settings()
-    processor = bootstrap.batch_processor(settings, service, store)
+    _, processor = start_jobs(settings, service, store, ready=snapstart.register)
     metrics = metrics or Metrics(  # what the template sets (Powertools' variables), else fnserve's names
         namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "fnserve",
         service=os.environ.get("POWERTOOLS_SERVICE_NAME") or "fnserve-batch",
     )
 
-    snapstart.register(processor.service.registry)
-
-    tracing.configure()
-
-    @logger.inject_lambda_context(clear_state=True)
-    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    def jobs(event: dict[str, Any], context: Any) -> dict[str, Any]:
         started_ns = time.time_ns()
         records = records_of(event)
         outcome = processor.process(records)
@@ -77,7 +72,6 @@ def create_handler(
         metrics.add_metric(name="CacheHits", unit=MetricUnit.Count, value=outcome.cache_hits)
         metrics.flush_metrics()
         logger.info("batch", extra={"records": len(records), **outcome.counts()})
-        tracing.flush()
         return {"batchItemFailures": [{"itemIdentifier": m} for m in outcome.failures]}
 
-    return handler
+    return lambda_handler(jobs)

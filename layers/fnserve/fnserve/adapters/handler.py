@@ -1,0 +1,96 @@
+"""The handler base: what the Lambda and Cloud Functions handlers share, so each of their modules only translates.
+
+Once per process, at import of the function's entry file (warm globals), a handler starts with
+:func:`start_requests` (the API and HTTP functions: a data plane) or :func:`start_jobs` (the SQS
+and Pub/Sub functions: a job processor): the settings are read, the objects built from them
+(:mod:`fnserve.bootstrap`), the platform's own steps run around that (``prepare`` before anything
+is built or logged: Cloud Logging's line shape; ``ready`` once the models are known: SnapStart's
+hooks) and tracing is configured.
+
+Per invocation, a Lambda handler is its translation wrapped by :func:`lambda_handler`: each
+invocation's log lines carry its context, and before it returns, what it buffered and then its
+spans are written out, since Lambda freezes the process between invocations, the span
+exporter's thread with it (docs/design/handlers.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fnserve import bootstrap
+from fnserve.observability import tracing
+from fnserve.observability.logs import logger
+from fnserve.settings import Settings
+
+if TYPE_CHECKING:
+    from fnserve.core.dataplane import DataPlane
+    from fnserve.core.processor import JobProcessor
+    from fnserve.core.registry import ModelRegistry
+    from fnserve.core.results import ResultStore
+    from fnserve.core.service import InferenceService
+
+Answer = TypeVar("Answer")
+Translate = Callable[[dict[str, Any], Any], Answer]  # a Lambda event and its context -> the answer
+
+
+def start_requests(
+    settings: Settings | None,
+    service: InferenceService | None,
+    *,
+    concurrent: bool = False,
+    prepare: Callable[[], None] | None = None,
+    ready: Callable[[ModelRegistry], None] | None = None,
+) -> tuple[Settings, DataPlane]:
+    """The settings and data plane of a function that answers requests, its result store bounded by the
+    request budget; ``concurrent``: one process answers several requests at once."""
+    settings = settings or Settings()
+    if prepare is not None:
+        prepare()
+    store = bootstrap.result_store(settings, for_requests=True)
+    service = service or bootstrap.build_service(settings, store)
+    # Concurrent requests: calls that leave the process (the store, follow-ups) wait in threads, not on the loop.
+    offload = concurrent and (store is not None or bool(service.registry.manifest.cascades))
+    plane = bootstrap.build_dataplane(settings, service=service, store=store, offload=offload)
+    _ready(plane.service.registry, ready)
+    return settings, plane
+
+
+def start_jobs(
+    settings: Settings | None,
+    service: InferenceService | None,
+    store: ResultStore | None,
+    *,
+    prepare: Callable[[], None] | None = None,
+    ready: Callable[[ModelRegistry], None] | None = None,
+) -> tuple[Settings, JobProcessor]:
+    """The settings and job processor of a batch function (with the configured store unless ``store``)."""
+    settings = settings or Settings()
+    if prepare is not None:
+        prepare()
+    processor = bootstrap.batch_processor(settings, service, store)
+    _ready(processor.service.registry, ready)
+    return settings, processor
+
+
+def _ready(registry: ModelRegistry, ready: Callable[[ModelRegistry], None] | None) -> None:
+    if ready is not None:
+        ready(registry)
+    tracing.configure()
+
+
+def lambda_handler(translate: Translate[Answer], *buffers: Callable[[], None]) -> Translate[Answer]:
+    """The Lambda handler around ``translate`` (an event and its context in, the answer out): each invocation's log
+    lines carry its context and none of the last one's keys (Powertools), and as it ends, raising or not, what it
+    buffered is written out (``buffers``, then the spans)."""
+    flushes = (*buffers, tracing.flush)
+
+    @logger.inject_lambda_context(clear_state=True)
+    def handler(event: dict[str, Any], context: Any) -> Answer:
+        try:
+            return translate(event, context)
+        finally:
+            for flush in flushes:
+                flush()
+
+    return handler
