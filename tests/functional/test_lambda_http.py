@@ -281,8 +281,8 @@ assert app.handler(event, LambdaContext())["statusCode"] == 200
 @pytest.mark.parametrize(
     ("function", "call", "loaded"),
     [
-        # The API function's first inference answers before FastAPI is imported (~140 ms of a cold
-        # start); the first other request builds it.
+        # The API function's first inference answers before FastAPI is imported (a large share of a
+        # cold start); the first other request builds it.
         ("api", API_CALL.format(event=str(REPO / "events" / "api-http-infer.json")), ["asyncio"]),
         (
             "api",

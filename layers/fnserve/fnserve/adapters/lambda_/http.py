@@ -36,9 +36,9 @@ class EmfTelemetry:
 
     A Lambda container answers one request per invocation, so the dimensions describe exactly
     that request. The line is built and written here (one dict, one orjson call) rather than
-    through Powertools' Metrics, whose per-metric validation and per-flush serialisation cost
-    ~50 µs a request on the hot path; the format is the same (namespace, ``service`` /
-    ``model`` / ``status`` dimensions, Count and Milliseconds units).
+    through Powertools' Metrics, whose per-metric validation and per-flush serialisation show
+    on the hot path; the format is the same (namespace, ``service`` / ``model`` / ``status``
+    dimensions, Count and Milliseconds units).
     """
 
     def __init__(self, namespace: str | None = None, service: str | None = None, out: TextIO | None = None) -> None:
