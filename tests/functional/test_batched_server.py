@@ -327,7 +327,7 @@ def test_a_request_timeout_drops_it_from_the_queue_before_it_runs(tmp_path: Path
     assert all("deadline passed before the inference finished" in r.json()["error"] for r in timed)
     assert batcher.batches == 2  # the heavy one, then the patient one alone: the timed-out ones never ran
     assert bad.status_code == 422 and "parameter 'timeout' is microseconds" in bad.json()["error"]
-    [stat] = plane.model_statistics("minilm-l6")
+    [stat] = plane.catalog.model_statistics("minilm-l6")
     assert stat["inference_stats"]["fail"]["count"] == 4 and stat["inference_stats"]["success"]["count"] == 2
     assert stat["execution_count"] == 2
 
@@ -376,7 +376,7 @@ def test_an_overloaded_model_refuses_a_request_from_its_headers_before_reading_i
     [refused] = [line for line in lines if line["message"] == "inference refused"]
     assert refused["request_id"] == "shed-1" and refused["status"] == 503 and refused["error"] == error
     assert batcher.shed == 1 and batcher.batches == 2  # the heavy batch, then the two queued: nothing of its ran
-    [stat] = plane.model_statistics("minilm-l6")
+    [stat] = plane.catalog.model_statistics("minilm-l6")
     assert stat["inference_stats"]["fail"]["count"] == 1 and stat["inference_stats"]["success"]["count"] == 3
 
 

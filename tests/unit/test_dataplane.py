@@ -61,12 +61,12 @@ def test_a_job_over_the_message_limit_without_a_bucket_is_a_configuration_error(
 
 
 def test_ready_waits_for_every_condition_the_server_adds(plane: DataPlane) -> None:
-    assert plane.ready()
+    assert plane.catalog.ready()
     others_listening = [False]
-    plane.ready_when(lambda: others_listening[0])
-    assert not plane.ready()
+    plane.catalog.ready_when(lambda: others_listening[0])
+    assert not plane.catalog.ready()
     others_listening[0] = True
-    assert plane.ready()
+    assert plane.catalog.ready()
 
 
 class Ended:

@@ -21,15 +21,12 @@ from typing import Any, Protocol, TypeVar
 from fnserve.core._rows import batch_size
 from fnserve.core.batching import AdaptiveBatcher, BatchObservers, batchers_for
 from fnserve.core.cascade import CascadeRunner
+from fnserve.core.catalog import Catalog
 from fnserve.core.datatypes import Arrays
 from fnserve.core.errors import ClientGone, DeadlineExceeded, FnserveError, ResultNotFound, unknown_model
 from fnserve.core.followups import ResultLookup, ResultState
-from fnserve.core.manifest import CascadeSettings
-from fnserve.core.model_config import triton_config
 from fnserve.core.providers import RAN_ON, RanOn
-from fnserve.core.servable import PipelineServable
 from fnserve.core.service import InferenceService, Prediction, Prepared
-from fnserve.core.statistics import Statistics
 from fnserve.core.turns import TurnBatcher
 
 T = TypeVar("T")
@@ -158,24 +155,9 @@ class DataPlane:
             for p in service.registry.manifest.pipelines
             if p.version in (None, service.registry.resolve(p.model).version)
         }
-        self._ready_when: list[Callable[[], bool]] = []
-        self.instances = 1  # a server says how many sessions of a model run at once
-        self.names = frozenset(self.served_names())
-        registry = service.registry
-        # The version a request's figures go under when it names none: a model's default; a pipeline's or a
-        # cascade's, that of the model it runs (its fast one's): Triton's tools read every version as a number.
-        self._counted = {name: registry.resolve(name).version for name in registry.names()}
-        for p in registry.manifest.pipelines:
-            self._counted[p.name] = p.version or self._counted[p.model]
-        for c in cascades.cascades.values() if cascades is not None else ():
-            self._counted[c.name] = c.fast_version or self._counted[c.fast]
-        self._models_here = frozenset(registry.names())
-        self.statistics = Statistics(
-            [
-                *((name, version, registry.executions[(name, version)]) for name, version in registry.executions),
-                *((name, self._counted[name], None) for name in self.served_names() if name not in self._models_here),
-            ]
-        )
+        self.catalog = Catalog(service, cascades)
+        self.statistics = self.catalog.statistics  # recorded here, reported by the catalog
+        self.names = self.catalog.names
 
     # -- inference ------------------------------------------------------------------------------
 
@@ -201,7 +183,7 @@ class DataPlane:
             arriving = batcher.admitted(within=request.deadline) if batcher is not None else None
         except FnserveError as refusal:
             watcher.start(name, version, request.traceparent).refused(refusal)
-            self.statistics.failed(name, self._version_of(name, version), time.perf_counter_ns() - arrived)
+            self.statistics.failed(name, self.catalog.version_of(name, version), time.perf_counter_ns() - arrived)
             raise
         return self._serve(watcher.start(name, version, request.traceparent), request, arriving, arrived)
 
@@ -247,7 +229,7 @@ class DataPlane:
                 payload, encoded_ms = answer.encoded
         except FnserveError as exc:
             watch.refused(exc)
-            self.statistics.failed(name, self._version_of(name, version), time.perf_counter_ns() - arrived)
+            self.statistics.failed(name, self.catalog.version_of(name, version), time.perf_counter_ns() - arrived)
             raise
         except ClientGone:
             watch.cancelled("client gone")
@@ -256,7 +238,7 @@ class DataPlane:
             logger.exception("unhandled error", extra={"model": name})
             error = FnserveError("internal server error")
             watch.refused(error)
-            self.statistics.failed(name, self._version_of(name, version), time.perf_counter_ns() - arrived)
+            self.statistics.failed(name, self.catalog.version_of(name, version), time.perf_counter_ns() - arrived)
             raise error from exc
         except BaseException:  # cancelled: the client went away, or the server is stopping
             watch.cancelled("cancelled")
@@ -265,7 +247,7 @@ class DataPlane:
         watch.served(answer, timings)
         self.statistics.served(
             name,
-            self._version_of(name, version),
+            self.catalog.version_of(name, version),
             time.perf_counter_ns() - arrived,
             timings,
             answer.cache,
@@ -370,70 +352,6 @@ class DataPlane:
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await asyncio.to_thread(fn, *args, **kwargs) if self.offload else fn(*args, **kwargs)
-
-    # -- metadata and readiness -----------------------------------------------------------------
-
-    def metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
-        """V2 model metadata of a served name; a cascade shows its fast model's tensors."""
-        cascade = self._cascade_settings(name, version)
-        if cascade is None:
-            return self.service.model_metadata(name, version)
-        meta = self.service.model_metadata(cascade.fast, cascade.fast_version)
-        return {**meta, "name": name, "versions": [], "platform": "fnserve_cascade"}
-
-    def config(self, name: str, version: str | None = None) -> dict[str, Any]:
-        """Triton's model configuration of a served name (:mod:`fnserve.core.model_config`)."""
-        cascade = self._cascade_settings(name, version)
-        if cascade is not None:
-            servable = self.service.servable(cascade.fast, cascade.fast_version)
-            return triton_config(name, servable, "fnserve_cascade", self.instances, [])
-        servable = self.service.servable(name, version)
-        if isinstance(servable, PipelineServable):
-            return triton_config(name, servable, "fnserve_pipeline", self.instances, [])
-        versions = [version] if version is not None else self.service.registry.versions(name)
-        return triton_config(name, servable, "onnxruntime_onnx", self.instances, versions)
-
-    def model_statistics(self, name: str | None = None, version: str | None = None) -> list[dict[str, Any]]:
-        """Triton's statistics (``model_stats``): of every served name, one name's versions, or one version's."""
-        if name is not None:
-            if not self.statistics.knows(name):
-                raise unknown_model(name)
-            if version is not None and version not in self.statistics.versions(name):
-                raise unknown_model(name, version)
-        return self.statistics.report(name, version)
-
-    def model_ready(self, name: str, version: str | None = None) -> bool:
-        """Whether a served name can answer (a cascade: both of its models)."""
-        cascade = self._cascade_settings(name, version)
-        if cascade is None:
-            return self.service.model_ready(name, version)
-        return self.service.model_ready(cascade.fast, cascade.fast_version) and self.service.model_ready(
-            cascade.slow, cascade.slow_version
-        )
-
-    def served_names(self) -> list[str]:
-        """Every name a request may call: models, pipelines, cascades."""
-        cascades = list(self.cascades.cascades) if self.cascades is not None else []
-        return [*self.service.registry.names(), *self.service.pipelines, *cascades]
-
-    def ready(self) -> bool:
-        """Whether every model can serve, and every condition given to :meth:`ready_when` holds."""
-        return self.service.ready() and all(condition() for condition in self._ready_when)
-
-    def ready_when(self, condition: Callable[[], bool]) -> None:
-        """Make :meth:`ready` also wait for ``condition`` (a server's: all its front processes listening)."""
-        self._ready_when.append(condition)
-
-    def _version_of(self, name: str, version: str | None) -> str:
-        """The version a request to ``name`` is counted under."""
-        if version is not None:
-            return version
-        return self._counted.get(name, "")
-
-    def _cascade_settings(self, name: str, version: str | None) -> CascadeSettings | None:
-        if self.cascades is None or version is not None:
-            return None
-        return self.cascades.cascades.get(name)
 
     # -- results --------------------------------------------------------------------------------
 

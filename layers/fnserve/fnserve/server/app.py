@@ -68,7 +68,7 @@ def server_app(
     )
     # Sessions of each model running at once: every front process's own, or its workers'.
     per_process = (settings.parallel_workers + settings.gpu_workers) if pool is not None else 1
-    plane.instances = settings.server_processes * per_process
+    plane.catalog.instances = settings.server_processes * per_process
     tracing.configure()
     if metrics is not None:
         metrics.watch(plane, pool)
@@ -81,7 +81,7 @@ def server_app(
         companions.append(grpc_server(settings, plane, metrics.telemetry("grpc") if metrics is not None else None))
     listening = fronts.all_listening()  # one of several front processes: ready once all of them listen
     if listening is not None:  # counted in last, once its gRPC server (if any) is up too
-        plane.ready_when(listening)
+        plane.catalog.ready_when(listening)
         companions.append(listening)
         shared = os.environ.get(fronts.STATISTICS_DIR_ENV)
         if shared:  # each one's statistics where the others add them up, every SHARE_SECONDS and at stop

@@ -75,7 +75,7 @@ class GrpcServer:
         await server.start()
         self._server = server
         serving = health_pb2.HealthCheckResponse.SERVING
-        status = serving if self.plane.ready() else health_pb2.HealthCheckResponse.NOT_SERVING
+        status = serving if self.plane.catalog.ready() else health_pb2.HealthCheckResponse.NOT_SERVING
         for service in ("", SERVICE):
             await self._health.set(service, status)
         logger.info(f"gRPC listening on {self.address}", extra={"grpc_address": self.address})

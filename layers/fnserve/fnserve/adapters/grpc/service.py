@@ -48,21 +48,21 @@ class InferenceServicer:
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.plane.ready())
+        return pb.ServerReadyResponse(ready=self.plane.catalog.ready())
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(name="fnserve", version=__version__, extensions=EXTENSIONS)
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Context) -> Any:
         try:
-            ready = self.plane.model_ready(request.name, request.version or None)
+            ready = self.plane.catalog.model_ready(request.name, request.version or None)
         except FnserveError as exc:
             await context.abort(status_of(exc), exc.message)
         return pb.ModelReadyResponse(ready=ready)
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Context) -> Any:
         try:
-            meta = self.plane.metadata(request.name, request.version or None)
+            meta = self.plane.catalog.metadata(request.name, request.version or None)
         except FnserveError as exc:
             await context.abort(status_of(exc), exc.message)
         response = pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"])
@@ -74,14 +74,14 @@ class InferenceServicer:
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Context) -> Any:
         try:
-            config = self.plane.config(request.name, request.version or None)
+            config = self.plane.catalog.config(request.name, request.version or None)
         except FnserveError as exc:
             await context.abort(status_of(exc), exc.message)
         return pb.ModelConfigResponse(config=json_format.ParseDict(config, pb.ModelConfig()))
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Context) -> Any:
         try:
-            stats = self.plane.model_statistics(request.name or None, request.version or None)
+            stats = self.plane.catalog.model_statistics(request.name or None, request.version or None)
         except FnserveError as exc:
             await context.abort(status_of(exc), exc.message)
         return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())

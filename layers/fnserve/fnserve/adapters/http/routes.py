@@ -125,27 +125,27 @@ class V2Routes:
         return json_response({"live": True})
 
     async def ready(self) -> Response:
-        is_ready = self.plane.ready()
+        is_ready = self.plane.catalog.ready()
         return json_response({"ready": is_ready}, 200 if is_ready else 503)
 
     async def server_metadata(self) -> Response:
         return json_response({"name": "fnserve", "version": __version__, "extensions": EXTENSIONS})
 
     async def model_metadata(self, name: str, version: str | None = None) -> Response:
-        return json_response(self.plane.metadata(name, version))
+        return json_response(self.plane.catalog.metadata(name, version))
 
     async def model_ready(self, name: str, version: str | None = None) -> Response:
-        is_ready = self.plane.model_ready(name, version)
+        is_ready = self.plane.catalog.model_ready(name, version)
         body: dict[str, object] = {"name": name, "ready": is_ready}
         if is_ready:  # where it runs: its providers and device (and a CPU fall back's reason)
-            body.update(self.plane.metadata(name, version).get("parameters", {}))
+            body.update(self.plane.catalog.metadata(name, version).get("parameters", {}))
         return json_response(body, 200 if is_ready else 503)
 
     async def model_config(self, name: str, version: str | None = None) -> Response:
-        return json_response(self.plane.config(name, version))
+        return json_response(self.plane.catalog.config(name, version))
 
     async def statistics(self, name: str | None = None, version: str | None = None) -> Response:
-        return json_response({"model_stats": self.plane.model_statistics(name, version)})
+        return json_response({"model_stats": self.plane.catalog.model_statistics(name, version)})
 
     async def result(
         self,

@@ -52,7 +52,7 @@ class SageMakerRoutes:
 
     async def ping(self) -> Response:
         """200 once every model is loaded (and warmed, at start), else 503: SageMaker sends no traffic before."""
-        ready = self.plane.ready()
+        ready = self.plane.catalog.ready()
         return json_response({"ready": ready}, 200 if ready else 503)
 
     async def invocations(self, request: Request) -> Response:
@@ -96,7 +96,7 @@ class SageMakerRoutes:
             return attributes["model"], attributes.get("version")
         if self.default_model:
             return self.default_model, None
-        served = self.plane.served_names()
+        served = self.plane.catalog.served_names()
         if len(served) == 1:
             return served[0], None
         raise BadRequest(
@@ -111,7 +111,7 @@ class SageMakerRoutes:
         try:
             if media == NPY:
                 array = np.load(io.BytesIO(body), allow_pickle=False)
-                names = [spec["name"] for spec in self.plane.metadata(name, version)["inputs"]]
+                names = [spec["name"] for spec in self.plane.catalog.metadata(name, version)["inputs"]]
                 return {attributes.get("input") or _only(names, "input", name): array}
             with np.load(io.BytesIO(body), allow_pickle=False) as npz:
                 return {key: npz[key] for key in npz.files}
