@@ -1,2 +1,2 @@
-"""AWS Lambda: ``http`` (API Gateway and ALB through Mangum), ``sqs`` (batch jobs), ``snapstart``, and ``events``
-(the shapes Lambda delivers: events, the context object)."""
+"""AWS Lambda: ``http`` (API Gateway and ALB through Mangum, over ``asgi``), ``sqs`` (batch jobs) and ``snapstart``;
+the events Lambda delivers are built by :mod:`fnserve.aws.events`."""
