@@ -130,7 +130,8 @@ def test_an_overload_is_refused_by_its_foreseen_wait_before_its_body_is_read(tmp
     plane = DataPlane(service, batching=True, observers=lambda model: BatchObservers(on_shed=reasons.append))
     app = create_app(plane, Settings(manifest=DEMO_MANIFEST, access_log=False))
     batcher = plane.batchers["minilm-l6"]
-    assert (batcher.max_queue, batcher.max_queue_delay) == (None, None)  # the defaults: a bound on time, not rows
+    # The defaults: a bound on time, not rows.
+    assert (batcher.policy.max_queue, batcher.policy.max_queue_delay) == (None, None)
     url = "/v2/models/minilm-l6/infer"
     scope = post_scope(url, [(b"content-type", b"application/json"), (b"content-length", b"100000")])
     sent: list[dict[str, object]] = []
@@ -139,7 +140,7 @@ def test_an_overload_is_refused_by_its_foreseen_wait_before_its_body_is_read(tmp
         sent.append(message)
 
     def past_deadline() -> bool:
-        return batcher.foreseen_wait(batcher.queued(), 1) > batcher.queue_delay()
+        return batcher.admission.foreseen_wait(batcher.queued(), 1) > batcher.admission.queue_delay()
 
     async def main() -> list[int]:
         transport = httpx.ASGITransport(app=app)
@@ -149,9 +150,9 @@ def test_an_overload_is_refused_by_its_foreseen_wait_before_its_body_is_read(tmp
             first = await client.post(url, content=full, headers=headers)  # its run sets the pace
             assert first.status_code == 200, first.text
             # Three times the batches it runs in its queue deadline (a second, or two batches if longer), at once.
-            delay = batcher.queue_delay()
-            assert delay == max(1.0, 2 * batcher.pace.seconds(64))
-            flood = 3 * math.ceil(delay / batcher.pace.seconds(64)) + 3
+            delay = batcher.admission.queue_delay()
+            assert delay == max(1.0, 2 * batcher.admission.pace.seconds(64))
+            flood = 3 * math.ceil(delay / batcher.admission.pace.seconds(64)) + 3
             # The model's slot held while the flood comes, so that its queue cannot drain under the probe below:
             # the refusal is then the queue's doing, not a race with the batches' runs.
             slots = batcher._slots

@@ -291,7 +291,7 @@ max_batch_time_ms = 2
         assert response.headers["retry-after"] == "1" and "is overloaded" in response.json()["error"]
     reasons = sorted("max_queue_delay_ms" in r.json()["error"] for r in small)
     assert reasons == [False, False, False, True, True], [r.json() for r in small]  # 3 at once, 2 at their deadline
-    assert minilm_batcher.batches == 1 and minilm_batcher.shed == 5  # the refused ones never ran
+    assert minilm_batcher.batches == 1 and minilm_batcher.admission.shed == 5  # the refused ones never ran
     assert digits_answered > 0  # the other model answered while this one was flooded
     shed = {
         s.labels["reason"]: s.value
@@ -375,7 +375,8 @@ def test_an_overloaded_model_refuses_a_request_from_its_headers_before_reading_i
     lines = [json.loads(line) for line in log_stream.getvalue().splitlines() if line.startswith("{")]
     [refused] = [line for line in lines if line["message"] == "inference refused"]
     assert refused["request_id"] == "shed-1" and refused["status"] == 503 and refused["error"] == error
-    assert batcher.shed == 1 and batcher.batches == 2  # the heavy batch, then the two queued: nothing of its ran
+    # The heavy batch, then the two queued: nothing of its ran.
+    assert batcher.admission.shed == 1 and batcher.batches == 2
     [stat] = plane.catalog.model_statistics("minilm-l6")
     assert stat["inference_stats"]["fail"]["count"] == 1 and stat["inference_stats"]["success"]["count"] == 3
 
@@ -476,4 +477,4 @@ def test_a_full_queue_refuses_over_grpc_with_unavailable_and_over_sagemaker_with
     assert "model 'minilm-l6' is overloaded: 2 rows wait already, 2 at most (max_queue_size)" in str(refused.details())
     assert sagemaker.status_code == 503 and sagemaker.headers["retry-after"] == "1"
     assert "is overloaded" in sagemaker.json()["error"]
-    assert batcher.shed == 2 and batcher.batches == 2  # neither refused request ran
+    assert batcher.admission.shed == 2 and batcher.batches == 2  # neither refused request ran

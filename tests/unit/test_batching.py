@@ -10,8 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fnserve.core.batching import AdaptiveBatcher, BatchObservers, Pace
+from fnserve.core.admission import Pace
+from fnserve.core.batching import AdaptiveBatcher, BatchObservers, BatchPolicy
 from fnserve.core.errors import InferenceError, InvalidInput, Overloaded, grpc_code
+from fnserve.core.stacking import Stacking
 
 Arrays = dict[str, np.ndarray]
 
@@ -44,7 +46,7 @@ def test_concurrent_requests_share_batches_and_get_exactly_their_rows() -> None:
     model = Recorder(delay=0.01)
 
     async def main() -> list[tuple[Arrays, float]]:
-        batcher = AdaptiveBatcher(model, max_batch_size=64, max_batch_time=0.05)
+        batcher = AdaptiveBatcher(model, BatchPolicy(max_batch_size=64, max_batch_time=0.05))
         requests = [{"x": np.full((1 + i % 3, 2), i, np.float32)} for i in range(30)]
         results = await asyncio.gather(*(batcher.predict(r) for r in requests))
         await batcher.close()
@@ -62,7 +64,7 @@ def test_batches_never_exceed_max_batch_size() -> None:
     model = Recorder()
 
     async def main() -> None:
-        batcher = AdaptiveBatcher(model, max_batch_size=5, max_batch_time=0.05)
+        batcher = AdaptiveBatcher(model, BatchPolicy(max_batch_size=5, max_batch_time=0.05))
         await asyncio.gather(*(batcher.predict({"x": np.ones((2, 1))}) for _ in range(12)))
         await batcher.close()
 
@@ -76,7 +78,7 @@ def test_the_deadline_counts_from_the_first_request_of_a_batch() -> None:
     window = 0.05
 
     async def main() -> None:
-        batcher = AdaptiveBatcher(model, max_batch_size=10_000, max_batch_time=window)
+        batcher = AdaptiveBatcher(model, BatchPolicy(max_batch_size=10_000, max_batch_time=window))
         started = time.monotonic()
         tasks = []
         while time.monotonic() - started < 0.4:  # a steady trickle, a request every ~10 ms
@@ -98,7 +100,7 @@ def test_a_lone_request_runs_at_once_without_waiting_out_the_window() -> None:
     window = 5.0  # were it waited out, the test would take this long and its queue wait would show it
 
     async def main() -> list[float]:
-        batcher = AdaptiveBatcher(model, max_batch_size=64, max_batch_time=window)
+        batcher = AdaptiveBatcher(model, BatchPolicy(max_batch_size=64, max_batch_time=window))
         waits = []
         for i in range(3):  # one client, one request at a time: nothing else is on its way
             _, waited = await batcher.predict({"x": np.full((1, 1), float(i))})
@@ -126,7 +128,9 @@ def test_a_closed_loop_of_clients_runs_as_one_batch_not_two_cohorts() -> None:
             await asyncio.sleep(0.001)  # the client reads its answer and sends the next request
 
     async def main() -> None:
-        batcher = AdaptiveBatcher(model, max_batch_size=64, max_batch_time=0.02, observers=BatchObservers(sizes.append))
+        batcher = AdaptiveBatcher(
+            model, BatchPolicy(max_batch_size=64, max_batch_time=0.02), observers=BatchObservers(sizes.append)
+        )
         await asyncio.gather(*(client(batcher, i) for i in range(8)))
         await batcher.close()
 
@@ -144,7 +148,11 @@ def test_with_requests_of_other_lengths_about_a_batch_does_not_wait_for_rows_of_
     window = 5.0  # were it waited out, the test would time out waiting for the answer below
 
     async def main() -> None:
-        batcher = AdaptiveBatcher(model, max_batch_size=64, max_batch_time=window, buckets=[4, 8], pad_inputs=["x"])
+        batcher = AdaptiveBatcher(
+            model,
+            BatchPolicy(max_batch_size=64, max_batch_time=window),
+            stacking=Stacking(buckets=[4, 8], pad_inputs=["x"]),
+        )
         # Four of length 4 in flight at once: a batch of that bucket now expects four.
         await asyncio.gather(*(batcher.predict({"x": np.ones((1, 3))}) for _ in range(4)))
         await batcher.predict({"x": np.ones((1, 7))})  # then one of another length
@@ -161,7 +169,11 @@ def test_a_batch_waiting_for_rows_of_its_own_goes_on_when_a_request_of_another_l
     window = 5.0
 
     async def main() -> None:
-        batcher = AdaptiveBatcher(model, max_batch_size=64, max_batch_time=window, buckets=[4, 8], pad_inputs=["x"])
+        batcher = AdaptiveBatcher(
+            model,
+            BatchPolicy(max_batch_size=64, max_batch_time=window),
+            stacking=Stacking(buckets=[4, 8], pad_inputs=["x"]),
+        )
         await asyncio.gather(*(batcher.predict({"x": np.ones((1, 3))}) for _ in range(4)))  # four expected
         waiting = asyncio.ensure_future(batcher.predict({"x": np.ones((1, 3))}))  # its batch waits for three more
         while not any(flight._waiter for flight in batcher._flights.values()):
@@ -178,7 +190,7 @@ def test_a_failed_batch_is_split_until_only_its_culprit_fails() -> None:
     model = Recorder(delay=0.02)
 
     async def main() -> tuple[list[Any], AdaptiveBatcher]:
-        batcher = AdaptiveBatcher(model, max_batch_size=8, max_batch_time=0.05)
+        batcher = AdaptiveBatcher(model, BatchPolicy(max_batch_size=8, max_batch_time=0.05))
         first = [batcher.predict({"x": np.full((1, 1), -1.0 if i == 5 else float(i))}) for i in range(8)]
         results = await asyncio.gather(*first, return_exceptions=True)
         later = await batcher.predict({"x": np.ones((1, 1))})
@@ -200,7 +212,7 @@ def test_every_culprit_of_a_batch_gets_its_own_error() -> None:
     model = Recorder()
 
     async def main() -> list[Any]:
-        batcher = AdaptiveBatcher(model, max_batch_size=16, max_batch_time=0.05)
+        batcher = AdaptiveBatcher(model, BatchPolicy(max_batch_size=16, max_batch_time=0.05))
         bad = {0, 7, 8}
         requests = [batcher.predict({"x": np.full((1, 1), -1.0 if i in bad else 1.0)}) for i in range(16)]
         results = await asyncio.gather(*requests, return_exceptions=True)
@@ -238,7 +250,7 @@ def test_each_request_s_then_runs_where_its_batch_ran_and_fails_only_its_own_req
     for with_run_then in (True, False):
         calls.clear()
         batcher = AdaptiveBatcher(
-            model, max_batch_size=16, max_batch_time=0.05, run_then=run_then if with_run_then else None
+            model, BatchPolicy(max_batch_size=16, max_batch_time=0.05), run_then=run_then if with_run_then else None
         )
         results = run(main(batcher))
         assert [r[0] for r in results[:3]] == [0.0, 4.0, 4.0] and results[4][0] == 8.0
@@ -253,7 +265,7 @@ def test_outputs_that_do_not_split_back_are_refused() -> None:
         return {"y": feed["x"][:1]}
 
     async def main() -> list[Any]:
-        batcher = AdaptiveBatcher(bad_model, max_batch_size=8, max_batch_time=0.05)
+        batcher = AdaptiveBatcher(bad_model, BatchPolicy(max_batch_size=8, max_batch_time=0.05))
         results = await asyncio.gather(
             *(batcher.predict({"x": np.ones((2, 1))}) for _ in range(3)), return_exceptions=True
         )
@@ -273,7 +285,9 @@ def test_length_buckets_group_and_pad() -> None:
 
     async def main() -> list[tuple[Arrays, float]]:
         batcher = AdaptiveBatcher(
-            model, max_batch_size=100, max_batch_time=0.05, buckets=[4, 8], pad_inputs=["x"], pad_value=0.0
+            model,
+            BatchPolicy(max_batch_size=100, max_batch_time=0.05),
+            stacking=Stacking(buckets=[4, 8], pad_inputs=["x"], pad_value=0.0),
         )
         lengths = [3, 4, 5, 7, 8, 2, 12]
         results = await asyncio.gather(*(batcher.predict({"x": np.ones((1, n))}) for n in lengths))
@@ -295,7 +309,9 @@ def test_on_a_cpu_a_batch_is_padded_to_its_longest_request_not_its_bucket() -> N
 
     async def main(pad_to_bucket: bool) -> list[float]:
         batcher = AdaptiveBatcher(
-            model, max_batch_size=8, max_batch_time=0.05, buckets=[8, 16], pad_inputs=["x"], pad_to_bucket=pad_to_bucket
+            model,
+            BatchPolicy(max_batch_size=8, max_batch_time=0.05),
+            stacking=Stacking(buckets=[8, 16], pad_inputs=["x"], pad_to_bucket=pad_to_bucket),
         )
         results = await asyncio.gather(*(batcher.predict({"x": np.ones((1, n))}) for n in (9, 11, 3)))
         await batcher.close()
@@ -335,7 +351,7 @@ def test_up_to_max_concurrent_batches_run_at_once() -> None:
     model = Gate()
 
     async def main() -> None:
-        batcher = AdaptiveBatcher(model, max_batch_size=1, max_batch_time=0, max_concurrent=2)
+        batcher = AdaptiveBatcher(model, BatchPolicy(max_batch_size=1, max_batch_time=0, max_concurrent=2))
         tasks = [asyncio.create_task(batcher.predict({"x": np.ones((1, 1))})) for _ in range(5)]
         await until(lambda: model.running == 2)
         for _ in range(20):  # give a third batch every chance to start
@@ -354,7 +370,7 @@ def test_while_every_slot_is_busy_the_backlog_forms_the_next_batch() -> None:
     model = Gate()
 
     async def main() -> None:
-        batcher = AdaptiveBatcher(model, max_batch_size=8, max_batch_time=0, max_concurrent=1)
+        batcher = AdaptiveBatcher(model, BatchPolicy(max_batch_size=8, max_batch_time=0, max_concurrent=1))
         first = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
         await until(lambda: model.running == 1)
         backlog = [asyncio.create_task(batcher.predict({"x": np.ones((1, 1))})) for _ in range(3)]
@@ -375,7 +391,9 @@ def test_length_buckets_take_turns_on_the_models_slots() -> None:
     model = Gate()
 
     async def main() -> None:
-        batcher = AdaptiveBatcher(model, max_batch_size=8, max_batch_time=0, buckets=[4, 8], pad_inputs=["x"])
+        batcher = AdaptiveBatcher(
+            model, BatchPolicy(max_batch_size=8, max_batch_time=0), stacking=Stacking(buckets=[4, 8], pad_inputs=["x"])
+        )
         short = asyncio.create_task(batcher.predict({"x": np.ones((1, 3))}))
         await until(lambda: model.running == 1)
         longer = [asyncio.create_task(batcher.predict({"x": np.ones((1, 7))})) for _ in range(3)]
@@ -401,7 +419,7 @@ def test_a_request_whose_caller_went_away_is_not_computed() -> None:
         return {"y": feed["x"] * 2}
 
     async def main() -> tuple[Arrays, bool]:
-        batcher = AdaptiveBatcher(model, max_batch_size=8, max_batch_time=0)
+        batcher = AdaptiveBatcher(model, BatchPolicy(max_batch_size=8, max_batch_time=0))
         first = asyncio.create_task(batcher.predict({"x": np.full((1, 1), 1.0)}))
         while not batches:  # the first batch is running: the next requests queue behind it
             await asyncio.sleep(0)
@@ -431,7 +449,7 @@ def test_requests_of_other_shapes_never_share_a_batch_without_buckets() -> None:
         return {"y": feed["x"].sum(axis=1)}
 
     async def main() -> list[tuple[Arrays, float]]:
-        batcher = AdaptiveBatcher(model, max_batch_size=100, max_batch_time=0.05)
+        batcher = AdaptiveBatcher(model, BatchPolicy(max_batch_size=100, max_batch_time=0.05))
         lengths = [3, 11, 3, 4, 11, 3]
         results = await asyncio.gather(*(batcher.predict({"x": np.ones((1, n))}) for n in lengths))
         await batcher.close()
@@ -448,7 +466,7 @@ def test_a_shapes_queue_is_dropped_when_idle(monkeypatch: Any) -> None:
     monkeypatch.setattr(batching, "IDLE_SECONDS", 0.01)
 
     async def main() -> None:
-        batcher = AdaptiveBatcher(Recorder(), max_batch_size=4, max_batch_time=0.0)
+        batcher = AdaptiveBatcher(Recorder(), BatchPolicy(max_batch_size=4, max_batch_time=0.0))
         await batcher.predict({"x": np.ones((1, 3))})
         assert len(batcher._queues) == 1
         task = next(iter(batcher._tasks.values()))
@@ -467,7 +485,9 @@ def test_past_max_queue_a_request_is_refused_at_once_and_the_queued_ones_still_r
 
     async def main() -> list[Any]:
         batcher = AdaptiveBatcher(
-            model, max_batch_size=8, max_batch_time=0, max_queue=2, name="digits", observers=shed_to(reasons)
+            model,
+            BatchPolicy(max_batch_size=8, max_batch_time=0, max_queue=2, name="digits"),
+            observers=shed_to(reasons),
         )
         running = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
         await until(lambda: model.running == 1)  # the slot is busy: what comes next queues
@@ -497,7 +517,7 @@ def test_a_request_past_its_queue_deadline_is_refused_and_never_run() -> None:
 
     async def main() -> list[Any]:
         batcher = AdaptiveBatcher(
-            model, max_batch_size=8, max_batch_time=0, max_queue_delay=0.05, observers=shed_to(reasons)
+            model, BatchPolicy(max_batch_size=8, max_batch_time=0, max_queue_delay=0.05), observers=shed_to(reasons)
         )
         running = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
         await until(lambda: model.running == 1)
@@ -520,7 +540,7 @@ def test_the_queue_deadline_does_not_apply_once_a_batch_runs_the_request() -> No
     model = Recorder(delay=0.1)  # a run longer than the deadline
 
     async def main() -> tuple[Arrays, float]:
-        batcher = AdaptiveBatcher(model, max_batch_size=8, max_batch_time=0, max_queue_delay=0.02)
+        batcher = AdaptiveBatcher(model, BatchPolicy(max_batch_size=8, max_batch_time=0, max_queue_delay=0.02))
         result = await batcher.predict({"x": np.ones((1, 1))})
         await batcher.close()
         return result
@@ -540,7 +560,7 @@ def test_a_batch_just_answered_does_not_count_as_waiting() -> None:
             asyncio.get_running_loop().call_soon(lambda: seen.append(batcher.queued()))
             return {"y": feed["x"]}
 
-        batcher = AdaptiveBatcher(model, max_batch_size=8, max_batch_time=0.05, max_queue=2)
+        batcher = AdaptiveBatcher(model, BatchPolicy(max_batch_size=8, max_batch_time=0.05, max_queue=2))
         await asyncio.gather(*(batcher.predict({"x": np.ones((1, 1))}) for _ in range(2)))
         await batcher.close()
 
@@ -564,10 +584,10 @@ def test_the_pace_is_fitted_to_the_latest_runs() -> None:
 
 def test_a_batcher_keeps_the_pace_of_its_runs() -> None:
     async def main() -> float:
-        batcher = AdaptiveBatcher(Recorder(delay=0.06), max_batch_size=8, max_batch_time=0)
+        batcher = AdaptiveBatcher(Recorder(delay=0.06), BatchPolicy(max_batch_size=8, max_batch_time=0))
         await batcher.predict({"x": np.ones((3, 1))})  # 60 ms (at least) for 3 rows
         await batcher.close()
-        return batcher.pace.seconds(3)
+        return batcher.admission.pace.seconds(3)
 
     assert 0.06 <= run(main()) < 0.5
 
@@ -581,9 +601,11 @@ def test_a_request_whose_wait_is_foreseen_past_its_deadline_is_refused_as_it_arr
 
     async def main() -> list[Any]:
         batcher = AdaptiveBatcher(
-            model, max_batch_size=2, max_batch_time=0, max_queue_delay=0.9, name="minilm", observers=shed_to(reasons)
+            model,
+            BatchPolicy(max_batch_size=2, max_batch_time=0, max_queue_delay=0.9, name="minilm"),
+            observers=shed_to(reasons),
         )
-        batcher.pace.add(2, 0.8)  # as the latest runs measured it: full batches, 0.4 s a row
+        batcher.admission.pace.add(2, 0.8)  # as the latest runs measured it: full batches, 0.4 s a row
         running = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
         await until(lambda: model.running == 1)
         queued = [asyncio.create_task(batcher.predict({"x": np.ones((1, 1))})) for _ in range(2)]
@@ -610,58 +632,62 @@ def test_requests_still_being_read_count_against_the_queue_until_theirs_is_read(
     model = Gate()
 
     async def main() -> AdaptiveBatcher:
-        batcher = AdaptiveBatcher(model, max_batch_size=1024, max_batch_time=0, max_queue=1024, name="digits")
+        batcher = AdaptiveBatcher(
+            model, BatchPolicy(max_batch_size=1024, max_batch_time=0, max_queue=1024, name="digits")
+        )
         running = asyncio.create_task(batcher.predict({"x": np.ones((256, 1))}))
         await until(lambda: model.running == 1)
-        batcher.request_rows = 256.0  # what requests brought lately
-        batcher.arriving = 3
-        batcher.admit()  # 768 rows coming: room for one more
-        batcher.arriving = 4
+        batcher.admission.request_rows = 256.0  # what requests brought lately
+        batcher.admission.arriving = 3
+        batcher.admission.admit()  # 768 rows coming: room for one more
+        batcher.admission.arriving = 4
         with pytest.raises(Overloaded, match="1024 rows wait already, 1024 at most"):
-            batcher.admit()
-        batcher.admit(256, read=True)  # a request read already: nothing queued ahead of it
+            batcher.admission.admit()
+        batcher.admission.admit(256, read=True)  # a request read already: nothing queued ahead of it
         model.open.set()
         await running
         await batcher.close()
         return batcher
 
-    assert run(main()).shed == 1
+    assert run(main()).admission.shed == 1
 
 
 def test_an_admitted_request_counts_as_arriving_in_its_scope_and_a_refused_one_not_at_all() -> None:
     """``admitted`` is the scope a request's body is read in: it counts as coming to the queue until the scope ends,
     however it ends; a refused request raises before its scope, and counts nothing."""
-    batcher = AdaptiveBatcher(Recorder(), max_batch_size=4, max_batch_time=0, max_queue=4, name="digits")
+    batcher = AdaptiveBatcher(Recorder(), BatchPolicy(max_batch_size=4, max_batch_time=0, max_queue=4, name="digits"))
     with batcher.admitted(), batcher.admitted():
-        assert batcher.arriving == 2
-    assert batcher.arriving == 0
+        assert batcher.admission.arriving == 2
+    assert batcher.admission.arriving == 0
     with pytest.raises(ConnectionError), batcher.admitted():
         raise ConnectionError("its body never came")
-    assert batcher.arriving == 0
+    assert batcher.admission.arriving == 0
     with contextlib.ExitStack() as reading:
         for _ in range(8):  # a batch taken at once, and a queue of 4 rows, all being read
             reading.enter_context(batcher.admitted())
         with pytest.raises(Overloaded, match="8 rows wait already, 4 at most"):
             batcher.admitted()
-        assert batcher.arriving == 8 and batcher.shed == 1
-    assert batcher.arriving == 0
+        assert batcher.admission.arriving == 8 and batcher.admission.shed == 1
+    assert batcher.admission.arriving == 0
 
 
 def test_rows_an_idle_model_takes_at_once_do_not_count_as_waiting() -> None:
     """With no batch running, the first batch's rows go as soon as it forms: four 256-row requests being read
     leave room for four more in the queue of one 1,024-row batch (a flood on another model slows the reading of an
     idle one's requests: they must not be refused for it), and a ninth is refused."""
-    batcher = AdaptiveBatcher(Recorder(), max_batch_size=1024, max_batch_time=0, max_queue=1024, name="digits")
-    batcher.request_rows = 256.0
+    batcher = AdaptiveBatcher(
+        Recorder(), BatchPolicy(max_batch_size=1024, max_batch_time=0, max_queue=1024, name="digits")
+    )
+    batcher.admission.request_rows = 256.0
     assert batcher.free_rows() == 1024
-    batcher.arriving = 4
-    batcher.admit()
-    batcher.arriving = 7
-    batcher.admit()
-    batcher.arriving = 8
+    batcher.admission.arriving = 4
+    batcher.admission.admit()
+    batcher.admission.arriving = 7
+    batcher.admission.admit()
+    batcher.admission.arriving = 8
     with pytest.raises(Overloaded, match="2048 rows wait already, 1024 at most"):
-        batcher.admit()
-    assert batcher.shed == 1
+        batcher.admission.admit()
+    assert batcher.admission.shed == 1
 
 
 def test_a_batch_runs_where_its_thread_cannot_be_niced(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
@@ -706,7 +732,7 @@ def test_a_batch_holds_its_slot_and_rows_from_when_it_forms_until_its_answers_ar
     model = Gate()
 
     async def main() -> list[Overloaded | None]:
-        batcher = AdaptiveBatcher(model, max_batch_size=2, max_batch_time=0, max_queue=2, name="m")
+        batcher = AdaptiveBatcher(model, BatchPolicy(max_batch_size=2, max_batch_time=0, max_queue=2, name="m"))
         seen: list[Overloaded | None] = []
         execute = batcher._execute
         waiting_as_batches_began: list[int] = []
@@ -745,15 +771,17 @@ def test_a_request_foreseen_to_be_answered_past_its_callers_deadline_is_refused_
     reasons: list[str] = []
 
     async def main() -> tuple[Overloaded, list[Any]]:
-        batcher = AdaptiveBatcher(model, max_batch_size=2, max_batch_time=0, name="minilm", observers=shed_to(reasons))
-        batcher.pace.add(2, 0.8)
+        batcher = AdaptiveBatcher(
+            model, BatchPolicy(max_batch_size=2, max_batch_time=0, name="minilm"), observers=shed_to(reasons)
+        )
+        batcher.admission.pace.add(2, 0.8)
         running = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
         await until(lambda: model.running == 1)
         queued = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
         await until(lambda: batcher.queued() == 1)
         with pytest.raises(Overloaded) as refused:
             await batcher.predict({"x": np.ones((1, 1))}, within=0.5)
-        assert batcher.refusal(within=0.5) is not None  # the same from its headers, before its body
+        assert batcher.admission.refusal(within=0.5) is not None  # the same from its headers, before its body
         patient = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}, within=2.0))
         await until(lambda: batcher.queued() == 2)
         model.open.set()
@@ -774,14 +802,14 @@ def test_by_default_the_queue_holds_what_is_answered_in_time_however_many_rows()
     model = Gate()
 
     async def main() -> list[Any]:
-        batcher = AdaptiveBatcher(model, max_batch_size=2, max_batch_time=0)
-        batcher.pace.add(2, 0.01)
-        assert (batcher.max_queue, batcher.queue_delay()) == (None, 1.0)
+        batcher = AdaptiveBatcher(model, BatchPolicy(max_batch_size=2, max_batch_time=0))
+        batcher.admission.pace.add(2, 0.01)
+        assert (batcher.policy.max_queue, batcher.admission.queue_delay()) == (None, 1.0)
         running = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
         await until(lambda: model.running == 1)
         queued = [asyncio.create_task(batcher.predict({"x": np.ones((1, 1))})) for _ in range(10)]
         await until(lambda: batcher.queued() == 10)
-        assert batcher.refusal() is None and batcher.shed == 0
+        assert batcher.refusal() is None and batcher.admission.shed == 0
         model.open.set()
         answered = await asyncio.gather(running, *queued)
         await batcher.close()
@@ -797,9 +825,9 @@ def test_by_default_a_slow_models_queue_of_one_batch_is_not_refused_on_time() ->
     model = Gate()
 
     async def main() -> tuple[Overloaded | None, Overloaded | None, list[Any]]:
-        batcher = AdaptiveBatcher(model, max_batch_size=2, max_batch_time=0, name="slow")
-        batcher.pace.add(2, 1.0)
-        assert batcher.queue_delay() == 2.0
+        batcher = AdaptiveBatcher(model, BatchPolicy(max_batch_size=2, max_batch_time=0, name="slow"))
+        batcher.admission.pace.add(2, 1.0)
+        assert batcher.admission.queue_delay() == 2.0
         running = asyncio.create_task(batcher.predict({"x": np.ones((1, 1))}))
         await until(lambda: model.running == 1)
         queued = [asyncio.create_task(batcher.predict({"x": np.ones((1, 1))})) for _ in range(2)]

@@ -106,7 +106,7 @@ def test_a_callers_deadline_refuses_a_batched_request_foreseen_past_it_before_it
     service.run = held  # type: ignore[method-assign]
     plane = DataPlane(service, batching=True)
     batcher = plane.batchers["scale"]
-    batcher.pace.add(2, 0.8)  # as its latest runs measured it
+    batcher.admission.pace.add(2, 0.8)  # as its latest runs measured it
     one = {"x": np.ones((1, 3), np.float32), "k": np.arange(1, dtype=np.int64)}
     watcher = Ended()
     bodies_read: list[float] = []
@@ -133,4 +133,4 @@ def test_a_callers_deadline_refuses_a_batched_request_foreseen_past_it_before_it
 
     answers = asyncio.run(main())
     assert len(answers) == 3 and bodies_read == [5.0]  # the refused one's body was never read
-    assert watcher.statuses == [503, 200] and batcher.shed == 1
+    assert watcher.statuses == [503, 200] and batcher.admission.shed == 1

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fnserve.core.batching import QUEUE_DELAY
+from fnserve.core.admission import QUEUE_DELAY
 from fnserve.core.manifest import ModelSettings
 from fnserve.core.registry import TensorSpec
 from fnserve.core.servable import Servable

@@ -1,0 +1,169 @@
+"""A batcher's queues, one a shape: the requests waiting (:class:`Pending`), the rows in flight (:class:`Flight`),
+and how a batch gathers from a queue (:func:`gather`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fnserve.core.datatypes import Arrays
+from fnserve.core.providers import RanOn
+
+PEAK_SECONDS = 1.0  # how long the most rows seen in flight at once is remembered: what a batch expects
+Key = TypeVar("Key", bound=Hashable)  # a queue's shape
+
+
+@dataclass
+class Pending:
+    """A request in a batcher's queue, until it is answered."""
+
+    inputs: Arrays
+    rows: int
+    future: asyncio.Future[tuple[Any, float]]  # its outputs (or what its then made of them), and its wait
+    ran_on: RanOn | None  # the request's: told which device ran its batch
+    length: int = 0  # of its variable-length inputs (0 when nothing is padded)
+    arrived: float = field(default_factory=time.monotonic)
+    expiry: asyncio.TimerHandle | None = None  # refuses it at its queue deadline, unless a batch takes it first
+    left: bool = False  # answered (or gone): no longer in its flight's rows
+    then: Callable[[Arrays], Any] | None = None  # what its outputs become, where its batch ran (predict's)
+
+
+def taken(pending: Pending) -> None:
+    """A batch took ``pending``: its queue deadline no longer applies (it runs)."""
+    if pending.expiry is not None:
+        pending.expiry.cancel()
+        pending.expiry = None
+
+
+async def gather(
+    queue: asyncio.Queue[Pending], flight: Flight, first: Pending, deadline: float, size: int, mixed: Callable[[], bool]
+) -> tuple[list[Pending], int, Pending | None]:
+    """A batch from ``first`` on, of ``size`` rows at most: its requests, their rows, and the request that would have
+    overflowed it (it starts the next batch), if any. While the queue is empty it waits for the rows on their way,
+    until ``deadline`` at most, unless requests of another shape came lately (``mixed``)."""
+    batch, rows = [first], first.rows
+    taken(first)
+    while rows < size:
+        if queue.empty():  # wait for the rows on their way, if any, until the deadline at most
+            coming = min(size, flight.expected()) - rows
+            if coming <= 0 or mixed():
+                break
+            await flight.more(coming, deadline)  # all of them, or the deadline: take what came
+            if queue.empty():
+                break
+            continue
+        item = queue.get_nowait()
+        if item.future.done():
+            continue
+        if rows + item.rows > size:
+            return batch, rows, item  # it would overflow: run what we have
+        batch.append(item)
+        taken(item)
+        rows += item.rows
+    return batch, rows, None
+
+
+async def first_request(queue: asyncio.Queue[Pending], idle: float) -> Pending | None:
+    """The next batch's first request; None when the queue has had none for ``idle`` seconds and is empty (then,
+    with no await since that check, no request can join it before its batcher drops it)."""
+    while True:
+        if not queue.empty():
+            return queue.get_nowait()
+        try:
+            return await asyncio.wait_for(queue.get(), idle)
+        except TimeoutError:  # a shape nobody sends any more
+            if queue.empty():
+                return None
+
+
+def mixed(flights: Mapping[Key, Flight], key: Key) -> bool:
+    """Whether requests of another length or shape than ``key``'s came to the model lately: then a batch forming
+    for ``key`` does not wait for rows of its own on their way. In a closed loop of clients the requests that come
+    back go to whichever length bucket their texts fall in, mostly another one, and a batch that waits for them
+    keeps the model idle while the other buckets' requests wait for it (MiniLM text over five buckets, 2 CPUs:
+    600 requests/s waiting, 770 without; tensors of one length: 850-970 waiting, 790-900 without)."""
+    now = time.monotonic()
+    return any(
+        flight.rows > flight.running or now - flight.last < PEAK_SECONDS
+        for other, flight in flights.items()
+        if other != key
+    )
+
+
+def hurry(flights: Mapping[Key, Flight], key: Key) -> None:
+    """A request joined ``key``'s queue: a batch of another queue that waits for rows of its own goes on."""
+    for other, flight in flights.items():
+        if other != key:
+            flight.hurry()
+
+
+class Flight:
+    """One queue's rows in flight (queued, or in a batch that runs), the most there were at once lately, and the rows
+    of the batches running now. A batch about to form waits for the rows that are coming (the most lately, less those
+    running), and no longer: a lone client's request runs at once, and a closed loop of N clients, whose answers come
+    back as N requests a little apart, runs as one batch of N, not as two cohorts of N/2 that alternate."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.running = 0
+        self._peak = 0
+        self._previous = 0
+        self._since = time.monotonic()
+        self.last = 0.0  # when a request last came (time.monotonic)
+        self._waiter: asyncio.Future[None] | None = None  # a forming batch's, while it waits for rows
+        self._needed = 0
+
+    def arrive(self, rows: int) -> None:
+        self.rows += rows
+        now = self.last = time.monotonic()
+        if now - self._since > PEAK_SECONDS:
+            recent = now - self._since < 2 * PEAK_SECONDS
+            self._previous, self._peak, self._since = self._peak if recent else 0, 0, now
+        self._peak = max(self._peak, self.rows)
+
+    def leave(self, pending: Pending) -> None:
+        """``pending`` is answered, refused or gone: its rows leave the flight (once), as its answer is set, so that
+        rows waiting (in flight, less running) never counts a batch that has just finished."""
+        if not pending.left:
+            pending.left = True
+            self.rows -= pending.rows
+
+    def expected(self) -> int:
+        """Rows a batch forming now may expect to gather: the most in flight lately, less the rows running."""
+        return max(self._peak, self._previous, self.rows) - self.running
+
+    def queued(self, rows: int) -> None:
+        """``rows`` joined the queue: a batch waiting for them goes on once it has all it waits for."""
+        if self._waiter is not None:
+            self._needed -= rows
+            if self._needed <= 0:
+                _wake(self._waiter)
+
+    def hurry(self) -> None:
+        """A batch waiting for rows of its own goes on with those it has (requests of another queue came)."""
+        if self._waiter is not None:
+            _wake(self._waiter)
+
+    async def more(self, rows: int, deadline: float) -> None:
+        """Until ``rows`` more rows join the queue, or ``deadline`` (``time.monotonic``): one future and one timer a
+        batch, not a task and a timer a request as ``asyncio.wait_for(queue.get())`` would cost."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        self._needed = rows
+        timer = loop.call_later(left, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -1,0 +1,195 @@
+"""Stacking: a batch's requests as one runtime call, and its outputs split back to them.
+
+Requests are queued by shape (:meth:`Stacking.key`): their length bucket, and the other dimensions of every input
+once padded, so that only requests that stack share a batch (a request of another length without buckets waits in
+its own queue, never failing a batch it cannot join). Inputs are concatenated along axis 0, variable-length inputs
+padded up to their bucket's length so that padding stays small; outputs are split back by each request's rows,
+with a check that they split exactly. On a CPU (``pad_to_bucket`` false) a batch is padded only up to its longest
+request, not to its bucket: the bucket groups requests of like length, and every padded token would cost as much
+as a real one (MiniLM: a lone 13-token request ran 23% longer padded to 16). A GPU model keeps its bucket lengths,
+each warmed at start. With ``batch_buckets``, a batch's rows are padded up to the next bucket (rows of zeros, whose
+outputs are dropped), so that a GPU sees a few batch shapes, each warmed at start. A batch whose run fails is split
+in halves and each half run again, down to single requests, so an error reaches only the request that causes it
+(a token id past the vocabulary fails that request with its 422, never the 31 beside it; MLServer fans one error out
+to the whole batch: :func:`isolating`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import numpy as np
+
+from fnserve.core._rows import split_rows
+from fnserve.core.datatypes import Arrays
+from fnserve.core.errors import FnserveError, InferenceError, ModelNotReady
+
+if TYPE_CHECKING:
+    from fnserve.core.manifest import ModelSettings
+
+QueueKey = tuple[int, tuple[tuple[str, tuple[int, ...]], ...]]  # length bucket, and each input's padded row shape
+
+
+class Stacked(Protocol):
+    """A request as a batch stacks it and answers it."""
+
+    @property
+    def inputs(self) -> Arrays: ...
+    @property
+    def rows(self) -> int: ...
+    @property
+    def length(self) -> int: ...  # of its variable-length inputs (0 when nothing is padded)
+    @property
+    def future(self) -> asyncio.Future[Any]: ...
+
+
+S = TypeVar("S", bound=Stacked)
+
+
+@dataclass(slots=True)
+class Failed:
+    """A request's error alone (its ``then`` raised, or its run failed): the batch's other answers kept."""
+
+    error: Exception
+
+
+class Stacking:
+    """How one model's requests stack: ``buckets``, the lengths its variable-length inputs (``pad_inputs``) are
+    padded up to, with ``pad_value``; ``batch_buckets``, the row counts a batch is padded up to; ``pad_to_bucket``
+    false: a batch padded only to its longest request (on a CPU)."""
+
+    def __init__(
+        self,
+        buckets: Sequence[int] = (),
+        batch_buckets: Sequence[int] = (),
+        pad_inputs: Sequence[str] = (),
+        pad_value: float = 0.0,
+        pad_to_bucket: bool = True,
+    ) -> None:
+        self.buckets = sorted(buckets)
+        self.batch_buckets = sorted(batch_buckets)
+        self.pad_inputs = tuple(pad_inputs)
+        self.pad_value = pad_value
+        self.pad_to_bucket = pad_to_bucket
+
+    @classmethod
+    def of(cls, settings: ModelSettings) -> Stacking:
+        """The stacking of a model's manifest entry."""
+        # A GPU sees the bucket lengths it warmed at start; a CPU runs no padding it can do without.
+        cpu_only = settings.execution_providers == ["CPUExecutionProvider"]
+        return cls(
+            settings.length_buckets,
+            settings.batch_buckets,
+            settings.pad_inputs,
+            settings.pad_value,
+            pad_to_bucket=bool(settings.batch_buckets) or not cpu_only,
+        )
+
+    def length(self, inputs: Arrays) -> int:
+        """The length of this request's variable-length inputs (0 when nothing is padded)."""
+        lengths = [inputs[name].shape[1] for name in self.pad_inputs if name in inputs and inputs[name].ndim > 1]
+        return max(lengths, default=0)
+
+    def bucket(self, length: int) -> int:
+        """The padded length of a request whose variable-length inputs are ``length`` long (0: nothing padded)."""
+        if not length:
+            return 0
+        i = bisect.bisect_left(self.buckets, length)
+        return self.buckets[i] if i < len(self.buckets) else length  # longer than every bucket: alone
+
+    def key(self, inputs: Arrays, bucket: int) -> QueueKey:
+        """The queue of a request of ``bucket``: only requests of one key stack."""
+        return bucket, tuple((name, self._row_shape(a, name, bucket)) for name, a in sorted(inputs.items()))
+
+    def stack(self, batch: Sequence[Stacked], bucket: int) -> tuple[Arrays, list[int]]:
+        """``batch``'s inputs as one batch, and the rows to split its outputs by (each request's, then the batch
+        bucket's padding, if any)."""
+        rows = [p.rows for p in batch]
+        padding = self._batch_padding(sum(rows))
+        length = bucket if self.pad_to_bucket else max(p.length for p in batch)
+        names = list(batch[0].inputs)
+        stacked = {name: self._stack([p.inputs[name] for p in batch], name, length, padding) for name in names}
+        return stacked, rows + [padding] if padding else rows
+
+    def _batch_padding(self, rows: int) -> int:
+        """Rows of zeros that bring a batch up to its batch bucket (none past the largest)."""
+        i = bisect.bisect_left(self.batch_buckets, rows)
+        return self.batch_buckets[i] - rows if i < len(self.batch_buckets) else 0
+
+    def _pads(self, array: np.ndarray[Any, Any], name: str, bucket: int) -> bool:
+        return bool(bucket) and name in self.pad_inputs and array.ndim >= 2 and array.shape[1] != bucket
+
+    def _row_shape(self, array: np.ndarray[Any, Any], name: str, bucket: int) -> tuple[int, ...]:
+        """The shape of one row of ``array`` once padded to ``bucket`` (without padding it)."""
+        if not self._pads(array, name, bucket):
+            return tuple(array.shape[1:])
+        return (bucket, *array.shape[2:])
+
+    def _stack(self, arrays: list[np.ndarray[Any, Any]], name: str, length: int, padding: int) -> np.ndarray[Any, Any]:
+        """``arrays`` one after another along axis 0, each padded to ``length`` along axis 1 when ``name`` is a padded
+        input, then ``padding`` rows of zeros (a batch bucket's). Written into one array made at once: ``np.pad``
+        a request cost more than the model's whole tokenizer call."""
+        first = arrays[0]
+        if not padding and not any(self._pads(a, name, length) for a in arrays):
+            return first if len(arrays) == 1 else np.concatenate(arrays)
+        rows = sum(a.shape[0] for a in arrays)
+        shape = (rows + padding, *self._row_shape(first, name, length))
+        if first.dtype == object:
+            out = np.full(shape, b"", dtype=object)
+        else:
+            out = np.full(shape, self.pad_value if name in self.pad_inputs else 0, dtype=first.dtype)
+        row = 0
+        for array in arrays:
+            out[(slice(row, row + array.shape[0]), *(slice(0, n) for n in array.shape[1:]))] = array
+            row += array.shape[0]
+        if padding:
+            out[rows:] = b"" if first.dtype == object else 0
+        return out
+
+
+def answers(outputs: Arrays, rows: list[int], thens: Sequence[Callable[[Arrays], Any] | None]) -> list[Any]:
+    """A batch's ``outputs`` split back by ``rows`` (:meth:`Stacking.stack`'s), each request's part made what its
+    ``then`` makes of it (a :class:`Failed` where that raised); a batch bucket's padding dropped."""
+    parts = split_rows(outputs, rows, "batched inference")
+    return [_completed(then, part) for then, part in zip(thens, parts[: len(thens)], strict=True)]
+
+
+def _completed(then: Callable[[Arrays], Any] | None, part: Arrays) -> Any:
+    if then is None:
+        return part
+    try:
+        return then(part)
+    except Exception as exc:
+        return Failed(exc)
+
+
+async def isolating(
+    batch: list[S],
+    attempt: Callable[[list[S]], Awaitable[list[Any]]],
+    settle: Callable[[S, Any], None],
+    on_split: Callable[[], None],
+) -> None:
+    """Run ``batch`` (``attempt``: its answers, one a request) and ``settle`` each request with its answer. A failed
+    run is split in halves (``on_split``), each run again, until every error lands on the request that causes it
+    (settled with a :class:`Failed`): the others of its batch still get their answer."""
+    try:
+        parts = await attempt(batch)
+    except Exception as exc:
+        error = exc if isinstance(exc, FnserveError) else InferenceError(f"batched inference failed: {exc}")
+        waiting = [p for p in batch if not p.future.done()]
+        if len(waiting) > 1 and not isinstance(error, ModelNotReady):  # not loaded: every half would fail alike
+            half = len(waiting) // 2
+            on_split()
+            await isolating(waiting[:half], attempt, settle, on_split)
+            await isolating(waiting[half:], attempt, settle, on_split)
+            return
+        failed = Failed(error)
+        for pending in waiting:
+            settle(pending, failed)
+        return
+    for pending, part in zip(batch, parts, strict=True):
+        settle(pending, part)

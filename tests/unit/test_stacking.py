@@ -1,0 +1,90 @@
+"""Stacking alone: requests padded and stacked into one batch, outputs split back, a failed batch split in halves."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fnserve.core.errors import InvalidInput, ModelNotReady
+from fnserve.core.stacking import Failed, Stacking, answers, isolating
+
+
+@dataclass
+class Request:
+    inputs: dict[str, np.ndarray]
+    rows: int = 1
+    length: int = 0
+    future: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+def test_a_batch_is_padded_to_its_bucket_or_its_longest_request_then_to_its_batch_bucket() -> None:
+    async def main() -> None:
+        short, longer = Request({"x": np.ones((1, 3))}, length=3), Request({"x": np.ones((2, 5))}, rows=2, length=5)
+        gpu = Stacking(buckets=[8], batch_buckets=[4], pad_inputs=["x"], pad_value=-1.0)
+        stacked, rows = gpu.stack([short, longer], gpu.bucket(5))
+        assert stacked["x"].shape == (4, 8) and rows == [1, 2, 1]  # a batch bucket's row of padding
+        assert stacked["x"][0].tolist() == [1, 1, 1, -1, -1, -1, -1, -1] and not stacked["x"][3].any()
+        cpu = Stacking(buckets=[8], pad_inputs=["x"], pad_to_bucket=False)
+        stacked, rows = cpu.stack([short, longer], cpu.bucket(5))
+        assert stacked["x"].shape == (3, 5) and rows == [1, 2]  # its longest request's length: no more
+        assert cpu.key(short.inputs, 8) == cpu.key(longer.inputs, 8) == (8, (("x", (8,)),))
+
+    asyncio.run(main())
+
+
+def test_outputs_split_back_without_the_padding_and_a_then_that_raises_fails_its_request_alone() -> None:
+    def boom(part: dict[str, np.ndarray]) -> Any:
+        raise InvalidInput("not this one")
+
+    outputs = {"y": np.arange(4)}
+    first, second = answers(outputs, [1, 2, 1], [None, boom])
+    assert first["y"].tolist() == [0]
+    assert isinstance(second, Failed) and isinstance(second.error, InvalidInput)
+
+
+def test_a_failed_batch_is_split_in_halves_until_its_culprit_fails_alone() -> None:
+    """Of five requests, the fourth fails any run it is in: the batch, then its half, then its quarter fail; the
+    others are answered, and it gets its own error."""
+
+    async def main() -> tuple[list[int], dict[int, Any], int]:
+        batch = [Request({"x": np.full((1, 1), i)}) for i in range(5)]
+        sizes: list[int] = []
+        settled: dict[int, Any] = {}
+        splits = []
+
+        async def attempt(requests: list[Request]) -> list[Any]:
+            sizes.append(len(requests))
+            if any(r.inputs["x"][0, 0] == 3 for r in requests):
+                raise InvalidInput("request 3 is bad")
+            return [int(r.inputs["x"][0, 0]) for r in requests]
+
+        def settle(request: Request, part: Any) -> None:
+            settled[int(request.inputs["x"][0, 0])] = part
+
+        await isolating(batch, attempt, settle, lambda: splits.append(1))
+        return sizes, settled, len(splits)
+
+    sizes, settled, splits = asyncio.run(main())
+    assert sizes == [5, 2, 3, 1, 2, 1, 1] and splits == 3
+    assert {i: part for i, part in settled.items() if not isinstance(part, Failed)} == {0: 0, 1: 1, 2: 2, 4: 4}
+    assert isinstance(settled[3], Failed) and settled[3].error.message == "request 3 is bad"
+
+
+def test_a_model_not_ready_fails_the_whole_batch_at_once() -> None:
+    async def main() -> tuple[int, list[Any]]:
+        batch = [Request({"x": np.ones((1, 1))}) for _ in range(4)]
+        runs = []
+        settled: list[Any] = []
+
+        async def attempt(requests: list[Request]) -> list[Any]:
+            runs.append(len(requests))
+            raise ModelNotReady("still loading")
+
+        await isolating(batch, attempt, lambda request, part: settled.append(part), lambda: None)
+        return len(runs), settled
+
+    runs, settled = asyncio.run(main())
+    assert runs == 1 and len(settled) == 4 and all(isinstance(p, Failed) for p in settled)
