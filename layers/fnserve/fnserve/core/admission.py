@@ -2,11 +2,11 @@
 
 A request is refused when the rows ahead of it would, at the pace of the model's latest runs (:class:`Pace`), keep
 it waiting past its queue deadline (:meth:`Admission.queue_delay`) or answer it past its caller's own deadline, or,
-with a count bound (``max_queue_size``), when the queue is full; so that under overload the excess hears at once
-instead of after waiting out the deadline. A bound on time, not on rows, refuses a closed loop of clients (each
-waits for its answer before sending again) only where its answers come slower than the deadline: a count near a
-batch refuses more clients than a batch whenever the batch running is not full. One admitted that still waits past
-its queue deadline is refused then, never run (:meth:`Admission.expired`).
+with a count bound (``max_queue_size``), when the queue is full: under overload the excess hears at once instead of
+after waiting out the deadline. The bound is on time, not rows, by default: a closed loop of clients (each waits for
+its answer before sending again) is then refused only where its answers come slower than the deadline, where a
+count near a batch refuses it whenever the batch running is not full. One admitted that still waits past its queue
+deadline is refused then, never run (:meth:`Admission.expired`). The figures behind it: docs/design/admission.md.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Pace:
             per_row = max(0.0, (self._products - self._rows * self._seconds) / spread)
             return max(0.0, self._seconds - per_row * self._rows) + per_row * rows
         # How a run's time grows past the size seen is not known yet, and a guess must not refuse: a lone first
-        # request's fixed cost, counted again for every row of a full batch, refused a closed loop as it started.
+        # request's fixed cost, counted again for every row of a full batch, would refuse a closed loop as it starts.
         return self._seconds * min(1.0, rows / self._rows)
 
 

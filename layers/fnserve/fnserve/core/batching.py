@@ -1,22 +1,16 @@
 """Adaptive batching: concurrent requests to one model, run as one call (long-lived processes only).
 
-Requests queue per model and shape (:mod:`fnserve.core.stacking`: only requests that stack share a batch; a shape's
-queue goes after ``IDLE_SECONDS`` unused). A batch closes when it holds ``max_batch_size`` rows, when it holds the
-rows that were in flight at once lately (the most in the last second or two, less those running now: the rows on
-their way), or when ``max_batch_time`` has passed since its first request, or since it could run if that is later
-(never since the last one: a steady trickle cannot hold a batch open). So a lone client's request runs at once,
-paying no window, and a closed loop of N clients runs as batches of N: waiting out only the window of a request that
-queued while the last batch ran would split them into two cohorts of N/2 for good (MiniLM on 2 cores, 8 or so
-requests in flight in each front process: batches of 4.3 rows, and 15% fewer requests a second). A batch waits for
-rows on their way only while its model's requests lately were all of its length and shape: those of texts come back
-in whichever length bucket their next text falls in, and a batch held for them keeps the model idle while the other
-buckets wait (it goes on as soon as one of another bucket comes). Up to ``max_concurrent`` batches of the model run
-at once, over all its length buckets (one per worker process; in a front process, one: more would only share its
-cores); while all are busy, requests queue, the bucket waiting longest goes next, and the next batch takes whatever
-has queued, up to ``max_batch_size``, then waits only for the rows on their way. A request whose caller has gone
-(its future cancelled: a gRPC deadline, a client that hung up) before its batch forms is dropped, not computed.
-Past its bounds a request is refused at once (:mod:`fnserve.core.admission`). asyncio objects are made inside the
-running loop, on first use, never at import.
+Requests queue per model and shape (:mod:`fnserve.core.stacking`; a shape's queue goes after ``IDLE_SECONDS``
+unused). A batch forms when one of the model's ``max_concurrent`` slots is free (over all its length buckets: the
+bucket waiting longest goes next), and closes when it holds ``max_batch_size`` rows, when it holds the rows on their
+way (the most in flight at once lately, less those running), or ``max_batch_time`` after its first request or after
+it could run, if later; never after the last one, so that a steady trickle cannot hold it open. So a lone request
+runs at once, paying no window, and a closed loop of N clients runs as batches of N, not as two cohorts of N/2 that
+alternate for good. A batch waits for rows on their way only while the model's requests lately were all of its
+shape: texts come back in whichever length bucket their next text falls in, and waiting for them idles the model.
+A request whose caller has gone before its batch forms is not computed; one the model cannot serve in time is
+refused at once (:mod:`fnserve.core.admission`). asyncio objects are made inside the running loop, never at import.
+What each choice was measured to gain, and how to measure it: docs/design/batching.md.
 """
 
 from __future__ import annotations
@@ -202,10 +196,8 @@ class AdaptiveBatcher:
 
     def free_rows(self) -> int:
         """Rows that a batch takes as soon as it forms, not waiting for one to finish: ``max_batch_size`` for each
-        slot no running batch holds. Those ahead of a request within them do not count against ``max_queue``: a
-        model that is idle while another model's flood slows the reading of its requests (four 256-row bodies
-        being read at once fill a queue of one 1,024-row batch) takes a fifth: it waits for that one batch alone,
-        as a queue of one batch means."""
+        slot no running batch holds. The count bound leaves them out: an idle model whose bodies are read slowly
+        (beside another model's flood) must not refuse what its next batch would take at once."""
         return (self.policy.max_concurrent - len(self._running)) * self.policy.max_batch_size
 
     def running(self) -> int:
@@ -298,10 +290,8 @@ class AdaptiveBatcher:
 
 
 # A batch's compute runs on threads of nice BATCH_NICE, and NICE_PER_LEVEL more for each priority level below the
-# highest (about 3x less CPU a level). Where the event loop's thread (it reads, admits, refuses and answers requests)
-# and a batch share a CPU, the loop is not queued behind a batch for it: MiniLM overloaded on one core, refusals' p99
-# lower in 7 of 8 interleaved rounds (medians of two runs 11.4 -> 6.9 and 7.1 -> 6.6 ms), throughput alike; under a
-# closed loop of 16 on two cores, MiniLM's req/s and CPU a request alike.
+# highest: where the event loop (it reads, admits, refuses and answers requests) and a batch share a CPU, the loop is
+# not queued behind the batch for it, and a lower priority model's flood leaves the CPU to the others.
 BATCH_NICE = 5
 NICE_PER_LEVEL = 5
 

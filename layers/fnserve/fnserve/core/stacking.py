@@ -1,17 +1,14 @@
 """Stacking: a batch's requests as one runtime call, and its outputs split back to them.
 
-Requests are queued by shape (:meth:`Stacking.key`): their length bucket, and the other dimensions of every input
-once padded, so that only requests that stack share a batch (a request of another length without buckets waits in
-its own queue, never failing a batch it cannot join). Inputs are concatenated along axis 0, variable-length inputs
-padded up to their bucket's length so that padding stays small; outputs are split back by each request's rows,
-with a check that they split exactly. On a CPU (``pad_to_bucket`` false) a batch is padded only up to its longest
-request, not to its bucket: the bucket groups requests of like length, and every padded token would cost as much
-as a real one (MiniLM: a lone 13-token request ran 23% longer padded to 16). A GPU model keeps its bucket lengths,
-each warmed at start. With ``batch_buckets``, a batch's rows are padded up to the next bucket (rows of zeros, whose
-outputs are dropped), so that a GPU sees a few batch shapes, each warmed at start. A batch whose run fails is split
-in halves and each half run again, down to single requests, so an error reaches only the request that causes it
-(a token id past the vocabulary fails that request with its 422, never the 31 beside it; MLServer fans one error out
-to the whole batch: :func:`isolating`).
+Requests queue by shape (:meth:`Stacking.key`): their length bucket and each input's padded row shape, so that only
+requests that stack share a batch, and one of another length never fails a batch it cannot join. Inputs are
+concatenated along axis 0, variable-length inputs padded up to their bucket's length; outputs are split back by
+each request's rows, checked to split exactly. On a CPU (``pad_to_bucket`` false) a batch is padded only up to its
+longest request: a padded token costs as much as a real one. A GPU keeps the bucket lengths it warmed at start, and
+with ``batch_buckets`` a batch's rows are padded up to the next bucket (zeros, their outputs dropped), so that it
+sees a few batch shapes. A batch whose run fails is split in halves and each half run again, down to single
+requests, so that an error reaches only the request that causes it (:func:`isolating`). What each choice was
+measured to gain: docs/design/batching.md.
 """
 
 from __future__ import annotations
@@ -131,8 +128,8 @@ class Stacking:
 
     def _stack(self, arrays: list[np.ndarray[Any, Any]], name: str, length: int, padding: int) -> np.ndarray[Any, Any]:
         """``arrays`` one after another along axis 0, each padded to ``length`` along axis 1 when ``name`` is a padded
-        input, then ``padding`` rows of zeros (a batch bucket's). Written into one array made at once: ``np.pad``
-        a request cost more than the model's whole tokenizer call."""
+        input, then ``padding`` rows of zeros (a batch bucket's). Written into one array made at once, not padded a
+        request at a time (``np.pad`` is dear beside the run)."""
         first = arrays[0]
         if not padding and not any(self._pads(a, name, length) for a in arrays):
             return first if len(arrays) == 1 else np.concatenate(arrays)

@@ -3,17 +3,17 @@
 In a long-running server an in-process model runs on the event loop, one request after another. Requests come in
 groups: the answers of one turn leave together (:mod:`fnserve.adapters.http.protocol`), so a closed loop of clients
 sends its next requests together, and one turn decodes several for the same model. Run one by one, each pays the
-runtime's fixed cost (the digits model: 14 µs for one row, 22 µs for eight) and, on the loop's core, evicts the
-envelope's code and data from the caches between them. Here each waits for the end of the turn (no timer: only what
-the loop already had), then the turn's requests to one model run as one vectorised call of the service
-(:meth:`~fnserve.core.service.InferenceService.infer_many`: each validated alone, the cache asked once, stacked by
-shape, a stack that fails run again one by one), and each gets its own rows back. A lone request is answered as
-before, one pass of the loop later (at concurrency 1 on the digits model, 66 -> 78 us of CPU a request in process);
-one whose caller left before its turn ran is not computed.
+runtime's fixed cost and, on the loop's core, evicts the envelope's code and data from the caches between them.
+Here each waits for the end of the turn (no timer: only what the loop already had), then the turn's requests to one
+model run as one vectorised call of the service (:meth:`~fnserve.core.service.InferenceService.infer_many`: each
+validated alone, the cache asked once, stacked by shape, a stack that fails run again one by one), and each gets
+its own rows back. A lone request is answered as before, one pass of the loop later; one whose caller left before
+its turn ran is not computed.
 
 Unlike the adaptive batcher (:mod:`fnserve.core.batching`), nothing here waits for requests to come: no window, no
 queue, no thread; it is how a server runs the models on its CPU that do not ask for adaptive batching (on a GPU
-each new batch size is a new plan, so a GPU model's requests run as they come: ``Servable.joins_turns``).
+each new batch size is a new plan, so a GPU model's requests run as they come: ``Servable.joins_turns``). The
+figures behind it: docs/design/batching.md.
 """
 
 from __future__ import annotations
@@ -34,12 +34,10 @@ class TurnBatcher:
 
     The turn's first request leads it: it lets the loop run the other tasks it had ready (``asyncio.sleep(0)``: the
     rest of this turn's requests, which join it and wait), and when some did, one pass more, for the requests the
-    loop read meanwhile (a closed loop's clients send theirs a little apart: at concurrency 16 on digits, 103-105 ->
-    93-96 us of server CPU a request), then runs them all. Alone, it goes on at once: a lone
-    request costs one pass of the loop, where a future and a callback would cost two (18 us a request on the digits
-    model, at concurrency 1). With others, it goes on when they do, one pass later: answered a pass apart, the
-    answers would leave in two writes, and the next requests come back split (a server's CPU a request 108 ->
-    121 us at concurrency 16)."""
+    loop read meanwhile (a closed loop's clients send theirs a little apart), then runs them all. Alone, it goes on
+    at once: a lone request costs one pass of the loop, where a future and a callback would cost two. With others,
+    it goes on when they do, one pass later: answered a pass apart, the answers would leave in two writes, and the
+    next requests would come back split."""
 
     def __init__(self, service: InferenceService) -> None:
         self.service = service
