@@ -28,7 +28,7 @@ class Pending:
     arrived: float = field(default_factory=time.monotonic)
     expiry: asyncio.TimerHandle | None = None  # refuses it at its queue deadline, unless a batch takes it first
     left: bool = False  # answered (or gone): no longer in its flight's rows
-    then: Callable[[Arrays], Any] | None = None  # what its outputs become, where its batch ran (predict's)
+    finish: Callable[[Arrays], Any] | None = None  # what its outputs become, where its batch ran (predict's)
 
 
 def taken(pending: Pending) -> None:

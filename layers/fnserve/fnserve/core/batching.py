@@ -129,12 +129,12 @@ class AdaptiveBatcher:
     async def predict(
         self,
         inputs: Mapping[str, np.ndarray[Any, Any]],
-        then: Callable[[Arrays], Any] | None = None,
+        finish: Callable[[Arrays], Any] | None = None,
         within: float | None = None,
     ) -> tuple[Any, float]:
-        """This request's outputs (or what ``then`` made of them), and the seconds it waited in the queue.
+        """This request's outputs (or what ``finish`` made of them), and the seconds it waited in the queue.
 
-        ``then``: what the request's outputs become (its answer, finished and encoded for its transport), computed
+        ``finish``: what the request's outputs become (its answer, finished and encoded for its transport), computed
         as soon as its batch has run, where it ran (in ``run_then``'s thread, when the batcher has one), not on the
         event loop, which keeps reading, admitting and refusing requests meanwhile; what it raises is this request's
         error alone. ``within``: the seconds its caller waits for the answer, where it said
@@ -159,7 +159,7 @@ class AdaptiveBatcher:
         admission.came(max(rows))
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[Any, float]] = loop.create_future()
-        pending = Pending(arrays, rows.pop(), future, RAN_ON.get(), length, then=then)
+        pending = Pending(arrays, rows.pop(), future, RAN_ON.get(), length, finish=finish)
         delay = admission.queue_delay()
         pending.expiry = loop.call_later(delay, self._expire, pending, flight, delay)
         flight.arrive(pending.rows)
@@ -273,14 +273,14 @@ class AdaptiveBatcher:
 
     async def _attempt(self, batch: list[Pending], bucket: int) -> list[Any]:
         """One runtime call for ``batch``: its requests stacked (padded to the bucket), outputs split back, and each
-        request's ``then`` applied to its part (in ``run_then``'s call, when the batcher has one)."""
+        request's ``finish`` applied to its part (in ``run_then``'s call, when the batcher has one)."""
         self.batches += 1
         stacked, rows = self.stacking.stack(batch, bucket)
         self.observers.on_batch(sum(p.rows for p in batch))
-        thens = [p.then for p in batch]
-        after = functools.partial(answers, rows=rows, thens=thens)
+        finishes = [p.finish for p in batch]
+        after = functools.partial(answers, rows=rows, finishes=finishes)
         started = time.monotonic()
-        if self._run_then is not None and any(thens):
+        if self._run_then is not None and any(finishes):
             parts = await self._run_then(stacked, after)
         else:
             parts = after(await self._run(stacked))

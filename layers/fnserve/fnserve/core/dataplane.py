@@ -111,7 +111,7 @@ class Request(Protocol[T_co]):
 
 
 class DataPlane:
-    """Inference, metadata, readiness and results over one :class:`InferenceService`.
+    """Inference and results over one :class:`InferenceService`; what it serves is its :attr:`catalog`.
 
     ``batching``: models whose manifest entry sets ``max_batch_time_ms`` get an adaptive
     batcher (long-lived processes only; a Lambda container serves one request at a time),
@@ -125,7 +125,8 @@ class DataPlane:
     nothing remote, and in Lambda, where a container answers one request at a time. A
     model's own requests are offloaded only when they may block (models in workers, a remote
     cache tier): a cascade's follow-up send does not send the models beside it to a thread (a thread
-    hop costs more than a small model's run; docs/design/dataplane.md).
+    hop costs more than a small model's run; docs/design/dataplane.md). ``observers``: each batched model's
+    (:class:`~fnserve.core.batching.BatchObservers`, a server's metrics), given to its batcher when it is built.
     """
 
     def __init__(

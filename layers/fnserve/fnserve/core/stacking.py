@@ -49,7 +49,7 @@ S = TypeVar("S", bound=Stacked)
 
 @dataclass(slots=True)
 class Failed:
-    """A request's error alone (its ``then`` raised, or its run failed): the batch's other answers kept."""
+    """A request's error alone (its ``finish`` raised, or its run failed): the batch's other answers kept."""
 
     error: Exception
 
@@ -148,18 +148,18 @@ class Stacking:
         return out
 
 
-def answers(outputs: Arrays, rows: list[int], thens: Sequence[Callable[[Arrays], Any] | None]) -> list[Any]:
+def answers(outputs: Arrays, rows: list[int], finishes: Sequence[Callable[[Arrays], Any] | None]) -> list[Any]:
     """A batch's ``outputs`` split back by ``rows`` (:meth:`Stacking.stack`'s), each request's part made what its
-    ``then`` makes of it (a :class:`Failed` where that raised); a batch bucket's padding dropped."""
+    ``finish`` makes of it (a :class:`Failed` where that raised); a batch bucket's padding dropped."""
     parts = split_rows(outputs, rows, "batched inference")
-    return [_completed(then, part) for then, part in zip(thens, parts[: len(thens)], strict=True)]
+    return [_finished(finish, part) for finish, part in zip(finishes, parts[: len(finishes)], strict=True)]
 
 
-def _completed(then: Callable[[Arrays], Any] | None, part: Arrays) -> Any:
-    if then is None:
+def _finished(finish: Callable[[Arrays], Any] | None, part: Arrays) -> Any:
+    if finish is None:
         return part
     try:
-        return then(part)
+        return finish(part)
     except Exception as exc:
         return Failed(exc)
 
