@@ -1,14 +1,14 @@
 """This checkout's ``fnserve serve`` against another checkout's, in one run: the figures a refactoring must keep.
 
-    python -m tests.bench.bench_ab /path/to/other/checkout     (e.g. a git worktree of main; needs wrk)
+    python -m tests.bench.bench_ab /path/to/other/checkout [MODEL ...]    (e.g. a git worktree of main; needs wrk)
 
 The other checkout runs with this virtualenv, its own package first on ``PYTHONPATH``, so the two differ only in
 fnserve's code. On the demo manifest, as shipped, under wrk at 16 connections: ``digits-accurate`` (batch 1 JSON,
 the HTTP benchmark's load), ``minilm-l6`` (16 tokens a row, adaptively batched) and ``minilm-embed`` (text, the
-batching benchmark's sentences). ``BENCH_AB_ROUNDS`` interleaved rounds (3) of ``BENCH_BATCHING_SECONDS`` (10) after a
-2 s warm-up, the two checkouts alternating within each round so that drift hits both alike; each figure is the
-median over the rounds, with the range, and the server's CPU per request (its processes' CPU time over the
-requests answered) beside requests a second, since wrk shares the cores.
+batching benchmark's sentences), or only the models named. ``BENCH_AB_ROUNDS`` interleaved rounds (3) of
+``BENCH_BATCHING_SECONDS`` (10) after a 2 s warm-up, the two checkouts alternating within each round so that drift
+hits both alike; each figure is the median over the rounds, with the range, and the server's CPU per request (its
+processes' CPU time over the requests answered) beside requests a second, since wrk shares the cores.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ def main() -> None:
         "minilm-l6, tensors": ("minilm-l6", [tensor_body()]),
         "minilm-embed, text": ("minilm-embed", [text_body(t) for t in sentences()]),
     }
+    if sys.argv[2:]:
+        loads = {what: load for what, load in loads.items() if load[0] in sys.argv[2:]}
     runs: dict[tuple[str, str], list[tuple[float, float]]] = {(w, t): [] for w in loads for t in trees}
     for _ in range(ROUNDS):
         for what, (model, bodies) in loads.items():
