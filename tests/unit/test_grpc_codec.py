@@ -17,7 +17,7 @@ from tritonclient.grpc import service_pb2 as triton_pb
 
 from fnserve.adapters.grpc import codec
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
-from fnserve.adapters.grpc.service import InferenceServicer
+from fnserve.adapters.grpc.service import GrpcCall, InferenceServicer
 from fnserve.bootstrap import build_dataplane
 from fnserve.core.datatypes import V2_TO_NUMPY
 from fnserve.core.errors import DeadlineExceeded, InvalidInput, grpc_code
@@ -182,22 +182,13 @@ def test_a_deadline_already_passed_runs_nothing(tmp_path: Path) -> None:
 
     parsed = codec.parse_request(request.SerializeToString())
 
-    def serve(deadline: float) -> Any:
-        async def arrived() -> codec.ParsedRequest:
-            return parsed
-
-        def encode(answer: Any, decoded: codec.GrpcRequest) -> bytes:
-            return codec.encode_response(answer.name, answer.version, answer.outputs, "", {}, decoded.raw_outputs)
-
-        decode = lambda p: codec.decode_request(p.message, p.raw)  # noqa: E731
-        return asyncio.run(
-            servicer.plane.serve(servicer.watcher, "digits-accurate", None, arrived(), decode, encode, None, deadline)
-        )
+    async def serve(deadline: float) -> Any:
+        return await servicer.plane.serve(servicer.watcher, GrpcCall(parsed, None, deadline))
 
     with pytest.raises(DeadlineExceeded) as raised:
-        serve(0.0)
+        asyncio.run(serve(0.0))
     assert calls == [] and raised.value.status_code == 504 and grpc_code(504) == "DEADLINE_EXCEEDED"
-    response, answer, timings = serve(30.0)
+    response, answer, timings = asyncio.run(serve(30.0))
     assert calls == [1] and answer.version == "1" and "infer" in timings
     assert len(pb.ModelInferResponse.FromString(response).raw_output_contents) == 2
 

@@ -130,8 +130,8 @@ def test_each_kustomization_lists_the_files_beside_it() -> None:
 # -- the containers against the image and fnserve's routes ------------------------------------------------
 
 
-class Plane:
-    """Just enough of a data plane for the health routes: whether every model can serve."""
+class Catalog:
+    """Just enough of a data plane's catalog for the health routes: whether every model can serve."""
 
     def __init__(self, ready: bool) -> None:
         self.is_ready = ready
@@ -143,7 +143,8 @@ class Plane:
 def app(ready: bool) -> FastAPI:
     """fnserve serve's HTTP app, its models loaded (ready) or not."""
     watcher = RequestWatcher("http", NoTelemetry(), access_log=False)
-    return routes.build(SimpleNamespace(plane=Plane(ready), default_model=None, watcher=watcher), metrics=lambda: b"")
+    inference = SimpleNamespace(plane=SimpleNamespace(catalog=Catalog(ready)), default_model=None, watcher=watcher)
+    return routes.build(inference, metrics=lambda: b"")
 
 
 def get_paths(application: FastAPI) -> set[str]:

@@ -17,7 +17,8 @@ from fnserve.core.statistics import Statistics
 
 class Catalog:
     """The names a data plane serves and what is told of them. ``statistics`` is where the data plane records each
-    request; ``instances``: how many sessions of a model run at once (a server says, for Triton's configuration)."""
+    request, ``counted`` the version it is counted under when it names none; ``instances``: how many sessions of a
+    model run at once (a server says, for Triton's configuration)."""
 
     def __init__(self, service: InferenceService, cascades: CascadeRunner | None = None) -> None:
         self.service = service
@@ -28,16 +29,16 @@ class Catalog:
         registry = service.registry
         # The version a request's figures go under when it names none: a model's default; a pipeline's or a
         # cascade's, that of the model it runs (its fast one's): Triton's tools read every version as a number.
-        self._counted = {name: registry.resolve(name).version for name in registry.names()}
+        self.counted: dict[str, str] = {name: registry.resolve(name).version for name in registry.names()}
         for p in registry.manifest.pipelines:
-            self._counted[p.name] = p.version or self._counted[p.model]
+            self.counted[p.name] = p.version or self.counted[p.model]
         for c in cascades.cascades.values() if cascades is not None else ():
-            self._counted[c.name] = c.fast_version or self._counted[c.fast]
+            self.counted[c.name] = c.fast_version or self.counted[c.fast]
         models_here = frozenset(registry.names())
         self.statistics = Statistics(
             [
                 *((name, version, registry.executions[(name, version)]) for name, version in registry.executions),
-                *((name, self._counted[name], None) for name in self.served_names() if name not in models_here),
+                *((name, self.counted[name], None) for name in self.served_names() if name not in models_here),
             ]
         )
 
@@ -91,12 +92,6 @@ class Catalog:
     def ready_when(self, condition: Callable[[], bool]) -> None:
         """Make :meth:`ready` also wait for ``condition`` (a server's: all its front processes listening)."""
         self._ready_when.append(condition)
-
-    def version_of(self, name: str, version: str | None) -> str:
-        """The version a request to ``name`` is counted under."""
-        if version is not None:
-            return version
-        return self._counted.get(name, "")
 
     def _cascade(self, name: str, version: str | None) -> CascadeSettings | None:
         if self.cascades is None or version is not None:

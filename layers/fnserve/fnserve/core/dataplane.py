@@ -159,6 +159,7 @@ class DataPlane:
         self.catalog = Catalog(service, cascades)
         self.statistics = self.catalog.statistics  # recorded here, reported by the catalog
         self.names = self.catalog.names
+        self._counted = self.catalog.counted
 
     # -- inference ------------------------------------------------------------------------------
 
@@ -184,7 +185,7 @@ class DataPlane:
             arriving = batcher.admitted(within=request.deadline) if batcher is not None else None
         except FnserveError as refusal:
             watcher.start(name, version, request.traceparent).refused(refusal)
-            self.statistics.failed(name, self.catalog.version_of(name, version), time.perf_counter_ns() - arrived)
+            self.statistics.failed(name, self._version_of(name, version), time.perf_counter_ns() - arrived)
             raise
         return self._serve(watcher.start(name, version, request.traceparent), request, arriving, arrived)
 
@@ -230,7 +231,7 @@ class DataPlane:
                 payload, encoded_ms = answer.encoded
         except FnserveError as exc:
             watch.refused(exc)
-            self.statistics.failed(name, self.catalog.version_of(name, version), time.perf_counter_ns() - arrived)
+            self.statistics.failed(name, self._version_of(name, version), time.perf_counter_ns() - arrived)
             raise
         except ClientGone:
             watch.cancelled("client gone")
@@ -239,7 +240,7 @@ class DataPlane:
             logger.exception("unhandled error", extra={"model": name})
             error = FnserveError("internal server error")
             watch.refused(error)
-            self.statistics.failed(name, self.catalog.version_of(name, version), time.perf_counter_ns() - arrived)
+            self.statistics.failed(name, self._version_of(name, version), time.perf_counter_ns() - arrived)
             raise error from exc
         except BaseException:  # cancelled: the client went away, or the server is stopping
             watch.cancelled("cancelled")
@@ -248,7 +249,7 @@ class DataPlane:
         watch.served(answer, timings)
         self.statistics.served(
             name,
-            self.catalog.version_of(name, version),
+            self._version_of(name, version),
             time.perf_counter_ns() - arrived,
             timings,
             answer.cache,
@@ -341,6 +342,10 @@ class DataPlane:
             answer, waited = await batcher.predict(prepared.feed, Finish(self.service, name, prepared, encode), within)
         answer.timings["queue"] = round(waited * 1e3, 3)
         return answer
+
+    def _version_of(self, name: str, version: str | None) -> str:
+        """The version a request to ``name`` is counted under (:attr:`Catalog.counted` when it names none)."""
+        return version if version is not None else self._counted.get(name, "")
 
     async def _cascade(self, name: str, inputs: Mapping[str, Any], outputs: Sequence[str] | None) -> Answer:
         assert self.cascades is not None
