@@ -54,11 +54,12 @@ class Lock:
 LOCKS = [
     # The server image (infra/container/Dockerfile), CPU variant: its Python is the base image's.
     Lock("infra/container/requirements.lock", "3.11", extras=("server", "grpc", "aws", "redis")),
-    # The CUDA variant's GPU runtime, at the version TensorRT 10 links to, on the CPU lock's versions.
+    # The CUDA variant's GPU runtime, at the version TensorRT 10 links to, and NVML for the GPU gauges, on the CPU
+    # lock's versions.
     Lock(
         "infra/container/requirements-cuda.lock",
         "3.11",
-        requirements=("onnxruntime-gpu[cuda,cudnn]==1.30.0",),
+        requirements=("onnxruntime-gpu[cuda,cudnn]==1.30.0", "nvidia-ml-py>=12"),
         constraints="infra/container/requirements.lock",
     ),
     # The Lambda image (infra/container/lambda.Dockerfile): the layer's set, boto3, the runtime interface client.

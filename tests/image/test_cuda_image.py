@@ -12,7 +12,7 @@ from tests.image.test_server_image import ping, serving
 from tests.servers import wait_for
 
 CHECK = """
-import importlib.metadata as metadata, json, onnxruntime as ort
+import importlib.metadata as metadata, importlib.util, json, onnxruntime as ort
 ort.preload_dlls()  # what fnserve does before a CUDA session: pip's CUDA and cuDNN libraries, mapped in
 maps = open("/proc/self/maps").read()
 names = {d.metadata["Name"].lower() for d in metadata.distributions()}
@@ -22,6 +22,7 @@ print(json.dumps({
     "onnxruntime_gpu": metadata.version("onnxruntime-gpu"),
     "cudart": "libcudart.so" in maps,
     "cudnn": "libcudnn" in maps,
+    "nvml": importlib.util.find_spec("pynvml") is not None,
 }))
 """
 
@@ -35,6 +36,7 @@ def test_the_cuda_variant_has_onnxruntime_gpu_and_pips_cuda_alone(cuda_image: Bu
     assert "CUDAExecutionProvider" in found["providers"], found
     assert not found["onnxruntime"], "onnxruntime and onnxruntime-gpu are one package: never both"
     assert found["cudart"] and found["cudnn"], found
+    assert found["nvml"], "the GPU gauges (nv_gpu_*) read NVML through nvidia-ml-py"
 
 
 def test_the_cuda_variant_starts_without_a_gpu(cuda_image: Built, tmp_path: Path) -> None:
