@@ -1,5 +1,6 @@
-"""The docs site builds with mkdocs --strict (a broken link or anchor, a page outside the nav, fails it), and the
-README stays a short way in: a working curl and "your own model" on its first screen, every page linked."""
+"""The docs site builds with mkdocs --strict (a broken link or anchor fails it), the README stays a short way in (a
+working curl and "your own model" on its first screen, every page linked), and the reference pages say what the
+code does: the CLI's options, the HTTP routes."""
 
 from __future__ import annotations
 
@@ -51,3 +52,38 @@ def test_the_cli_reference_is_what_the_commands_print() -> None:
     assert written == module.reference(), "docs/cli.md is stale: run python infra/docs/cli_reference.py"
     assert "<bool>" not in written  # flags read as flags, not as typed values
     assert "## `fnserve manifest add`" in written and "--max-batch-size" in written
+
+
+def expanded(route: str) -> set[str]:
+    """A route as api.md writes it, optional parts in brackets, as the paths it stands for (parameters as ``{}``)."""
+    inner = re.search(r"\[([^\[\]]*)\]", route)
+    if inner is None:
+        return {re.sub(r"\{[^}]*\}", "{}", route)}
+    return expanded(route[: inner.start()] + route[inner.end() :]) | expanded(
+        route[: inner.start()] + inner.group(1) + route[inner.end() :]
+    )
+
+
+def test_the_api_pages_route_table_is_the_apps_routes() -> None:
+    from fnserve.adapters.http.app import create_app
+    from fnserve.bootstrap import build_dataplane
+    from fnserve.settings import Settings
+
+    table = (REPO / "docs" / "api.md").read_text().split("| route | answer |", 1)[1].split("\n\n", 1)[0]
+    documented = {
+        (method, path)
+        for row in table.splitlines()[2:]
+        for method, route in re.findall(r"`(GET|POST|PUT|DELETE) ([^`]+)`", row.split("|")[1])
+        for path in expanded(route)
+    }
+    settings = Settings(manifest=str(REPO / "layers" / "models" / "models" / "manifest.toml"))
+    app = create_app(build_dataplane(settings), settings, metrics=lambda: b"").fastapi()
+    served = {
+        (method, re.sub(r"\{[^}]*\}", "{}", route.path.rstrip("/") or "/"))
+        for route in getattr(app, "routes", [])
+        for method in getattr(route, "methods", None) or ()
+        if method != "HEAD"
+    }
+    assert documented, "no routes found in docs/api.md's table"
+    assert served - documented == set(), "routes the app serves that docs/api.md's table leaves out"
+    assert documented - served == set(), "routes docs/api.md's table names that the app does not serve"
