@@ -5,6 +5,7 @@ since an import deferred into a function still ties the two packages together.""
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,3 +113,11 @@ def test_the_architecture_page_names_every_package_and_only_packages_that_exist(
     assert named, "no package list under docs/architecture.md's 'Packages'"
     assert named - packages == set(), "docs/architecture.md names packages that do not exist"
     assert packages - named == set(), "packages that docs/architecture.md does not name"
+
+
+def test_the_architecture_page_names_every_make_target() -> None:
+    page = (REPO / "docs" / "architecture.md").read_text()
+    line = next(line for line in (REPO / "Makefile").read_text().splitlines() if line.startswith(".PHONY:"))
+    entry = page.split("\nMakefile ", 1)[1].split("\ntemplate.yaml", 1)[0]
+    named = set(re.findall(r"[a-z][a-z0-9-]*", entry))
+    assert set(line.split(":", 1)[1].split()) - named == set(), "make targets docs/architecture.md does not name"
