@@ -745,13 +745,13 @@ def test_a_batch_holds_its_slot_and_rows_from_when_it_forms_until_its_answers_ar
 
         async def caller() -> None:
             await batcher.predict({"x": np.ones((1, 1))})
-            seen.append(batcher.refusal())  # in the turn its answer came back
+            seen.append(batcher.admission.refusal())  # in the turn its answer came back
 
         first = [asyncio.create_task(caller()) for _ in range(2)]
         await until(lambda: model.running == 1)
         waiting = [asyncio.create_task(batcher.predict({"x": np.ones((1, 1))})) for _ in range(2)]
         await until(lambda: batcher.queued() == 2)
-        full = batcher.refusal()  # behind the running batch, a queue of one batch is full
+        full = batcher.admission.refusal()  # behind the running batch, a queue of one batch is full
         model.open.set()
         await asyncio.gather(*first, *waiting)
         await batcher.close()
@@ -809,7 +809,7 @@ def test_by_default_the_queue_holds_what_is_answered_in_time_however_many_rows()
         await until(lambda: model.running == 1)
         queued = [asyncio.create_task(batcher.predict({"x": np.ones((1, 1))})) for _ in range(10)]
         await until(lambda: batcher.queued() == 10)
-        assert batcher.refusal() is None and batcher.admission.shed == 0
+        assert batcher.admission.refusal() is None and batcher.admission.shed == 0
         model.open.set()
         answered = await asyncio.gather(running, *queued)
         await batcher.close()
@@ -832,10 +832,10 @@ def test_by_default_a_slow_models_queue_of_one_batch_is_not_refused_on_time() ->
         await until(lambda: model.running == 1)
         queued = [asyncio.create_task(batcher.predict({"x": np.ones((1, 1))})) for _ in range(2)]
         await until(lambda: batcher.queued() == 2)
-        one_batch_ahead = batcher.refusal()
+        one_batch_ahead = batcher.admission.refusal()
         queued += [asyncio.create_task(batcher.predict({"x": np.ones((1, 1))})) for _ in range(2)]
         await until(lambda: batcher.queued() == 4)
-        two_batches_ahead = batcher.refusal()
+        two_batches_ahead = batcher.admission.refusal()
         model.open.set()
         answered = await asyncio.gather(running, *queued)
         await batcher.close()

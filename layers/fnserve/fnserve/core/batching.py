@@ -28,7 +28,7 @@ from fnserve.core._niced import run_niced
 from fnserve.core._queues import Flight, Pending, first_request, gather, hurry, mixed
 from fnserve.core.admission import Admission
 from fnserve.core.datatypes import Arrays
-from fnserve.core.errors import InvalidInput, Overloaded
+from fnserve.core.errors import InvalidInput
 from fnserve.core.providers import RAN_ON, RanOn
 from fnserve.core.stacking import Failed, QueueKey, Stacking, answers, isolating
 
@@ -177,10 +177,6 @@ class AdaptiveBatcher:
     def admitted(self, within: float | None = None) -> Arriving:
         """The admission of a request whose body is not read yet (:meth:`Admission.admitted`)."""
         return self.admission.admitted(within)
-
-    def refusal(self) -> Overloaded | None:
-        """The refusal of a request whose body is not read yet, if any (:meth:`Admission.refusal`)."""
-        return self.admission.refusal()
 
     def _expire(self, pending: Pending, flight: Flight, delay: float) -> None:
         """A request's queue deadline, ``delay`` after it came: still waiting for its batch, it is refused and never
