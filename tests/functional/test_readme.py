@@ -109,6 +109,13 @@ ELSEWHERE = {  # a block's first command -> why it does not run here, and what p
     "infra/gcp/deploy.sh": "needs gcloud and a project; tests/functional/test_gcp.py checks its --dry-run",
     "fnserve submit": "needs a queue: tests/functional/test_batch.py submits and fetches results on moto",
     "make sam-check": "make test runs sam-check; deploying needs an AWS account",
+    "make deploy": "needs AWS credentials; make test runs sam-check, which builds, lints and runs what it deploys",
+    "aws iam create-policy": "needs an account: tests/unit/test_deployer_policy.py checks the policy against the "
+    "resources SAM makes of template.yaml",
+    "aws cloudformation describe-stacks": "needs a deployed stack: tests/unit/test_aws_page.py checks that the "
+    "outputs docs/aws.md lists are template.yaml's",
+    "aws sqs start-message-move-task": "needs a deployed stack: tests/e2e/test_local.py sends jobs to the dead-letter "
+    "queue through the template's redrive policy on moto; the move back is SQS's own",
     "docker build -f infra/container/lambda.Dockerfile": "needs Docker (and ECR, an account): make image-test "
     "builds this Dockerfile with buildah and runs the image (tests/image/test_lambda_image.py)",
     ".venv/bin/fnserve models push": "tests/functional/test_publish.py pushes to moto and Cloud Storage",

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 import numpy as np
 import typer
 
+from fnserve.bench import prices
 from fnserve.core.errors import FnserveError
 
 if TYPE_CHECKING:
@@ -685,8 +686,10 @@ def bench(
     lambda_seconds: Annotated[float, typer.Option(min=0.1, help="Seconds of invocations per Lambda size.")] = 3.0,
     price_gb_second: Annotated[
         float, typer.Option(help="Lambda's price per GB-second (x86, us-east-1).")
-    ] = 0.0000166667,
-    price_per_million: Annotated[float, typer.Option(help="Lambda's price per million requests.")] = 0.20,
+    ] = prices.LAMBDA_GB_SECOND["x86_64"],
+    price_per_million: Annotated[
+        float, typer.Option(help="Lambda's price per million requests.")
+    ] = prices.LAMBDA_PER_MILLION,
 ) -> None:
     """Measure the raw onnxruntime floor, sweep server layouts, threads, pinning and batching under load on
     loopback, and recommend the fastest configuration; --profile writes a flame graph, --lambda sizes Lambda."""

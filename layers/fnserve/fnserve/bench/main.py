@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fnserve.bench import prices, sizing
 from fnserve.bench import requests as made
-from fnserve.bench import sizing
 from fnserve.bench.load import wrk_script
 from fnserve.bench.profile import profile
 from fnserve.bench.report import summary, table, write
@@ -43,8 +43,8 @@ class Options:
     profile_seconds: float = 10.0
     lambda_sizes: tuple[int, ...] = ()
     lambda_seconds: float = 3.0
-    price_gb_second: float = sizing.PRICE_GB_SECOND
-    price_per_million: float = sizing.PRICE_PER_MILLION
+    price_gb_second: float = prices.LAMBDA_GB_SECOND["x86_64"]
+    price_per_million: float = prices.LAMBDA_PER_MILLION
 
 
 def bench(options: Options) -> list[Path]:

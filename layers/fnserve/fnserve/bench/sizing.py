@@ -9,8 +9,8 @@ would pass for a Lambda figure.
 
 For each size: the init (import and model load, under the quota: the cold start's share that
 memory decides), p50/p99 of warm invocations, the billed duration (rounded up to the millisecond),
-the cost per million requests at the prices given (x86 in us-east-1 by default), and whether the
-process's peak memory fits the size.
+the cost per million requests at the prices given (``fnserve.bench.prices``: x86 in us-east-1 by default),
+and whether the process's peak memory fits the size.
 """
 
 from __future__ import annotations
@@ -28,14 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fnserve.bench import prices
 from fnserve.bench.requests import Request
 from fnserve.bench.sweep import Config, variant_manifest
 
 FULL_VCPU_MB = 1769
 MAX_VCPUS = 6
 SIZES = (512, 1024, 1769, 2048, 3008)
-PRICE_GB_SECOND = 0.0000166667  # x86, us-east-1 (arm64: 0.0000133334)
-PRICE_PER_MILLION = 0.20
 PERIOD_US = 100_000
 
 
@@ -228,7 +227,7 @@ def measure_size(
         raise RuntimeError(f"the Lambda handler answered {found}")
     init_ms, latencies, peak_mb = found
     billed = statistics.fmean(math.ceil(ms) for ms in latencies)
-    cost = price_per_million + 1e6 * billed / 1e3 * memory_mb / 1024 * price_gb_second
+    cost = prices.lambda_cost_per_million(memory_mb, billed, gb_second=price_gb_second, per_million=price_per_million)
     ordered = sorted(latencies)
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
     return Size(
@@ -253,8 +252,8 @@ def measure(
     *,
     machine_cpus: int,
     seconds: float = 3.0,
-    price_gb_second: float = PRICE_GB_SECOND,
-    price_per_million: float = PRICE_PER_MILLION,
+    price_gb_second: float = prices.LAMBDA_GB_SECOND["x86_64"],
+    price_per_million: float = prices.LAMBDA_PER_MILLION,
     progress: Callable[[str], None] = lambda _: None,
 ) -> list[Size] | str:
     """Every size's figures, or why CPU quotas cannot be applied on this machine."""

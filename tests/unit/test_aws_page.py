@@ -1,0 +1,105 @@
+"""docs/aws.md says what the code says: its prices and cost figures are what ``fnserve.bench.prices`` gives (a price
+update cannot leave the page stale: the failure prints what to paste), ``fnserve bench --lambda`` costs memory sizes
+with the same prices and formula, and the stack outputs the page lists are template.yaml's."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import pytest
+from cfnlint.decode.cfn_yaml import load
+
+from fnserve import cli
+from fnserve.bench import prices, sizing
+from fnserve.bench.main import Options
+from tests.helpers import REPO
+
+PAGE = (REPO / "docs" / "aws.md").read_text()
+TEMPLATE = load(str(REPO / "template.yaml"))
+DAYS = 30  # a month, for what is billed by the second or the hour
+BILLED_MS = (10, 100)  # the durations the page's table costs
+ARCHITECTURES = ("x86_64", "arm64")
+
+
+def money(usd: float) -> str:
+    """Dollars with cents, and as many more digits as the figure has (prices go to ten thousandths of a cent)."""
+    digits = f"{usd:.10f}".rstrip("0")
+    whole, _, cents = digits.partition(".")
+    return f"${whole}.{cents.ljust(2, '0')}"
+
+
+def price_table() -> str:
+    rows = [f"| {what} | {money(usd)} per {unit} |" for what, usd, unit in prices.TABLE]
+    return "\n".join(["| what | price |", "| --- | --- |", *rows])
+
+
+def cost_table() -> str:
+    head = ["`ApiMemorySize` (MB)", "vCPU", "each billed ms, x86_64"]
+    head += [f"{arch} at {ms} ms" for arch in ARCHITECTURES for ms in BILLED_MS]
+    rows = []
+    for memory in sizing.SIZES:
+        x86 = prices.LAMBDA_GB_SECOND["x86_64"]
+        cells = [str(memory), f"{sizing.vcpus(memory):.2f}", f"${1e6 / 1e3 * memory / 1024 * x86:.4f}"]
+        for arch in ARCHITECTURES:
+            for ms in BILLED_MS:
+                cost = prices.lambda_cost_per_million(memory, ms, gb_second=prices.LAMBDA_GB_SECOND[arch])
+                cells.append(f"${cost:.3f}")
+        rows.append(cells)
+    lines = [head, ["---"] * len(head), *rows]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
+
+
+def alarm_metrics() -> int:
+    """What the template's alarms bill for: one metric each, or each metric a metric-math alarm reads."""
+    alarms = [r["Properties"] for r in TEMPLATE["Resources"].values() if r["Type"] == "AWS::CloudWatch::Alarm"]
+    return sum(len([m for m in a["Metrics"] if "MetricStat" in m]) if "Metrics" in a else 1 for a in alarms)
+
+
+def idle_lines() -> list[str]:
+    secrets = [r for r in TEMPLATE["Resources"].values() if r["Type"] == "AWS::SecretsManager::Secret"]
+    metrics = alarm_metrics()
+    idle = len(secrets) * prices.SECRET_MONTH + metrics * prices.ALARM_METRIC_MONTH
+    memory = int(TEMPLATE["Parameters"]["ApiMemorySize"]["Default"])
+    warm = memory / 1024 * DAYS * 86400 * prices.LAMBDA_PROVISIONED_GB_SECOND["x86_64"]
+    return [
+        f"{len(secrets)} secret and {metrics} alarm metrics: **{money(idle)} a month**",
+        f"one environment of the default {memory:,} MB costs {money(round(warm, 2))} a month on x86_64",
+    ]
+
+
+def test_the_prices_and_the_cost_table_are_what_the_prices_give() -> None:
+    paste = "stale: `python -m tests.unit.test_aws_page` prints what docs/aws.md should say"
+    assert f"AWS's published prices for us-east-1 as of {prices.AS_OF}" in PAGE, paste
+    assert price_table() in PAGE, f"the price table is {paste}"
+    assert cost_table() in PAGE, f"the cost table is {paste}"
+    for line in idle_lines():
+        assert line in PAGE, f"the idle cost is {paste}"
+
+
+def test_the_table_costs_the_sizes_fnserve_bench_measures_at_the_prices_it_uses() -> None:
+    defaults = {name: p.default for name, p in inspect.signature(cli.bench).parameters.items()}
+    assert defaults["memory"] == ",".join(map(str, sizing.SIZES))
+    assert defaults["price_gb_second"] == Options.price_gb_second == prices.LAMBDA_GB_SECOND["x86_64"]
+    assert defaults["price_per_million"] == Options.price_per_million == prices.LAMBDA_PER_MILLION
+    # 2 GB for 10 ms, a million times: 20,000 GB-s and a million requests.
+    assert prices.lambda_cost_per_million(2048, 10, gb_second=1.0, per_million=0.0) == pytest.approx(20_000)
+    assert prices.lambda_cost_per_million(2048, 10, gb_second=0.0, per_million=0.2) == pytest.approx(0.2)
+    assert prices.lambda_cost_per_million(2048, 10) == pytest.approx(
+        20_000 * prices.LAMBDA_GB_SECOND["x86_64"] + prices.LAMBDA_PER_MILLION
+    )
+
+
+def test_the_outputs_the_page_lists_are_the_templates() -> None:
+    section = PAGE.split("## The stack's outputs", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^\| `(\w+)` \|", section, re.MULTILINE)
+    assert listed == list(TEMPLATE["Outputs"]), "docs/aws.md's outputs table is not template.yaml's Outputs"
+
+
+def test_money_keeps_cents_and_every_digit_of_a_price() -> None:
+    assert [money(0.2), money(1.0), money(0.0000166667), money(0.625)] == ["$0.20", "$1.00", "$0.0000166667", "$0.625"]
+
+
+if __name__ == "__main__":
+    print(f"AWS's published prices for us-east-1 as of {prices.AS_OF}\n")
+    print(price_table(), cost_table(), *idle_lines(), sep="\n\n")
