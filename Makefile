@@ -92,6 +92,7 @@ test-installs: setup test-servers
 # --strict (tests/functional/test_docs.py), so a broken link or anchor fails.
 docs: setup
 	$(PY) infra/docs/cli_reference.py
+	$(PY) infra/docs/settings_reference.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 # perf_analyzer, Triton's load generator: tritonclient's manylinux wheels ship it up to 2.39, linked to Debian's

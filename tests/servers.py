@@ -39,11 +39,14 @@ def start_http(
     new_session: bool = False,
     ready_path: str = "/v2/health/ready",
     ready_status: int = 200,
+    cwd: Path | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Any HTTP server process (``cmd``, listening on ``port``), once GET ``ready_path`` answers
     ``ready_status`` (a V2 server's readiness by default); output goes to ``log``."""
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=new_session)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=new_session, cwd=cwd
+        )
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:

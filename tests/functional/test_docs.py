@@ -87,3 +87,26 @@ def test_the_api_pages_route_table_is_the_apps_routes() -> None:
     assert documented, "no routes found in docs/api.md's table"
     assert served - documented == set(), "routes the app serves that docs/api.md's table leaves out"
     assert documented - served == set(), "routes docs/api.md's table names that the app does not serve"
+
+
+# What a user page must not tell: which commit a figure was measured on, or the story of the runs behind it. Those
+# belong to the commit log and to docs/design/, where the figures that decided a design are kept.
+COMMIT = re.compile(r"(?<![=\w/.-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}(?![\w-])")
+ORDINAL = r"(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|\d+(?:st|nd|rd|th))"
+DIARY = re.compile(
+    rf"\b(?:(?:the|a|an) {ORDINAL} (?:session|run|machine|H100|round)s?\b|(?:in |session )run [1-9]\b|session \d+\b|"
+    r"by mistake|this session|device time|a slow hour|\(code of|the run on|the run before it)",
+    re.IGNORECASE,
+)
+
+
+def test_no_user_page_names_a_commit_or_tells_a_run_diary() -> None:
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]  # docs/design/ is where history may go
+    found = [
+        f"{page.relative_to(REPO)}:{number}: {match.group(0)!r}"
+        for page in pages
+        for number, line in enumerate(page.read_text().splitlines(), 1)
+        for match in [*COMMIT.finditer(line), *DIARY.finditer(line)]
+    ]
+    assert not found, "\n".join(found)
+    assert COMMIT.search("measured on 9bbf657") and DIARY.search("the eighth session") and DIARY.search("in run 2")

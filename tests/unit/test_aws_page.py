@@ -70,7 +70,7 @@ def idle_lines() -> list[str]:
 
 def test_the_prices_and_the_cost_table_are_what_the_prices_give() -> None:
     paste = "stale: `python -m tests.unit.test_aws_page` prints what docs/aws.md should say"
-    assert f"AWS's published prices for us-east-1 as of {prices.AS_OF}" in PAGE, paste
+    assert f"AWS's list prices for us-east-1, recorded on {prices.AS_OF}" in PAGE, paste
     assert price_table() in PAGE, f"the price table is {paste}"
     assert cost_table() in PAGE, f"the cost table is {paste}"
     for line in idle_lines():
@@ -101,5 +101,5 @@ def test_money_keeps_cents_and_every_digit_of_a_price() -> None:
 
 
 if __name__ == "__main__":
-    print(f"AWS's published prices for us-east-1 as of {prices.AS_OF}\n")
+    print(f"AWS's list prices for us-east-1, recorded on {prices.AS_OF}\n")
     print(price_table(), cost_table(), *idle_lines(), sep="\n\n")
