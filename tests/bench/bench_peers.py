@@ -11,8 +11,10 @@ BentoML and MLServer, in one run.
   (``plain_server``, ``plain_embed_server``: a uvicorn worker per CPU); BentoML (``bentoml serve`` of
   ``tests/bench/peers/bento_service.py``) and MLServer (``mlserver start`` of ``tests/bench/peers/mlserver_models``),
   each serving the demo's three models from the same ONNX files with a worker per CPU, one onnxruntime thread
-  each, and the MiniLM models batched adaptively by the framework's own batcher. fnserve, the naive server and
-  MLServer take the same Open Inference Protocol bodies; BentoML takes its own JSON of the same numbers and texts.
+  each, and the MiniLM models batched adaptively by the framework's own batcher; MLServer also in its other
+  layout, inference in its server process (``parallel_workers`` 0), since which is faster depends on the model.
+  fnserve, the naive server and MLServer take the same Open Inference Protocol bodies; BentoML takes its own JSON
+  of the same numbers and texts.
   Before any timing, every server's answers (the digits body, the tensor body, every sixteenth sentence) are
   checked against fnserve's: labels equal, every float within ``TOLERANCE`` of the largest magnitude of its
   output. ``BENCH_PEERS_ROUNDS`` interleaved rounds (3); each figure is the median over the rounds, with the range,
@@ -153,16 +155,22 @@ def peers(cpus: int, scratch: Path) -> dict[str, list[Peer]]:
     def with_port(command: list[str], env: dict[str, str]) -> Callable[[int], tuple[list[str], dict[str, str]]]:
         return lambda port: ([*command, "--port", str(port)], env)
 
-    def mlserver(port: int) -> tuple[list[str], dict[str, str]]:
-        env = {
-            "PYTHONPATH": f"{REPO}{os.pathsep}{models}",
-            "MLSERVER_HOST": "127.0.0.1",
-            "MLSERVER_HTTP_PORT": str(port),
-            "MLSERVER_GRPC_PORT": str(port + 1),
-            "MLSERVER_METRICS_PORT": str(port + 2),
-            "MLSERVER_PARALLEL_WORKERS": str(cpus),
-        }
-        return [str(MLSERVER), "start", str(models)], env
+    def mlserver(workers: int) -> Callable[[int], tuple[list[str], dict[str, str]]]:
+        """MLServer's two layouts: inference in a worker per CPU (its parallel inference), or in the server's own
+        process (parallel_workers 0), which its docs suggest where a model is cheaper than the hop to a worker."""
+
+        def command(port: int) -> tuple[list[str], dict[str, str]]:
+            env = {
+                "PYTHONPATH": f"{REPO}{os.pathsep}{models}",
+                "MLSERVER_HOST": "127.0.0.1",
+                "MLSERVER_HTTP_PORT": str(port),
+                "MLSERVER_GRPC_PORT": str(port + 1),
+                "MLSERVER_METRICS_PORT": str(port + 2),
+                "MLSERVER_PARALLEL_WORKERS": str(workers),
+            }
+            return [str(MLSERVER), "start", str(models)], env
+
+        return command
 
     texts = sentences()
     row = {name: array[0].tolist() for name, array in tensor_feed(1).items()}
@@ -195,7 +203,8 @@ def peers(cpus: int, scratch: Path) -> dict[str, list[Peer]]:
                 [json.dumps(b).encode() for b in bento_bodies],
                 bento_answers,
             ),
-            Peer(pinned("MLServer"), mlserver, v2, bodies, v2_answers, ports=3, cwd=scratch),
+            Peer(f"{pinned('MLServer')}, {cpus} workers", mlserver(cpus), v2, bodies, v2_answers, ports=3, cwd=scratch),
+            Peer(f"{pinned('MLServer')}, in process", mlserver(0), v2, bodies, v2_answers, ports=3, cwd=scratch),
         ]
     return found
 
