@@ -128,7 +128,7 @@ OTHERS: dict[str, tuple[Variable, ...]] = {
         ),
         Variable("AWS_MAX_ATTEMPTS", "botocore's: set, it replaces fnserve's attempts in those clients likewise."),
     ),
-    "The platform: Lambda, SageMaker, Cloud Functions, Prometheus": (
+    "The platform: Lambda, SageMaker, Cloud Functions, Cloud Run, Prometheus": (
         Variable(
             "AWS_LAMBDA_FUNCTION_NAME",
             "On Lambda: the traces' `faas.name` (and `service.name` without `OTEL_SERVICE_NAME`); set, traces "
@@ -165,6 +165,11 @@ OTHERS: dict[str, tuple[Variable, ...]] = {
         ),
         Variable("FUNCTION_TARGET", "See `K_SERVICE`."),
         Variable("K_REVISION", "On Cloud Functions: the traces' `faas.version`."),
+        Variable(
+            "PORT",
+            "Cloud Run's and Knative's port for a container: `fnserve serve` listens on it when neither `--port` "
+            "nor `FNSERVE_PORT` says another.",
+        ),
         Variable(
             "PROMETHEUS_MULTIPROC_DIR",
             "prometheus-client's: where a server's processes keep their metrics; unset, `fnserve serve` makes one "

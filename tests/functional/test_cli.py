@@ -340,3 +340,27 @@ def test_results_of_bytes_outputs_are_written_as_text_to_jsonl(tmp_path: Path) -
     assert lines[0]["outputs"]["labels"] == ["seven", "\\xff"]
     assert [line["status"] for line in lines] == ["done", "failed", "pending"]
     assert [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]  # no partial file left beside it
+
+
+def test_serve_listens_on_the_port_a_platform_gives_in_PORT_after_its_own_settings(tmp_path: Path) -> None:
+    """Cloud Run and Knative give a container its port in PORT; --port, then FNSERVE_PORT, come first."""
+    base = {k: v for k, v in os.environ.items() if k not in ("PORT", "FNSERVE_PORT", "FNSERVE_GRPC_PORT")}
+    serve = [sys.executable, "-m", "fnserve", "serve", "-m", str(DEMO_MANIFEST), "--workers", "0", "--processes", "1"]
+    platform, own, given = free_port(), free_port(), free_port()
+    for env, cmd, listening in (
+        ({"PORT": str(platform)}, serve, platform),
+        ({"PORT": str(free_port()), "FNSERVE_PORT": str(own)}, serve, own),
+        ({"PORT": str(free_port())}, [*serve, "--port", str(given)], given),
+    ):
+        proc, url = start_http(cmd, listening, tmp_path / "serve.log", env=base | env)
+        try:
+            assert httpx.get(f"{url}/v2/models/digits-accurate/ready", timeout=5).status_code == 200
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def test_serve_refuses_the_same_port_for_http_and_grpc() -> None:
+    result = runner.invoke(app, ["serve", "-m", str(DEMO_MANIFEST), "--grpc-port", "8081"], env={"PORT": "8081"})
+    assert result.exit_code == 1
+    assert "HTTP and gRPC both asked for port 8081" in result.output

@@ -2,8 +2,9 @@
 
 Started as a container runtime starts it: the image's ENTRYPOINT and CMD, its user, its environment
 and working directory, its baked-in models. The container shares the host's network (buildah's chroot
-isolation has no network namespace), so each test moves the ports to free ones with FNSERVE_PORT and
-FNSERVE_GRPC_PORT, as ``docker run -p`` would map them, and the HEALTHCHECK is run on the moved port.
+isolation has no network namespace), so each test moves the ports to free ones with FNSERVE_PORT (or PORT, as
+Cloud Run and Knative give it) and FNSERVE_GRPC_PORT, as ``docker run -p`` would map them, and the HEALTHCHECK is
+run in that environment.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def test_the_image_serves_sagemaker_v2_and_grpc_as_its_non_root_user(server_imag
 
         health = server_image.config["Healthcheck"]["Test"]
         assert health[0] == "CMD", health
-        done = running.exec([part.replace(":8080", f":{port}") for part in health[1:]])
+        done = running.exec(["env", f"FNSERVE_PORT={port}", *health[1:]])  # the container's environment
         assert done.returncode == 0, done.stderr
 
         # SAGEMAKER_MODEL_SERVER_WORKERS: two inference workers, children of the server, hold the models.
@@ -149,3 +150,16 @@ def test_an_image_without_its_manifest_stops_with_the_reason(server_image: Built
 def test_the_image_holds_the_locked_versions(server_image: Built, tmp_path: Path) -> None:
     lock = REPO / "infra" / "container" / "requirements.lock"
     assert unlocked(server_image, "python", lock, tmp_path / "installed.log") == {}
+
+
+def test_the_image_listens_on_the_port_a_platform_gives_in_PORT(server_image: Built, tmp_path: Path) -> None:
+    """Cloud Run and Knative set PORT: the image sets no port of its own that would override it."""
+    port, grpc = free_port(), free_port()
+    command = server_image.config["Entrypoint"] + server_image.config["Cmd"]
+    env = {"PORT": str(port), "FNSERVE_GRPC_PORT": str(grpc)}
+    with started(server_image.name, command, tmp_path / "serve.log", env) as running:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: ping(running, url) == 200, 180, "the image's server to answer /ping on PORT")
+        health = server_image.config["Healthcheck"]["Test"]
+        done = running.exec(["env", f"PORT={port}", *health[1:]])
+        assert done.returncode == 0, done.stderr

@@ -50,11 +50,13 @@ EXPOSED = {int(port) for line in dockerfile_instructions("EXPOSE") for port in l
 USER = int(dockerfile_instructions("USER")[-1])
 CMD = json.loads(dockerfile_instructions("CMD")[-1])
 HEALTHCHECK_START = int(re.search(r"--start-period=(\d+)s", dockerfile_instructions("HEALTHCHECK")[0])[1])
+# The image sets no HTTP port, so that a platform's PORT holds; its HEALTHCHECK names the default.
+HTTP_PORT = int(re.search(r"PORT:-(\d+)\}", dockerfile_instructions("HEALTHCHECK")[0])[1])
 
 
 def test_the_image_is_what_these_checks_assume() -> None:
     assert json.loads(dockerfile_instructions("ENTRYPOINT")[0]) == ["fnserve"] and CMD == ["serve"]
-    assert {int(IMAGE_ENV["FNSERVE_PORT"]), int(IMAGE_ENV["FNSERVE_GRPC_PORT"])} <= EXPOSED
+    assert {HTTP_PORT, int(IMAGE_ENV["FNSERVE_GRPC_PORT"])} <= EXPOSED
     assert USER != 0
 
 
@@ -167,6 +169,12 @@ def environment(container: dict[str, Any]) -> dict[str, str]:
     return IMAGE_ENV | {e["name"]: e["value"] for e in container.get("env", [])}
 
 
+def http_port(container: dict[str, Any]) -> int:
+    """The port `fnserve serve` listens on in this container: FNSERVE_PORT, else PORT, else the image's default."""
+    env = environment(container)
+    return int(env.get("FNSERVE_PORT", env.get("PORT", HTTP_PORT)))
+
+
 def port_number(container: dict[str, Any], port: int | str) -> int:
     """A probe's or Service's port, by number or by the name of one of the container's ports."""
     if isinstance(port, int):
@@ -186,7 +194,7 @@ def test_a_container_runs_the_image_as_it_runs_itself(item: tuple[str, dict[str,
     env = environment(container)
     declared = {p["containerPort"] for p in container["ports"]}
     assert declared <= EXPOSED
-    assert int(env["FNSERVE_PORT"]) in declared
+    assert http_port(container) in declared
     assert int(env["FNSERVE_GRPC_PORT"]) in EXPOSED
     context = pod.get("securityContext", {}) | container["securityContext"]  # the container's own wins
     assert context["runAsUser"] == USER and context["runAsNonRoot"] is True
@@ -198,7 +206,7 @@ def test_the_probes_call_fnserves_health_routes_on_its_http_port(
     item: tuple[str, dict[str, Any], dict[str, Any]],
 ) -> None:
     _, container, _ = item
-    http = int(environment(container)["FNSERVE_PORT"])
+    http = http_port(container)
     loading, loaded = TestClient(app(ready=False)), TestClient(app(ready=True))
     probes = {name: container[name]["httpGet"] for name in ("startupProbe", "readinessProbe", "livenessProbe")}
     for name, probe in probes.items():
@@ -245,7 +253,7 @@ def test_prometheus_scrapes_fnserves_metrics_route_on_its_http_port() -> None:
     annotated = [(doc["spec"]["template"]["metadata"]["annotations"], "prometheus.io") for doc in of_kind("Deployment")]
     annotated += [(doc["spec"]["annotations"], "prometheus.kserve.io") for doc in of_kind("ServingRuntime")]
     for scrape, prefix in annotated:
-        assert scrape[f"{prefix}/port"] == IMAGE_ENV["FNSERVE_PORT"]
+        assert scrape[f"{prefix}/port"] == str(HTTP_PORT)
         assert scrape[f"{prefix}/path"] == "/metrics"
 
 
@@ -340,7 +348,7 @@ def test_the_service_autoscaler_and_budget_cover_the_deployments_pods() -> None:
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     env = environment(container)
     by_number = {port_number(container, p["targetPort"]): p for p in service["spec"]["ports"]}
-    assert by_number[int(env["FNSERVE_PORT"])]["appProtocol"] == "http"
+    assert by_number[http_port(container)]["appProtocol"] == "http"
     assert by_number[int(env["FNSERVE_GRPC_PORT"])]["appProtocol"] in ("kubernetes.io/h2c", "grpc")
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "fnserve"}
     assert "replicas" not in deployment["spec"]  # the HPA's to set: an apply would reset it

@@ -364,7 +364,13 @@ def _quantize_and_compare(
 def serve(
     manifest: ManifestOpt = DEFAULT_MANIFEST,
     host: Annotated[str, typer.Option(help="Address to listen on.", envvar="FNSERVE_HOST")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.", envvar="FNSERVE_PORT")] = 8080,
+    port: Annotated[
+        int,
+        typer.Option(
+            help="Port to listen on; else FNSERVE_PORT, else PORT (what Cloud Run and Knative give a container).",
+            envvar=["FNSERVE_PORT", "PORT"],
+        ),
+    ] = 8080,
     workers: Annotated[
         int | None,
         typer.Option(
@@ -455,6 +461,8 @@ def serve(
         settings = Settings(**overrides)
     except ValidationError as exc:
         raise _fail(str(exc)) from None
+    if settings.grpc_port == port:  # a platform's PORT may land on the image's gRPC port
+        raise _fail(f"HTTP and gRPC both asked for port {port}: move gRPC with --grpc-port or FNSERVE_GRPC_PORT")
 
     try:
         run_server(settings, host, port, on_ready=functools.partial(_serve_banner, host, port))
