@@ -92,7 +92,10 @@ def test_the_api_pages_route_table_is_the_apps_routes() -> None:
 # What a user page must not tell: which commit a figure was measured on, or the story of the runs behind it. Those
 # belong to the commit log and to docs/design/, where the figures that decided a design are kept.
 COMMIT = re.compile(r"(?<![=\w/.-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}(?![\w-])")
-ORDINAL = r"(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|\d+(?:st|nd|rd|th))"
+ORDINAL = (
+    r"(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth"
+    r"|\d+(?:st|nd|rd|th))"
+)
 DIARY = re.compile(
     rf"\b(?:(?:the|a|an) {ORDINAL} (?:session|run|machine|H100|round)s?\b|(?:in |session )run [1-9]\b|session \d+\b|"
     r"by mistake|this session|device time|a slow hour|\(code of|the run on|the run before it)",

@@ -52,7 +52,9 @@ def reader(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_the_quickstart_has_its_steps() -> None:
-    assert [starts(b, c) for b, c in zip(BLOCKS, ["make serve", "curl", ".venv/bin/fnserve quantize"])] == [True] * 3
+    assert [
+        starts(b, c) for b, c in zip(BLOCKS[:3], ["make serve", "curl", ".venv/bin/fnserve quantize"], strict=True)
+    ] == [True] * 3
 
 
 def test_the_quickstart_runs_as_written(reader: Path) -> None:
@@ -64,7 +66,9 @@ def test_the_quickstart_runs_as_written(reader: Path) -> None:
         for number, written in enumerate(BLOCKS, 1):
             block = written
             for port, free in ports.items():
-                block = block.replace(f"localhost:{port}", f"127.0.0.1:{free}").replace(f"--port {port}", f"--port {free}")
+                block = block.replace(f"localhost:{port}", f"127.0.0.1:{free}").replace(
+                    f"--port {port}", f"--port {free}"
+                )
             if starts(block, NEEDS_AN_ACCOUNT):
                 skipped.append(number)
                 continue
@@ -87,7 +91,7 @@ def test_the_quickstart_runs_as_written(reader: Path) -> None:
             answers = [line for line in done.stdout.splitlines() if line.startswith("{")]
             shown = shown_answers(written)
             assert len(answers) == len(shown), f"block {number} shows {len(shown)} answers; got {done.stdout}"
-            for pieces, answer in zip(shown, answers):
+            for pieces, answer in zip(shown, answers, strict=True):
                 assert "error" not in json.loads(answer), answer
                 for piece in pieces:
                     assert piece in answer, f"block {number} shows {piece}; the server answered {answer[:300]}"
