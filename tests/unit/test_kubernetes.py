@@ -113,6 +113,7 @@ def test_every_document_validates_against_its_schema(item: tuple[Path, dict[str,
         ("ServingRuntime", lambda d: d["spec"].pop("containers")),
         ("InferenceService", lambda d: d["spec"]["predictor"].update(minReplica=1)),
         ("InferenceService", lambda d: d["spec"]["predictor"].update(scaleMetric="gpu")),
+        ("InferenceService", lambda d: d["spec"]["predictor"].update(timeout="600")),  # seconds, an integer
         ("HorizontalPodAutoscaler", lambda d: d["spec"].pop("scaleTargetRef")),
     ],
 )
@@ -328,9 +329,106 @@ def test_the_inference_services_name_a_runtime_that_serves_their_format_and_prot
         for port in model.get("ports", []):
             assert port["containerPort"] in EXPOSED, name
         assert model["storageUri"].startswith(("s3://", "gs://", "pvc://", "https://")), name
-        assert service["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Standard", name
-        assert 1 <= predictor["minReplicas"] < predictor["maxReplicas"], name
-        assert predictor["scaleMetric"] == "cpu" and 0 < predictor["scaleTarget"] <= 100, name
+
+
+def deployment_mode(service: dict[str, Any]) -> str:
+    return str(service["metadata"]["annotations"]["serving.kserve.io/deploymentMode"])
+
+
+def test_each_inference_service_names_its_mode_and_there_are_both() -> None:
+    modes = [deployment_mode(service) for service in of_kind("InferenceService")]
+    assert set(modes) == {"Standard", "Knative"}  # KServe 0.20's names ("RawDeployment" and "Serverless" before)
+
+
+def test_the_standard_mode_services_scale_between_replicas_on_cpu() -> None:
+    for service in of_kind("InferenceService"):
+        if deployment_mode(service) == "Standard":
+            name, predictor = service["metadata"]["name"], service["spec"]["predictor"]
+            assert 1 <= predictor["minReplicas"] < predictor["maxReplicas"], name
+            assert predictor["scaleMetric"] == "cpu" and 0 < predictor["scaleTarget"] <= 100, name
+
+
+# Knative Serving's own rules for a revision's serving container (pkg/apis/serving/k8s_validation.go), which KServe's
+# Knative mode makes of the runtime's container: one port, named for its protocol, none of the queue-proxy's; the
+# variables Knative sets; mount paths it keeps.
+KNATIVE_PORT_NAMES = {"http1", "h2c"}
+KNATIVE_RESERVED_PORTS = {8012, 8013, 8022, 9090, 9091, 8008}
+KNATIVE_RESERVED_ENV = {"PORT", "K_SERVICE", "K_CONFIGURATION", "K_REVISION"}
+KNATIVE_RESERVED_PATHS = {"/", "/dev", "/dev/log"}
+# The longest a revision's timeoutSeconds may be: config-defaults' max-revision-timeout-seconds, unless raised.
+KNATIVE_MAX_TIMEOUT = 600
+
+
+def knative_checks(service: dict[str, Any], runtimes: dict[str, dict[str, Any]]) -> None:
+    """What a KServe service in Knative mode needs to scale to zero and to wake: the facts, as assertions."""
+    predictor = service["spec"]["predictor"]
+    model = predictor["model"]
+    assert predictor["minReplicas"] == 0 < predictor["maxReplicas"]
+    # Knative's autoscaler counts requests in flight (or per second), and never sends a pod more than
+    # containerConcurrency: a target above that could never be reached.
+    assert predictor["scaleMetric"] in ("concurrency", "rps") and predictor["scaleTarget"] >= 1
+    assert predictor["scaleTarget"] <= predictor.get("containerConcurrency", predictor["scaleTarget"])
+    # Knative routes one port, the runtime's HTTP one: V2 REST, no gRPC port added beside it.
+    assert model["protocolVersion"] == "v2" and "ports" not in model
+    container = runtimes[model["runtime"]]["containers"][0]
+    assert len(container["ports"]) == 1
+    port = container["ports"][0]
+    assert port["name"] in KNATIVE_PORT_NAMES and port["containerPort"] not in KNATIVE_RESERVED_PORTS
+    assert port["containerPort"] == http_port(container)
+    assert not {e["name"] for e in container.get("env", [])} & KNATIVE_RESERVED_ENV
+    assert not {str(PurePosixPath(m["mountPath"])) for m in container.get("volumeMounts", [])} & KNATIVE_RESERVED_PATHS
+    # While no pod runs, the activator holds a request until one is ready, within the revision's timeout (which
+    # KServe sets from `timeout`): the wait covers a start as long as the runtime's startup probe allows.
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] <= predictor["timeout"] <= KNATIVE_MAX_TIMEOUT
+
+
+def knative_services() -> list[dict[str, Any]]:
+    return [service for service in of_kind("InferenceService") if deployment_mode(service) == "Knative"]
+
+
+def runtimes_by_name() -> dict[str, dict[str, Any]]:
+    return {doc["metadata"]["name"]: doc["spec"] for doc in of_kind("ServingRuntime")}
+
+
+@pytest.mark.parametrize("service", knative_services(), ids=lambda service: service["metadata"]["name"])
+def test_a_knative_mode_service_scales_to_zero_on_concurrency_and_waits_out_a_cold_start(
+    service: dict[str, Any],
+) -> None:
+    knative_checks(service, runtimes_by_name())
+
+
+def test_there_is_a_cpu_and_a_gpu_service_in_knative_mode() -> None:
+    runtimes = {name: spec["containers"][0]["image"].rpartition(":")[2] for name, spec in runtimes_by_name().items()}
+    assert {runtimes[service["spec"]["predictor"]["model"]["runtime"]] for service in knative_services()} == {
+        "cpu",
+        "cuda",
+    }
+
+
+def runtime_of(service: dict[str, Any], runtimes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return runtimes[service["spec"]["predictor"]["model"]["runtime"]]["containers"][0]
+
+
+@pytest.mark.parametrize(
+    "mistake",
+    [
+        lambda s, r: s["spec"]["predictor"].update(minReplicas=1),  # never scales to zero
+        lambda s, r: s["spec"]["predictor"].update(scaleMetric="cpu"),  # the HPA's metric, not Knative's
+        lambda s, r: s["spec"]["predictor"].update(scaleTarget=64),  # above containerConcurrency
+        lambda s, r: s["spec"]["predictor"].update(timeout=60),  # shorter than a cold start may take
+        lambda s, r: s["spec"]["predictor"].update(timeout=900),  # above Knative's default maximum
+        lambda s, r: s["spec"]["predictor"]["model"].update(protocolVersion="grpc-v2"),
+        lambda s, r: s["spec"]["predictor"]["model"].update(ports=[{"name": "h2c", "containerPort": 8081}]),
+        lambda s, r: runtime_of(s, r)["ports"].append({"name": "h2c", "containerPort": 8081}),
+        lambda s, r: runtime_of(s, r)["env"].append({"name": "PORT", "value": "8080"}),
+    ],
+)
+def test_a_mistake_in_a_knative_mode_service_fails_its_checks(mistake: Any) -> None:
+    service, runtimes = json.loads(json.dumps((knative_services()[0], runtimes_by_name())))
+    mistake(service, runtimes)
+    with pytest.raises(AssertionError):
+        knative_checks(service, runtimes)
 
 
 # -- the plain Deployment --------------------------------------------------------------------------------------
