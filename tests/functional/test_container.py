@@ -2,7 +2,8 @@
 
 Docker cannot build here; what the image runs can: ``fnserve serve`` from a virtualenv built from the same
 pyproject, with the Dockerfile's own environment (models at /opt/ml/model moved to a temporary folder,
-ports moved to free ones), answering SageMaker's /ping and /invocations and gRPC beside HTTP.
+ports moved to free ones, as a platform's PORT or docker run -p would), answering SageMaker's /ping and
+/invocations and gRPC beside HTTP.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def test_the_image_entrypoint_serves_sagemaker_and_v2_and_grpc(tmp_path: Path) -
     command = json.loads(dockerfile_instructions("ENTRYPOINT")[0]) + json.loads(dockerfile_instructions("CMD")[-1])
     assert command == ["fnserve", "serve"]  # SageMaker runs the image with the argument "serve"
     env = image_env()
-    assert env["FNSERVE_PORT"] == "8080" and env["FNSERVE_HOST"] == "0.0.0.0"
+    # No port of its own in ENV, so that a platform's PORT holds (Cloud Run, Knative); the CLI's default is 8080.
+    assert "FNSERVE_PORT" not in env and "PORT" not in env and env["FNSERVE_HOST"] == "0.0.0.0"
     assert env["FNSERVE_MANIFEST"] == "/opt/ml/model/manifest.toml"
     model_dir = tmp_path / "opt-ml-model"  # what SageMaker unpacks at /opt/ml/model
     shutil.copytree(DEMO_MANIFEST.parent, model_dir)
@@ -62,7 +64,7 @@ def test_the_image_entrypoint_serves_sagemaker_and_v2_and_grpc(tmp_path: Path) -
 
         wait_for(ready, 90, "the image's server to answer /ping")
         health = json.loads(dockerfile_instructions("HEALTHCHECK")[0].split("CMD", 1)[1])
-        assert subprocess.run([a.replace(":8080", f":{http}") for a in health], capture_output=True).returncode == 0
+        assert subprocess.run(health, env={**os.environ, **env}, capture_output=True).returncode == 0
 
         digits = np.load(DEMO_HOLDOUT)["input"][:3]
         buffer = io.BytesIO()
