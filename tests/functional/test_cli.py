@@ -364,3 +364,28 @@ def test_serve_refuses_the_same_port_for_http_and_grpc() -> None:
     result = runner.invoke(app, ["serve", "-m", str(DEMO_MANIFEST), "--grpc-port", "8081"], env={"PORT": "8081"})
     assert result.exit_code == 1
     assert "HTTP and gRPC both asked for port 8081" in result.output
+
+
+def test_the_port_never_closes_while_a_server_of_several_front_processes_starts(tmp_path: Path) -> None:
+    """503 while the models load; then the front processes join the port (SO_REUSEPORT) before the server that
+    answered leaves it: a client polling from the port's first answer to ready is never refused."""
+    port = free_port()
+    command = [str(Path(sys.executable).parent / "fnserve"), "serve", "-m", str(DEMO_MANIFEST), "--port", str(port)]
+    with (tmp_path / "serve.log").open("wb") as log:
+        proc = subprocess.Popen([*command, "--processes", "2", "--workers", "0"], stdout=log, stderr=log)
+    statuses: list[int | str] = []
+    try:
+        while 200 not in statuses:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                statuses.append(httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2).status_code)
+            except httpx.ConnectError:
+                if statuses:  # refused after the port first answered
+                    statuses.append("refused")
+            except httpx.TransportError as exc:  # a connection reset as the starting server leaves
+                statuses.append(type(exc).__name__)
+            assert len(statuses) < 20_000, statuses[-20:]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert 503 in statuses and "refused" not in statuses, statuses

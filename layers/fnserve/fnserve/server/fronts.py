@@ -159,18 +159,29 @@ class _Child:
     seen: bool = False  # seen serving by the supervisor
 
 
-def run(app: str, processes: int, options: dict[str, Any], on_replaced: Callable[[], None] | None = None) -> None:
+def run(
+    app: str,
+    processes: int,
+    options: dict[str, Any],
+    on_replaced: Callable[[], None] | None = None,
+    on_listening: Callable[[], None] | None = None,
+) -> None:
     """Serve the ASGI app factory ``app`` (an import string) from ``processes`` front processes on
     ``options["host"]:options["port"]`` (``options``: uvicorn.Config's), until SIGINT or SIGTERM; ``on_replaced``
-    is called for each one replaced after it served. Raises :class:`HandlerError` when they cannot start."""
+    is called for each one replaced after it served, ``on_listening`` once all the first ones listen (before they
+    start, where the port cannot be shared). Raises :class:`HandlerError` when they cannot start."""
     if not balanced():
+        if on_listening is not None:
+            on_listening()
         uvicorn.run(app, factory=True, workers=processes, **options)
         return
     # Bound (not listening) for the server's life: a port already taken fails here, at once, and no other program
     # can take it between two front processes' starts.
     held = reuse_port_socket(options["host"], options["port"])
     options = {**options, "port": held.getsockname()[1]}  # port 0: the one the system chose, for every process
-    listening: Synchronized[int] = _spawn.Value("i", 0)
+    # With a server answering 503 on the port during the start (on_listening closes it), the front processes answer
+    # ready only once it has left: counted here as one more process to wait for, until it is closed.
+    listening: Synchronized[int] = _spawn.Value("i", 0 if on_listening is None else -1)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
 
@@ -197,6 +208,11 @@ def run(app: str, processes: int, options: dict[str, Any], on_replaced: Callable
                     continue
                 if child.served.value and not child.seen:
                     child.seen, failures = True, 0
+                    if on_listening is not None and all(c is not None and c.seen for c in children):
+                        on_listening()
+                        on_listening = None
+                        with listening.get_lock():
+                            listening.value += 1
                 if child.process.is_alive():
                     continue
                 pid, code, said = child.process.pid, child.process.exitcode, _said(child)

@@ -85,11 +85,17 @@ def _serve(
         settings = settings.model_copy(update={"grpc_host": host})  # gRPC listens where HTTP does, unless told
     if settings.grpc_port is not None:  # refused here, before any model loads, not shared through SO_REUSEPORT
         refuse_taken(settings.grpc_host, settings.grpc_port, "gRPC")
-    with not_ready_until_loaded(host, port):
+    with not_ready_until_loaded(host, port) as starting:
         settings, app = _load(settings, on_ready)
-    if app is None:
-        fronts.run(f"{__name__}:app_factory", settings.server_processes, options, _front_respawns(settings))
-        return
+        if app is None:  # the front processes join the port while it answers 503; it stops once they all listen
+            fronts.run(
+                f"{__name__}:app_factory",
+                settings.server_processes,
+                options,
+                _front_respawns(settings),
+                on_listening=starting.close,
+            )
+            return
     try:
         fronts.serve(app, options)
     finally:

@@ -3,7 +3,8 @@
 SageMaker's ``/ping``, Kubernetes' readiness probes and load balancers then see "not ready" from the
 first second of a start that may take minutes (downloads, TensorRT engine builds, warm-up), instead of
 connection refused; and a port that another program holds stops the start at once, before any model
-is loaded, instead of after the "serving" banner.
+is loaded, instead of after the "serving" banner. Where front processes serve the port (SO_REUSEPORT),
+they join it while it still answers, and it leaves once they all listen: the port never closes during a start.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from fnserve.core.errors import ConfigError
+from fnserve.server.fronts import balanced
 
 RETRY_AFTER_SECONDS = 5
 BODY = json.dumps({"error": "the server is starting: its models are loading"}).encode()
@@ -48,22 +50,42 @@ class _NotReady(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True  # the real server binds the port right after this one closes it
+    allow_reuse_port = balanced()  # or joins it, front processes on SO_REUSEPORT sockets, before it closes
 
 
 class _Server6(_Server):
     address_family = socket.AF_INET6
 
 
+class Starting:
+    """The 503 answers of a start, until :meth:`close` (called again, it does nothing)."""
+
+    def __init__(self, server: _Server | None, thread: threading.Thread | None) -> None:
+        self._server, self._thread = server, thread
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            server, self._server = self._server, None
+        if server is not None and self._thread is not None:
+            server.shutdown()
+            self._thread.join()
+            server.server_close()
+
+
 @contextmanager
-def not_ready_until_loaded(host: str, port: int) -> Iterator[None]:
-    """Answer 503 on ``host:port`` for the duration of the block; the port is free again after it.
+def not_ready_until_loaded(host: str, port: int) -> Iterator[Starting]:
+    """Answer 503 on ``host:port`` until the block ends or the :class:`Starting` it yields is closed, whichever
+    comes first; the port is free again after it, but for the SO_REUSEPORT sockets that joined it meanwhile.
 
     Port 0 (the system picks one) is left alone: nothing could know which port to probe yet.
     A port already held stops the start with a :class:`ConfigError` saying so.
     """
     if port == 0:
-        yield
+        yield Starting(None, None)
         return
+    # A plain bind first: another server on SO_REUSEPORT sockets would otherwise be joined, not refused.
+    refuse_taken(host, port, "")
     server_class = _Server6 if ":" in host else _Server
     try:
         server = server_class((host, port), _NotReady)
@@ -71,12 +93,11 @@ def not_ready_until_loaded(host: str, port: int) -> Iterator[None]:
         raise _refusal("", host, port, exc) from None
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="fnserve-starting")
     thread.start()
+    starting = Starting(server, thread)
     try:
-        yield
+        yield starting
     finally:
-        server.shutdown()
-        thread.join()
-        server.server_close()
+        starting.close()
 
 
 def refuse_taken(host: str, port: int, what: str) -> None:
