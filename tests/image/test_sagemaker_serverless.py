@@ -127,6 +127,8 @@ def test_ping_answers_within_2s_of_the_port_opening_and_200_once_loaded(
     assert not [p for p in pings if p.answer == "timed out" or p.took > PING_WITHIN_S], pings
     assert serverless.ready_after is not None, serverless.running.output()
     assert {p.answer for p in answered} <= {503, 200}, pings
+    # Once open, the port stays open: the front processes join it before the server answering 503 leaves.
+    assert not [p for p in pings if p.answer == "refused"], pings
 
 
 def _warm(url: str) -> None:
