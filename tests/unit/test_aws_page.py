@@ -82,7 +82,7 @@ def test_the_table_costs_the_sizes_fnserve_bench_measures_at_the_prices_it_uses(
     assert defaults["memory"] == ",".join(map(str, sizing.SIZES))
     assert defaults["price_gb_second"] == Options.price_gb_second == prices.LAMBDA_GB_SECOND["x86_64"]
     assert defaults["price_per_million"] == Options.price_per_million == prices.LAMBDA_PER_MILLION
-    # 2 GB for 10 ms, a million times: 20,000 GB-s and a million requests.
+    # The formula apart: memory in GB times billed seconds times a million invocations, then the requests' price.
     assert prices.lambda_cost_per_million(2048, 10, gb_second=1.0, per_million=0.0) == pytest.approx(20_000)
     assert prices.lambda_cost_per_million(2048, 10, gb_second=0.0, per_million=0.2) == pytest.approx(0.2)
     assert prices.lambda_cost_per_million(2048, 10) == pytest.approx(

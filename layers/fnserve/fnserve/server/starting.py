@@ -60,16 +60,14 @@ class _Server6(_Server):
 class Starting:
     """The 503 answers of a start, until :meth:`close` (called again, it does nothing)."""
 
-    def __init__(self, server: _Server | None, thread: threading.Thread | None) -> None:
+    def __init__(self, server: _Server | None = None, thread: threading.Thread | None = None) -> None:
         self._server, self._thread = server, thread
-        self._lock = threading.Lock()
 
     def close(self) -> None:
-        with self._lock:
-            server, self._server = self._server, None
-        if server is not None and self._thread is not None:
+        server, thread, self._server, self._thread = self._server, self._thread, None, None
+        if server is not None and thread is not None:
             server.shutdown()
-            self._thread.join()
+            thread.join()
             server.server_close()
 
 
@@ -82,7 +80,7 @@ def not_ready_until_loaded(host: str, port: int) -> Iterator[Starting]:
     A port already held stops the start with a :class:`ConfigError` saying so.
     """
     if port == 0:
-        yield Starting(None, None)
+        yield Starting()
         return
     # A plain bind first: another server on SO_REUSEPORT sockets would otherwise be joined, not refused.
     refuse_taken(host, port, "")
