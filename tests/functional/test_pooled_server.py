@@ -161,6 +161,37 @@ def test_the_default_layout_for_a_batching_model_is_one_process_that_loads_each_
         proc.wait(timeout=30)
 
 
+def test_a_fast_start_loads_each_model_once_a_front_process_and_none_in_the_supervisor(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    env = {**os.environ, "FNSERVE_FAST_START": "true", "FNSERVE_LOG_LEVEL": "INFO"}
+    proc, url = start_server(["-m", str(write_test_manifest(tmp_path))], log, env=env)
+    try:
+        response = httpx.post(f"{url}/v2/models/digits-accurate/infer", json=body(DIGITS[:4]), timeout=30)
+        assert response.status_code == 200, response.text
+        expected = ort.InferenceSession(str(ACCURATE)).run(["label"], {"input": DIGITS[:4]})[0].tolist()
+        assert response.json()["outputs"][0]["data"] == expected
+        text = log.read_text()
+        laid_out = re.search(r"serving layout: (\d+) front process\(es\), 0 inference worker\(s\) each: fast", text)
+        assert laid_out, text
+        # No batch-1 timing, and the models loaded by the front processes alone: once in each.
+        assert "batch-1 run" not in text
+        assert text.count("loaded model 'digits-accurate' version '1'") == int(laid_out[1]), text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_a_fast_start_whose_model_cannot_load_stops_with_the_reason(tmp_path: Path) -> None:
+    manifest = write_test_manifest(tmp_path)
+    zeros = 'sha256 = "' + "0" * 64 + '"'
+    manifest.write_text(re.sub(r'sha256 = "[0-9a-f]{64}"', zeros, manifest.read_text(), count=1))
+    done = serve_until_it_exits(["-m", str(manifest), "--fast-start", "--processes", "2", "--workers", "0"])
+    assert done.returncode == 1, done.stdout + done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: front processes failed to start"), last
+    assert re.search(r"has sha256 [0-9a-f]{64}, but the manifest says 0{64}$", last), last
+
+
 def test_a_model_that_cannot_load_keeps_the_server_from_starting(tmp_path: Path) -> None:
     manifest = write_test_manifest(tmp_path)
     zeros = 'sha256 = "' + "0" * 64 + '"'

@@ -14,7 +14,7 @@ import numpy as np
 
 from fnserve.core.registry import TensorSpec
 from fnserve.core.service import InferenceService
-from fnserve.server.layout import IN_PROCESS_MAX_MS, choose_layout
+from fnserve.server.layout import IN_PROCESS_MAX_MS, choose_layout, untimed_layout
 from tests.helpers import DEMO_MANIFEST, write_test_manifest
 
 MIB = 2**20
@@ -178,3 +178,11 @@ def test_a_model_that_batches_gets_one_front_process_with_every_cpu(tmp_path: Pa
     layout = choose_layout(service, cpus=4, process_bytes=MIB, available_bytes=1024 * MIB)
     assert (layout.processes, layout.workers) == (1, 0)
     assert "'digits-accurate' batches adaptively" in layout.why
+
+
+def test_a_fast_start_lays_out_one_front_process_per_cpu_without_a_model() -> None:
+    layout = untimed_layout(cpus=4)
+    assert (layout.processes, layout.workers, layout.batch1_ms) == (4, 0, {})
+    assert "without timing the models" in layout.why
+    assert (untimed_layout(cpus=8, intra_op_threads=4).processes, untimed_layout(cpus=1).processes) == (2, 1)
+    assert untimed_layout(cpus=2, intra_op_threads=4).processes == 1

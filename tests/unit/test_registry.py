@@ -3,6 +3,7 @@ from __future__ import annotations
 import hashlib
 import re
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -299,3 +300,51 @@ def test_cuda_graph_asks_onnxruntime_for_graph_capture(write_manifest: ManifestW
         assert chosen[0][1]["enable_cuda_graph"] == "1"  # type: ignore[index]
     assert not cuda_graphs(settings, Placement(("CPUExecutionProvider",), "cpu"))
     assert cuda_graphs(settings, Placement(("CUDAExecutionProvider", "CPUExecutionProvider"), "cuda:0"))
+
+
+def test_every_model_loads_at_once_on_the_cpu_each_on_its_own_thread(
+    write_manifest: ManifestWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reg = registry(write_manifest(*({"name": f"m{i}", "data": model_bytes()} for i in range(3))))
+    monkeypatch.setattr("fnserve.core.registry.available_cpus", lambda: 2)
+    load = ModelRegistry._load
+    inside: list[str] = []
+    both = threading.Barrier(2, timeout=10)  # two loads in flight at once, or the barrier breaks
+
+    def traced(self: ModelRegistry, settings: Any) -> Any:
+        inside.append(threading.current_thread().name)
+        if len(inside) <= 2:
+            both.wait()
+        return load(self, settings)
+
+    monkeypatch.setattr(ModelRegistry, "_load", traced)
+    reg.load_all()
+    assert all(reg.is_loaded(f"m{i}") for i in range(3))
+    assert len(inside) == 3 and all(name.startswith("fnserve-load") for name in inside), inside
+
+
+def test_a_load_error_stops_the_parallel_load_with_the_first_models_error(write_manifest: ManifestWriter) -> None:
+    reg = registry(
+        write_manifest(
+            {"name": "good", "data": model_bytes()},
+            {"name": "bad", "data": model_bytes(), "sha256": "f" * 64},
+            {"name": "worse", "data": b"not onnx"},
+        )
+    )
+    with pytest.raises(ModelLoadError, match=r"model 'bad' version '1': .* but the manifest says f{64}"):
+        reg.load_all()
+
+
+def test_models_that_may_go_to_a_gpu_load_one_at_a_time(
+    write_manifest: ManifestWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reg = registry(write_manifest(*({"name": f"m{i}", "data": model_bytes()} for i in range(2))))
+    assert not reg._may_use_gpu()
+    monkeypatch.setattr(reg, "_may_use_gpu", lambda: True)
+    threads: list[str] = []
+    load = ModelRegistry._load
+    monkeypatch.setattr(
+        ModelRegistry, "_load", lambda self, s: (threads.append(threading.current_thread().name), load(self, s))[1]
+    )
+    reg.load_all()
+    assert threads == [threading.main_thread().name] * 2

@@ -413,6 +413,14 @@ def serve(
             "off when unset). Needs fnserve[grpc].",
         ),
     ] = None,
+    fast_start: Annotated[
+        bool,
+        typer.Option(
+            "--fast-start",
+            help="Start to the first answer fast, for platforms that scale to zero: one front process per CPU "
+            "unless --processes/--workers say, no layout timed at start (default FNSERVE_FAST_START).",
+        ),
+    ] = False,
     cpu_affinity: Annotated[
         bool,
         typer.Option(
@@ -455,6 +463,8 @@ def serve(
         overrides["grpc_port"] = grpc_port
     if cpu_affinity:
         overrides["cpu_affinity"] = True
+    if fast_start:
+        overrides["fast_start"] = True
     if access_log or "FNSERVE_ACCESS_LOG" not in os.environ:
         overrides["access_log"] = access_log
     try:
@@ -470,11 +480,10 @@ def serve(
         raise _fail(exc.message) from None
 
 
-def _serve_banner(host: str, port: int, service: InferenceService, settings: Settings) -> None:
-    """What ``fnserve serve`` prints once it listens: where, how, and lines to try."""
+def _serve_banner(host: str, port: int, service: InferenceService | None, settings: Settings) -> None:
+    """What ``fnserve serve`` prints once it listens: where, how, and lines to try (without a request to try where
+    the front processes of a fast start load the models, and this process has none to describe)."""
     url = f"http://{host}:{port}"
-    name = service.registry.names()[0]
-    meta = service.model_metadata(name)
     where = f"{settings.parallel_workers} inference worker(s)" if settings.parallel_workers else "in-process"
     if settings.gpu_workers:
         where = f"{settings.gpu_workers} GPU worker(s)" + (
@@ -482,6 +491,16 @@ def _serve_banner(host: str, port: int, service: InferenceService, settings: Set
         )
     if settings.server_processes > 1:
         where = f"{settings.server_processes} server processes, each {where}"
+    if service is None:
+        from fnserve.core.manifest import load_manifest
+
+        names = list(dict.fromkeys(model.name for model in load_manifest(settings.manifest).models))
+        typer.echo(f"fnserve: {len(names)} models on {url}, {where}, loading; Ctrl-C stops.")
+        typer.echo(f"  ready     curl -s {url}/v2/health/ready")
+        typer.echo(f"  metadata  curl -s {url}/v2/models/{names[0]}")
+        return
+    name = service.registry.names()[0]
+    meta = service.model_metadata(name)
     groups = service.registry.manifest.groups
     if groups:
         where = "the models in no group in-process; " + ", ".join(f"{g.name} in {g.workers} worker(s)" for g in groups)

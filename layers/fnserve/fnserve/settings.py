@@ -148,6 +148,13 @@ class ServerSettings(EnvSettings):
         description="Calls in flight on the GPU workers before calls overflow to CPU workers; default: two per "
         "GPU worker (one running, one ready to start).",
     )
+    fast_start: bool = Field(
+        default=False,
+        description="Start to the first answer fast, for platforms that scale to zero (Cloud Run, Knative, "
+        "SageMaker Serverless): with no layout given, one front process per CPU runs inference, chosen without "
+        "timing the models or reading their memory at start; the models load once in each front process, not in "
+        "the supervising one first.",
+    )
     cpu_affinity: bool = Field(
         default=False,
         description="Pin each process that runs inference (an inference worker, or a front process with "

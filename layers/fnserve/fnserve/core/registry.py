@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -14,11 +15,11 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import onnxruntime as ort
 
-from fnserve.core._cpus import default_intra_op_threads
+from fnserve.core._cpus import available_cpus, default_intra_op_threads
 from fnserve.core.datatypes import ORT_TO_V2, V2_TO_NUMPY
 from fnserve.core.errors import InvalidInput, ModelLoadError, unknown_model
 from fnserve.core.manifest import Manifest, ModelSettings, TensorOverride
-from fnserve.core.providers import CPU, Placement, check, cuda_graphs, ort_providers
+from fnserve.core.providers import CPU, GPU_PROVIDERS, Placement, check, cuda_graphs, name_of, ort_providers, requested
 from fnserve.core.shaped import GraphSession, ShapeSessions, shape_key
 from fnserve.core.statistics import Executions
 
@@ -194,9 +195,35 @@ class ModelRegistry:
         return model
 
     def load_all(self) -> None:
-        """Load every model now (eager mode); raises the first load error."""
-        for name, version in self._entries:
-            self.get(name, version)
+        """Load every model now (eager mode); raises the first load error, in the manifest's order.
+
+        On the CPU the models load in parallel, one thread a CPU: ONNX Runtime builds a session without holding
+        the GIL, so a start with several models takes about its largest model's time. Where a model may go to a
+        GPU they load one at a time: engine builds at once would compete for its memory.
+        """
+        entries = list(self._entries)
+        threads = 1 if self._may_use_gpu() else min(len(entries), available_cpus())
+        if threads <= 1:
+            for name, version in entries:
+                self.get(name, version)
+            return
+        with ThreadPoolExecutor(threads, thread_name_prefix="fnserve-load") as pool:
+            loads = [pool.submit(self.get, name, version) for name, version in entries]
+            wait(loads, return_when=FIRST_EXCEPTION)
+            for load in loads:
+                load.cancel()  # the start stops at the first error: no need for the rest
+        for load in loads:
+            if not load.cancelled():
+                load.result()
+
+    def _may_use_gpu(self) -> bool:
+        """Whether a model asks for a GPU provider that this build of ONNX Runtime has."""
+        available = set(ort.get_available_providers()) & GPU_PROVIDERS
+        return any(
+            name_of(provider) in available
+            for settings in self._entries.values()
+            for provider in requested(settings, self.cpu_only)
+        )
 
     def warm_all(self) -> None:
         """Load every model and run each once on zeros, whatever its ``warmup`` setting.

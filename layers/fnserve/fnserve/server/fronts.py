@@ -199,7 +199,8 @@ def run(
     failures = 0  # front processes in a row that died before they listened
     failed: HandlerError | None = None
     try:
-        while failed is None and not stop.wait(0.2):
+        # Often while the first ones start: the 503 server leaves as soon as they all listen.
+        while failed is None and not stop.wait(0.01 if on_listening is not None else 0.2):
             now = time.monotonic()
             for i, child in enumerate(children):
                 if child is None:

@@ -103,6 +103,19 @@ def choose_layout(
     return Layout(processes, 0, f"{why}; inference runs in the front processes, one per CPU ({cpus}){fits}", times)
 
 
+def untimed_layout(cpus: int, intra_op_threads: int | None = None) -> Layout:
+    """The layout of a fast start (``fast_start``): what :func:`choose_layout` gives most models, inference in
+    the front processes, one per CPU (per ``intra_op_threads``), chosen before any model is loaded, so neither
+    timed nor bounded by the memory the models take."""
+    threads = intra_op_threads or 1
+    processes = max(1, cpus // threads)
+    why = (
+        f"fast start: inference runs in the front processes, one per CPU ({cpus}) at {threads} thread(s) each, "
+        "chosen without timing the models (--processes and --workers set another)"
+    )
+    return Layout(processes, 0, why, {})
+
+
 # A batching model's whole batches are timed at this many rows (or its max_batch_size, when smaller).
 BATCH_ROWS = 16
 

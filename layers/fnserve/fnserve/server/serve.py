@@ -31,7 +31,7 @@ from fnserve.core.service import InferenceService
 from fnserve.observability.logs import logger
 from fnserve.server import fronts, rundirs
 from fnserve.server.app import server_app
-from fnserve.server.layout import choose_layout
+from fnserve.server.layout import Layout, choose_layout, untimed_layout
 from fnserve.server.starting import not_ready_until_loaded, refuse_taken
 from fnserve.settings import Settings
 from fnserve.workers.pool import FunctionSpec, WorkerPool
@@ -42,7 +42,7 @@ def serve(
     settings: Settings,
     host: str = "127.0.0.1",
     port: int = 8080,
-    on_ready: Callable[[InferenceService, Settings], None] | None = None,
+    on_ready: Callable[[InferenceService | None, Settings], None] | None = None,
 ) -> None:
     """Load every model (in the workers, or here with no workers), then serve until SIGINT or SIGTERM.
 
@@ -70,7 +70,7 @@ def serve(
 
 
 def _serve(
-    settings: Settings, host: str, port: int, on_ready: Callable[[InferenceService, Settings], None] | None
+    settings: Settings, host: str, port: int, on_ready: Callable[[InferenceService | None, Settings], None] | None
 ) -> None:
     options: dict[str, Any] = {
         "host": host,
@@ -104,7 +104,7 @@ def _serve(
 
 
 def _load(
-    settings: Settings, on_ready: Callable[[InferenceService, Settings], None] | None
+    settings: Settings, on_ready: Callable[[InferenceService | None, Settings], None] | None
 ) -> tuple[Settings, V2App | None]:
     """Every model loaded, and the layout chosen: the one front process's app, or None (and the settings the
     front processes get) when several serve the port, each building its own."""
@@ -116,31 +116,21 @@ def _load(
         # GPU workers alone, unless CPU workers to overflow to are asked for.
         settings = settings.model_copy(update={"parallel_workers": 0})
     auto = not groups and not {"parallel_workers", "server_processes", "gpu_workers"} & settings.model_fields_set
+    if auto and settings.fast_start:  # no model loaded here: the front processes load them, once each
+        settings, auto = _laid_out(settings, untimed_layout(available_cpus(), settings.intra_op_threads)), False
     checked: InferenceService | None = None
-    if auto or settings.server_processes > 1:
+    if auto or (settings.server_processes > 1 and not settings.fast_start):
         # Every model is loaded here once: one that cannot load stops the start with its reason,
         # instead of uvicorn's supervisor restarting front processes that cannot start.
         checked = bootstrap.build_service(settings, bootstrap.result_store(settings, for_requests=True))
         if auto:
-            layout = choose_layout(checked, available_cpus(), settings.intra_op_threads)
-            settings = settings.model_copy(
-                update={"server_processes": layout.processes, "parallel_workers": layout.workers}
-            )
-            logger.info(
-                f"serving layout: {layout.processes} front process(es), {layout.workers} inference worker(s) each: "
-                f"{layout.why}",
-                extra={
-                    "processes": layout.processes,
-                    "workers": layout.workers,
-                    "batch1_ms": {name: round(ms, 4) for name, ms in layout.batch1_ms.items()},
-                },
-            )
-        if settings.server_processes > 1:
-            if on_ready is not None:
-                on_ready(checked, settings)
-            del checked
-            os.environ.update(children_env(settings))  # how the settings reach the front processes
-            return settings, None
+            settings = _laid_out(settings, choose_layout(checked, available_cpus(), settings.intra_op_threads))
+    if settings.server_processes > 1:
+        if on_ready is not None:
+            on_ready(checked, settings)
+        del checked
+        os.environ.update(children_env(settings))  # how the settings reach the front processes
+        return settings, None
     # One front process: running inference itself, it serves the models loaded (and timed) above.
     loaded = checked if not pooled(settings) and not groups else None
     del checked
@@ -153,6 +143,20 @@ def _load(
                 app.state.pool.close()
             raise
     return settings, app
+
+
+def _laid_out(settings: Settings, layout: Layout) -> Settings:
+    """The settings of a chosen layout, which the start log gives with its reason."""
+    logger.info(
+        f"serving layout: {layout.processes} front process(es), {layout.workers} inference worker(s) each: "
+        f"{layout.why}",
+        extra={
+            "processes": layout.processes,
+            "workers": layout.workers,
+            "batch1_ms": {name: round(ms, 4) for name, ms in layout.batch1_ms.items()},
+        },
+    )
+    return settings.model_copy(update={"server_processes": layout.processes, "parallel_workers": layout.workers})
 
 
 def _placed(settings: Settings, groups: list[WorkerGroup]) -> Settings:

@@ -89,7 +89,7 @@ def not_ready_until_loaded(host: str, port: int) -> Iterator[Starting]:
         server = server_class((host, port), _NotReady)
     except OSError as exc:
         raise _refusal("", host, port, exc) from None
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="fnserve-starting")
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, name="fnserve-starting")
     thread.start()
     starting = Starting(server, thread)
     try:
