@@ -173,9 +173,13 @@ def test_a_fast_start_loads_each_model_once_a_front_process_and_none_in_the_supe
         text = log.read_text()
         laid_out = re.search(r"serving layout: (\d+) front process\(es\), 0 inference worker\(s\) each: fast", text)
         assert laid_out, text
-        # No batch-1 timing, and the models loaded by the front processes alone: once in each.
+        # No batch-1 timing, and the models loaded by the front processes alone: once in each, the first one's
+        # before the server was ready, the others' once they joined.
         assert "batch-1 run" not in text
-        assert text.count("loaded model 'digits-accurate' version '1'") == int(laid_out[1]), text
+        loads = "loaded model 'digits-accurate' version '1'"
+        wait_for(lambda: log.read_text().count(loads) >= int(laid_out[1]), 60, "every front process to load")
+        response = httpx.post(f"{url}/v2/models/digits-accurate/infer", json=body(DIGITS[:4]), timeout=30)
+        assert response.status_code == 200 and log.read_text().count(loads) == int(laid_out[1]), log.read_text()
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -395,6 +399,40 @@ def test_front_processes_whose_app_cannot_be_imported_stop_the_server_at_once(tm
     assert 'Could not import module "tests.no_such_module"' in done.stderr  # the child's own error (uvicorn's log)
     # uvicorn's start-failure status: nothing a second try would change.
     assert "front processes failed to start 1 time(s) in a row, the last (pid" in done.stderr
+
+
+def test_a_fast_start_is_ready_once_its_first_front_process_listens_and_the_others_join(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    port = free_port()
+    script = (
+        "from fnserve.server import fronts\n"
+        "fronts.run('tests.functional.gated_front:factory', 2, "
+        f"{{'host': '127.0.0.1', 'port': {port}, 'log_level': 'warning'}}, first_alone=True)\n"
+    )
+    env = {**os.environ, "FNSERVE_TEST_GATE": str(gate)}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/"
+
+    def answers() -> httpx.Response | None:
+        try:
+            return httpx.get(url, timeout=5)
+        except httpx.TransportError:
+            return None
+
+    try:
+        wait_for(lambda: (r := answers()) is not None and r.status_code == 200, 60, "the first front process")
+        # Ready while the second waits at the gate: every connection goes to the first.
+        assert len({httpx.get(url, timeout=5).json()["pid"] for _ in range(16)}) == 1
+        gate.touch()
+
+        def pids() -> set[int]:
+            return {httpx.get(url, timeout=5).json()["pid"] for _ in range(32)}
+
+        # New connections spread over both once the second joins (one process 32 times: once in 2**31).
+        wait_for(lambda: len(pids()) == 2, 60, "the second front process to take connections")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
 
 
 def test_inference_workers_that_cannot_load_a_model_stop_the_server_with_its_error(tmp_path: Path) -> None:

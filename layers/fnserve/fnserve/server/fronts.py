@@ -24,6 +24,7 @@ exiting. Each child logs its own error with its traceback, and sends it to the p
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing
 import os
 import signal
@@ -48,7 +49,7 @@ STARTUP_FAILURE = 3
 
 _spawn = multiprocessing.get_context("spawn")
 
-# Set in a front process before uvicorn builds its app: how many front processes there are, and how many listen.
+# Set in a front process before uvicorn builds its app: how many front processes listen, and how many make it ready.
 _listening: tuple[Synchronized[int], int] | None = None
 
 
@@ -69,7 +70,8 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
 
 class AllListening:
     """A front process's share of the server's readiness: counted in when its server starts (uvicorn starts
-    listening right after), counted out when it stops; true once as many as the server has were in at once."""
+    listening right after), counted out when it stops; true once as many as the server waits for (all of them, or
+    the first of a fast start) were in at once."""
 
     def __init__(self, listening: Synchronized[int], processes: int) -> None:
         self._listening, self._processes = listening, processes
@@ -165,11 +167,17 @@ def run(
     options: dict[str, Any],
     on_replaced: Callable[[], None] | None = None,
     on_listening: Callable[[], None] | None = None,
+    first_alone: bool = False,
 ) -> None:
     """Serve the ASGI app factory ``app`` (an import string) from ``processes`` front processes on
     ``options["host"]:options["port"]`` (``options``: uvicorn.Config's), until SIGINT or SIGTERM; ``on_replaced``
     is called for each one replaced after it served, ``on_listening`` once all the first ones listen (before they
-    start, where the port cannot be shared). Raises :class:`HandlerError` when they cannot start."""
+    start, where the port cannot be shared). Raises :class:`HandlerError` when they cannot start.
+
+    ``first_alone`` (a fast start): one front process starts, with the CPUs to itself, and the server is ready
+    (``on_listening``) once it listens; the others start then and join the port as they come. Connections opened
+    before they join stay with the first, where the default start keeps the server unready until every one listens.
+    """
     if not balanced():
         if on_listening is not None:
             on_listening()
@@ -182,19 +190,22 @@ def run(
     # With a server answering 503 on the port during the start (on_listening closes it), the front processes answer
     # ready only once it has left: counted here as one more process to wait for, until it is closed.
     listening: Synchronized[int] = _spawn.Value("i", 0 if on_listening is None else -1)
+    ready_at = 1 if first_alone else processes  # front processes listening for the server to answer ready
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     def start() -> _Child:
         served: Synchronized[int] = _spawn.Value("b", 0)
         reason, send = _spawn.Pipe(duplex=False)
-        process = _spawn.Process(target=_front, args=(app, options, listening, processes, served, send), daemon=False)
+        process = _spawn.Process(target=_front, args=(app, options, listening, ready_at, served, send), daemon=False)
         process.start()
         send.close()
         return _Child(process, served, reason, time.monotonic())
 
-    children: list[_Child | None] = [start() for _ in range(processes)]
-    due = [0.0] * processes  # when each empty slot's replacement starts
+    children: list[_Child | None] = [start()]
+    children += [None if first_alone else start() for _ in range(processes - 1)]
+    # When each empty slot's process starts: a replacement's, or, alone first, the others' once the first listens.
+    due = [0.0] + [math.inf if first_alone else 0.0] * (processes - 1)
     delays = [0.0] * processes  # each slot's delay before its next replacement, if that one dies soon too
     failures = 0  # front processes in a row that died before they listened
     failed: HandlerError | None = None
@@ -209,7 +220,8 @@ def run(
                     continue
                 if child.served.value and not child.seen:
                     child.seen, failures = True, 0
-                    if on_listening is not None and all(c is not None and c.seen for c in children):
+                    due = [now if when == math.inf else when for when in due]  # the others' turn, alone first
+                    if on_listening is not None and sum(c is not None and c.seen for c in children) >= ready_at:
                         on_listening()
                         on_listening = None
                         with listening.get_lock():
@@ -269,14 +281,14 @@ def _front(
     app: str,
     options: dict[str, Any],
     listening: Synchronized[int],
-    processes: int,
+    ready_at: int,
     served: Synchronized[int],
     reason: Connection,
 ) -> None:
     """One front process: its own SO_REUSEPORT socket, and uvicorn serving ``app`` on it; its start error, if it
     has one, logged and sent to the parent (``reason``)."""
     global _listening
-    _listening = (listening, processes)
+    _listening = (listening, ready_at)
     parent = os.getppid()
     threading.Thread(target=_exit_with, args=(parent,), name="fnserve-orphan-watch", daemon=True).start()
     sock = reuse_port_socket(options["host"], options["port"])

@@ -15,12 +15,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import onnxruntime as ort
-
-from fnserve.core.registry import LoadedModel, Session, session_options, zeros_feed
-from fnserve.core.service import InferenceService
+if TYPE_CHECKING:  # a fast start lays out its processes before onnxruntime is imported (untimed_layout)
+    from fnserve.core.registry import LoadedModel, Session
+    from fnserve.core.service import InferenceService
 
 # A request's round trip to an inference worker (pipe, pickling, the worker's wake-up): a model whose batch-1
 # run is a small part of it is served faster by the front processes themselves. Heavier models gave the same
@@ -144,6 +143,8 @@ def one_batcher(
     share = max(1, rows // processes)
 
     def feed(n: int) -> dict[str, Any]:
+        from fnserve.core.registry import zeros_feed
+
         return zeros_feed(model.inputs, n, length, settings.pad_inputs)
 
     one = run_ms(model.session, model.output_names, feed(1))
@@ -163,6 +164,10 @@ def one_batcher(
 def _cpu_session(model: LoadedModel, threads: int) -> Session:
     """A CPU session of ``model``, as the registry makes it but with ``threads`` intra-op threads, for
     :func:`one_batcher`'s timing."""
+    import onnxruntime as ort
+
+    from fnserve.core.registry import session_options
+
     options = session_options(model.settings, threads)
     session: Session = ort.InferenceSession(str(model.path), sess_options=options, providers=["CPUExecutionProvider"])
     return session
@@ -189,6 +194,8 @@ def _available_bytes() -> int | None:
 
 def batch1_ms(model: LoadedModel) -> float:
     """Median milliseconds of a batch-1 run on zeros (inf for a model that rejects zeros)."""
+    from fnserve.core.registry import zeros_feed
+
     return run_ms(model.session, model.output_names, zeros_feed(model.inputs))
 
 

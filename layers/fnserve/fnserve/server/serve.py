@@ -19,23 +19,24 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fnserve import bootstrap
-from fnserve.adapters.http.infer import V2App
 from fnserve.core._cpus import AFFINITY_DIR_ENV, available_cpus
-from fnserve.core._heap import freeze_heap
 from fnserve.core.errors import ConfigError
 from fnserve.core.manifest import WorkerGroup, load_manifest
-from fnserve.core.service import InferenceService
 from fnserve.observability.logs import logger
 from fnserve.server import fronts, rundirs
-from fnserve.server.app import server_app
-from fnserve.server.layout import Layout, choose_layout, untimed_layout
+from fnserve.server.layout import Layout, untimed_layout
 from fnserve.server.starting import not_ready_until_loaded, refuse_taken
 from fnserve.settings import Settings
-from fnserve.workers.pool import FunctionSpec, WorkerPool
-from fnserve.workers.remote import Group, Overflow, Pools
+
+# The process that supervises front processes imports what it runs: the app, the data plane and onnxruntime are
+# the front processes' (a fast start spawns them sooner for it).
+if TYPE_CHECKING:
+    from fnserve.adapters.http.infer import V2App
+    from fnserve.core.service import InferenceService
+    from fnserve.workers.pool import FunctionSpec, WorkerPool
+    from fnserve.workers.remote import Overflow, Pools
 
 
 def serve(
@@ -94,6 +95,7 @@ def _serve(
                 options,
                 _front_respawns(settings),
                 on_listening=starting.close,
+                first_alone=settings.fast_start,
             )
             return
     try:
@@ -108,7 +110,11 @@ def _load(
 ) -> tuple[Settings, V2App | None]:
     """Every model loaded, and the layout chosen: the one front process's app, or None (and the settings the
     front processes get) when several serve the port, each building its own."""
-    settings = bootstrap.with_local_manifest(settings.model_copy(update={"eager_load": True}))
+    settings = settings.model_copy(update={"eager_load": True})
+    if "://" in settings.manifest:  # fetched once here, the front processes reading the copy
+        from fnserve import bootstrap
+
+        settings = bootstrap.with_local_manifest(settings)
     groups = load_manifest(settings.manifest).groups
     if groups:
         settings = _placed(settings, groups)
@@ -120,6 +126,9 @@ def _load(
         settings, auto = _laid_out(settings, untimed_layout(available_cpus(), settings.intra_op_threads)), False
     checked: InferenceService | None = None
     if auto or (settings.server_processes > 1 and not settings.fast_start):
+        from fnserve import bootstrap
+        from fnserve.server.layout import choose_layout
+
         # Every model is loaded here once: one that cannot load stops the start with its reason,
         # instead of uvicorn's supervisor restarting front processes that cannot start.
         checked = bootstrap.build_service(settings, bootstrap.result_store(settings, for_requests=True))
@@ -204,6 +213,10 @@ def front(
     """A front process's app, with its inference workers started (none with ``parallel_workers = 0``);
     ``service``: one already loaded in this process, for inference here; ``groups``: the manifest's worker groups
     (a server with groups has this one front process)."""
+    from fnserve import bootstrap
+    from fnserve.core._heap import freeze_heap
+    from fnserve.server.app import server_app
+
     pool: Overflow | Pools | None = None
     if groups:
         pool = group_pools(settings, groups)
@@ -237,6 +250,8 @@ def children_env(settings: Settings) -> dict[str, str]:
 
 def group_pools(settings: Settings, groups: list[WorkerGroup]) -> Pools:
     """Each worker group's workers, loading the group's models alone (``worker_group``), started together."""
+    from fnserve.workers.remote import Group, Overflow, Pools
+
     started: dict[str, Overflow] = {}
     try:
         for group in groups:
@@ -253,6 +268,8 @@ def group_pools(settings: Settings, groups: list[WorkerGroup]) -> Pools:
 
 def _inference_spec(name: str, env: dict[str, str], settings: Settings) -> FunctionSpec:
     """An inference worker of ``fnserve serve``: the settings ``env`` gives it, the server's inference timeout."""
+    from fnserve.workers.pool import FunctionSpec
+
     return FunctionSpec(
         name=f"inference-{name}",
         code_dir=os.getcwd(),
@@ -266,6 +283,8 @@ def _pool(spec: FunctionSpec, workers: int) -> WorkerPool:
     """Inference workers that stop the server when, once started, a replacement cannot start a few times in a row:
     its models cannot load any more (a file changed, a device gone), and a server retrying for ever is never
     whole again, where a fresh start reports why."""
+    from fnserve.workers.pool import WorkerPool
+
     return WorkerPool(spec, workers, attempts=fronts.START_ATTEMPTS, on_give_up=fronts.fail)
 
 
@@ -274,6 +293,8 @@ def inference_pool(settings: Settings) -> Overflow:
     ``gpu_capacity`` calls in flight, then overflowing to ``parallel_workers`` CPU workers. The settings they
     cross whole (:meth:`~fnserve.settings.EnvSettings.to_env`); CPU workers' say ``device = "cpu"`` (CPU providers
     alone)."""
+    from fnserve.workers.remote import Group, Overflow
+
     cpu = settings.model_copy(update={"device": "cpu"})
     groups: list[tuple[str, int, dict[str, str], int | None]] = []
     if settings.gpu_workers:
