@@ -1,8 +1,9 @@
 """The CPU server image against SageMaker Serverless Inference's container contract (``Mode=serverless`` of
 ``infra/container/sagemaker.yaml``).
 
-Started as SageMaker starts it, ``docker run IMAGE serve``: the image's entrypoint with ``serve``, its user, the
-demo models at /opt/ml/model (baked in), port 8080 moved to a free one as ``docker run -p`` would map it. Checked:
+Started as SageMaker starts it, ``docker run IMAGE serve``: the image's entrypoint with ``serve``, the environment
+the template's ``Mode=serverless`` gives it (the fast start), its user, the demo models at /opt/ml/model (baked
+in), port 8080 moved to a free one as ``docker run -p`` would map it. Checked:
 ``/ping`` answers within 2 s of the port opening, 503 while the models load, and 200 within the 3 minutes
 serverless gives a container to start; the server's processes, the demo manifest loaded and warm, fit the
 template's default memory size (read from /proc: buildah's chroot isolation shares the host's process
@@ -37,6 +38,12 @@ START_WITHIN_S = 180.0  # serverless: the model downloaded and /ping answering 2
 MEMORY_SIZES_MB = (1024, 2048, 3072)  # the sizes compared; the template's default is asserted
 TEMPLATE = load(str(REPO / "infra" / "container" / "sagemaker.yaml"))
 DEFAULT_MEMORY_MB: int = TEMPLATE["Parameters"]["ServerlessMemorySizeInMB"]["Default"]
+# What the template's Mode=serverless adds to the container's environment (the fast start).
+SERVERLESS_ENV = {
+    key: value["Fn::If"][1]
+    for key, value in TEMPLATE["Resources"]["Model"]["Properties"]["PrimaryContainer"]["Environment"].items()
+    if isinstance(value, dict) and value.get("Fn::If", [None])[0] == "IsServerless"
+}
 DIGITS = ("digits-fast", "digits-accurate", "digits-accurate-int8")
 ROWS = np.load(DEMO_HOLDOUT)["input"][:64]
 CUDA_LIBRARIES = ("libcuda", "libcudart", "libcudnn", "libcublas", "libcufft", "libcurand", "libnvinfer", "libnvidia")
@@ -77,7 +84,7 @@ def serverless(server_image: Built, tmp_path_factory: pytest.TempPathFactory) ->
     answers 200 (or the start budget is spent); yields the record, the server still running."""
     port, grpc = free_port(), free_port()
     command = [*server_image.config["Entrypoint"], "serve"]  # SageMaker's argument, in place of the image's CMD
-    env = {"FNSERVE_PORT": str(port), "FNSERVE_GRPC_PORT": str(grpc)}
+    env = {"FNSERVE_PORT": str(port), "FNSERVE_GRPC_PORT": str(grpc), **SERVERLESS_ENV}
     log = tmp_path_factory.mktemp("serverless") / "serve.log"
     with started(server_image.name, command, log, env) as running:
         began = time.monotonic()
