@@ -16,8 +16,7 @@ from fnserve.server import fronts
 from fnserve.settings import Settings
 
 if TYPE_CHECKING:
-    from fnserve.adapters.http.infer import V2App
-    from fnserve.adapters.http.routes import Companion
+    from fnserve.adapters.http.infer import Companion, V2App
     from fnserve.core.dataplane import DataPlane
     from fnserve.core.service import InferenceService
     from fnserve.observability.envelope import Telemetry
@@ -96,5 +95,4 @@ def server_app(
     )
     app.state.plane = plane
     app.state.pool = pool
-    app.fastapi()  # built now: a server's first health check should not pay for it
-    return app
+    return app  # its FastAPI app (the routes but inference and health) built in a thread once it serves

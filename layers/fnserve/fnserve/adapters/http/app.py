@@ -24,7 +24,7 @@ from fnserve.settings import Settings
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from fnserve.adapters.http.routes import Companion
+    from fnserve.adapters.http.infer import Companion
 
 
 def create_app(
@@ -45,6 +45,6 @@ def create_app(
     def routes() -> FastAPI:
         from fnserve.adapters.http import routes  # FastAPI: not on a Lambda container's first inference
 
-        return routes.build(inference, on_shutdown, companions, metrics)
+        return routes.build(inference, metrics)
 
-    return V2App(inference, routes)
+    return V2App(inference, routes, companions, on_shutdown)

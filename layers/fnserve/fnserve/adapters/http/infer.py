@@ -10,9 +10,10 @@ FastAPI route.
 
 from __future__ import annotations
 
+import threading
 import types
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any, Protocol
 
 from fnserve.adapters.http import compression
 from fnserve.adapters.http.wire import answered, error_parts, header_request_id, server_timing, unnamed_request_id
@@ -33,33 +34,109 @@ JSON = "application/json"
 BINARY = "application/octet-stream"
 
 
-class V2App:
-    """The V2 API over ASGI: ``POST /v2/models/{name}[/versions/{v}]/infer`` answered here, the rest by FastAPI."""
+class Companion(Protocol):
+    """A server that lives as long as the app, on its event loop (the gRPC server beside HTTP)."""
 
-    def __init__(self, inference: InferenceRoute, routes: Callable[[], ASGIApp]) -> None:
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+# Health checks answered here too: a load balancer's or a platform's probes come often, and the first of a
+# server's start should not wait for FastAPI. Each path's answer: the live one always, the others once ready.
+HEALTH = {"/v2/health/live": False, "/v2/health/ready": True, "/ping": True}
+
+
+class V2App:
+    """The V2 API over ASGI: ``POST /v2/models/{name}[/versions/{v}]/infer`` and the health checks answered here,
+    the rest by FastAPI; the lifespan (a server's) starts the ``companions`` and stops them, then closes the data
+    plane and runs ``on_shutdown``."""
+
+    def __init__(
+        self,
+        inference: InferenceRoute,
+        routes: Callable[[], ASGIApp],
+        companions: Sequence[Companion] = (),
+        on_shutdown: Callable[[], None] | None = None,
+    ) -> None:
         self.inference = inference
         self.routes = routes  # builds the app of the other routes
         self.state = types.SimpleNamespace()  # what the process keeps beside the app (the server's pool)
+        self._companions, self._on_shutdown = companions, on_shutdown
         self._fastapi: ASGIApp | None = None
+        self._building = threading.Lock()
 
     def fastapi(self) -> ASGIApp:
-        """The FastAPI app of the other routes, built on first use (or ahead, by a server at start)."""
+        """The FastAPI app of the other routes, built on first use (or ahead, in a thread, by a server at start)."""
         if self._fastapi is None:
-            self._fastapi = self.routes()
+            with self._building:  # once, whether the server's thread or a request builds it
+                if self._fastapi is None:
+                    self._fastapi = self.routes()
         return self._fastapi
 
     async def __call__(self, scope: ASGIMessage, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
-            parts = scope["path"].split("/")
-            # ["", "v2", "models", name, "infer"] or [..., name, "versions", version, "infer"]
-            if parts[-1] == "infer" and parts[1:3] == ["v2", "models"] and all(parts[3:-1]):
-                if len(parts) == 5:
-                    await self.inference.infer_asgi(scope, receive, send, parts[3], None)
-                    return
-                if len(parts) == 7 and parts[4] == "versions":
-                    await self.inference.infer_asgi(scope, receive, send, parts[3], parts[5])
-                    return
+        kind = scope["type"]
+        if kind == "http" and not scope.get("root_path"):
+            method = scope["method"]
+            if method == "POST":
+                parts = scope["path"].split("/")
+                # ["", "v2", "models", name, "infer"] or [..., name, "versions", version, "infer"]
+                if parts[-1] == "infer" and parts[1:3] == ["v2", "models"] and all(parts[3:-1]):
+                    if len(parts) == 5:
+                        await self.inference.infer_asgi(scope, receive, send, parts[3], None)
+                        return
+                    if len(parts) == 7 and parts[4] == "versions":
+                        await self.inference.infer_asgi(scope, receive, send, parts[3], parts[5])
+                        return
+            elif method == "GET" and scope["path"] in HEALTH:
+                await self._health(scope, send, HEALTH[scope["path"]])
+                return
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+            return
         await (self._fastapi or self.fastapi())(scope, receive, send)
+
+    async def _health(self, scope: ASGIMessage, send: Send, readiness: bool) -> None:
+        """``{"live": true}``, or ``{"ready": ...}`` with 200 or 503, as the FastAPI routes answer them."""
+        ready = self.inference.plane.catalog.ready() if readiness else True
+        body = (b'{"ready":true}' if ready else b'{"ready":false}') if readiness else b'{"live":true}'
+        rid = next((header_request_id(v) for k, v in scope["headers"] if k == b"x-request-id" and v), None)
+        status = 200 if ready else 503
+        headers = [(b"content-length", str(len(body)).encode()), (b"content-type", JSON.encode())]
+        headers.append((b"x-request-id", (rid or unnamed_request_id(scope)).encode("latin-1")))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        answered(scope, status)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        """ASGI's lifespan: the companions started, and FastAPI built in a thread while the server already answers
+        inference and health checks; at shutdown the companions stopped (last started, first), the data plane
+        closed, then ``on_shutdown``."""
+        await receive()  # lifespan.startup
+        started: list[Companion] = []
+        try:
+            for companion in self._companions:
+                await companion.start()
+                started.append(companion)
+        except Exception as exc:  # noqa: BLE001 - uvicorn reports the message and stops the start
+            logger.exception("the server's start failed")
+            await self._stop(started)
+            await send({"type": "lifespan.startup.failed", "message": f"{type(exc).__name__}: {exc}"})
+            return
+        threading.Thread(target=self.fastapi, name="fnserve-routes", daemon=True).start()
+        await send({"type": "lifespan.startup.complete"})
+        await receive()  # lifespan.shutdown
+        await self._stop(started)
+        await send({"type": "lifespan.shutdown.complete"})
+
+    async def _stop(self, started: list[Companion]) -> None:
+        try:
+            for companion in reversed(started):
+                await companion.stop()
+        finally:
+            await self.inference.plane.close()
+            if self._on_shutdown is not None:
+                self._on_shutdown()
 
 
 class InferenceRoute:

@@ -1,15 +1,13 @@
 """The V2 API's routes on FastAPI: health, metadata, results, inference's documented road, OpenAPI.
 
-Built by :class:`~fnserve.adapters.http.app.V2App` when a request first needs it (at start,
-in the server), so a Lambda container whose first request is an inference never imports
-FastAPI before answering it.
+Built by :class:`~fnserve.adapters.http.infer.V2App` when a request first needs it (or in a thread, once a
+server answers), so neither a Lambda container's first inference nor a server's first answer waits for FastAPI.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Annotated, Protocol
+from collections.abc import Callable
+from typing import Annotated
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
@@ -26,46 +24,15 @@ from fnserve.observability.envelope import EXTENSIONS
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
-class Companion(Protocol):
-    """A server that lives as long as the app, on its event loop (the gRPC server beside HTTP)."""
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-
-def build(
-    inference: InferenceRoute,
-    on_shutdown: Callable[[], None] | None = None,
-    companions: Sequence[Companion] = (),
-    metrics: Callable[[], bytes] | None = None,
-) -> FastAPI:
-    """The FastAPI app over ``inference``'s data plane; its lifespan starts the ``companions``, and at
-    shutdown stops them, closes the plane, then runs ``on_shutdown``. ``metrics``: ``GET /metrics``."""
-    plane = inference.plane
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        started: list[Companion] = []
-        try:
-            for companion in companions:
-                await companion.start()
-                started.append(companion)
-            yield
-        finally:
-            for companion in reversed(started):
-                await companion.stop()
-        await plane.close()
-        if on_shutdown is not None:
-            on_shutdown()
-
+def build(inference: InferenceRoute, metrics: Callable[[], bytes] | None = None) -> FastAPI:
+    """The FastAPI app over ``inference``'s data plane (its lifespan is :class:`V2App`'s); ``metrics``: ``GET
+    /metrics``."""
     app = FastAPI(
         title="fnserve",
         version=__version__,
         description="Open Inference Protocol V2 (REST) with Triton's binary tensor extension.",
         docs_url=None,
         redoc_url=None,
-        lifespan=lifespan,
     )
     app.add_middleware(RequestContext)
     install_error_handlers(app)
