@@ -188,7 +188,8 @@ def container_checks(service: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -
     env = environment(container)
     # The image's HTTP port, which it exposes; never its gRPC port (HTTP there would stop the start).
     assert port["containerPort"] == HTTP_PORT and HTTP_PORT in EXPOSED
-    assert port["containerPort"] != int(env["FNSERVE_GRPC_PORT"])
+    # Cloud Run routes one port: the image's gRPC server is turned off, and the start is a fast one.
+    assert env["FNSERVE_GRPC_PORT"] == "off" and env["FNSERVE_FAST_START"] == "true"
     assert not {e["name"] for e in container.get("env", [])} & RESERVED_ENV
     host, listens_on = listening(container, monkeypatch)
     assert listens_on == port["containerPort"]
@@ -334,6 +335,8 @@ MISTAKES: list[tuple[str, str, Callable[[Any], None]]] = [
     ("container", CPU, lambda s: env(s, "PORT", "8080")),
     ("container", CPU, lambda s: env(s, "FNSERVE_PORT", "9000")),
     ("container", CPU, lambda s: env(s, "FNSERVE_HOST", "127.0.0.1")),
+    ("container", CPU, lambda s: env(s, "FNSERVE_GRPC_PORT", "8081")),
+    ("container", CPU, lambda s: env(s, "FNSERVE_FAST_START", "false")),
     ("container", CPU, lambda s: the_container(s).update(securityContext={"runAsUser": 0})),
     # the probes
     ("probes", CPU, lambda s: the_container(s)["startupProbe"]["httpGet"].update(path="/v2/health/live")),

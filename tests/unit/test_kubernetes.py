@@ -376,6 +376,10 @@ def knative_checks(service: dict[str, Any], runtimes: dict[str, dict[str, Any]])
     assert port["name"] in KNATIVE_PORT_NAMES and port["containerPort"] not in KNATIVE_RESERVED_PORTS
     assert port["containerPort"] == http_port(container)
     assert not {e["name"] for e in container.get("env", [])} & KNATIVE_RESERVED_ENV
+    # The runtime's gRPC server, which Knative cannot route, is turned off, and a pod started for a waiting
+    # request starts fast.
+    env = {e["name"]: e["value"] for e in model.get("env", [])}
+    assert env.get("FNSERVE_GRPC_PORT") == "off" and env.get("FNSERVE_FAST_START") == "true"
     assert not {str(PurePosixPath(m["mountPath"])) for m in container.get("volumeMounts", [])} & KNATIVE_RESERVED_PATHS
     # While no pod runs, the activator holds a request until one is ready, within the revision's timeout (which
     # KServe sets from `timeout`): the wait covers a start as long as the runtime's startup probe allows.
@@ -422,6 +426,7 @@ def runtime_of(service: dict[str, Any], runtimes: dict[str, dict[str, Any]]) -> 
         lambda s, r: s["spec"]["predictor"]["model"].update(ports=[{"name": "h2c", "containerPort": 8081}]),
         lambda s, r: runtime_of(s, r)["ports"].append({"name": "h2c", "containerPort": 8081}),
         lambda s, r: runtime_of(s, r)["env"].append({"name": "PORT", "value": "8080"}),
+        lambda s, r: s["spec"]["predictor"]["model"].pop("env"),  # gRPC on, and a start that times layouts
     ],
 )
 def test_a_mistake_in_a_knative_mode_service_fails_its_checks(mistake: Any) -> None:

@@ -133,3 +133,14 @@ def test_settings_cross_to_a_child_process_whole(monkeypatch: pytest.MonkeyPatch
     assert child == parent
     assert child.result_id_key is not None and child.result_id_key.get_secret_value() == "s3cret"
     assert Settings(log_level="ERROR").log_level == "ERROR"
+
+
+@pytest.mark.parametrize("value", ["", "off", "OFF", " off "])
+def test_grpc_can_be_turned_off_over_an_images_port(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FNSERVE_GRPC_PORT", value)
+    assert Settings().grpc_port is None
+    monkeypatch.setenv("FNSERVE_GRPC_PORT", "8081")
+    assert Settings().grpc_port == 8081
+    monkeypatch.setenv("FNSERVE_GRPC_PORT", "of")
+    with pytest.raises(ValidationError, match="grpc_port"):
+        Settings()

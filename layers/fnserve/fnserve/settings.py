@@ -178,11 +178,18 @@ class ServerSettings(EnvSettings):
         ge=0,
         le=65535,
         description="Port of the Open Inference Protocol's gRPC service beside HTTP (needs fnserve[grpc]); "
-        "unset: no gRPC. Its largest request is max_request_bytes (RESOURCE_EXHAUSTED beyond).",
+        "unset, empty or off: no gRPC (a platform that routes one port, where the image's 8081 would only cost "
+        "the start time). Its largest request is max_request_bytes (RESOURCE_EXHAUSTED beyond).",
     )
     grpc_host: str = Field(
         default="127.0.0.1", description="Address the gRPC service listens on (fnserve serve: the HTTP --host)."
     )
+
+    @field_validator("grpc_port", mode="before")
+    @classmethod
+    def _grpc_off(cls, value: object) -> object:
+        # A variable cannot be unset by a deploy file over an image's ENV: it can be set to "off" (or empty).
+        return None if isinstance(value, str) and value.strip().lower() in ("", "off") else value
 
     @property
     def inference_processes(self) -> int:
