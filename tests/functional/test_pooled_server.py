@@ -435,6 +435,43 @@ def test_a_fast_start_is_ready_once_its_first_front_process_listens_and_the_othe
         proc.wait(timeout=30)
 
 
+# A supervisor whose front processes are slow to reach their own code: spawn imports this script again in each
+# (as __mp_main__), and the sleep holds them there while the test kills the supervisor.
+SLOW_SPAWN = """
+import sys, time
+if __name__ != "__main__":
+    time.sleep(2)
+else:
+    from fnserve.server import fronts
+    fronts.run("tests.functional.gated_front:factory", 2, {"host": "127.0.0.1", "port": int(sys.argv[1]),
+               "log_level": "warning"})
+"""
+
+
+def test_front_processes_whose_supervisor_died_before_they_started_exit(tmp_path: Path) -> None:
+    script = tmp_path / "supervisor.py"
+    script.write_text(SLOW_SPAWN)
+    env = {**os.environ, "FNSERVE_TEST_GATE": str(tmp_path / "gate"), "PYTHONPATH": os.getcwd()}
+    (tmp_path / "gate").touch()
+    proc = subprocess.Popen([sys.executable, str(script), str(free_port())], env=env)
+    wait_for(lambda: len(process_tree(proc.pid)) >= 3, 30, "the front processes to be spawned")
+    children = [pid for pid in process_tree(proc.pid) if pid != proc.pid]
+    proc.kill()  # SIGKILL: the supervisor stops nothing
+    proc.wait(timeout=30)
+
+    def gone() -> bool:
+        return not [pid for pid in children if Path(f"/proc/{pid}").exists() and _state(pid) != "Z"]
+
+    wait_for(gone, 30, "the orphaned front processes to exit")
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
 def test_inference_workers_that_cannot_load_a_model_stop_the_server_with_its_error(tmp_path: Path) -> None:
     manifest = write_test_manifest(tmp_path)
     zeros = 'sha256 = "' + "0" * 64 + '"'

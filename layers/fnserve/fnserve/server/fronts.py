@@ -197,7 +197,9 @@ def run(
     def start() -> _Child:
         served: Synchronized[int] = _spawn.Value("b", 0)
         reason, send = _spawn.Pipe(duplex=False)
-        process = _spawn.Process(target=_front, args=(app, options, listening, ready_at, served, send), daemon=False)
+        process = _spawn.Process(
+            target=_front, args=(app, options, listening, ready_at, served, send, os.getpid()), daemon=False
+        )
         process.start()
         send.close()
         return _Child(process, served, reason, time.monotonic())
@@ -284,12 +286,14 @@ def _front(
     ready_at: int,
     served: Synchronized[int],
     reason: Connection,
+    parent: int,
 ) -> None:
     """One front process: its own SO_REUSEPORT socket, and uvicorn serving ``app`` on it; its start error, if it
     has one, logged and sent to the parent (``reason``)."""
     global _listening
     _listening = (listening, ready_at)
-    parent = os.getppid()
+    # The supervisor's pid as it started this process: read here, it would be init's already if the supervisor
+    # died while this one was importing, and an orphan would keep serving the port.
     threading.Thread(target=_exit_with, args=(parent,), name="fnserve-orphan-watch", daemon=True).start()
     sock = reuse_port_socket(options["host"], options["port"])
     server = _Server(uvicorn.Config(app, factory=True, **options), served)
