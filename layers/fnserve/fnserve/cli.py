@@ -5,13 +5,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
-import numpy as np
 import typer
 
 from fnserve.bench import prices
@@ -249,6 +249,8 @@ def predict(
             )
     except FnserveError as exc:
         raise _fail(exc.message) from None
+    import numpy as np  # here: every command's start (a server's front processes' too) imports this module
+
     predicted = _predicted_labels(outputs)
     if predicted is None or rows.labels is None:
         for name, value in outputs.items():
@@ -542,7 +544,7 @@ def _example_request(meta: dict[str, Any]) -> str:
     inputs = []
     for spec in meta["inputs"]:
         shape = _one_row(spec["shape"])
-        size = int(np.prod(shape))
+        size = math.prod(shape)
         value: object = "" if spec["datatype"] == "BYTES" else False if spec["datatype"] == "BOOL" else 0
         inputs.append({"name": spec["name"], "shape": shape, "datatype": spec["datatype"], "data": [value] * size})
     return json.dumps({"inputs": inputs}, separators=(",", ":"))
