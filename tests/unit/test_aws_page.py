@@ -8,6 +8,7 @@ import inspect
 import re
 
 import pytest
+import yaml
 from cfnlint.decode.cfn_yaml import load
 
 from fnserve import cli
@@ -50,6 +51,46 @@ def cost_table() -> str:
     return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
 
 
+SAGEMAKER = load(str(REPO / "infra" / "container" / "sagemaker.yaml"))
+CLOUD_RUN = yaml.safe_load((REPO / "infra" / "gcp" / "cloudrun" / "service.yaml").read_text())
+
+
+def targets_table() -> str:
+    """A million requests on each serverless target as its file in the repository sizes it, each request taking
+    10 or 100 ms: Lambda (the API function), SageMaker Serverless (Mode=serverless), Cloud Run (service.yaml)."""
+    lambda_mb = int(TEMPLATE["Parameters"]["ApiMemorySize"]["Default"])
+    sagemaker_mb = int(SAGEMAKER["Parameters"]["ServerlessMemorySizeInMB"]["Default"])
+    limits = CLOUD_RUN["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    cpus, gib = float(limits["cpu"]), float(limits["memory"].removesuffix("Gi"))
+    rows = [
+        (
+            f"Lambda, `ApiMemorySize` {lambda_mb} MB, x86_64",
+            "each invocation, and its milliseconds times the memory",
+            [prices.lambda_cost_per_million(lambda_mb, ms) for ms in BILLED_MS],
+        ),
+        (
+            f"SageMaker Serverless, `ServerlessMemorySizeInMB` {sagemaker_mb}",
+            "each invocation's compute milliseconds times the memory size, and the data processed (apart)",
+            [prices.sagemaker_serverless_cost_per_million(sagemaker_mb, ms) for ms in BILLED_MS],
+        ),
+        (
+            f"Cloud Run, {cpus:g} vCPU and {gib:g} GiB, one request at a time",
+            f"each request, and the instance's time with one in flight, rounded up to "
+            f"{prices.CLOUD_RUN_ROUNDING_MS} ms",
+            [prices.cloud_run_cost_per_million(cpus, gib, ms, alone=True) for ms in BILLED_MS],
+        ),
+        (
+            f"Cloud Run, {cpus:g} vCPU and {gib:g} GiB, busy",
+            "the same, the instance's time shared by the requests in flight (each taking its share)",
+            [prices.cloud_run_cost_per_million(cpus, gib, ms, alone=False) for ms in BILLED_MS],
+        ),
+    ]
+    head = ["target, as its file sizes it", "billed for", *(f"at {ms} ms" for ms in BILLED_MS)]
+    lines = [head, ["---"] * len(head)]
+    lines += [[what, billed, *(f"${cost:.3f}" for cost in costs)] for what, billed, costs in rows]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
+
+
 def alarm_metrics() -> int:
     """What the template's alarms bill for: one metric each, or each metric a metric-math alarm reads."""
     alarms = [r["Properties"] for r in TEMPLATE["Resources"].values() if r["Type"] == "AWS::CloudWatch::Alarm"]
@@ -73,6 +114,7 @@ def test_the_prices_and_the_cost_table_are_what_the_prices_give() -> None:
     assert f"AWS's list prices for us-east-1, recorded on {prices.AS_OF}" in PAGE, paste
     assert price_table() in PAGE, f"the price table is {paste}"
     assert cost_table() in PAGE, f"the cost table is {paste}"
+    assert targets_table() in PAGE, f"the serverless targets' table is {paste}"
     for line in idle_lines():
         assert line in PAGE, f"the idle cost is {paste}"
 
@@ -96,10 +138,25 @@ def test_the_outputs_the_page_lists_are_the_templates() -> None:
     assert listed == list(TEMPLATE["Outputs"]), "docs/aws.md's outputs table is not template.yaml's Outputs"
 
 
+def test_the_other_targets_formulas() -> None:
+    # SageMaker Serverless: compute seconds times the memory size in GB, nothing per request.
+    assert prices.sagemaker_serverless_cost_per_million(2048, 100) == pytest.approx(
+        1e6 * 0.1 * 2 * prices.SAGEMAKER_SERVERLESS_GB_SECOND
+    )
+    per_second = 2 * prices.CLOUD_RUN_VCPU_SECOND + 4 * prices.CLOUD_RUN_GIB_SECOND
+    # Cloud Run alone: 10 ms billed as the whole step; busy: 10 ms each; 150 ms alone billed as 200.
+    alone, busy = (prices.cloud_run_cost_per_million(2, 4, 10, alone=flag) for flag in (True, False))
+    assert alone == pytest.approx(prices.CLOUD_RUN_PER_MILLION + 1e6 * 0.1 * per_second)
+    assert busy == pytest.approx(prices.CLOUD_RUN_PER_MILLION + 1e6 * 0.01 * per_second)
+    assert prices.cloud_run_cost_per_million(2, 4, 150, alone=True) == pytest.approx(
+        prices.CLOUD_RUN_PER_MILLION + 1e6 * 0.2 * per_second
+    )
+
+
 def test_money_keeps_cents_and_every_digit_of_a_price() -> None:
     assert [money(0.2), money(1.0), money(0.0000166667), money(0.625)] == ["$0.20", "$1.00", "$0.0000166667", "$0.625"]
 
 
 if __name__ == "__main__":
     print(f"AWS's list prices for us-east-1, recorded on {prices.AS_OF}\n")
-    print(price_table(), cost_table(), *idle_lines(), sep="\n\n")
+    print(price_table(), cost_table(), targets_table(), *idle_lines(), sep="\n\n")

@@ -1,5 +1,6 @@
 """AWS's published on-demand prices (us-east-1, USD, free tiers left out) that ``fnserve bench --lambda`` costs
-memory sizes at, and that docs/aws.md's cost figures are made from: a test keeps the page equal to them.
+memory sizes at, and that docs/aws.md's cost figures are made from, with the other serverless targets' beside them
+(SageMaker Serverless Inference; Cloud Run in a tier 1 region): a test keeps the page equal to them.
 
 When AWS changes a price, change it here with the date it was read (``AS_OF``); ``python -m
 tests.unit.test_aws_page`` prints what the page should then say, and the tests fail until it does. For one run,
@@ -29,6 +30,13 @@ CUSTOM_METRIC_MONTH = 0.30
 ALARM_METRIC_MONTH = 0.10  # a metric-math alarm counts each metric it reads
 SECRET_MONTH = 0.40
 XRAY_PER_MILLION_TRACES = 5.00
+SAGEMAKER_SERVERLESS_GB_SECOND = 0.0000200  # the memory size chosen, for each request's compute time
+SAGEMAKER_SERVERLESS_DATA_GB = 0.016  # data processed, in and out
+CLOUD_RUN_SOURCE = "https://cloud.google.com/run/pricing"
+CLOUD_RUN_VCPU_SECOND = 0.0000240  # request-based billing: while an instance has a request in flight
+CLOUD_RUN_GIB_SECOND = 0.0000025
+CLOUD_RUN_PER_MILLION = 0.40
+CLOUD_RUN_ROUNDING_MS = 100  # an instance's billable time is rounded up to this
 
 TABLE = (  # (what, price, per what): docs/aws.md's price table, row by row
     ("Lambda requests", LAMBDA_PER_MILLION, "million invocations"),
@@ -50,6 +58,11 @@ TABLE = (  # (what, price, per what): docs/aws.md's price table, row by row
     ("CloudWatch alarms", ALARM_METRIC_MONTH, "alarm metric-month"),
     ("Secrets Manager", SECRET_MONTH, "secret-month"),
     ("X-Ray traces recorded", XRAY_PER_MILLION_TRACES, "million traces"),
+    ("SageMaker Serverless Inference", SAGEMAKER_SERVERLESS_GB_SECOND, "GB-second of memory size computing"),
+    ("SageMaker Serverless data processed", SAGEMAKER_SERVERLESS_DATA_GB, "GB in or out"),
+    ("Cloud Run CPU (tier 1 region)", CLOUD_RUN_VCPU_SECOND, "vCPU-second with a request in flight"),
+    ("Cloud Run memory (tier 1 region)", CLOUD_RUN_GIB_SECOND, "GiB-second with a request in flight"),
+    ("Cloud Run requests", CLOUD_RUN_PER_MILLION, "million requests"),
 )
 
 
@@ -62,3 +75,20 @@ def lambda_cost_per_million(
 ) -> float:
     """What a million invocations of a ``memory_mb`` function billed ``billed_ms`` each cost: requests and duration."""
     return per_million + 1e6 * billed_ms / 1e3 * memory_mb / 1024 * gb_second
+
+
+def sagemaker_serverless_cost_per_million(memory_mb: int, billed_ms: float) -> float:
+    """What a million invocations of a Serverless Inference endpoint of ``memory_mb`` cost, each computing
+    ``billed_ms``: the compute alone (data processed is by the GB, apart)."""
+    return 1e6 * billed_ms / 1e3 * memory_mb / 1024 * SAGEMAKER_SERVERLESS_GB_SECOND
+
+
+def cloud_run_cost_per_million(vcpus: float, memory_gib: float, instance_ms: float, *, alone: bool) -> float:
+    """What a million requests to a Cloud Run service cost with request-based billing, each keeping an instance of
+    ``vcpus`` and ``memory_gib`` busy ``instance_ms``: ``alone``, each the only request in flight, its time rounded
+    up to the billing step; otherwise under steady load, the instance never idle between requests (its time then
+    shared: ``instance_ms`` is a request's share, its CPU time over the instance's vCPUs for a CPU-bound model)."""
+    if alone:
+        instance_ms = -(-instance_ms // CLOUD_RUN_ROUNDING_MS) * CLOUD_RUN_ROUNDING_MS
+    per_second = vcpus * CLOUD_RUN_VCPU_SECOND + memory_gib * CLOUD_RUN_GIB_SECOND
+    return CLOUD_RUN_PER_MILLION + 1e6 * instance_ms / 1e3 * per_second
