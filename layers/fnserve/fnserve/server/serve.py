@@ -8,7 +8,8 @@ which is the better choice for models so small that the hop costs more than the 
 (``make bench`` shows where that line is).
 
 Given neither (no ``--workers``, ``--processes`` or their variables), :func:`fnserve.server.layout.choose_layout`
-decides at start, from the loaded models.
+decides at start, from the loaded models; with ``fast_start``, :func:`fnserve.server.layout.untimed_layout`, before
+any model is loaded (the front processes load them, the first one serving alone until the others join).
 
 A child that cannot start stops the server with its error, within seconds: an inference worker at the start, or
 :data:`~fnserve.server.fronts.START_ATTEMPTS` replacements of one in a row later; a front process as
@@ -45,7 +46,8 @@ def serve(
     port: int = 8080,
     on_ready: Callable[[InferenceService | None, Settings], None] | None = None,
 ) -> None:
-    """Load every model (in the workers, or here with no workers), then serve until SIGINT or SIGTERM.
+    """Load every model (in the workers, or here with no workers; in the front processes alone with
+    ``fast_start``), then serve until SIGINT or SIGTERM.
 
     On a signal, requests in flight finish, then the workers stop (the app's lifespan). The
     workers ignore signals themselves, and exit on their own if this process is killed
