@@ -931,8 +931,11 @@ def _local_banner(emulator: Emulator, local_: Local, url: str, workers: int) -> 
             f"  jobs  AWS_ENDPOINT_URL={local_.endpoint} .venv/bin/fnserve submit "
             f"{example.data} --model {example.batch_model} --queue {jobs} --ids ids.txt"
         )
+        from fnserve.aws.clients import endpoint_url
+
+        tables_at = endpoint_url("dynamodb") or local_.endpoint  # DynamoDB may have an endpoint of its own
         typer.echo(
-            f"        AWS_ENDPOINT_URL={local_.endpoint} .venv/bin/fnserve results ids.txt --table {table} -o out.jsonl"
+            f"        AWS_ENDPOINT_URL={tables_at} .venv/bin/fnserve results ids.txt --table {table} -o out.jsonl"
         )
 
 
