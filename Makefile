@@ -80,7 +80,21 @@ test-servers:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server)) >/dev/null 2>&1 || \
 		echo "could not install redis-server (apt-get install redis-server): the Redis tests will fail"; }
 
-test: lint sam-check test-servers perf-analyzer
+# LocalStack for tests/e2e/test_local.py, without Docker: SQS, S3 and Secrets Manager from localstack-core, pinned
+# in tests/e2e/localstack.txt, in a virtualenv of its own on Python 3.13 (the oldest it imports on).
+LOCALSTACK_VENV := .venv-localstack
+PY313 ?= $(shell for c in python3.13 $$HOME/.pyenv/versions/3.13*/bin/python3.13 /usr/local/bin/python3.13 /usr/bin/python3.13; do \
+	$$c -c 'import sys; assert sys.version_info[:2] == (3, 13)' 2>/dev/null && { echo $$c; break; }; done)
+
+$(LOCALSTACK_VENV)/.installed: tests/e2e/localstack.txt
+	@test -n "$(PY313)" || { echo "LocalStack needs a python3.13 interpreter: install one (pyenv install 3.13," \
+		"or your distribution's python3.13) or pass PY313=/path/to/python3.13"; exit 1; }
+	$(PY313) -m venv $(LOCALSTACK_VENV)
+	$(LOCALSTACK_VENV)/bin/pip install -q --upgrade pip
+	$(LOCALSTACK_VENV)/bin/pip install -q -r tests/e2e/localstack.txt
+	@touch $@
+
+test: lint sam-check test-servers perf-analyzer $(LOCALSTACK_VENV)/.installed
 	$(BIN)/pytest
 
 # What pip may choose for a user: each extra set installed fresh at its floors and at its latest, beside the newest
@@ -229,8 +243,8 @@ grpc-stubs: setup
 		layers/fnserve/$(GRPC_PROTO:.proto=_pb2.py)
 
 clean:
-	rm -rf $(VENV) $(SAM_VENV) $(EXPORT_VENV) $(BENTOML_VENV) $(MLSERVER_VENV) $(PERF_ANALYZER) .bench .aws-sam \
-		.pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SAM_VENV) $(EXPORT_VENV) $(BENTOML_VENV) $(MLSERVER_VENV) $(LOCALSTACK_VENV) $(PERF_ANALYZER) .bench \
+		.aws-sam .pytest_cache .mypy_cache .ruff_cache
 
 # The GPU suite and benchmark, on a machine with an NVIDIA GPU and fnserve[gpu] (onnxruntime-gpu, not onnxruntime).
 # Their models are exported by torch in the export environment (.venv-export, made here when missing).

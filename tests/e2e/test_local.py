@@ -21,8 +21,10 @@ from fnserve import jobsclient
 from fnserve.aws import clients
 from fnserve.core.jobs import job_message
 from tests.e2e.emulator import running_local
+from tests.e2e.localstack import localstack
 from tests.functional.conftest import free_port, wait_for
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
+from tests.moto import moto_server
 
 HOLDOUT = np.load(DEMO_HOLDOUT)
 DIGITS = HOLDOUT["input"]
@@ -33,7 +35,25 @@ def labels(model: str, x: np.ndarray) -> list[int]:
     return session.run(["label"], {"input": x})[0].tolist()  # type: ignore[no-any-return]
 
 
-LOCALSTACK = os.environ.get("FNSERVE_TEST_LOCALSTACK")  # a LocalStack endpoint: the module runs against it too
+# A user's own full LocalStack (e.g. http://localhost:4566, DynamoDB included): the "localstack" runs use it as it is.
+LOCALSTACK = os.environ.get("FNSERVE_TEST_LOCALSTACK")
+
+
+@pytest.fixture(scope="session")
+def localstack_aws(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The endpoints of the "localstack" runs: FNSERVE_TEST_LOCALSTACK's for every service where it names one;
+    else LocalStack started here without Docker (tests/e2e/localstack.py: SQS, S3 and Secrets Manager), and
+    DynamoDB from a moto server. LocalStack's own DynamoDB is DynamoDB Local, a Java jar under AWS's own terms
+    (not an open-source licence) that LocalStack downloads; this project does not download it.
+
+    LocalStack missing (no .venv-localstack: no Python 3.13) fails these runs with the reason; it skips nothing.
+    """
+    if LOCALSTACK:
+        yield {"AWS_ENDPOINT_URL": LOCALSTACK}
+        return
+    state = tmp_path_factory.mktemp("localstack")
+    with localstack(state) as url, moto_server(state / "moto.log") as dynamodb:
+        yield {"AWS_ENDPOINT_URL": url, "AWS_ENDPOINT_URL_DYNAMODB": dynamodb}
 
 
 @pytest.fixture(scope="module", params=["moto", "localstack"])
@@ -41,19 +61,22 @@ def local(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     """A running `fnserve local` on the repository's template: 2 workers a function, no batching
     window, 2 s function timeouts and a 3 s visibility timeout: retries and the DLQ come within seconds.
 
-    Its AWS is the embedded moto server, then, where FNSERVE_TEST_LOCALSTACK names one, a real LocalStack
-    (README: "LocalStack"), whose queues are emptied first: it keeps what earlier runs left there.
+    Its AWS is the embedded moto server, then LocalStack (``localstack_aws``: DynamoDB from moto unless
+    FNSERVE_TEST_LOCALSTACK names a full LocalStack), whose queues are emptied first: a LocalStack of the user's
+    keeps what earlier runs left there.
     """
     log = tmp_path_factory.mktemp("local") / "local.log"
-    env = {k: v for k, v in os.environ.items() if k not in ("AWS_ENDPOINT_URL", "LOCALSTACK_HOST")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_ENDPOINT_URL") and k != "LOCALSTACK_HOST"}
     if request.param == "localstack":
-        if not LOCALSTACK:
-            pytest.skip("FNSERVE_TEST_LOCALSTACK names no LocalStack endpoint (e.g. http://localhost:4566)")
-        env |= {"AWS_ENDPOINT_URL": LOCALSTACK, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+        env |= request.getfixturevalue("localstack_aws")
+        env |= {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
     options = ["--workers", "2", "--visibility-timeout", "3", "--parameter", "MaximumBatchingWindowInSeconds=0"]
     options += ["--parameter", "FollowupBatchingWindowInSeconds=0", "--parameter", "JobsTimeout=2"]
     with running_local(options, log, env) as info, pytest.MonkeyPatch.context() as mp:
         mp.setenv("AWS_ENDPOINT_URL", info["endpoint"])
+        mp.delenv("AWS_ENDPOINT_URL_DYNAMODB", raising=False)
+        if "AWS_ENDPOINT_URL_DYNAMODB" in env:
+            mp.setenv("AWS_ENDPOINT_URL_DYNAMODB", env["AWS_ENDPOINT_URL_DYNAMODB"])
         for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
             mp.setenv(key, env.get(key, "local"))
         mp.setenv("AWS_DEFAULT_REGION", os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
@@ -66,7 +89,8 @@ def local(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 
 def drain(queue: str) -> None:
-    """Delete what a queue holds (PurgeQueue may run once a minute: a second run within it would fail)."""
+    """Delete what a queue holds. Not PurgeQueue: AWS allows one a minute on a queue and refuses a second within it
+    (PurgeQueueInProgress); moto refuses it as AWS does, LocalStack by default does not."""
     sqs = clients.client("sqs")
     while messages := sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10).get("Messages"):
         entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)]
@@ -141,7 +165,9 @@ def test_good_jobs_are_stored_once_and_poison_ends_in_the_dead_letter_queue(loca
         attributes = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["ApproximateNumberOfMessages"])
         return int(attributes["Attributes"]["ApproximateNumberOfMessages"])
 
-    # 5 receives, 3 s visibility each: the poison messages move to the DLQ, as on AWS.
+    # 5 receives, 3 s visibility each: the poison messages move to the DLQ, as on AWS. A received message is back in
+    # sight when its visibility timeout ends on AWS and moto; on LocalStack up to a second later (its timer ticks
+    # once a second), so its 5 receives take up to 5 s more. The bound covers both.
     wait_for(lambda: in_dlq() == len(poison), 60, "the poison messages in the DLQ")
     remaining = sqs.get_queue_attributes(
         QueueUrl=queue, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
