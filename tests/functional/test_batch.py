@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -392,6 +393,29 @@ def test_the_job_functions_handle_their_sample_events(
         session = ort.InferenceSession(str(DEMO_MANIFEST.parent / model / "1" / "model.onnx"))
         expected = session.run(["label"], {"input": DIGITS[i * 2 : i * 2 + 2]})[0]
         np.testing.assert_array_equal(found.done[job_id]["label"], expected)
+
+
+@pytest.mark.parametrize("function", ["batch", "followup"])
+def test_the_job_functions_take_fnserves_log_level_over_powertools(
+    aws: Aws, monkeypatch: pytest.MonkeyPatch, function: str
+) -> None:
+    from fnserve.observability.logs import logger
+    from tests.functional.test_lambda_http import load_function
+    from tests.helpers import REPO
+
+    monkeypatch.setenv("FNSERVE_MANIFEST", str(DEMO_MANIFEST))
+    monkeypatch.setenv("FNSERVE_RESULTS_TABLE", aws.table)
+    monkeypatch.setenv("FNSERVE_RESULTS_BUCKET", aws.bucket)
+    monkeypatch.setenv("POWERTOOLS_LOG_LEVEL", "DEBUG")
+    try:
+        monkeypatch.setenv("FNSERVE_LOG_LEVEL", "ERROR")
+        load_function(REPO / "functions" / function / "app.py")
+        assert logger.log_level == logging.ERROR
+        monkeypatch.delenv("FNSERVE_LOG_LEVEL")  # then Powertools' own variable
+        load_function(REPO / "functions" / function / "app.py")
+        assert logger.log_level == logging.DEBUG
+    finally:
+        logger.setLevel("INFO")
 
 
 def test_the_batch_function_refuses_to_start_without_a_results_table(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fnserve import bootstrap
-from fnserve.observability import tracing
+from fnserve.observability import logs, tracing
 from fnserve.observability.logs import logger
 from fnserve.settings import Settings
 
@@ -68,6 +68,8 @@ def start_jobs(
     settings = settings or Settings()
     if prepare is not None:
         prepare()
+    # As the HTTP functions' app does (create_app): FNSERVE_LOG_LEVEL, else Powertools' and Lambda's variables.
+    logger.setLevel(logs.level(settings.log_level if "log_level" in settings.model_fields_set else None))
     processor = bootstrap.batch_processor(settings, service, store)
     _ready(processor.service.registry, ready)
     return settings, processor
