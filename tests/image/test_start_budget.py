@@ -42,6 +42,7 @@ PYTHON = "/opt/fnserve/bin/python"
 ROW = np.load(DEMO_HOLDOUT)["input"][:1]
 TEXT = "A cold instance pays its whole start before its first answer."
 START_WITHIN_S = 120.0
+POLL_SECONDS = 0.01  # between requests while the server starts: the figures' resolution
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,8 @@ class Start:
 
 
 def _start(box: Container, log: Path, case: Case, way: str) -> Start:
-    """One start: the process started, a request sent every 10 ms until one is answered 200; then stopped."""
+    """One start: the process started, a request sent every ``POLL_SECONDS`` until one is answered 200; then
+    stopped."""
     port = free_port()
     command, env = _command(case, way, port)
     url = f"http://127.0.0.1:{port}/v2/models/{case.served}/infer"
@@ -144,7 +146,7 @@ def _start(box: Container, log: Path, case: Case, way: str) -> Start:
                     if answer.status_code == 200:
                         return Start(time.monotonic() - began, answer.json(), log.read_text())
                     assert answer.status_code == 503, answer.text  # starting: its models are loading
-                time.sleep(0.01)
+                time.sleep(POLL_SECONDS)
     finally:
         process.terminate()  # buildah passes SIGTERM on
         try:

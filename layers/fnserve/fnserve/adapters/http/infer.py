@@ -16,7 +16,14 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any, Protocol
 
 from fnserve.adapters.http import compression
-from fnserve.adapters.http.wire import answered, error_parts, header_request_id, server_timing, unnamed_request_id
+from fnserve.adapters.http.wire import (
+    answered,
+    error_parts,
+    header_request_id,
+    request_id,
+    server_timing,
+    unnamed_request_id,
+)
 from fnserve.core.dataplane import Answer, DataPlane
 from fnserve.core.errors import BadRequest, ClientGone, FnserveError, PayloadTooLarge
 from fnserve.core.tensors import JSON_HEADER, InferenceRequest, decode_request, encode_response
@@ -100,10 +107,9 @@ class V2App:
         """``{"live": true}``, or ``{"ready": ...}`` with 200 or 503, as the FastAPI routes answer them."""
         ready = self.inference.plane.catalog.ready() if readiness else True
         body = (b'{"ready":true}' if ready else b'{"ready":false}') if readiness else b'{"live":true}'
-        rid = next((header_request_id(v) for k, v in scope["headers"] if k == b"x-request-id" and v), None)
         status = 200 if ready else 503
         headers = [(b"content-length", str(len(body)).encode()), (b"content-type", JSON.encode())]
-        headers.append((b"x-request-id", (rid or unnamed_request_id(scope)).encode("latin-1")))
+        headers.append((b"x-request-id", request_id(scope).encode("latin-1")))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
         answered(scope, status)
