@@ -10,6 +10,8 @@ arm64, a discount).
 
 from __future__ import annotations
 
+import math
+
 AS_OF = "2026-11-28"
 SOURCE = "https://aws.amazon.com/pricing/"  # each service's page below it: /lambda/pricing/, /sqs/pricing/, ...
 
@@ -89,6 +91,6 @@ def cloud_run_cost_per_million(vcpus: float, memory_gib: float, instance_ms: flo
     up to the billing step; otherwise under steady load, the instance never idle between requests (its time then
     shared: ``instance_ms`` is a request's share, its CPU time over the instance's vCPUs for a CPU-bound model)."""
     if alone:
-        instance_ms = -(-instance_ms // CLOUD_RUN_ROUNDING_MS) * CLOUD_RUN_ROUNDING_MS
+        instance_ms = math.ceil(instance_ms / CLOUD_RUN_ROUNDING_MS) * CLOUD_RUN_ROUNDING_MS
     per_second = vcpus * CLOUD_RUN_VCPU_SECOND + memory_gib * CLOUD_RUN_GIB_SECOND
     return CLOUD_RUN_PER_MILLION + 1e6 * instance_ms / 1e3 * per_second
