@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import numpy as np
 import onnxruntime as ort
+import openai
 import pytest
 
 from fnserve import jobsclient
@@ -22,6 +23,7 @@ from fnserve.aws import clients
 from fnserve.core.jobs import job_message
 from tests.e2e.emulator import running_local
 from tests.e2e.localstack import localstack
+from tests.embeddings import check_client
 from tests.functional.conftest import free_port, wait_for
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
 from tests.moto import moto_server
@@ -101,6 +103,15 @@ def infer(url: str, model: str, rows: slice) -> httpx.Response:
     x = DIGITS[rows]
     body = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
     return httpx.post(f"{url}/v2/models/{model}/infer", json=body, timeout=30)
+
+
+def test_the_openai_client_through_the_gateway(local: dict[str, Any]) -> None:
+    """OpenAI's embeddings API in the API function, through the template's /v1 route on the local gateway."""
+    with (
+        httpx.Client(base_url=local["url"], timeout=60) as http,
+        openai.OpenAI(base_url=f"{local['url']}/v1", api_key="unused", timeout=60) as client,
+    ):
+        check_client(client, http)
 
 
 def test_http_inference_through_the_gateway(local: dict[str, Any]) -> None:

@@ -134,6 +134,7 @@ def test_an_overload_is_refused_by_its_foreseen_wait_before_its_body_is_read(tmp
     assert (batcher.policy.max_queue, batcher.policy.max_queue_delay) == (None, None)
     url = "/v2/models/minilm-l6/infer"
     scope = post_scope(url, [(b"content-type", b"application/json"), (b"content-length", b"100000")])
+    embeddings = post_scope("/v1/embeddings", [(b"content-type", b"application/json"), (b"content-length", b"100")])
     sent: list[dict[str, object]] = []
 
     async def send(message: dict[str, object]) -> None:
@@ -166,14 +167,20 @@ def test_an_overload_is_refused_by_its_foreseen_wait_before_its_body_is_read(tmp
                 await asyncio.sleep(0.001)
             try:
                 await asyncio.wait_for(app(scope, body_never_comes, send), 30)
+                # OpenAI's route to the pipeline over the same model, refused alike, in OpenAI's error shape.
+                await asyncio.wait_for(app(embeddings, body_never_comes, send), 30)
             finally:
                 slots.release()
             return [r.status_code for r in await asyncio.gather(*tasks)]
 
     statuses = asyncio.run(main())
     assert set(statuses) == {200, 503}, statuses  # the excess refused, the rest answered
-    start, body = sent
+    start, body, openai_start, openai_body = sent
     assert start["status"] == 503 and (b"retry-after", b"1") in start["headers"]  # type: ignore[operator]
     error = json.loads(body["body"])["error"]  # type: ignore[arg-type]
     assert "would keep it waiting about" in error and "past its queue deadline of" in error, error
+    assert openai_start["status"] == 503 and (b"retry-after", b"1") in openai_start["headers"]  # type: ignore[operator]
+    refusal = json.loads(openai_body["body"])["error"]  # type: ignore[arg-type]
+    assert refusal["type"] == "server_error" and refusal["code"] == "overloaded", refusal
+    assert "would keep it waiting about" in refusal["message"], refusal
     assert "queue_wait" in reasons and "queue_full" not in reasons

@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import openai
 import orjson
 import pytest
 import redis
@@ -37,6 +38,7 @@ from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
 from fnserve.stores import gcs as gcs_storage
 from fnserve.stores import pubsub
+from tests.embeddings import SENTENCES, check_client
 from tests.functional.conftest import Gcs
 from tests.functional.test_cascade import CORRECTED, LABELS, SLOW_LABEL
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
@@ -161,6 +163,22 @@ def test_tritonclient_infers_through_the_function_in_json_and_binary(function: s
     text.set_data_from_numpy(np.array([b"A warm container answers at once."], dtype=object))
     assert client.infer("minilm-embed", [text]).as_numpy("embedding").shape == (1, 384)
     client.close()
+
+
+def test_the_openai_client_against_the_function(function: str) -> None:
+    with (
+        httpx.Client(base_url=function, timeout=60) as http,
+        openai.OpenAI(base_url=f"{function}/v1", api_key="unused", timeout=60) as client,
+    ):
+        check_client(client, http)
+
+    async def embed() -> int:
+        async with openai.AsyncOpenAI(base_url=f"{function}/v1", api_key="unused", timeout=60) as client:
+            calls = [client.embeddings.create(model="minilm-embed", input=text) for text in SENTENCES[:8]]
+            answers = await asyncio.gather(*calls)
+        return sum(len(a.data) for a in answers)
+
+    assert asyncio.run(embed()) == 8
 
 
 def test_bad_input_is_a_422_with_what_is_wrong(function: str) -> None:

@@ -13,12 +13,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import httpx
 import numpy as np
 import onnxruntime as ort
+import openai
 import orjson
 import pytest
 
 from fnserve.aws.events import LambdaContext
+from tests.embeddings import LambdaTransport, check_client
 from tests.functional.conftest import Aws
 from tests.helpers import BAD_NUMBERS, DEMO_MANIFEST, REPO, load_module
 
@@ -357,3 +360,15 @@ def test_the_templates_powertools_service_and_namespace_are_honoured(function: s
     assert logs and all(line["service"] == "digits-svc" for line in logs), done.stdout + done.stderr
     assert emf and all(line["_aws"]["CloudWatchMetrics"][0]["Namespace"] == "DigitsTeam" for line in emf)
     assert all(line["service"] == "digits-svc" for line in emf)
+
+
+@pytest.mark.parametrize("version", ["2.0", "1.0"])
+def test_the_openai_client_through_api_gateway_events(handler: Handler, version: str) -> None:
+    """OpenAI's embeddings API in the API function: the official client's own requests, as API Gateway's HTTP API
+    (payload 2.0) and REST API (1.0) hand them to the function."""
+    transport = LambdaTransport(handler, version)
+    with (
+        httpx.Client(transport=transport, base_url="https://api.example") as http,
+        openai.OpenAI(base_url="https://api.example/v1", api_key="unused", http_client=http) as client,
+    ):
+        check_client(client, http)

@@ -69,7 +69,7 @@ def test_readme_manifest_examples_are_valid() -> None:
 
     from pydantic import TypeAdapter
 
-    from fnserve.core.manifest import CascadeSettings, Manifest, PipelineSettings, Step
+    from fnserve.core.manifest import CascadeSettings, EmbeddingSettings, Manifest, PipelineSettings, Step
 
     blocks = [tomllib.loads(b) for b in re.findall(r"```toml\n(.*?)```", README, re.DOTALL)]
     for block in blocks:  # an entry shown without the sha256 that `fnserve manifest add` writes
@@ -88,10 +88,13 @@ def test_readme_manifest_examples_are_valid() -> None:
     listed = [b["pipelines"] for b in blocks if isinstance(b.get("pipelines"), list)]
     pipelines = [PipelineSettings.model_validate(p) for entries in listed for p in entries]
     assert [p.name for p in pipelines] == ["minilm-embed"] and len(pipelines[0].pre) == 1
-    # A step shown alone ([[pipelines.pre]] without its pipeline) must be a valid step too.
-    alone = [b["pipelines"]["pre"] for b in blocks if isinstance(b.get("pipelines"), dict)]
+    # A step shown alone ([[pipelines.pre]] without its pipeline) must be a valid step too, and so must a
+    # pipeline's embedding table shown alone.
+    alone = [b["pipelines"].get("pre", []) for b in blocks if isinstance(b.get("pipelines"), dict)]
     steps = [TypeAdapter(Step).validate_python(step) for entries in alone for step in entries]
     assert [step.step for step in steps] == ["custom"]
+    tables = [b["pipelines"]["embedding"] for b in blocks if "embedding" in b.get("pipelines", [])]
+    assert [EmbeddingSettings.model_validate(t).dimensions for t in tables] == [[64, 128, 256]]
 
 
 # The README's shell blocks. Each runs here against the demo server, or names where it is proven instead:
@@ -156,11 +159,14 @@ def test_readme_curl_examples_answer_as_shown(line: str, demo_server: str, tmp_p
     )
     assert done.returncode == 0, done.stderr
     answers = [json.loads(text) for text in done.stdout.splitlines() if text.strip()]
-    assert answers and all("outputs" in a and "error" not in a for a in answers), done.stdout
-    # What the README's comments show of an answer (the first digit's label, the image's top 3) is what came.
+    # V2 answers, or OpenAI's lists of embeddings.
+    assert answers and all(("outputs" in a or a.get("object") == "list") and "error" not in a for a in answers)
+    # What the README's comments show of an answer (the first digit's label, the image's top 3, the tokens an
+    # embedding request counted) is what came.
     shown = "".join(re.findall(r"^#\s+([{\"].*)$", block, re.MULTILINE)).replace(" ", "")
     got = json.dumps(answers, separators=(",", ":"))
     fragments = re.findall(r'\{"name":"\w+","datatype":"\w+","shape":\[[\d,]+\],"data":\[[^.\]]+\]', shown)
+    fragments += re.findall(r'"usage":\{[^}]*\}', shown)
     assert fragments, f"{line} shows no answer to compare"
     for fragment in fragments:
         assert fragment in got, f"{line} shows {fragment}; the server answered {got[:300]}"

@@ -109,7 +109,7 @@ def test_the_table_and_bucket_are_protected() -> None:
 
 def test_the_api_requires_iam_by_default() -> None:
     assert PARAMETERS["ApiAuth"]["Default"] == "IAM"
-    for route in ("HttpApiRoute", "HttpApiRootRoute"):
+    for route in ("HttpApiRoute", "HttpApiRootRoute", "HttpApiOpenAIRoute"):
         assert RESOURCES[route]["Properties"]["AuthorizationType"] == {
             "Fn::If": ["IsIam", "AWS_IAM", {"Fn::If": ["IsJwt", "JWT", "NONE"]}]
         }

@@ -37,7 +37,11 @@ def cache_key(
         h.update(f"{name}\0{array.dtype.str}\0{array.shape}\0".encode())
         if array.dtype.kind == "O":
             for item in array.ravel():
-                data = item if isinstance(item, bytes) else str(item).encode()
+                if isinstance(item, tuple):  # token ids, not text: a length no text has keeps them apart
+                    h.update(b"\xff\xff\xff\xff")
+                    data = np.asarray(item, dtype=np.int64).tobytes()
+                else:
+                    data = item if isinstance(item, bytes) else str(item).encode()
                 h.update(len(data).to_bytes(4, "little"))
                 h.update(data)
         else:

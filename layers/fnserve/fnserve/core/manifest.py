@@ -306,6 +306,11 @@ class TokenizeStep(_Step):
     input: str = Field(default="text", description="The pipeline input holding the text: BYTES [-1].")
     tokenizer: str = Field(description="A tokenizer.json (Hugging Face tokenizers), relative to the manifest.")
     max_length: int = Field(default=512, ge=2, description="Longer texts are truncated to this many tokens.")
+    truncate: bool = Field(
+        default=True,
+        description="Cut a text longer than max_length to its first tokens, as sentence-transformers does; false: "
+        "refuse it (a 4xx naming the row).",
+    )
     ids: str = Field(default="input_ids", description="The model input that takes the token ids.")
     attention_mask: str = Field(default="attention_mask", description="The model input that takes the mask.")
     token_type_ids: str = Field(default="token_type_ids", description="The model input that takes the type ids.")
@@ -408,6 +413,30 @@ Step = Annotated[
 ]
 
 
+class EmbeddingSettings(BaseModel):
+    """How OpenAI's embeddings API (``POST /v1/embeddings``) serves a pipeline that embeds text."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    output: str | None = Field(
+        default=None,
+        description="The output holding one embedding a text (FP32 [-1, dim]); default: the pipeline's "
+        "mean_pool output, or its only output.",
+    )
+    dimensions: list[int] = Field(
+        default_factory=list,
+        description="Shorter lengths the model was trained to be cut to (Matryoshka) that a request's `dimensions` "
+        "may ask for (cut, then re-normalised); none: its full length only.",
+    )
+
+    @field_validator("dimensions")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if any(d < 1 for d in value):
+            raise ValueError("dimensions must be positive lengths")
+        return sorted(set(value))
+
+
 class PipelineSettings(BaseModel):
     """Steps around a model, served under a name of their own: raw inputs in, finished outputs out."""
 
@@ -427,6 +456,11 @@ class PipelineSettings(BaseModel):
     cache_ttl_seconds: int | None = Field(
         default=None, ge=1, description="Cache answers by the raw inputs for this long; off when unset."
     )
+    embedding: EmbeddingSettings | None = Field(
+        default=None,
+        description="Served by OpenAI's embeddings API too. A pipeline whose first step is tokenize and whose "
+        "last is mean_pool is, without this table; the table names another output, or the Matryoshka lengths.",
+    )
 
     @field_validator("name", "model")
     @classmethod
@@ -437,6 +471,13 @@ class PipelineSettings(BaseModel):
     def _steps(self) -> PipelineSettings:
         if not self.pre and not self.post:
             raise ValueError(f"pipeline {self.name!r} has no steps")
+        if self.embedding is not None:
+            if not isinstance(self.pre[0] if self.pre else None, TokenizeStep):
+                raise ValueError(f"pipeline {self.name!r}: an embedding pipeline's first step must be tokenize")
+            ends_pooled = bool(self.post) and isinstance(self.post[-1], MeanPoolStep)
+            one_output = self.outputs is not None and len(self.outputs) == 1
+            if self.embedding.output is None and not ends_pooled and not one_output:
+                raise ValueError(f"pipeline {self.name!r}: name the embedding's output (embedding.output)")
         return self
 
 

@@ -50,7 +50,11 @@ class Pipeline:
         self.inputs = self._inputs()
         self.outputs, self.model_outputs = self._outputs()
         self.output_names = tuple(spec.name for spec in self.outputs)
-        self.output_set = frozenset(self.output_names)
+        # What a request may ask for besides: the tensors the pre steps made that the model does not take (the
+        # tokens each text ran), never answered unasked.
+        fed = {spec.name for spec in model.inputs}
+        extras = {spec.name for step in self.pre for spec in step.writes if spec.name not in fed}
+        self.output_set = frozenset(self.output_names) | extras
         digest = hashlib.sha256(settings.model_dump_json().encode())
         digest.update(model.settings.sha256.encode())
         for step in (*self.pre, *self.post):

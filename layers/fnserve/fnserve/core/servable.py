@@ -128,6 +128,7 @@ class PipelineServable(Servable):
         self.pipeline = pipeline
         settings = pipeline.settings
         self._serve(pipeline.name, pipeline.inputs, pipeline.outputs, pipeline.version_key, settings.cache_ttl_seconds)
+        self.output_set = pipeline.output_set  # its outputs, and what its pre steps made, when asked by name
 
     def validate(self, inputs: Mapping[str, Any]) -> tuple[Arrays, int]:
         # BYTES stay as sent (text or image bytes): the steps decide what they are.

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from fnserve.core.datatypes import V2_TO_NUMPY, Arrays
+from fnserve.core.embeddings import TOKENS, TRUNCATED, TokenIds
 from fnserve.core.errors import ConfigError, FnserveError, InferenceError, InvalidInput
 from fnserve.core.manifest import (
     CustomStep,
@@ -94,9 +95,10 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _texts(name: str, array: np.ndarray[Any, Any]) -> list[str]:
-    """One string a row: str elements as they are, bytes as UTF-8; refuse what is not text."""
-    texts = []
+def _texts(name: str, array: np.ndarray[Any, Any]) -> list[Any]:
+    """One string a row: str elements as they are, bytes as UTF-8, token ids (:class:`TokenIds`) kept as they
+    are; refuse what is not text."""
+    texts: list[Any] = []
     for i, value in enumerate(array.ravel().tolist()):
         if isinstance(value, bytes):
             try:
@@ -105,6 +107,9 @@ def _texts(name: str, array: np.ndarray[Any, Any]) -> list[str]:
                 raise InvalidInput(
                     f"input {name!r} row {i}: text must be UTF-8 ({exc.reason} at byte {exc.start})"
                 ) from None
+        elif type(value) is TokenIds:
+            texts.append(value)
+            continue
         elif not isinstance(value, str):
             raise InvalidInput(f"input {name!r} row {i}: text must be a string, got {type(value).__name__}")
         if not value.strip():
@@ -119,9 +124,12 @@ def _texts(name: str, array: np.ndarray[Any, Any]) -> list[str]:
 class Tokenize(Step):
     """Texts -> token ids, attention mask and token type ids (those of them the model takes).
 
-    Truncated to ``max_length`` tokens and padded to the longest text of the call; an adaptive
-    batcher in front of the model pads further, to the model's length buckets. Its
-    :meth:`sort_key` (a text's length) lets a pipeline put texts of like lengths in one chunk.
+    Truncated to ``max_length`` tokens (or refused, where the manifest says so) and padded to the longest text of
+    the call; an adaptive batcher in front of the model pads further, to the model's length buckets. A row may
+    also be given as its token ids (:class:`TokenIds`), checked against the vocabulary and run as they are. Beside
+    the model's inputs it writes the tokens each row ran and whether it was cut (:data:`TOKENS`,
+    :data:`TRUNCATED`), which the model never sees. Its :meth:`sort_key` (a text's length) lets a pipeline put
+    texts of like lengths in one chunk.
     """
 
     def __init__(self, settings: TokenizeStep, model: LoadedModel, base_dir: Path) -> None:
@@ -137,10 +145,12 @@ class Tokenize(Step):
         self.pad_id = pad_id if pad_id is not None else 0
         self.tokenizer.no_padding()  # padded here, to the longest or to a bucket, straight into arrays
         self.tokenizer.enable_truncation(settings.max_length)
+        self.vocabulary = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self.digest = _sha256(path)
         self.name = "tokenize"
         self.input = settings.input
         self.max_length = settings.max_length
+        self.truncate = settings.truncate
         taken = {s.name: s for s in model.inputs}
         wanted = (settings.ids, settings.attention_mask, settings.token_type_ids)
         self.outputs = [name for name in wanted if name in taken]
@@ -149,27 +159,71 @@ class Tokenize(Step):
         self.ids, self.mask, self.types = wanted
         self.dtypes = {name: taken[name].dtype for name in self.outputs}
         self.reads = (spec(settings.input, "BYTES", [-1]),)
-        self.writes = tuple(spec(n, "INT64", [-1, -1]) for n in self.outputs)
+        self.writes = (
+            *(spec(n, "INT64", [-1, -1]) for n in self.outputs),
+            spec(TOKENS, "INT64", [-1]),
+            spec(TRUNCATED, "BOOL", [-1]),
+        )
 
     def __call__(self, tensors: Mapping[str, np.ndarray[Any, Any]]) -> Arrays:
-        texts = _texts(self.input, tensors[self.input])
-        encodings = self.tokenizer.encode_batch_fast(texts) if texts else []
-        length = max((len(e.ids) for e in encodings), default=1)
-        rows = len(encodings)
-        ids = np.full((rows, length), self.pad_id, dtype=np.int64)
-        mask = np.zeros((rows, length), dtype=np.int64)
-        types = np.zeros((rows, length), dtype=np.int64)
-        for row, encoding in enumerate(encodings):
-            n = len(encoding.ids)
-            ids[row, :n] = encoding.ids
-            mask[row, :n] = 1
-            types[row, :n] = encoding.type_ids
+        rows = _texts(self.input, tensors[self.input])
+        texts = [row for row in rows if type(row) is str]
+        encodings = iter(self.tokenizer.encode_batch_fast(texts) if texts else ())
+        n = len(rows)
+        sequences: list[tuple[Sequence[int], Sequence[int] | None]] = []
+        truncated = np.zeros(n, dtype=np.bool_)
+        for row, value in enumerate(rows):
+            if type(value) is str:
+                encoding = next(encodings)
+                truncated[row] = bool(encoding.overflowing)
+                sequences.append((encoding.ids, encoding.type_ids))
+            else:
+                sequences.append((self._given(row, value), None))
+                truncated[row] = len(value) > self.max_length
+        if not self.truncate and truncated.any():
+            row = int(np.argmax(truncated))
+            raise InvalidInput(
+                f"input {self.input!r} row {row}: the text is longer than the model's {self.max_length} tokens"
+            )
+        counts = np.fromiter((len(ids) for ids, _ in sequences), np.int64, n)
+        length = int(counts.max()) if n else 1
+        ids = np.full((n, length), self.pad_id, dtype=np.int64)
+        mask = np.zeros((n, length), dtype=np.int64)
+        types = np.zeros((n, length), dtype=np.int64)
+        for row, (row_ids, row_types) in enumerate(sequences):
+            k = len(row_ids)
+            ids[row, :k] = row_ids
+            mask[row, :k] = 1
+            if row_types is not None:
+                types[row, :k] = row_types
         made = {self.ids: ids, self.mask: mask, self.types: types}
-        return {name: made[name].astype(self.dtypes[name], copy=False) for name in self.outputs}
+        out = {name: made[name].astype(self.dtypes[name], copy=False) for name in self.outputs}
+        out[TOKENS] = counts
+        out[TRUNCATED] = truncated
+        return out
+
+    def _given(self, row: int, ids: TokenIds) -> Sequence[int]:
+        """A row's token ids, checked against the vocabulary, cut to ``max_length``."""
+        if not ids:
+            raise InvalidInput(f"input {self.input!r} row {row}: no token ids")
+        top, bottom = max(ids), min(ids)
+        if top >= self.vocabulary or bottom < 0:
+            bad = top if top >= self.vocabulary else bottom
+            raise InvalidInput(
+                f"input {self.input!r} row {row}: token id {bad} is outside the vocabulary (0 to {self.vocabulary - 1})"
+            )
+        return ids[: self.max_length]
 
     def sort_key(self, tensors: Mapping[str, np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
-        """Each row's text length (characters or bytes): about its token count, without tokenizing."""
-        return np.fromiter((len(v) if isinstance(v, str | bytes) else 0 for v in tensors[self.input].ravel()), np.int64)
+        """Each row's text length (characters or bytes; token ids count as a word's length each): about its token
+        count, without tokenizing."""
+        return np.fromiter(
+            (
+                len(v) if isinstance(v, str | bytes) else 4 * len(v) if type(v) is TokenIds else 0
+                for v in tensors[self.input].ravel()
+            ),
+            np.int64,
+        )
 
 
 class MeanPool(Step):

@@ -11,6 +11,7 @@ without importing FastAPI.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from fnserve.adapters.http.infer import Companion
+    from fnserve.adapters.http.openai import OpenAIRoutes
 
 
 def create_app(
@@ -45,6 +47,12 @@ def create_app(
     def routes() -> FastAPI:
         from fnserve.adapters.http import routes  # FastAPI: not on a Lambda container's first inference
 
-        return routes.build(inference, metrics)
+        return routes.build(inference, metrics, openai)
 
-    return V2App(inference, routes, companions, on_shutdown)
+    @functools.cache
+    def openai() -> OpenAIRoutes:
+        from fnserve.adapters.http.openai import OpenAIRoutes  # made when an embedding is first asked for
+
+        return OpenAIRoutes(inference)
+
+    return V2App(inference, routes, companions, on_shutdown, openai)

@@ -41,6 +41,14 @@ JSON = "application/json"
 BINARY = "application/octet-stream"
 
 
+class EmbeddingRoutes(Protocol):
+    """OpenAI's embeddings routes (:class:`fnserve.adapters.http.openai.OpenAIRoutes`)."""
+
+    async def embeddings(self, scope: ASGIMessage, receive: Receive, send: Send) -> None: ...
+
+    async def models(self, scope: ASGIMessage, send: Send, path: str) -> None: ...
+
+
 class Companion(Protocol):
     """A server that lives as long as the app, on its event loop (the gRPC server beside HTTP)."""
 
@@ -65,12 +73,14 @@ class V2App:
         routes: Callable[[], ASGIApp],
         companions: Sequence[Companion] = (),
         on_shutdown: Callable[[], None] | None = None,
+        openai: Callable[[], EmbeddingRoutes] | None = None,
     ) -> None:
         self.inference = inference
         self.routes = routes  # builds the app of the other routes
         self.state = types.SimpleNamespace()  # what the process keeps beside the app (the server's pool)
         self._companions, self._on_shutdown = companions, on_shutdown
         self._fastapi: ASGIApp | None = None
+        self.openai = openai  # OpenAI's routes, made when first called
         self._building = threading.Lock()
 
     def fastapi(self) -> ASGIApp:
@@ -95,9 +105,17 @@ class V2App:
                     if len(parts) == 7 and parts[4] == "versions":
                         await self.inference.infer_asgi(scope, receive, send, parts[3], parts[5])
                         return
-            elif method == "GET" and scope["path"] in HEALTH:
-                await self._health(scope, send, HEALTH[scope["path"]])
-                return
+                elif scope["path"] == "/v1/embeddings" and self.openai is not None:
+                    await self.openai().embeddings(scope, receive, send)
+                    return
+            elif method == "GET":
+                path = scope["path"]
+                if path in HEALTH:
+                    await self._health(scope, send, HEALTH[path])
+                    return
+                if (path == "/v1/models" or path.startswith("/v1/models/")) and self.openai is not None:
+                    await self.openai().models(scope, send, path)
+                    return
         elif kind == "lifespan":
             await self._lifespan(receive, send)
             return

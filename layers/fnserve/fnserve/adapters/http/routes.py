@@ -6,6 +6,7 @@ server answers), so neither a Lambda container's first inference nor a server's 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Annotated
 
@@ -16,6 +17,7 @@ from fnserve import __version__
 from fnserve.adapters.http import openapi
 from fnserve.adapters.http.infer import InferenceRoute, V2Request
 from fnserve.adapters.http.middleware import RequestContext, install_error_handlers, json_response
+from fnserve.adapters.http.openai import EMBEDDINGS, MODELS, OpenAIRoutes
 from fnserve.adapters.http.sagemaker import SageMakerRoutes
 from fnserve.core.followups import ResultState
 from fnserve.core.tensors import JSON_HEADER, json_tensor
@@ -24,9 +26,13 @@ from fnserve.observability.envelope import EXTENSIONS
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def build(inference: InferenceRoute, metrics: Callable[[], bytes] | None = None) -> FastAPI:
+def build(
+    inference: InferenceRoute,
+    metrics: Callable[[], bytes] | None = None,
+    openai: Callable[[], OpenAIRoutes] | None = None,
+) -> FastAPI:
     """The FastAPI app over ``inference``'s data plane (its lifespan is :class:`V2App`'s); ``metrics``: ``GET
-    /metrics``."""
+    /metrics``; ``openai``: the OpenAI routes (:meth:`V2App.openai`), else made here when first called."""
     app = FastAPI(
         title="fnserve",
         version=__version__,
@@ -55,6 +61,18 @@ def build(inference: InferenceRoute, metrics: Callable[[], bytes] | None = None)
     sagemaker = SageMakerRoutes(inference)  # SageMaker's hosting contract, beside the V2 routes
     app.get("/ping", tags=["sagemaker"], responses=openapi.PING)(sagemaker.ping)
     app.post("/invocations", tags=["sagemaker"], **openapi.INVOCATIONS)(sagemaker.invocations)
+    # OpenAI's embeddings routes, for an app under a root_path (V2App answers them itself otherwise).
+    openai_routes = openai or functools.cache(functools.partial(OpenAIRoutes, inference))
+
+    async def embeddings(request: Request) -> Response:
+        return await openai_routes().embeddings_endpoint(request)
+
+    async def models(request: Request) -> Response:
+        return await openai_routes().models_endpoint(request)
+
+    app.router.add_route(EMBEDDINGS, embeddings, methods=["POST"], include_in_schema=False)
+    app.router.add_route(MODELS, models, methods=["GET"], include_in_schema=False)
+    app.router.add_route(MODELS + "/{model:path}", models, methods=["GET"], include_in_schema=False)
     if metrics is not None:
 
         async def scrape() -> Response:

@@ -1,0 +1,352 @@
+"""OpenAI's embeddings API over HTTP: ``POST /v1/embeddings``, ``GET /v1/models`` and ``GET /v1/models/{model}``.
+
+A codec of its own over the data plane the V2 routes use, as text-embeddings-inference and Infinity put these
+routes beside their own: the body decoded into the embedding pipeline's texts (or token ids), the answer written
+as OpenAI's list of embeddings with the tokens the tokenizer counted, every error in OpenAI's shape
+(``{"error": {"message", "type", "param", "code"}}``). Admission, deadlines, the cache, batching, metrics, traces
+and the access line are the data plane's, as for V2. Answered as plain ASGI, like V2's inference, so neither a
+Lambda container's first embedding nor a server's waits for FastAPI.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import os
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+
+from fnserve.adapters.http.infer import JSON, ASGIMessage, InferenceRoute, Receive, Send, read_body
+from fnserve.adapters.http.wire import answered, header_request_id, unnamed_request_id
+from fnserve.core.dataplane import Answer
+from fnserve.core.embeddings import TOKENS, TRUNCATED, Embedder, TokenIds, embedders, shorten
+from fnserve.core.errors import ClientGone, FnserveError
+from fnserve.observability.envelope import RequestWatcher
+from fnserve.observability.logs import logger, request_keys
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+MAX_INPUTS = 2048  # OpenAI's own bound on a request's inputs
+EMBEDDINGS = "/v1/embeddings"
+MODELS = "/v1/models"
+TRUNCATED_HEADER = "x-fnserve-truncated"  # the indexes of the inputs cut to the model's max_length
+
+
+class OpenAIError(FnserveError):
+    """A refusal in OpenAI's terms: its status, and the field at fault (``param``) and a ``code`` where one fits."""
+
+    def __init__(self, message: str, status_code: int = 400, param: str | None = "input", code: str | None = None):
+        super().__init__(message, status_code)
+        self.param = param
+        self.code = code
+
+
+def unknown(model: object) -> OpenAIError:
+    return OpenAIError(f"The model {model!r} does not exist", 404, "model", "model_not_found")
+
+
+def error_parts(error: FnserveError, param: str | None = "input") -> tuple[int, bytes, dict[str, str]]:
+    """An error as these routes answer it: OpenAI's body, a 4xx about the input as its 400, ``Retry-After``."""
+    status = 400 if error.status_code == 422 else error.status_code
+    code = None
+    if isinstance(error, OpenAIError):
+        param, code = error.param, error.code
+    elif status == 404:
+        param, code = "model", "model_not_found"
+    elif status >= 500:
+        param = None
+        code = {503: "overloaded", 504: "timeout"}.get(status)
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = orjson.dumps({"error": {"message": error.message, "type": kind, "param": param, "code": code}})
+    headers = {"retry-after": str(error.retry_after)} if error.retry_after is not None else {}
+    return status, body, headers
+
+
+class EmbeddingsRequest:
+    """An embeddings request as the data plane takes it: its body read once admitted (or before, where the server
+    embeds with more than one model and the body names which), then checked field by field; its answer written
+    as OpenAI's list."""
+
+    __slots__ = (
+        *("name", "traceparent", "deadline", "_body", "_receive", "_declared", "_limit", "_routes"),
+        *("inputs", "outputs", "timeout", "_embedder", "_dimensions", "_base64"),
+    )
+    version = None
+
+    def __init__(
+        self,
+        routes: OpenAIRoutes,
+        name: str,
+        body: bytes | None,
+        receive: Receive,
+        declared: str | None,
+        traceparent: str | None,
+        deadline: float | None,
+    ) -> None:
+        self._routes = routes
+        self.name = name
+        self._body = body
+        self._receive = receive
+        self._declared = declared
+        self._limit = routes.limit
+        self.traceparent = traceparent
+        self.deadline = deadline
+        self.timeout: float | None = None
+        self.inputs: dict[str, np.ndarray[Any, Any]] = {}
+        self.outputs: tuple[str, ...] = ()
+        self._embedder: Embedder | None = None
+        self._dimensions: int | None = None
+        self._base64 = False
+
+    async def decoded(self) -> EmbeddingsRequest:
+        raw = self._body if self._body is not None else await read_body(self._receive, self._declared, self._limit)
+        doc = parse(raw)
+        if doc["model"] != self.name:
+            raise unknown(doc["model"])
+        embedder = self._embedder = self._routes.embedders[self.name]
+        texts = texts_of(doc.get("input", _MISSING))
+        self.inputs = {embedder.text: texts}
+        self.outputs = embedder.outputs
+        fmt = doc.get("encoding_format", "float")
+        if fmt not in ("float", "base64"):
+            raise OpenAIError(f"encoding_format must be 'float' or 'base64', got {fmt!r}", param="encoding_format")
+        self._base64 = fmt == "base64"
+        user = doc.get("user")
+        if user is not None and not isinstance(user, str):
+            raise OpenAIError("user must be a string", param="user")
+        dimensions = doc.get("dimensions")
+        if dimensions is not None:
+            self._dimensions = self._routes.dimensions(embedder, dimensions)
+        return self
+
+    def encode(self, answer: Answer) -> tuple[bytes, str, dict[str, str]]:
+        assert self._embedder is not None, "encoded before it was decoded"
+        outputs = answer.outputs
+        vectors = outputs[self._embedder.output]
+        if self._dimensions is not None and self._dimensions != vectors.shape[1]:
+            vectors = shorten(vectors, self._dimensions)
+        vectors = np.ascontiguousarray(vectors, dtype="<f4")
+        if self._base64:
+            data = [
+                {"object": "embedding", "index": i, "embedding": base64.b64encode(row.tobytes()).decode("ascii")}
+                for i, row in enumerate(vectors)
+            ]
+        else:
+            data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(vectors)]
+        tokens = int(outputs[TOKENS].sum())
+        doc = {
+            "object": "list",
+            "data": data,
+            "model": self.name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+        headers: dict[str, str] = {}
+        truncated = np.flatnonzero(outputs[TRUNCATED])
+        if len(truncated):
+            headers[TRUNCATED_HEADER] = ",".join(map(str, truncated.tolist()))
+        return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY), JSON, headers
+
+
+_MISSING: Any = object()
+
+
+def parse(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object naming its model, or the 400 saying what it is not."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise OpenAIError(f"the body is not valid JSON: {exc}", param=None) from None
+    if not isinstance(doc, dict):
+        raise OpenAIError("the body must be a JSON object", param=None)
+    model = doc.get("model")
+    if not isinstance(model, str):
+        raise OpenAIError("model is required: the id of an embedding model (GET /v1/models)", param="model")
+    return doc
+
+
+def texts_of(value: Any) -> np.ndarray[Any, Any]:
+    """``input`` as one row a text: a string, strings, token ids, or lists of token ids (each a :class:`TokenIds`)."""
+    if value is _MISSING:
+        raise OpenAIError("input is required: a string, an array of strings, or token ids")
+    if isinstance(value, str):
+        rows: list[Any] = [value]
+    elif isinstance(value, list):
+        if not value:
+            raise OpenAIError("input must not be an empty array")
+        if all(isinstance(v, str) for v in value):
+            rows = value
+        elif all(_is_id(v) for v in value):
+            rows = [TokenIds(value)]
+        elif all(isinstance(v, list) for v in value):
+            for i, ids in enumerate(value):
+                if not ids or not all(_is_id(v) for v in ids):
+                    raise OpenAIError(f"input[{i}] must be a non-empty array of token ids (integers)")
+            rows = [TokenIds(ids) for ids in value]
+        else:
+            raise OpenAIError("input must be a string, an array of strings, an array of token ids, or an array of such")
+    else:
+        raise OpenAIError(f"input must be a string or an array, got {type(value).__name__}")
+    if len(rows) > MAX_INPUTS:
+        raise OpenAIError(f"input has {len(rows)} items; at most {MAX_INPUTS} a request")
+    for i, row in enumerate(rows):
+        if isinstance(row, str) and not row:
+            raise OpenAIError(f"input[{i}] is an empty string" if len(rows) > 1 else "input is an empty string")
+    array = np.empty(len(rows), dtype=object)
+    for i, row in enumerate(rows):  # one by one: a slice assignment would spread token ids over a second axis
+        array[i] = row
+    return array
+
+
+def _is_id(value: Any) -> bool:
+    return type(value) is int
+
+
+class OpenAIRoutes:
+    """The OpenAI routes over one data plane: which of its pipelines embed text, the requests, the answers."""
+
+    def __init__(self, inference: InferenceRoute) -> None:
+        self.inference = inference
+        self.plane = inference.plane
+        self.limit = inference.limit
+        self.watcher = RequestWatcher(
+            "http", inference.watcher.telemetry, access_log=inference.watcher.access_log, route=EMBEDDINGS
+        )
+        manifest = self.plane.service.registry.manifest
+        self.embedders = embedders(manifest)
+        # Where a server embeds with one model (the usual deployment), requests are admitted before their body.
+        self.only = next(iter(self.embedders)) if len(self.embedders) == 1 else None
+        self.created = {name: _created(manifest, name) for name in self.embedders}
+
+    def dimensions(self, embedder: Embedder, asked: Any) -> int:
+        """A request's ``dimensions``: its full length, or one the model was trained to be cut to; else a 400."""
+        if type(asked) is not int or asked < 1:
+            raise OpenAIError(f"dimensions must be a positive integer, got {asked!r}", param="dimensions")
+        spec = next(s for s in self.plane.service.servable(embedder.name).outputs if s.name == embedder.output)
+        full = spec.shape[-1]
+        if asked == full or asked in embedder.dimensions:
+            return asked
+        lengths = ", ".join(map(str, [*embedder.dimensions, full]))
+        raise OpenAIError(
+            f"model {embedder.name!r} does not support dimensions={asked}: it gives {lengths}", param="dimensions"
+        )
+
+    # -- routes (ASGI) ---------------------------------------------------------------------------
+
+    async def embeddings(self, scope: ASGIMessage, receive: Receive, send: Send) -> None:
+        """``POST /v1/embeddings``."""
+        rid = declared = traceparent = accept = None
+        deadline: float | None = None
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                declared = value.decode("latin-1")
+            elif key == b"traceparent":
+                traceparent = value.decode("latin-1")
+            elif key == b"accept-encoding":
+                accept = value.decode("latin-1")
+            elif key == b"x-stainless-read-timeout":  # the openai client's own wait: past it, nobody reads
+                deadline = _seconds(value)
+            elif key == b"x-request-id" and value and rid is None:
+                rid = header_request_id(value)
+        if rid is None:
+            rid = unnamed_request_id(scope)
+        request_keys(request_id=rid)
+        headers: dict[str, str] = {}
+        try:
+            name, body = self.only, None
+            if name is None:  # the body says which model: read it first
+                body = await read_body(receive, declared, self.limit)
+                name = parse(body)["model"]
+                if name not in self.embedders:
+                    raise unknown(name)
+            request = EmbeddingsRequest(self, name, body, receive, declared, traceparent, deadline)
+            served = await self.plane.serve(self.watcher, request)
+            payload, _, headers = self.inference.written(served, accept)  # Server-Timing, the cache, compression
+            status = 200
+        except FnserveError as exc:
+            status, payload, headers = error_parts(exc)
+        except ClientGone:
+            return
+        except Exception:  # reading the body failed in a way no error of fnserve's says
+            logger.exception("unhandled error", extra={"path": scope.get("path")})
+            status, payload, headers = error_parts(FnserveError("internal server error"))
+        await _send(scope, send, status, payload, headers, rid)
+
+    async def models(self, scope: ASGIMessage, send: Send, path: str) -> None:
+        """``GET /v1/models`` and ``GET /v1/models/{model}``."""
+        rid = unnamed_request_id(scope)
+        for key, value in scope["headers"]:
+            if key == b"x-request-id" and value:
+                rid = header_request_id(value)
+        name = path[len(MODELS) + 1 :] if path.startswith(MODELS + "/") else None
+        headers: dict[str, str] = {}
+        if name is None:
+            doc: dict[str, Any] = {"object": "list", "data": [self._model(n) for n in self.embedders]}
+            status, payload = 200, orjson.dumps(doc)
+        elif name in self.embedders:
+            status, payload = 200, orjson.dumps(self._model(name))
+        else:
+            status, payload, headers = error_parts(unknown(name))
+        await _send(scope, send, status, payload, headers, rid)
+
+    # -- the same, as Starlette endpoints (under a root_path, where FastAPI routes every request) ----
+
+    async def embeddings_endpoint(self, request: Request) -> Response:
+        return await _responded(request, lambda send: self.embeddings(request.scope, request.receive, send))
+
+    async def models_endpoint(self, request: Request) -> Response:
+        model = request.path_params.get("model")
+        path = MODELS if model is None else f"{MODELS}/{model}"
+        return await _responded(request, lambda send: self.models(request.scope, send, path))
+
+    def _model(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": self.created[name], "owned_by": "fnserve"}
+
+
+async def _send(scope: ASGIMessage, send: Send, status: int, payload: bytes, headers: dict[str, str], rid: str) -> None:
+    raw = [(b"content-length", str(len(payload)).encode()), (b"content-type", JSON.encode())]
+    raw += [(k.encode(), v.encode("latin-1")) for k, v in headers.items()]
+    raw.append((b"x-request-id", rid.encode("latin-1")))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": payload})
+    answered(scope, status)
+
+
+async def _responded(request: Request, route: Callable[[Send], Awaitable[None]]) -> Response:
+    """What a route sends, as one Starlette response."""
+    from starlette.responses import Response
+
+    sent: dict[str, Any] = {}
+
+    async def send(message: ASGIMessage) -> None:
+        sent.update(message)
+
+    await route(send)
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in sent.get("headers", ())}
+    headers.pop("content-length", None)
+    return Response(sent.get("body", b""), sent.get("status", 500), headers, media_type=None)
+
+
+def _seconds(value: bytes) -> float | None:
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
+
+
+def _created(manifest: Any, name: str) -> int:
+    """When the embedding pipeline's model file was written (0 where it is not a local file)."""
+    pipeline = next(p for p in manifest.pipelines if p.name == name)
+    model = next((m for m in manifest.models if m.name == pipeline.model), None)
+    if model is None:
+        return 0
+    path = model.path if os.path.isabs(model.path) else os.path.join(manifest.base_dir, model.path)
+    try:
+        return int(os.stat(path).st_mtime)
+    except OSError:
+        return 0

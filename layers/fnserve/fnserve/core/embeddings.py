@@ -1,0 +1,77 @@
+"""Text embeddings as OpenAI's embeddings API asks for them: which pipelines embed text, a text given as its
+token ids, the tokens each text ran, and an embedding cut to fewer dimensions (Matryoshka).
+
+A pipeline embeds text when its first step is ``tokenize`` and its last ``mean_pool`` (or its manifest entry has
+an ``embedding`` table naming the output). The tokenize step writes, beside the model's feed, how many tokens each
+row ran (:data:`TOKENS`) and whether it was cut to the tokenizer's ``max_length`` (:data:`TRUNCATED`): a request
+may ask a pipeline for them as outputs, so usage is counted by the tokenizer that ran, in the same call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fnserve.core.manifest import Manifest, MeanPoolStep, PipelineSettings, TokenizeStep
+
+TOKENS = "token_count"  # INT64 [-1]: the tokens each row ran, special tokens included
+TRUNCATED = "truncated"  # BOOL [-1]: whether the row was cut to max_length
+
+
+class TokenIds(tuple[int, ...]):
+    """A text given as its token ids (the model's own, special tokens included), in place of the text: the tokenize
+    step runs them as they are. Only a codec makes them (OpenAI's arrays of token ids); V2 carries text only."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Embedder:
+    """A pipeline served as an embedding model: the input that takes texts, the output of one embedding a text,
+    and the shorter lengths it may be cut to."""
+
+    name: str
+    text: str
+    output: str
+    dimensions: tuple[int, ...]
+
+    @property
+    def outputs(self) -> tuple[str, str, str]:
+        """What an embedding request asks the pipeline for: the embeddings, the tokens ran, the rows truncated."""
+        return (self.output, TOKENS, TRUNCATED)
+
+
+def embedding_output(pipeline: PipelineSettings) -> str | None:
+    """The output of one embedding a text, where ``pipeline`` embeds text (else None)."""
+    if not pipeline.pre or not isinstance(pipeline.pre[0], TokenizeStep):
+        return None
+    table = pipeline.embedding
+    if table is not None and table.output is not None:
+        return table.output
+    if pipeline.post and isinstance(pipeline.post[-1], MeanPoolStep):
+        return pipeline.post[-1].output
+    if table is not None and pipeline.outputs is not None and len(pipeline.outputs) == 1:
+        return pipeline.outputs[0]
+    return None
+
+
+def embedders(manifest: Manifest) -> dict[str, Embedder]:
+    """Every pipeline of ``manifest`` that embeds text, by name, in the manifest's order."""
+    found: dict[str, Embedder] = {}
+    for pipeline in manifest.pipelines:
+        output = embedding_output(pipeline)
+        if output is None:
+            continue
+        tokenize = pipeline.pre[0]
+        assert isinstance(tokenize, TokenizeStep)
+        lengths = tuple(pipeline.embedding.dimensions) if pipeline.embedding is not None else ()
+        found[pipeline.name] = Embedder(pipeline.name, tokenize.input, output, lengths)
+    return found
+
+
+def shorten(vectors: np.ndarray[Any, Any], size: int) -> np.ndarray[Any, Any]:
+    """The first ``size`` values of each embedding, scaled back to unit length, as Matryoshka models are used."""
+    cut: np.ndarray[Any, Any] = vectors[:, :size]
+    return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)  # type: ignore[no-any-return]

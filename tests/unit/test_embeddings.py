@@ -1,0 +1,132 @@
+"""OpenAI's embeddings codec and the pieces of core it rests on: texts or token ids in, tokens counted, cut lengths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fnserve.adapters.http.openai import MAX_INPUTS, OpenAIError, error_parts, texts_of
+from fnserve.core.cache import cache_key
+from fnserve.core.embeddings import TOKENS, TRUNCATED, TokenIds, embedders, shorten
+from fnserve.core.errors import ConfigError, InvalidInput, Overloaded
+from fnserve.core.manifest import TokenizeStep, load_manifest
+from fnserve.core.registry import ModelRegistry
+from fnserve.core.steps import Tokenize
+from tests.helpers import DEMO_MANIFEST
+
+TOKENIZER = str(DEMO_MANIFEST.parent / "minilm-l6" / "tokenizer.json")
+
+
+@pytest.fixture(scope="module")
+def minilm() -> object:
+    return ModelRegistry(load_manifest(DEMO_MANIFEST)).get("minilm-l6")
+
+
+def tokenize(minilm: object, **settings: object) -> Tokenize:
+    step = TokenizeStep.model_validate({"step": "tokenize", "tokenizer": TOKENIZER, "max_length": 8, **settings})
+    return Tokenize(step, minilm, DEMO_MANIFEST.parent)  # type: ignore[arg-type]
+
+
+def rows(*values: object) -> np.ndarray:
+    array = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        array[i] = value
+    return array
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("one text", ["one text"]),
+        (["a", "b"], ["a", "b"]),
+        ([101, 2023, 102], [(101, 2023, 102)]),
+        ([[101, 102], [101, 7592, 102]], [(101, 102), (101, 7592, 102)]),
+    ],
+)
+def test_input_is_one_row_a_text_or_token_ids(value: object, expected: list[object]) -> None:
+    got = texts_of(value)
+    assert got.shape == (len(expected),) and list(got) == expected
+    assert all(type(row) is (str if isinstance(row, str) else TokenIds) for row in got)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("", "input is an empty string"),
+        ([], "must not be an empty array"),
+        (["a", ""], r"input\[1\] is an empty string"),
+        (["a", 1], "must be a string, an array of strings"),
+        ([[101], []], r"input\[1\] must be a non-empty array of token ids"),
+        ([[101], [1.5]], r"input\[1\] must be a non-empty array of token ids"),
+        ([True, 1], "must be a string, an array of strings"),
+        (5, "must be a string or an array, got int"),
+        ({"text": "a"}, "got dict"),
+        (["a"] * (MAX_INPUTS + 1), f"at most {MAX_INPUTS}"),
+    ],
+)
+def test_bad_input_is_a_400_naming_it(value: object, message: str) -> None:
+    with pytest.raises(OpenAIError, match=message) as caught:
+        texts_of(value)
+    status, body, _ = error_parts(caught.value)
+    assert status == 400 and b'"param":"input"' in body and b'"type":"invalid_request_error"' in body
+
+
+def test_errors_in_openai_shape() -> None:
+    assert error_parts(InvalidInput("row 3 is wrong"))[:2] == (
+        400,
+        b'{"error":{"message":"row 3 is wrong","type":"invalid_request_error","param":"input","code":null}}',
+    )
+    status, body, headers = error_parts(Overloaded("busy"))
+    assert (status, headers) == (503, {"retry-after": "1"})
+    assert body == b'{"error":{"message":"busy","type":"server_error","param":null,"code":"overloaded"}}'
+
+
+def test_token_ids_run_as_given_checked_against_the_vocabulary(minilm: object) -> None:
+    step = tokenize(minilm)
+    text = step(dict(text=rows("hello world")))
+    ids = step(dict(text=rows(TokenIds(text["input_ids"][0].tolist()))))
+    for name in ("input_ids", "attention_mask", "token_type_ids", TOKENS):
+        np.testing.assert_array_equal(ids[name], text[name])
+    mixed = step(dict(text=rows("hello", TokenIds((101, 7592, 2088, 2088, 102)))))
+    assert mixed[TOKENS].tolist() == [3, 5] and mixed["attention_mask"].sum(axis=1).tolist() == [3, 5]
+    with pytest.raises(InvalidInput, match=r"row 1: token id 30522 is outside the vocabulary \(0 to 30521\)"):
+        step(dict(text=rows("fine", TokenIds((101, 30522)))))
+    with pytest.raises(InvalidInput, match="token id -1"):
+        step(dict(text=rows(TokenIds((-1,)))))
+
+
+def test_long_texts_are_cut_and_say_so_or_refused(minilm: object) -> None:
+    long = "one two three four five six seven eight nine ten"
+    out = tokenize(minilm)(dict(text=rows("short", long, TokenIds(tuple(range(100, 120))))))
+    assert out[TOKENS].tolist() == [3, 8, 8] and out[TRUNCATED].tolist() == [False, True, True]
+    with pytest.raises(InvalidInput, match="row 1: the text is longer than the model's 8 tokens"):
+        tokenize(minilm, truncate=False)(dict(text=rows("short", long)))
+
+
+def test_token_ids_and_a_text_that_reads_like_them_have_other_cache_keys() -> None:
+    as_ids = cache_key("m", "1", {"text": rows(TokenIds((101, 102)))}, None)
+    as_text = cache_key("m", "1", {"text": rows("(101, 102)")}, None)
+    assert as_ids != as_text
+    assert as_ids == cache_key("m", "1", {"text": rows(TokenIds((101, 102)))}, None)
+
+
+def test_which_pipelines_embed_text(tmp_path: Path) -> None:
+    demo = embedders(load_manifest(DEMO_MANIFEST))
+    assert list(demo) == ["minilm-embed"]
+    assert (demo["minilm-embed"].text, demo["minilm-embed"].output) == ("text", "embedding")
+    manifest = tmp_path / "manifest.toml"
+    body = DEMO_MANIFEST.read_text().replace('path = "', f'path = "{DEMO_MANIFEST.parent}/')
+    body = body.replace('tokenizer = "', f'tokenizer = "{DEMO_MANIFEST.parent}/')
+    body = body.replace('labels = "', f'labels = "{DEMO_MANIFEST.parent}/')
+    manifest.write_text(body + "\n[pipelines.embedding]\ndimensions = [256, 128, 128]\n")
+    assert embedders(load_manifest(manifest))["minilm-embed"].dimensions == (128, 256)
+    manifest.write_text(body.replace('[[pipelines.post]]\nstep = "mean_pool"', "") + "\n[pipelines.embedding]\n")
+    with pytest.raises(ConfigError, match="name the embedding's output"):
+        load_manifest(manifest)
+
+
+def test_a_cut_embedding_is_unit_length_again() -> None:
+    vectors = np.array([[3.0, 4.0, 12.0]], dtype=np.float32) / 13
+    np.testing.assert_allclose(shorten(vectors, 2), [[0.6, 0.8]], rtol=1e-6)
