@@ -202,6 +202,7 @@ def minilm_entries(sha: str) -> list[str]:
         "max_batch_size = 64",
         "max_batch_time_ms = 2.0",
         "length_buckets = [12, 16, 24, 32, 48, 64, 128, 256]",
+        "max_batch_tokens = 512  # a batch's longest text x its rows: docs/design/embeddings.md",
         'pad_inputs = ["input_ids", "attention_mask", "token_type_ids"]',
         "",
         "[[pipelines]]",

@@ -409,6 +409,46 @@ def test_length_buckets_take_turns_on_the_models_slots() -> None:
     assert model.sizes == [1, 3]  # the longer ones queued meanwhile, and ran as one batch
 
 
+def test_under_a_token_budget_the_oldest_goes_first_with_the_lengths_nearest_it() -> None:
+    """Every length in one queue: a batch takes the oldest request, then those nearest its length while its padded
+    tokens (longest x rows) stay within the budget; the rest wait, the oldest of them first."""
+    seen: list[np.ndarray] = []
+    gate = Gate()
+
+    async def model(feed: Arrays) -> Arrays:
+        seen.append(feed["x"])
+        if len(seen) == 1:
+            await gate.open.wait()  # the first batch holds the model while the others queue
+        return {"y": feed["x"].sum(axis=1)}
+
+    async def main() -> list[float]:
+        batcher = AdaptiveBatcher(
+            model,
+            BatchPolicy(max_batch_size=8, max_batch_time=0),
+            stacking=Stacking(buckets=[8, 16, 32], pad_inputs=["x"], pad_to_bucket=False, max_tokens=40),
+        )
+        lengths = (10, 3, 30, 4, 28, 5, 6, 7)
+        first = asyncio.create_task(batcher.predict({"x": np.ones((1, lengths[0]))}))
+        await until(lambda: len(seen) == 1)
+        rest = [asyncio.create_task(batcher.predict({"x": np.ones((1, n))})) for n in lengths[1:]]
+        await until(lambda: next(iter(batcher._queues.values())).qsize() == len(rest))  # one queue for all
+        gate.open.set()
+        results = await asyncio.gather(first, *rest)
+        await batcher.close()
+        return [float(r[0]["y"][0]) for r in results]
+
+    assert run(main()) == [10, 3, 30, 4, 28, 5, 6, 7]  # each request its own answer, padding masked out
+    # 3 is the oldest: 4, 5, 6 and 7 join it (7 x 5 = 35 tokens); 30 next, and 28 cannot join it (30 x 2 > 40).
+    assert [x.shape for x in seen] == [(1, 10), (5, 7), (1, 30), (1, 28)]
+
+
+def test_a_token_budget_needs_padded_inputs() -> None:
+    from fnserve.core.manifest import ModelSettings
+
+    with pytest.raises(ValueError, match="max_batch_tokens needs pad_inputs"):
+        ModelSettings(name="m", path="m.onnx", sha256="0" * 64, max_batch_time_ms=2, max_batch_tokens=512)
+
+
 def test_a_request_whose_caller_went_away_is_not_computed() -> None:
     gate = asyncio.Event()
     batches: list[Arrays] = []

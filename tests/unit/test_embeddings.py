@@ -130,3 +130,31 @@ def test_which_pipelines_embed_text(tmp_path: Path) -> None:
 def test_a_cut_embedding_is_unit_length_again() -> None:
     vectors = np.array([[3.0, 4.0, 12.0]], dtype=np.float32) / 13
     np.testing.assert_allclose(shorten(vectors, 2), [[0.6, 0.8]], rtol=1e-6)
+
+
+def test_a_batch_of_texts_runs_sorted_by_tokens_in_chunks_within_the_budget() -> None:
+    """A model with max_batch_tokens: a job batch's texts tokenized at once, run shortest first in chunks of at most
+    the budget's padded tokens, each answer back in its row."""
+    from fnserve.core.service import InferenceService
+    from tests.embeddings import SENTENCES, cosine, tokens
+
+    texts = [SENTENCES[i] for i in range(0, 240, 8)]  # 30 texts of mixed lengths, one over 256 tokens
+    service = InferenceService.from_manifest(DEMO_MANIFEST)
+    assert service.registry.resolve("minilm-l6").max_batch_tokens == 512  # the demo's budget
+    array = rows(*texts)
+    got = service.infer("minilm-embed", {"text": array}, outputs=["embedding", TOKENS])
+    executions = service.registry.get("minilm-l6").executions
+    counts = sorted(len(tokens(t)) for t in texts)
+    assert got.outputs[TOKENS].tolist() == [len(tokens(t)) for t in texts]  # in the request's order
+    assert executions.rows == len(texts) and executions.runs > 1
+    # Every chunk within the budget: the sorted counts cut greedily reproduce the runs' sizes.
+    sizes, start = [], 0
+    while start < len(counts):
+        end = start + 1
+        while end < len(counts) and counts[end] * (end + 1 - start) <= 512:
+            end += 1
+        sizes.append(end - start)
+        start = end
+    assert sorted(executions.batches) == sorted(set(sizes)), executions.batches
+    alone = np.concatenate([service.predict("minilm-embed", {"text": rows(t)})["embedding"] for t in texts])
+    assert cosine(got.outputs["embedding"], alone).min() > 0.98  # each row its own text's embedding

@@ -66,6 +66,52 @@ async def gather(
     return batch, rows, None
 
 
+async def gather_by_length(
+    queue: asyncio.Queue[Pending],
+    flight: Flight,
+    first: Pending,
+    deadline: float,
+    size: int,
+    tokens: int,
+    padded: Callable[[int], int],
+) -> tuple[list[Pending], int]:
+    """A batch under a token budget, from one queue of every length: ``first`` (the oldest), then the waiting
+    requests nearest its length, while it holds at most ``size`` rows and ``tokens`` padded tokens (``padded`` of
+    its longest length, times its rows). The others go back to the queue in the order they came, so the oldest of
+    them starts the next batch: no long text waits behind a stream of short ones. While fewer rows wait than are on
+    their way, it waits for them until ``deadline`` at most."""
+    taken(first)
+    waiting: list[Pending] = []
+    rows = first.rows
+    while True:
+        while not queue.empty():
+            item = queue.get_nowait()
+            if not item.future.done():
+                waiting.append(item)
+                rows += item.rows
+        coming = min(size, flight.expected()) - rows
+        if rows >= size or coming <= 0:
+            break
+        await flight.more(coming, deadline)
+        if queue.empty():
+            break
+    batch, rows, longest = [first], first.rows, first.length
+    # Nearest in length first (the sort is stable: among equals, the oldest), so the batch pads little.
+    for item in sorted(waiting, key=lambda p: abs(p.length - first.length)):
+        length = max(longest, item.length)
+        if rows + item.rows > size or padded(length) * (rows + item.rows) > tokens:
+            continue
+        batch.append(item)
+        taken(item)
+        rows += item.rows
+        longest = length
+    chosen = {id(p) for p in batch}
+    for item in waiting:  # nothing was awaited since the queue was emptied: they go back in their order
+        if id(item) not in chosen:
+            queue.put_nowait(item)
+    return batch, rows
+
+
 async def first_request(queue: asyncio.Queue[Pending], idle: float) -> Pending | None:
     """The next batch's first request; None when the queue has had none for ``idle`` seconds and is empty (then,
     with no await since that check, no request can join it before its batcher drops it)."""

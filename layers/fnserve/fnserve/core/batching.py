@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fnserve.core._niced import run_niced
-from fnserve.core._queues import Flight, Pending, first_request, gather, hurry, mixed
+from fnserve.core._queues import Flight, Pending, first_request, gather, gather_by_length, hurry, mixed
 from fnserve.core.admission import Admission
 from fnserve.core.datatypes import Arrays
 from fnserve.core.errors import InvalidInput
@@ -222,10 +222,17 @@ class AdaptiveBatcher:
                 slots.release()
                 continue
             deadline = max(first.arrived, ready) + self.policy.max_batch_time
-            others = functools.partial(mixed, self._flights, key)
-            batch, rows, carried = await gather(queue, flight, first, deadline, self.policy.max_batch_size, others)
+            size, stacking = self.policy.max_batch_size, self.stacking
+            if stacking.max_tokens is not None:  # one queue of every length, cut by padded tokens
+                budget, padded = stacking.max_tokens, stacking.padded
+                batch, rows = await gather_by_length(queue, flight, first, deadline, size, budget, padded)
+                bucket = padded(max(p.length for p in batch))
+            else:
+                others = functools.partial(mixed, self._flights, key)
+                batch, rows, carried = await gather(queue, flight, first, deadline, size, others)
+                bucket = key[0]
             flight.running += rows  # from now on, not waiting: the batch's task runs them
-            task = asyncio.get_running_loop().create_task(self._execute(batch, key[0], flight, rows))
+            task = asyncio.get_running_loop().create_task(self._execute(batch, bucket, flight, rows))
             self._running.add(task)
             task.add_done_callback(functools.partial(self._ended, flight=flight, rows=rows))
 

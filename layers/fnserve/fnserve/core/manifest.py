@@ -193,6 +193,14 @@ class ModelSettings(BaseModel):
         "shapes, each warmed at start (cuDNN's algorithm search, TensorRT's engine).",
     )
     pad_inputs: list[str] = Field(default_factory=list, description="Inputs padded along axis 1 to their bucket.")
+    max_batch_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Adaptive batching of variable-length inputs (pad_inputs): a batch holds at most this many "
+        "padded tokens (its longest request's length, or that length's bucket, times its rows). Requests of every "
+        "length then wait in one queue: a batch takes the oldest, then those nearest its length. Unset: a queue a "
+        "length bucket, a batch cut by max_batch_size alone.",
+    )
     pad_value: float = Field(default=0.0, description="Value the padding is filled with.")
     cache_ttl_seconds: int | None = Field(
         default=None,
@@ -267,6 +275,8 @@ class ModelSettings(BaseModel):
             raise ValueError(
                 "length_buckets, batch_buckets and pad_inputs only apply with max_batch_time_ms (adaptive batching)"
             )
+        if self.max_batch_tokens is not None and not self.pad_inputs:
+            raise ValueError("max_batch_tokens needs pad_inputs: the variable-length inputs whose tokens it counts")
         if not self.stack_requests and self.max_batch_time_ms is not None:
             raise ValueError("max_batch_time_ms (adaptive batching) stacks requests: it needs stack_requests")
         queueing = {"max_queue_size", "max_queue_delay_ms"} & self.model_fields_set

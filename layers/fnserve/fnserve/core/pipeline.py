@@ -61,6 +61,8 @@ class Pipeline:
             digest.update(step.digest.encode())
         # The cache's "version" of a pipeline: its model's version and everything that decides its answers.
         self.version_key = f"{model.version}+{digest.hexdigest()[:16]}"
+        # Whether its first step tokenizes: then a batch's texts can be cut by their token counts.
+        self.tokenizes = bool(self.pre) and self.pre[0].name == "tokenize"
 
     def _inputs(self) -> tuple[TensorSpec, ...]:
         made: set[str] = set()

@@ -22,6 +22,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, R
 
 from fnserve.core._rows import batch_size
 from fnserve.core.datatypes import Arrays
+from fnserve.core.embeddings import TOKENS
 from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
 from fnserve.core.pipeline import Pipeline, Staged, concatenate
 from fnserve.core.providers import note_device
@@ -150,8 +151,12 @@ class PipelineServable(Servable):
 
     def run(self, feed: Arrays, batch: int, names: Sequence[str], timings: dict[str, float] | None = None) -> Arrays:
         """Pre steps, model, post steps, chunk by chunk of at most the model's ``max_batch_size`` rows
-        (rows of like length together, then put back in order)."""
+        (rows of like length together, then put back in order); by padded tokens, where the model sets
+        ``max_batch_tokens`` and the pipeline tokenizes (:meth:`_run_by_tokens`)."""
         pipeline = self.pipeline
+        budget = self.model.settings.max_batch_tokens
+        if budget is not None and batch > 1 and pipeline.tokenizes:
+            return self._run_by_tokens(feed, budget, names, timings)
         order = pipeline.order(feed, batch)
         if order is not None:
             feed = {name: array[order] for name, array in feed.items()}
@@ -165,6 +170,39 @@ class PipelineServable(Servable):
             return result
         back = np.empty_like(order)
         back[order] = np.arange(len(order))
+        return {name: array[back] for name, array in result.items()}
+
+    def _run_by_tokens(
+        self, feed: Arrays, budget: int, names: Sequence[str], timings: dict[str, float] | None
+    ) -> Arrays:
+        """A batch of texts tokenized in one call, run sorted by token count in chunks of at most ``budget`` padded
+        tokens (the chunk's longest times its rows) and ``max_batch_size`` rows, each padded only to its own
+        longest text, then put back in order."""
+        pipeline, model = self.pipeline, self.model
+        staged = self.stage(feed, timings)
+        counts = staged.context[TOKENS]
+        order = np.argsort(counts, kind="stable")
+        padded = set(model.settings.pad_inputs)
+        parts, start, rows = [], 0, len(order)
+        while start < rows:
+            end = start + 1  # the longest of a chunk is its last: the rows are sorted
+            while end < rows and end - start < model.settings.max_batch_size:
+                if int(counts[order[end]]) * (end + 1 - start) > budget:
+                    break
+                end += 1
+            chunk = order[start:end]
+            longest = max(int(counts[chunk[-1]]), 1)
+            cut = {
+                name: array[chunk][:, :longest] if name in padded and array.ndim >= 2 else array[chunk]
+                for name, array in {**staged.context, **staged.feed}.items()  # the feed as checked for the model
+            }
+            part = Staged({name: cut[name] for name in staged.feed}, cut)
+            run = run_model(model, pipeline.model_outputs, part.feed)
+            parts.append(pipeline.finish(part, dict(zip(pipeline.model_outputs, run, strict=True)), names, timings))
+            start = end
+        result = concatenate(parts, self.what)
+        back = np.empty_like(order)
+        back[order] = np.arange(rows)
         return {name: array[back] for name, array in result.items()}
 
     def metadata(self) -> dict[str, Any]:

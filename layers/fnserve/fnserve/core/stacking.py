@@ -66,12 +66,14 @@ class Stacking:
         pad_inputs: Sequence[str] = (),
         pad_value: float = 0.0,
         pad_to_bucket: bool = True,
+        max_tokens: int | None = None,
     ) -> None:
         self.buckets = sorted(buckets)
         self.batch_buckets = sorted(batch_buckets)
         self.pad_inputs = tuple(pad_inputs)
         self.pad_value = pad_value
         self.pad_to_bucket = pad_to_bucket
+        self.max_tokens = max_tokens  # set: every length in one queue, batches cut by padded tokens
 
     @classmethod
     def of(cls, settings: ModelSettings) -> Stacking:
@@ -84,6 +86,7 @@ class Stacking:
             settings.pad_inputs,
             settings.pad_value,
             pad_to_bucket=bool(settings.batch_buckets) or not cpu_only,
+            max_tokens=settings.max_batch_tokens,
         )
 
     def length(self, inputs: Arrays) -> int:
@@ -99,8 +102,15 @@ class Stacking:
         return self.buckets[i] if i < len(self.buckets) else length  # longer than every bucket: alone
 
     def key(self, inputs: Arrays, bucket: int) -> QueueKey:
-        """The queue of a request of ``bucket``: only requests of one key stack."""
+        """The queue of a request of ``bucket``: only requests of one key stack. Under a token budget every length
+        shares one queue (the variable-length axis counts as -1): a batch is cut by length when it forms."""
+        if self.max_tokens is not None:
+            return 0, tuple((name, self._any_length(a, name)) for name, a in sorted(inputs.items()))
         return bucket, tuple((name, self._row_shape(a, name, bucket)) for name, a in sorted(inputs.items()))
+
+    def padded(self, length: int) -> int:
+        """The length a batch whose longest request is ``length`` long is padded to."""
+        return self.bucket(length) if self.pad_to_bucket else length
 
     def stack(self, batch: Sequence[Stacked], bucket: int) -> tuple[Arrays, list[int]]:
         """``batch``'s inputs as one batch, and the rows to split its outputs by (each request's, then the batch
@@ -119,6 +129,12 @@ class Stacking:
 
     def _pads(self, array: np.ndarray[Any, Any], name: str, bucket: int) -> bool:
         return bool(bucket) and name in self.pad_inputs and array.ndim >= 2 and array.shape[1] != bucket
+
+    def _any_length(self, array: np.ndarray[Any, Any], name: str) -> tuple[int, ...]:
+        """The shape of one row of ``array`` with its variable-length axis as -1, which a batch decides."""
+        if name in self.pad_inputs and array.ndim >= 2:
+            return (-1, *array.shape[2:])
+        return tuple(array.shape[1:])
 
     def _row_shape(self, array: np.ndarray[Any, Any], name: str, bucket: int) -> tuple[int, ...]:
         """The shape of one row of ``array`` once padded to ``bucket`` (without padding it)."""
