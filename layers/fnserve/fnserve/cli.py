@@ -552,7 +552,14 @@ def _example_request(meta: dict[str, Any]) -> str:
 
 @app.command()
 def submit(
-    data: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Inputs: .npy, .npz or .jsonl.")],
+    data: Annotated[
+        Path,
+        typer.Argument(
+            exists=True,
+            dir_okay=False,
+            help="Inputs: .npy or .npz (tensors), .jsonl (V2 requests, or texts), .txt (one text a line).",
+        ),
+    ],
     model: Annotated[str, typer.Option("--model", help="Model to run.")],
     queue: Annotated[str | None, typer.Option("--queue", envvar="FNSERVE_JOBS_QUEUE", help="SQS queue URL.")] = None,
     topic: Annotated[
@@ -567,8 +574,10 @@ def submit(
             help="Bucket for jobs over the message size limit: an S3 bucket's name, or gs://name.",
         ),
     ] = None,
-    input_name: Annotated[str, typer.Option(help="Input name for a .npy file.")] = "input",
-    rows_per_job: Annotated[int, typer.Option(min=1, help="Rows of .npy/.npz data in each job.")] = 1,
+    input_name: Annotated[
+        str | None, typer.Option(help="The input a .npy file's array goes to (default: input), or texts' (text).")
+    ] = None,
+    rows_per_job: Annotated[int, typer.Option(min=1, help="Rows (or texts) in each job.")] = 1,
     prefix: Annotated[str | None, typer.Option(help="Job id prefix (default: a new random one).")] = None,
     ids_file: Annotated[Path | None, typer.Option("--ids", help="Write the job ids here, one per line.")] = None,
     json_data: Annotated[

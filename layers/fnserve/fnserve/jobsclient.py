@@ -23,42 +23,93 @@ def jobs_from_file(
     path: Path,
     model: str,
     *,
-    input_name: str,
+    input_name: str | None,
     rows_per_job: int,
     version: str | None,
     prefix: str,
     binary: bool = True,
 ) -> Iterator[dict[str, Any]]:
-    """Job messages from .npy / .npz (split by rows; tensors in binary unless not ``binary``) or .jsonl
-    (one V2 request per line, as written)."""
+    """Job messages from .npy / .npz (split by rows; tensors in binary unless not ``binary``), .txt (one text a
+    line), or .jsonl: one V2 request a line, as written, or one text a line (a JSON string, or ``{"text": ...}``).
+    Texts go ``rows_per_job`` to a job, as the BYTES input ``input_name`` (default ``text``); .npy's array as
+    ``input_name`` (default ``input``)."""
+    if path.suffix == ".txt":
+        texts = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        yield from _chunked({input_name or "text": _strings(texts)}, path, model, rows_per_job, version, prefix, binary)
+        return
     if path.suffix == ".jsonl":
-        with path.open("rb") as lines:
-            for n, line in enumerate(lines):
-                if not line.strip():
-                    continue
-                doc = orjson.loads(line)
-                if not isinstance(doc, dict):
-                    raise InvalidInput(f"{path}:{n + 1}: each line must be a V2 request object")
-                doc.setdefault("id", f"{prefix}-{n:06d}")
-                doc["model"] = model
-                if version is not None:
-                    doc["version"] = version
-                yield doc
+        requests, texts = _jsonl(path)
+        if texts:
+            arrays = {input_name or "text": _strings(texts)}
+            yield from _chunked(arrays, path, model, rows_per_job, version, prefix, binary)
+            return
+        for n, doc in requests:
+            doc.setdefault("id", f"{prefix}-{n:06d}")
+            doc["model"] = model
+            if version is not None:
+                doc["version"] = version
+            yield doc
         return
     if path.suffix == ".npy":
-        arrays = {input_name: np.load(path, allow_pickle=False)}
+        arrays = {input_name or "input": np.load(path, allow_pickle=False)}
     elif path.suffix == ".npz":
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files if k not in LABEL_KEYS}
     else:
-        raise InvalidInput(f"{path}: expected .npy, .npz or .jsonl")
+        raise InvalidInput(f"{path}: expected .npy, .npz, .jsonl or .txt")
+    yield from _chunked(arrays, path, model, rows_per_job, version, prefix, binary)
+
+
+def _chunked(
+    arrays: dict[str, np.ndarray[Any, Any]],
+    path: Path,
+    model: str,
+    rows_per_job: int,
+    version: str | None,
+    prefix: str,
+    binary: bool,
+) -> Iterator[dict[str, Any]]:
+    """A job of every ``rows_per_job`` rows of ``arrays``."""
     rows = {a.shape[0] for a in arrays.values()}
     if len(rows) != 1:
         raise InvalidInput(f"{path}: arrays disagree on the number of rows")
     total = rows.pop()
+    if not total:
+        raise InvalidInput(f"{path}: no rows (no texts) to submit")
     for n, start in enumerate(range(0, total, rows_per_job)):
         chunk = {k: v[start : start + rows_per_job] for k, v in arrays.items()}
         yield job_message(f"{prefix}-{n:06d}", model, chunk, version=version, binary=binary)
+
+
+def _jsonl(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[str]]:
+    """A .jsonl file's V2 requests (with their line's index) or its texts: one kind a file."""
+    requests: list[tuple[int, dict[str, Any]]] = []
+    texts: list[str] = []
+    with path.open("rb") as lines:
+        for n, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                doc = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise InvalidInput(f"{path}:{n + 1}: not JSON ({exc})") from None
+            if isinstance(doc, dict) and isinstance(doc.get("text"), str) and "inputs" not in doc:
+                doc = doc["text"]
+            if isinstance(doc, str):
+                texts.append(doc)
+            elif isinstance(doc, dict):
+                requests.append((n, doc))
+            else:
+                raise InvalidInput(f'{path}:{n + 1}: each line must be a V2 request, a text, or {{"text": ...}}')
+            if texts and requests:
+                raise InvalidInput(f"{path}:{n + 1}: a file holds V2 requests or texts, not both")
+    return requests, texts
+
+
+def _strings(texts: Sequence[str]) -> np.ndarray[Any, Any]:
+    array = np.empty(len(texts), dtype=object)
+    array[:] = [text.encode() for text in texts]
+    return array
 
 
 def submit(
