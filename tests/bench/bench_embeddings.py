@@ -40,8 +40,11 @@ from typing import Any
 import httpx
 import numpy as np
 
+from fnserve.bench.load import run_wrk
+from fnserve.bench.sweep import process_tree
 from fnserve.core._cpus import available_cpus
-from tests.bench.bench_batching import MODEL, TOKENIZER, Run, Server, load, serving, shown, text_body
+from tests.bench.bench_batching import MODEL, TOKENIZER, Run, Server, serving, shown, text_body
+from tests.bench.bench_grpc import cpu_seconds
 from tests.helpers import DEMO_MANIFEST, REPO
 
 ROUNDS = int(os.environ.get("BENCH_EMBEDDINGS_ROUNDS", "3"))
@@ -72,7 +75,8 @@ def mix() -> list[str]:
     lines = [line for line in (REPO / "tests" / "data" / "sentences.txt").read_text().splitlines() if line]
     sized = [(line, len(tokenizer.encode(line).ids)) for line in lines]
     queries = [line for line, n in sized if n <= 64]
-    passages, targets, i = [], (48, 96, 160, 256), 0
+    passages: list[str] = []
+    targets, i = (48, 96, 160, 256), 0
     while len(passages) < len(queries):
         target, parts, tokens = targets[len(passages) % len(targets)], [], 0
         while tokens < target:
@@ -151,7 +155,7 @@ def floor(budget: int | None, processes: int) -> float:
     finally:
         for worker in workers:
             worker.join(timeout=30)
-    return sum(r[2] for r in results) / sum(r[1] for r in results) * 1e3
+    return float(sum(r[2] for r in results) / sum(r[1] for r in results) * 1e3)
 
 
 # -- servers ------------------------------------------------------------------------------------------
@@ -194,6 +198,18 @@ def embeddings_of(url: str, server: Server, texts: Sequence[str]) -> np.ndarray[
             answer.raise_for_status()
             out.append(answer.json()["outputs"][0]["data"])
     return np.asarray(out, dtype=np.float32)
+
+
+def load(proc: subprocess.Popen[bytes], url: str, bodies: Sequence[bytes], connections: int) -> tuple[Run, int]:
+    """The server under wrk: its run, and the requests wrk counted as failed (shown beside the figures: a rare socket
+    error as wrk stops is no reason to throw a round away, and a refusal would show in the count)."""
+    run_wrk(url, bodies, connections=connections, seconds=2)  # warm-up, discarded
+    pids = process_tree(proc.pid)
+    before = sum(cpu_seconds(pid) for pid in pids)
+    found = run_wrk(url, bodies, connections=connections, seconds=SECONDS)
+    used = sum(cpu_seconds(pid) for pid in pids) - before
+    answered = found.requests - found.errors
+    return Run(answered / found.seconds, used / answered * 1e3, found.p50, found.p99), found.errors
 
 
 def agrees(got: np.ndarray[Any, Any], expected: np.ndarray[Any, Any], label: str) -> None:
@@ -275,6 +291,7 @@ def main() -> None:
     port = 18331
     floors: dict[str, list[float]] = {}
     runs: dict[tuple[str, int], list[Run]] = {}
+    errors: dict[tuple[str, int], int] = {}
     corpus_rates: dict[str, list[float]] = {}
     for _ in range(ROUNDS):
         for budget in (None, *BUDGETS):
@@ -290,15 +307,15 @@ def main() -> None:
                 path = "/v1/embeddings" if server.label == FNSERVE_V1 else "/v2/models/minilm-embed/infer"
                 bodies = [openai_body(t) if server.label == FNSERVE_V1 else text_body(t) for t in texts]
                 for connections in CONNECTIONS:
-                    runs.setdefault((server.label, connections), []).append(
-                        load(proc, f"{url}{path}", bodies, connections)
-                    )
+                    run, failed = load(proc, f"{url}{path}", bodies, connections)
+                    runs.setdefault((server.label, connections), []).append(run)
+                    errors[(server.label, connections)] = errors.get((server.label, connections), 0) + failed
             port += 1
         corpus_rates.setdefault("fnserve", []).append(fnserve_corpus())
         rate = fastembed_corpus()
         if rate is not None:
             corpus_rates.setdefault("fastembed", []).append(rate)
-    report(cpus, texts, floors, runs, corpus_rates)
+    report(cpus, texts, floors, runs, errors, corpus_rates)
 
 
 def report(
@@ -306,6 +323,7 @@ def report(
     texts: Sequence[str],
     floors: dict[str, list[float]],
     runs: dict[tuple[str, int], list[Run]],
+    errors: dict[tuple[str, int], int],
     corpus_rates: dict[str, list[float]],
 ) -> None:
     best = [min(values[i] for values in floors.values()) for i in range(ROUNDS)]
@@ -328,7 +346,7 @@ def report(
             print(
                 f"    {label:<34} {shown([r.rate for r in served], '.0f')} texts/s  CPU {shown(cpu, '.3f')} ms/text"
                 f"  efficiency {efficiency}  {versus}x fnserve's CPU  p50 {shown([r.p50 for r in served], '.1f')}"
-                f"  p99 {shown([r.p99 for r in served], '.1f')} ms"
+                f"  p99 {shown([r.p99 for r in served], '.1f')} ms  failed {errors[(label, c)]}"
             )
     print(f"  {INFINITY}")
     print(f"  corpus: {CORPUS:,} texts, texts per CPU-second, every core:")

@@ -36,14 +36,13 @@ from fnserve.core.jobs import job_message
 from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
 from fnserve.stores.dynamodb import DynamoResultStore
+from tests.embeddings import REFERENCE, SENTENCES, cosine
 from tests.functional.conftest import Aws, Served, start_server
 from tests.functional.test_batch import AsgiClient, received_event
 from tests.functional.test_cascade import Get
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
 from tests.moto import free_port
 
-SENTENCES = [line for line in (Path(__file__).parents[1] / "data" / "sentences.txt").read_text().splitlines() if line]
-REFERENCE = np.load(Path(__file__).parents[1] / "data" / "minilm-reference.npz")["embedding"]
 HOLDOUT = np.load(DEMO_HOLDOUT)
 DIGITS, LABELS = HOLDOUT["input"], HOLDOUT["labels"]
 
@@ -106,10 +105,6 @@ BAD = {
 @pytest.fixture(scope="module")
 def service() -> InferenceService:
     return InferenceService.from_manifest(DEMO_MANIFEST)
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 # -- the demo pipelines, in process ------------------------------------------------------------

@@ -411,7 +411,7 @@ def test_length_buckets_take_turns_on_the_models_slots() -> None:
 
 def test_under_a_token_budget_the_oldest_goes_first_with_the_lengths_nearest_it() -> None:
     """Every length in one queue: a batch takes the oldest request, then those nearest its length while its padded
-    tokens (longest x rows) stay within the budget; the rest wait, the oldest of them first."""
+    tokens (longest x rows) stay within the budget and mostly real; the rest wait, the oldest of them first."""
     seen: list[np.ndarray] = []
     gate = Gate()
 
@@ -438,8 +438,9 @@ def test_under_a_token_budget_the_oldest_goes_first_with_the_lengths_nearest_it(
         return [float(r[0]["y"][0]) for r in results]
 
     assert run(main()) == [10, 3, 30, 4, 28, 5, 6, 7]  # each request its own answer, padding masked out
-    # 3 is the oldest: 4, 5, 6 and 7 join it (7 x 5 = 35 tokens); 30 next, and 28 cannot join it (30 x 2 > 40).
-    assert [x.shape for x in seen] == [(1, 10), (5, 7), (1, 30), (1, 28)]
+    # 3 is the oldest: 4 and 5 join it; 6 would leave less than MIN_FILL of the batch real (18 of 24 tokens). 30
+    # next, and 28 cannot join it (30 x 2 > 40 tokens); then 28, older than 6 and 7, which go last, together.
+    assert [x.shape for x in seen] == [(1, 10), (3, 5), (1, 30), (1, 28), (2, 7)]
 
 
 def test_a_token_budget_needs_padded_inputs() -> None:

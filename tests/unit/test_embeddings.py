@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -158,3 +159,31 @@ def test_a_batch_of_texts_runs_sorted_by_tokens_in_chunks_within_the_budget() ->
     assert sorted(executions.batches) == sorted(set(sizes)), executions.batches
     alone = np.concatenate([service.predict("minilm-embed", {"text": rows(t)})["embedding"] for t in texts])
     assert cosine(got.outputs["embedding"], alone).min() > 0.98  # each row its own text's embedding
+
+
+def test_texts_become_jobs_of_rows_per_job_texts(tmp_path: Path) -> None:
+    from fnserve import jobsclient
+    from fnserve.core.jobs import parse_job
+
+    def jobs(name: str, content: str, rows_per_job: int = 2) -> list[dict[str, object]]:
+        path = tmp_path / name
+        path.write_text(content)
+        found = jobsclient.jobs_from_file(
+            path, "minilm-embed", input_name=None, rows_per_job=rows_per_job, version=None, prefix="t"
+        )
+        return list(found)
+
+    def texts_of_jobs(found: list[dict[str, object]]) -> list[list[str]]:
+        return [[t.decode() for t in parse_job(json.dumps(job)).inputs["text"]] for job in found]
+
+    plain = jobs("corpus.txt", "first text\n\nsecond, longer text\nthird\n")
+    assert [job["id"] for job in plain] == ["t-000000", "t-000001"]
+    assert texts_of_jobs(plain) == [["first text", "second, longer text"], ["third"]]
+    lines = jobs("corpus.jsonl", '"first text"\n{"text": "second"}\n\n"third"\n', rows_per_job=3)
+    assert texts_of_jobs(lines) == [["first text", "second", "third"]]
+    v2 = jobs("requests.jsonl", '{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}\n')
+    assert v2[0]["model"] == "minilm-embed" and "inputs" in v2[0]
+    with pytest.raises(InvalidInput, match="a file holds V2 requests or texts, not both"):
+        jobs("mixed.jsonl", '"a text"\n{"inputs": []}\n')
+    with pytest.raises(InvalidInput, match="no rows"):
+        jobs("empty.txt", "\n\n")

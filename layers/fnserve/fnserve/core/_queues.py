@@ -13,6 +13,7 @@ from fnserve.core.datatypes import Arrays
 from fnserve.core.providers import RanOn
 
 PEAK_SECONDS = 1.0  # how long the most rows seen in flight at once is remembered: what a batch expects
+MIN_FILL = 0.8  # under a token budget, the least share of a batch's padded tokens that are real ones
 Key = TypeVar("Key", bound=Hashable)  # a queue's shape
 
 
@@ -77,9 +78,10 @@ async def gather_by_length(
 ) -> tuple[list[Pending], int]:
     """A batch under a token budget, from one queue of every length: ``first`` (the oldest), then the waiting
     requests nearest its length, while it holds at most ``size`` rows and ``tokens`` padded tokens (``padded`` of
-    its longest length, times its rows). The others go back to the queue in the order they came, so the oldest of
-    them starts the next batch: no long text waits behind a stream of short ones. While fewer rows wait than are on
-    their way, it waits for them until ``deadline`` at most."""
+    its longest length, times its rows), and at least ``MIN_FILL`` of those are real tokens. The others go back to
+    the queue in the order they came, so the oldest of them starts the next batch: no long text waits behind a
+    stream of short ones. While fewer rows wait than are on their way, it waits for them until ``deadline`` at
+    most."""
     taken(first)
     waiting: list[Pending] = []
     rows = first.rows
@@ -96,15 +98,17 @@ async def gather_by_length(
         if queue.empty():
             break
     batch, rows, longest = [first], first.rows, first.length
-    # Nearest in length first (the sort is stable: among equals, the oldest), so the batch pads little.
+    real = first.length * first.rows  # the batch's tokens before padding
+    # Nearest in length first (the sort is stable: among equals, the oldest), so the batch pads little; and never
+    # past MIN_FILL: a padded token costs the model as much as a real one, more than a run of its own would.
     for item in sorted(waiting, key=lambda p: abs(p.length - first.length)):
-        length = max(longest, item.length)
-        if rows + item.rows > size or padded(length) * (rows + item.rows) > tokens:
+        length, more = max(longest, item.length), rows + item.rows
+        cost = padded(length) * more
+        if more > size or cost > tokens or real + item.length * item.rows < MIN_FILL * cost:
             continue
         batch.append(item)
         taken(item)
-        rows += item.rows
-        longest = length
+        rows, longest, real = more, length, real + item.length * item.rows
     chosen = {id(p) for p in batch}
     for item in waiting:  # nothing was awaited since the queue was emptied: they go back in their order
         if id(item) not in chosen:

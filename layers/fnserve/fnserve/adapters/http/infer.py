@@ -209,12 +209,7 @@ class InferenceRoute:
             logger.exception("unhandled error", extra={"path": scope.get("path")})
             status, payload, headers = error_parts(FnserveError("internal server error"))
             media_type = JSON
-        raw = [(b"content-length", str(len(payload)).encode()), (b"content-type", media_type.encode())]
-        raw += [(k.encode(), v.encode("latin-1")) for k, v in headers.items()]
-        raw.append((b"x-request-id", rid.encode("latin-1")))
-        await send({"type": "http.response.start", "status": status, "headers": raw})
-        await send({"type": "http.response.body", "body": payload})
-        answered(scope, status)
+        await respond(scope, send, status, payload, media_type, headers, rid)
 
     async def answer(
         self, request: V2Request, watcher: RequestWatcher | None = None, accept: str | None = None
@@ -290,6 +285,24 @@ def encode_v2(answer: Answer, request: InferenceRequest) -> tuple[bytes, str, di
     if head_length is None:
         return payload, JSON, {}
     return payload, BINARY, {JSON_HEADER: str(head_length)}
+
+
+async def respond(
+    scope: ASGIMessage,
+    send: Send,
+    status: int,
+    payload: bytes,
+    media_type: str,
+    headers: dict[str, str],
+    rid: str,
+) -> None:
+    """A whole answer over ASGI: its status, length, type, ``headers`` and request id, then its body."""
+    raw = [(b"content-length", str(len(payload)).encode()), (b"content-type", media_type.encode())]
+    raw += [(k.encode(), v.encode("latin-1")) for k, v in headers.items()]
+    raw.append((b"x-request-id", rid.encode("latin-1")))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": payload})
+    answered(scope, status)
 
 
 async def read_body(receive: Receive, declared: str | None, limit: int) -> bytes:

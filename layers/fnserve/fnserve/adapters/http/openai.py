@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from fnserve.adapters.http.infer import JSON, ASGIMessage, InferenceRoute, Receive, Send, read_body
-from fnserve.adapters.http.wire import answered, header_request_id, unnamed_request_id
+from fnserve.adapters.http.infer import JSON, ASGIMessage, InferenceRoute, Receive, Send, read_body, respond
+from fnserve.adapters.http.wire import header_request_id, unnamed_request_id
 from fnserve.core.dataplane import Answer
 from fnserve.core.embeddings import TOKENS, TRUNCATED, Embedder, TokenIds, embedders, shorten
 from fnserve.core.errors import ClientGone, FnserveError
@@ -274,7 +274,7 @@ class OpenAIRoutes:
         except Exception:  # reading the body failed in a way no error of fnserve's says
             logger.exception("unhandled error", extra={"path": scope.get("path")})
             status, payload, headers = error_parts(FnserveError("internal server error"))
-        await _send(scope, send, status, payload, headers, rid)
+        await respond(scope, send, status, payload, JSON, headers, rid)
 
     async def models(self, scope: ASGIMessage, send: Send, path: str) -> None:
         """``GET /v1/models`` and ``GET /v1/models/{model}``."""
@@ -291,7 +291,7 @@ class OpenAIRoutes:
             status, payload = 200, orjson.dumps(self._model(name))
         else:
             status, payload, headers = error_parts(unknown(name))
-        await _send(scope, send, status, payload, headers, rid)
+        await respond(scope, send, status, payload, JSON, headers, rid)
 
     # -- the same, as Starlette endpoints (under a root_path, where FastAPI routes every request) ----
 
@@ -305,15 +305,6 @@ class OpenAIRoutes:
 
     def _model(self, name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": self.created[name], "owned_by": "fnserve"}
-
-
-async def _send(scope: ASGIMessage, send: Send, status: int, payload: bytes, headers: dict[str, str], rid: str) -> None:
-    raw = [(b"content-length", str(len(payload)).encode()), (b"content-type", JSON.encode())]
-    raw += [(k.encode(), v.encode("latin-1")) for k, v in headers.items()]
-    raw.append((b"x-request-id", rid.encode("latin-1")))
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": payload})
-    answered(scope, status)
 
 
 async def _responded(request: Request, route: Callable[[Send], Awaitable[None]]) -> Response:
