@@ -170,21 +170,27 @@ def length_buckets() -> list[int]:
 
 def raw(kind: str, batch: int, processes: int) -> tuple[float, float]:
     """Rows per second of ``processes`` single-threaded sessions together, and the CPU milliseconds per row."""
+    rows, cpu = side_by_side(functools.partial(_raw, kind, batch), processes, RAW_SECONDS)
+    return rows / RAW_SECONDS, cpu / rows * 1e3
+
+
+def side_by_side(work: Callable[..., None], processes: int, seconds: float) -> tuple[int, float]:
+    """``work(seconds, start, out)`` in ``processes`` spawned processes at once, each started once all are ready:
+    the rows they ran and the CPU seconds they used, summed."""
     context = multiprocessing.get_context("spawn")
     start, out = context.Event(), context.Queue()
-    workers = [context.Process(target=_raw, args=(kind, batch, RAW_SECONDS, start, out)) for _ in range(processes)]
+    workers = [context.Process(target=work, args=(seconds, start, out)) for _ in range(processes)]
     for worker in workers:
         worker.start()
     try:
         for _ in workers:
-            out.get(timeout=120)
+            out.get(timeout=300)
         start.set()
-        results = [out.get(timeout=RAW_SECONDS + 60) for _ in workers]
+        results = [out.get(timeout=seconds + 120) for _ in workers]
     finally:
         for worker in workers:
             worker.join(timeout=30)
-    rows = sum(r[1] for r in results)
-    return rows / RAW_SECONDS, sum(r[2] for r in results) / rows * 1e3
+    return sum(r[1] for r in results), sum(r[2] for r in results)
 
 
 # -- servers ------------------------------------------------------------------------------------------

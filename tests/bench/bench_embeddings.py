@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -43,7 +42,7 @@ import numpy as np
 from fnserve.bench.load import run_wrk
 from fnserve.bench.sweep import process_tree
 from fnserve.core._cpus import available_cpus
-from tests.bench.bench_batching import MODEL, TOKENIZER, Run, Server, serving, shown, text_body
+from tests.bench.bench_batching import MODEL, TOKENIZER, Run, Server, serving, shown, side_by_side, text_body
 from tests.bench.bench_grpc import cpu_seconds
 from tests.helpers import DEMO_MANIFEST, REPO
 
@@ -133,7 +132,7 @@ def _floor(budget: int | None, seconds: float, start: Any, out: Any) -> None:
     done, rows, began = 0, 0, time.process_time()
     deadline = time.perf_counter() + seconds
     sizes = [len(task.args[2]) for task in work]
-    while time.perf_counter() < deadline:
+    while time.perf_counter() < deadline or done % len(work):  # whole passes: sorted short texts come first
         work[done % len(work)]()
         rows += sizes[done % len(work)]
         done += 1
@@ -142,20 +141,8 @@ def _floor(budget: int | None, seconds: float, start: Any, out: Any) -> None:
 
 def floor(budget: int | None, processes: int) -> float:
     """CPU milliseconds per text of ``processes`` single-threaded sessions at ``budget``."""
-    context = multiprocessing.get_context("spawn")
-    start, out = context.Event(), context.Queue()
-    workers = [context.Process(target=_floor, args=(budget, RAW_SECONDS, start, out)) for _ in range(processes)]
-    for worker in workers:
-        worker.start()
-    try:
-        for _ in workers:
-            out.get(timeout=300)
-        start.set()
-        results = [out.get(timeout=RAW_SECONDS + 120) for _ in workers]
-    finally:
-        for worker in workers:
-            worker.join(timeout=30)
-    return float(sum(r[2] for r in results) / sum(r[1] for r in results) * 1e3)
+    rows, cpu = side_by_side(functools.partial(_floor, budget), processes, RAW_SECONDS)
+    return cpu / rows * 1e3
 
 
 # -- servers ------------------------------------------------------------------------------------------
