@@ -103,8 +103,8 @@ async def gather_by_length(
     # past MIN_FILL: a padded token costs the model as much as a real one, more than a run of its own would.
     for item in sorted(waiting, key=lambda p: abs(p.length - first.length)):
         length, more = max(longest, item.length), rows + item.rows
-        cost = padded(length) * more
-        if more > size or cost > tokens or real + item.length * item.rows < MIN_FILL * cost:
+        # The fill counts the padding joining adds, up to the longest; a GPU's bucket pads every batch alike.
+        if more > size or padded(length) * more > tokens or real + item.length * item.rows < MIN_FILL * length * more:
             continue
         batch.append(item)
         taken(item)
