@@ -166,11 +166,7 @@ class PipelineServable(Servable):
             run = run_model(self.model, pipeline.model_outputs, staged.feed)
             parts.append(pipeline.finish(staged, dict(zip(pipeline.model_outputs, run, strict=True)), names, timings))
         result = concatenate(parts, self.what)
-        if order is None:
-            return result
-        back = np.empty_like(order)
-        back[order] = np.arange(len(order))
-        return {name: array[back] for name, array in result.items()}
+        return result if order is None else in_order(result, order)
 
     def _run_by_tokens(
         self, feed: Arrays, budget: int, names: Sequence[str], timings: dict[str, float] | None
@@ -200,10 +196,7 @@ class PipelineServable(Servable):
             run = run_model(model, pipeline.model_outputs, part.feed)
             parts.append(pipeline.finish(part, dict(zip(pipeline.model_outputs, run, strict=True)), names, timings))
             start = end
-        result = concatenate(parts, self.what)
-        back = np.empty_like(order)
-        back[order] = np.arange(rows)
-        return {name: array[back] for name, array in result.items()}
+        return in_order(concatenate(parts, self.what), order)
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -212,6 +205,13 @@ class PipelineServable(Servable):
             "inputs": [input_metadata(spec) for spec in self.inputs],
             "outputs": [spec.to_metadata() for spec in self.outputs],
         }
+
+
+def in_order(result: Arrays, order: np.ndarray[Any, Any]) -> Arrays:
+    """Rows run in ``order`` put back where the request had them."""
+    back = np.empty_like(order)
+    back[order] = np.arange(len(order))
+    return {name: array[back] for name, array in result.items()}
 
 
 def input_metadata(spec: TensorSpec) -> dict[str, object]:

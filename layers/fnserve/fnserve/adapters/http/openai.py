@@ -50,9 +50,10 @@ def unknown(model: object) -> OpenAIError:
     return OpenAIError(f"The model {model!r} does not exist", 404, "model", "model_not_found")
 
 
-def error_parts(error: FnserveError, param: str | None = "input") -> tuple[int, bytes, dict[str, str]]:
+def error_parts(error: FnserveError) -> tuple[int, bytes, dict[str, str]]:
     """An error as these routes answer it: OpenAI's body, a 4xx about the input as its 400, ``Retry-After``."""
     status = 400 if error.status_code == 422 else error.status_code
+    param: str | None = "input"
     code = None
     if isinstance(error, OpenAIError):
         param, code = error.param, error.code
@@ -68,12 +69,12 @@ def error_parts(error: FnserveError, param: str | None = "input") -> tuple[int, 
 
 
 class EmbeddingsRequest:
-    """An embeddings request as the data plane takes it: its body read once admitted (or before, where the server
-    embeds with more than one model and the body names which), then checked field by field; its answer written
-    as OpenAI's list."""
+    """An embeddings request as the data plane takes it: its body read and parsed once admitted (or before, where
+    the server embeds with more than one model and the body names which: ``doc``), then checked field by field;
+    its answer written as OpenAI's list."""
 
     __slots__ = (
-        *("name", "traceparent", "deadline", "_body", "_receive", "_declared", "_limit", "_routes"),
+        *("name", "traceparent", "deadline", "_doc", "_receive", "_declared", "_routes"),
         *("inputs", "outputs", "timeout", "_embedder", "_dimensions", "_base64"),
     )
     version = None
@@ -82,7 +83,7 @@ class EmbeddingsRequest:
         self,
         routes: OpenAIRoutes,
         name: str,
-        body: bytes | None,
+        doc: dict[str, Any] | None,
         receive: Receive,
         declared: str | None,
         traceparent: str | None,
@@ -90,10 +91,9 @@ class EmbeddingsRequest:
     ) -> None:
         self._routes = routes
         self.name = name
-        self._body = body
+        self._doc = doc
         self._receive = receive
         self._declared = declared
-        self._limit = routes.limit
         self.traceparent = traceparent
         self.deadline = deadline
         self.timeout: float | None = None
@@ -104,8 +104,9 @@ class EmbeddingsRequest:
         self._base64 = False
 
     async def decoded(self) -> EmbeddingsRequest:
-        raw = self._body if self._body is not None else await read_body(self._receive, self._declared, self._limit)
-        doc = parse(raw)
+        doc = self._doc
+        if doc is None:
+            doc = parse(await read_body(self._receive, self._declared, self._routes.limit))
         if doc["model"] != self.name:
             raise unknown(doc["model"])
         embedder = self._embedder = self._routes.embedders[self.name]
@@ -257,13 +258,13 @@ class OpenAIRoutes:
         request_keys(request_id=rid)
         headers: dict[str, str] = {}
         try:
-            name, body = self.only, None
+            name, doc = self.only, None
             if name is None:  # the body says which model: read it first
-                body = await read_body(receive, declared, self.limit)
-                name = parse(body)["model"]
+                doc = parse(await read_body(receive, declared, self.limit))
+                name = doc["model"]
                 if name not in self.embedders:
                     raise unknown(name)
-            request = EmbeddingsRequest(self, name, body, receive, declared, traceparent, deadline)
+            request = EmbeddingsRequest(self, name, doc, receive, declared, traceparent, deadline)
             served = await self.plane.serve(self.watcher, request)
             payload, _, headers = self.inference.written(served, accept)  # Server-Timing, the cache, compression
             status = 200
