@@ -1,5 +1,5 @@
 """AWS's published on-demand prices (us-east-1, USD, free tiers left out) that ``fnserve bench --lambda`` costs
-memory sizes at, and that docs/aws.md's cost figures are made from, with the other serverless targets' beside them
+memory sizes at, and that docs/aws-costs.md's cost figures are made from, with the other serverless targets' beside them
 (SageMaker Serverless Inference; Cloud Run in a tier 1 region): a test keeps the page equal to them.
 
 When AWS changes a price, change it here with the date it was read (``AS_OF``); ``python -m
@@ -40,7 +40,7 @@ CLOUD_RUN_GIB_SECOND = 0.0000025
 CLOUD_RUN_PER_MILLION = 0.40
 CLOUD_RUN_ROUNDING_MS = 100  # an instance's billable time is rounded up to this
 
-TABLE = (  # (what, price, per what): docs/aws.md's price table, row by row
+TABLE = (  # (what, price, per what): docs/aws-costs.md's price table, row by row
     ("Lambda requests", LAMBDA_PER_MILLION, "million invocations"),
     ("Lambda duration, x86_64", LAMBDA_GB_SECOND["x86_64"], "GB-second"),
     ("Lambda duration, arm64", LAMBDA_GB_SECOND["arm64"], "GB-second"),
