@@ -117,8 +117,8 @@ ELSEWHERE = {  # a block's first command -> why it does not run here, and what p
     "fnserve submit": "needs a queue: tests/functional/test_batch.py submits and fetches results on moto",
     "make sam-check": "make test runs sam-check; deploying needs an AWS account",
     "make deploy": "needs AWS credentials; make test runs sam-check, which builds, lints and runs what it deploys",
-    "aws iam create-policy": "needs an account: tests/unit/test_deployer_policy.py checks the policy against the "
-    "resources SAM makes of template.yaml",
+    "for policy in infra/aws/deployer/*.json;": "needs an account: tests/unit/test_deployer_policy.py checks the "
+    "policies against the resources SAM makes of template.yaml, and each against IAM's size limit",
     "aws cloudformation describe-stacks": "needs a deployed stack: tests/unit/test_aws_page.py checks that the "
     "outputs docs/aws.md lists are template.yaml's",
     "aws sqs start-message-move-task": "needs a deployed stack: tests/e2e/test_local.py sends jobs to the dead-letter "

@@ -1,11 +1,12 @@
-"""infra/aws/deployer-policy.json grants what ``sam deploy`` and ``sam delete`` of template.yaml need, and no more.
+"""infra/aws/deployer/*.json grant, together, what ``sam deploy`` and ``sam delete`` of template.yaml need, and no more.
 
 What is needed comes from the template: SAM's translator turns it into the CloudFormation resources it creates (a
 function into its role, versions, alias, queue trigger and CodeDeploy group), and CloudFormation's own resource
 schemas (cfn-lint ships them) list the permissions each resource type's create, read, update and delete handlers
 call. Each must be granted on the ARN CloudFormation gives that resource in the stack samconfig.toml names, and not
 on another stack's, unless NOT_USED says why this template never makes the handler call it; SAM CLI's own calls
-(change sets, its artifact bucket) are in ``sam_cli_needs``. Every action the policy grants must be one of them.
+(change sets, its artifact bucket) are in ``sam_cli_needs``. Every action the policies grant must be one of them.
+They are several managed policies because IAM refuses one over 6,144 characters; each must stay under it.
 
 Conditions are checked on their own (``test_the_conditions_...``); matching ignores them. Nothing here calls AWS:
 what AWS itself would refuse is only known by deploying (docs/aws.md says so).
@@ -27,7 +28,9 @@ from cfnlint.decode.cfn_yaml import load
 
 from tests.helpers import REPO
 
-POLICY: dict[str, Any] = json.loads((REPO / "infra" / "aws" / "deployer-policy.json").read_text())
+DEPLOYER = REPO / "infra" / "aws" / "deployer"
+POLICIES: dict[str, dict[str, Any]] = {p.name: json.loads(p.read_text()) for p in sorted(DEPLOYER.glob("*.json"))}
+STATEMENTS: list[dict[str, Any]] = [s for policy in POLICIES.values() for s in policy["Statement"]]
 SAMCONFIG = tomllib.loads((REPO / "samconfig.toml").read_text())
 STACK: str = SAMCONFIG["default"]["global"]["parameters"]["stack_name"]
 ARTIFACTS_PREFIX: str = SAMCONFIG["default"]["deploy"]["parameters"]["s3_prefix"]
@@ -489,29 +492,27 @@ def unmet(statements: list[dict[str, Any]]) -> list[Need]:
 def test_every_resource_the_template_creates_can_be_created_updated_and_deleted() -> None:
     kinds = {resource.kind for resource in created().values()}
     assert {"AWS::Lambda::Alias", "AWS::IAM::Role", "AWS::CodeDeploy::DeploymentGroup", "AWS::S3::Bucket"} <= kinds
-    missing = unmet(POLICY["Statement"])
-    assert not missing, "the policy does not grant:\n" + "\n".join(f"  {n.action} on {n.arn}: {n.why}" for n in missing)
+    missing = unmet(STATEMENTS)
+    assert not missing, "the policies do not grant:\n" + "\n".join(f"  {n.action} on {n.arn}: {n.why}" for n in missing)
 
 
 def test_it_grants_nothing_the_deploy_does_not_need_and_no_wildcard_action() -> None:
-    statements = POLICY["Statement"]
-    assert POLICY["Version"] == "2012-10-17"
-    assert all(set(s) <= {"Sid", "Effect", "Action", "Resource", "Condition"} for s in statements)  # no NotAction
-    assert all(s["Effect"] == "Allow" for s in statements)
-    granted = {a for s in statements for a in listed(s["Action"])}
+    assert all(set(policy) == {"Version", "Statement"} for policy in POLICIES.values())
+    assert all(policy["Version"] == "2012-10-17" for policy in POLICIES.values())
+    assert all(set(s) <= {"Sid", "Effect", "Action", "Resource", "Condition"} for s in STATEMENTS)  # no NotAction
+    assert all(s["Effect"] == "Allow" for s in STATEMENTS)
+    granted = {a for s in STATEMENTS for a in listed(s["Action"])}
     assert not [a for a in granted if "*" in a or "?" in a], "an action with a wildcard"
     needed = {n.action.lower() for n in needs()}
     assert not sorted(a for a in granted if a.lower() not in needed), "granted, and nothing in the deploy needs it"
     services = {a.split(":")[0] for a in granted}
     assert services <= {n.action.split(":")[0] for n in needs()}, "a service the template does not use"
-    assert len({s["Sid"] for s in statements}) == len(statements)
 
 
 def test_every_statement_is_needed() -> None:
     """Drop any one statement and the deploy misses something: none is redundant, and the check above can fail."""
-    statements = POLICY["Statement"]
-    for index, statement in enumerate(statements):
-        assert unmet(statements[:index] + statements[index + 1 :]), f"{statement['Sid']} grants nothing needed"
+    for index, statement in enumerate(STATEMENTS):
+        assert unmet(STATEMENTS[:index] + STATEMENTS[index + 1 :]), f"{statement['Sid']} grants nothing needed"
 
 
 def test_it_reaches_only_this_stacks_resources() -> None:
@@ -523,16 +524,16 @@ def test_it_reaches_only_this_stacks_resources() -> None:
         if f"stack/{STACK}/" in n.arn or f"{STACK}-" in n.arn
     ]
     assert len(other) > 100
-    reached = [f"{n.action} on {arn}" for n, arn in other if any(grants(s, n.action, arn) for s in POLICY["Statement"])]
+    reached = [f"{n.action} on {arn}" for n, arn in other if any(grants(s, n.action, arn) for s in STATEMENTS)]
     assert not reached, "reaches another stack's resources:\n" + "\n".join(reached)
-    for statement in POLICY["Statement"]:
+    for statement in STATEMENTS:
         if "*" in listed(statement["Resource"]):
             scoped = f"function:{STACK}-" in json.dumps(statement.get("Condition", {}))
             assert scoped or set(listed(statement["Action"])) <= ACCOUNT_LEVEL, statement["Sid"]
 
 
 def conditioned(action: str) -> dict[str, Any]:
-    (statement,) = [s for s in POLICY["Statement"] if action in listed(s["Action"]) and "Condition" in s]
+    (statement,) = [s for s in STATEMENTS if action in listed(s["Action"]) and "Condition" in s]
     return dict(statement["Condition"])
 
 
@@ -557,3 +558,47 @@ def test_the_conditions_let_roles_take_only_the_templates_policies_and_go_only_t
     }
     triggers = {"ArnLike": {"lambda:FunctionArn": f"arn:aws:lambda:*:*:function:{STACK}-*"}}
     assert conditioned("lambda:CreateEventSourceMapping") == triggers
+
+
+def test_no_statement_is_in_two_places() -> None:
+    """A statement twice (by its Sid, or by what it grants), in one file or across two, would be edited in one place
+    and left as it was in the other."""
+    sids = [s["Sid"] for s in STATEMENTS]
+    assert len(set(sids)) == len(sids), sorted({sid for sid in sids if sids.count(sid) > 1})
+    bodies = [json.dumps({k: v for k, v in s.items() if k != "Sid"}, sort_keys=True) for s in STATEMENTS]
+    assert len(set(bodies)) == len(bodies), "two statements grant the same"
+
+
+# -- what IAM accepts ----------------------------------------------------------------------------------------------
+
+MANAGED_POLICY_LIMIT = 6_144  # IAM's hard limit, in characters; an inline role policy's is 10,240
+
+
+def iam_size(document: Any) -> int:
+    """A policy's size as IAM counts it: whitespace between the JSON's tokens is not counted, within strings it is."""
+    return len(json.dumps(document, separators=(",", ":"), ensure_ascii=False))
+
+
+def policy_documents() -> dict[str, Any]:
+    """Every IAM policy under infra/ (a JSON file with a Statement), by path."""
+    documents = {}
+    for path in sorted((REPO / "infra").rglob("*.json")):
+        document = json.loads(path.read_text())
+        if isinstance(document, dict) and "Statement" in document:
+            documents[path.relative_to(REPO).as_posix()] = document
+    return documents
+
+
+def test_every_policy_under_infra_is_one_iam_accepts() -> None:
+    """Each is created as a managed policy (docs/aws-permissions.md), whose limit is the lower."""
+    assert iam_size({"Sid": "a b"}) == len('{"Sid":"a b"}')  # the space inside a string counts
+    documents = policy_documents()
+    assert {f"infra/aws/deployer/{name}" for name in POLICIES} <= set(documents)
+    over = {path: size for path, document in documents.items() if (size := iam_size(document)) > MANAGED_POLICY_LIMIT}
+    assert not over, f"over the {MANAGED_POLICY_LIMIT} characters IAM allows a managed policy: {over}"
+
+
+def test_the_permissions_page_creates_every_file() -> None:
+    page = (REPO / "docs" / "aws-permissions.md").read_text()
+    assert "for policy in infra/aws/deployer/*.json" in page
+    assert len(POLICIES) >= 2 and all(f"`{name}`" in page for name in POLICIES), "a file the page does not describe"
