@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
+from botocore.exceptions import ClientError
 from typer.testing import CliRunner
 
 from fnserve.aws import clients
@@ -19,6 +23,7 @@ from fnserve.core.manifest import load_manifest
 from fnserve.settings import Settings
 from tests.functional.conftest import Aws, Gcs
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
+from tests.moto import aws_env, moto_server
 
 runner = CliRunner()
 MODELS = DEMO_MANIFEST.parent
@@ -152,6 +157,48 @@ def test_push_refuses_a_destination_that_is_not_a_bucket(demo: Path) -> None:
     assert "must be s3://bucket[/prefix] or gs://bucket[/prefix]" in output
 
 
+# What an identity may do on the model bucket, as docs/aws-permissions.md lists it for `fnserve models push` (no
+# s3:ListBucket), and with one of the two left out.
+MODEL_BUCKET_GRANTS = {
+    "documented": ["s3:PutObject", "s3:GetObject"],
+    "put-only": ["s3:PutObject"],
+    "get-only": ["s3:GetObject"],
+}
+
+
+@pytest.fixture
+def pushers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, dict[str, str]]]:
+    """A moto server of its own that enforces IAM, a bucket ``models`` in it, and an IAM user for each of
+    MODEL_BUCKET_GRANTS holding only those actions on the bucket's objects: their access keys, by name."""
+    with moto_server(tmp_path / "moto.log") as url:
+        for key, value in aws_env(url).items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.delenv("LOCALSTACK_HOST", raising=False)
+        clients.reset()
+        clients.client("s3").create_bucket(Bucket="models")
+        iam = clients.client("iam")
+        keys = {}
+        for user, actions in MODEL_BUCKET_GRANTS.items():
+            iam.create_user(UserName=user)
+            statement = {"Effect": "Allow", "Action": actions, "Resource": "arn:aws:s3:::models/*"}
+            document = json.dumps({"Version": "2012-10-17", "Statement": [statement]})
+            iam.put_user_policy(UserName=user, PolicyName="model-bucket", PolicyDocument=document)
+            keys[user] = iam.create_access_key(UserName=user)["AccessKey"]
+        httpx.post(f"{url}/moto-api/reset-auth", content=b"0").raise_for_status()  # every call from here is checked
+        monkeypatch.delenv("AWS_SESSION_TOKEN")
+        yield {
+            user: {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+            for user, key in keys.items()
+        }
+    clients.reset()
+
+
+def as_user(credentials: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in credentials.items():
+        monkeypatch.setenv(key, value)
+    clients.reset()
+
+
 def test_push_to_cloud_storage_then_served_from_there(gcs: Gcs, demo: Path, tmp_path: Path) -> None:
     from fnserve.stores import gcs as storage
 
@@ -163,3 +210,30 @@ def test_push_to_cloud_storage_then_served_from_there(gcs: Gcs, demo: Path, tmp_
     service.load_all()
     expected = ort.InferenceSession(str(ACCURATE)).run(["label"], {"input": DIGITS})[0]
     np.testing.assert_array_equal(service.predict("digits-accurate", {"input": DIGITS})["label"], expected)
+
+
+def test_push_needs_only_the_documented_permissions_not_list_bucket(
+    pushers: dict[str, dict[str, str]], demo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    as_user(pushers["documented"], monkeypatch)
+    with pytest.raises(ClientError, match="AccessDenied"):
+        clients.client("s3").list_objects_v2(Bucket="models")  # IAM is enforced, and lists are not allowed
+    first = fnserve("models", "push", "s3://models/fresh", "-m", str(demo))
+    assert "unchanged" not in first and "uploaded   s3://models/fresh/minilm-l6/1/model.onnx" in first
+    again = fnserve("models", "push", "s3://models/fresh", "-m", str(demo))  # s3:GetObject lets it read what is there
+    assert again.count("uploaded") == 1 and "unchanged  s3://models/fresh/minilm-l6/1/model.onnx" in again
+
+
+def test_a_head_that_s3_refuses_is_taken_as_absent_and_the_upload_decides(
+    pushers: dict[str, dict[str, str]], demo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without s3:ListBucket, S3 refuses a HeadObject of a missing key with a 403 (moto answers 404, so here a
+    user without s3:GetObject gets the 403): push uploads. Without s3:PutObject, the upload fails and says so."""
+    as_user(pushers["put-only"], monkeypatch)
+    for _ in range(2):  # nothing is known to be there, so everything is sent each time
+        output = fnserve("models", "push", "s3://models/blind", "-m", str(demo))
+        assert "unchanged" not in output and "uploaded   s3://models/blind/digits-labels.txt" in output
+
+    as_user(pushers["get-only"], monkeypatch)
+    result = runner.invoke(app, ["models", "push", "s3://models/read-only", "-m", str(demo)])
+    assert result.exit_code == 1 and "AccessDenied) when calling the PutObject operation" in str(result.exception)

@@ -45,12 +45,15 @@ def upload_file(path: Path, uri: str, sha256: str) -> None:
 
 
 def stored_sha256(uri: str) -> str | None:
-    """The sha256 :func:`upload_file` recorded for ``uri``, or None when the object does not exist."""
+    """The sha256 :func:`upload_file` recorded for ``uri``, or None when the object is not known to be there:
+    missing, or hidden by a 403 (without s3:ListBucket, S3 answers a missing key so)."""
     bucket, key = split_uri(uri, "s3")
     try:
         head = client("s3").head_object(Bucket=bucket, Key=key)
     except Exception as exc:
-        if getattr(exc, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code")
+        # Safe: push then uploads, which is its aim (skipping only saves time); without s3:PutObject that fails.
+        if code in ("404", "NoSuchKey", "NotFound", "403", "AccessDenied", "Forbidden"):
             return None
         raise
     return head.get("Metadata", {}).get("sha256")  # type: ignore[no-any-return]
