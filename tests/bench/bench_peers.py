@@ -22,8 +22,8 @@ BentoML and MLServer, in one run.
   request (the CPU time of all its processes over the requests answered), since wrk shares the cores.
 - **The floor**: raw onnxruntime's CPU per row at batch 1, each request's own batch: digits in this process, one
   thread; MiniLM tensors and text (tokenize, run, mean-pool) as the batching benchmark measures them, a
-  single-threaded session per CPU. ``x raw`` is that CPU per row over the server's CPU per request: a server
-  that batches can pass 1.
+  single-threaded session per CPU. ``efficiency`` is that CPU per row over the server's CPU per request: a
+  server that batches can pass 1.
 - **SQS jobs**: one ``BENCH_SQS_RECORDS``-record event of digits jobs (cache off) through fnserve's batch handler
   beside the naive vectorised handler and the floor (simdjson reading the numbers plus one ``session.run`` on the
   stacked rows), the SQS benchmark's pieces, ``BENCH_SQS_REPEATS`` interleaved repeats: records a second and CPU
@@ -417,7 +417,7 @@ def report(
             agree = "the reference" if label == FNSERVE else f"answers within {worst[(what, label)]:.1e} of fnserve's"
             print(
                 f"    {label:<24} {shown(run.rate, '.0f')} req/s  CPU {shown(run.cpu_ms, '.3f')} ms/req  "
-                f"{ratio(raws[what], run.cpu_ms):.2f}x raw  req/s {ratio(run.rate, fn.rate):.2f}x fnserve's  "
+                f"efficiency {ratio(raws[what], run.cpu_ms):.2f}  req/s {ratio(run.rate, fn.rate):.2f}x fnserve's  "
                 f"CPU/req {ratio(run.cpu_ms, fn.cpu_ms):.2f}x fnserve's  ({agree})"
             )
     print(
@@ -445,7 +445,7 @@ def report(
             run = runs[(what, label)]
             figures = f"{statistics.median(run.rate):.0f} req/s, {statistics.median(run.cpu_ms):.3f} ms CPU/req"
             if label == FNSERVE:
-                cells.append(f"{figures} ({ratio(raws[what], run.cpu_ms):.2f}x raw)")
+                cells.append(f"{figures} (efficiency {ratio(raws[what], run.cpu_ms):.2f})")
             else:
                 cells.append(f"{figures} (**{ratio(run.cpu_ms, fn.cpu_ms):.2f}x** fnserve's CPU)")
         print(f"| {what} | " + " | ".join(cells) + f" | {statistics.median(raws[what]):.3f} ms CPU/row |")
@@ -453,7 +453,7 @@ def report(
     (fn_rate, fn_cpu), (naive_rate, naive_cpu), (_, floor_cpu) = jobs[FNSERVE], jobs[NAIVE_SQS], jobs["floor"]
     print(
         f"| SQS jobs | {statistics.median(fn_rate):.0f} records/s, {statistics.median(fn_cpu):.1f} us CPU/record "
-        f"({ratio(floor_cpu, fn_cpu):.2f}x floor) | {statistics.median(naive_rate):.0f} records/s, "
+        f"(efficiency {ratio(floor_cpu, fn_cpu):.2f}) | {statistics.median(naive_rate):.0f} records/s, "
         f"{statistics.median(naive_cpu):.1f} us CPU/record (**{ratio(naive_cpu, fn_cpu):.2f}x** fnserve's CPU) | "
         + " | ".join(none[0] for _ in labels[2:])
         + f" | {statistics.median(floor_cpu):.1f} us CPU/record |"
@@ -474,7 +474,8 @@ def report(
     print(
         "\nIn bold, the peer's figure over fnserve's in the same rounds (the median of the rounds' ratios): above 1, "
         "the peer spends more CPU a request (or takes longer). In fnserve's column, the floor's figure over fnserve's "
-        "(x raw: raw onnxruntime's CPU per row over fnserve's CPU per request): 1 is as cheap as the floor. In the "
+        "(efficiency: raw onnxruntime's CPU per row over fnserve's CPU per request; x floor: the floor's cold start "
+        "over fnserve's): 1 is as cheap as the floor. In the "
         "SQS and cold-start rows the naive column holds the hand-written vectorised handler and the Mangum + FastAPI "
         "handler. Reproduce: make bench-peers. Method, row by row:"
     )
