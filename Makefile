@@ -13,7 +13,7 @@ PY312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12
 	$$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$c; break; }; done)
 SAM := SAM_CLI_TELEMETRY=0 PATH="$(dir $(PY312)):$$PATH" $(SAM_VENV)/bin/sam
 
-.PHONY: setup image-test run serve test test-installs locks docs perf-analyzer test-gpu gpu-models test-servers lint sam-build sam-check deploy bench bench-models bench-peers tune models minilm grpc-stubs clean
+.PHONY: setup dist image-test run serve test test-installs locks docs perf-analyzer test-gpu gpu-models test-servers lint sam-build sam-check deploy bench bench-models bench-peers tune models minilm grpc-stubs clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fnserve needs Python >= 3.11"'
@@ -31,6 +31,11 @@ run: setup
 # The same app as a long-running container server, without the AWS parts.
 serve: setup
 	$(BIN)/fnserve serve -m $(MANIFEST)
+
+# The wheel a user installs where there is no checkout: pip install "dist/fnserve-VERSION-py3-none-any.whl[server]".
+dist: setup
+	rm -rf dist
+	$(BIN)/uv build --wheel --out-dir dist .
 
 lint: setup
 	$(BIN)/ruff check layers/fnserve functions tests infra

@@ -325,3 +325,17 @@ class Arrived:
     def encode(self, answer: Any) -> Any:
         assert self._request is not None
         return answer if self._encode is None else self._encode(answer, self._request)
+
+
+GPU_ONLY = {"gpu", "tensorrt"}  # extras whose wheels need a GPU machine
+DOCKERFILES = sorted((REPO / "infra" / "container").glob("*Dockerfile"))
+
+
+def documented() -> dict[frozenset[str], str]:
+    """Every extra set an install instruction names, with where it is named."""
+    found: dict[frozenset[str], str] = {}
+    for path in [*DOCKERFILES, REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for extras in re.findall(r"""pip install[^\n]*?(?:\.|fnserve)\[([a-z0-9_,-]+)\]""", path.read_text()):
+            wanted = frozenset(extras.split(",")) - GPU_ONLY
+            found.setdefault(wanted, path.name)
+    return found

@@ -1,6 +1,7 @@
 """docs/quickstart.md runs as written, block after block, in a fresh directory: its servers started as a reader
-starts them, its curls answering what the page shows, its own model quantized, added and served. Only the blocks
-that need an AWS account do not run here."""
+starts them, its curls answering what the page shows, its own model quantized, added and served. The blocks that
+need an AWS account do not run here, nor the install: tests/install installs the page's extras fresh, at their
+floors and latest, and runs what each is for; here the project's virtualenv stands in for it."""
 
 from __future__ import annotations
 
@@ -16,16 +17,17 @@ from pathlib import Path
 import pytest
 
 from tests.functional.test_readme import starts
-from tests.helpers import REPO
+from tests.helpers import REPO, documented
 from tests.moto import free_port
 from tests.servers import start_http
 
 PAGE = REPO / "docs" / "quickstart.md"
 BLOCKS = re.findall(r"```sh\n(.*?)```", PAGE.read_text(), re.DOTALL)
-SERVERS = ("make serve", ".venv/bin/fnserve serve")  # a block that starts one stays in the foreground
+SERVERS = (".venv/bin/fnserve serve",)  # a block that starts one stays in the foreground
 # Pushing to a bucket and deploying need an account: tests/functional/test_publish.py pushes to moto, and make test's
 # sam-check builds what make deploy deploys.
 NEEDS_AN_ACCOUNT = ".venv/bin/fnserve models push"
+INSTALL = "python3 -m venv .venv"
 DEMO_PORT, OWN_PORT = 8080, 8090  # the ports the page uses: the demo's default, and the one it gives its own model
 
 
@@ -45,16 +47,16 @@ def shown_answers(block: str) -> list[list[str]]:
 def reader(tmp_path: Path) -> Iterator[Path]:
     """A directory a reader's checkout would be: the Makefile, the project, its virtualenv and the demo models.
     Whatever the page writes lands here."""
-    for name in ("Makefile", "pyproject.toml", "layers"):
+    for name in ("Makefile", "pyproject.toml", "layers", "examples"):
         (tmp_path / name).symlink_to(REPO / name)
     (tmp_path / ".venv").symlink_to(Path(sys.prefix))
     yield tmp_path
 
 
 def test_the_quickstart_has_its_steps() -> None:
-    assert [
-        starts(b, c) for b, c in zip(BLOCKS[:3], ["make serve", "curl", ".venv/bin/fnserve quantize"], strict=True)
-    ] == [True] * 3
+    steps = [INSTALL, ".venv/bin/fnserve serve", "curl", ".venv/bin/fnserve quantize"]
+    assert [starts(block, command) for block, command in zip(BLOCKS, steps, strict=False)] == [True] * len(steps)
+    assert frozenset({"server", "quantize"}) in documented(), "tests/install must install the page's extras"
 
 
 def test_the_quickstart_runs_as_written(reader: Path) -> None:
@@ -69,7 +71,9 @@ def test_the_quickstart_runs_as_written(reader: Path) -> None:
                 block = block.replace(f"localhost:{port}", f"127.0.0.1:{free}").replace(
                     f"--port {port}", f"--port {free}"
                 )
-            if starts(block, NEEDS_AN_ACCOUNT):
+            if starts(block, INSTALL):
+                continue
+            if NEEDS_AN_ACCOUNT in block:
                 skipped.append(number)
                 continue
             if any(starts(block, server) for server in SERVERS):

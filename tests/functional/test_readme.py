@@ -119,14 +119,16 @@ ELSEWHERE = {  # a block's first command -> why it does not run here, and what p
     "make deploy": "needs AWS credentials; make test runs sam-check, which builds, lints and runs what it deploys",
     "for policy in infra/aws/deployer/*.json;": "needs an account: tests/unit/test_deployer_policy.py checks the "
     "policies against the resources SAM makes of template.yaml, and each against IAM's size limit",
-    "aws cloudformation describe-stacks": "needs a deployed stack: tests/unit/test_aws_page.py checks that the "
-    "outputs docs/aws.md lists are template.yaml's",
+    'eval "$(.venv/bin/fnserve outputs)"': "needs a deployed stack: tests/functional/test_stack_outputs.py evaluates "
+    "the exports of a stack with template.yaml's outputs that moto's CloudFormation made, and "
+    "tests/functional/test_batch.py submits and fetches results on moto",
+    "pip install awscurl": "needs a deployed stack with IAM authorization: tests/functional/test_lambda_http.py "
+    "sends the same request through API Gateway's events",
     "aws sqs start-message-move-task": "needs a deployed stack: tests/e2e/test_local.py sends jobs to the dead-letter "
     "queue through the template's redrive policy on moto; the move back is SQS's own",
     "docker build -f infra/container/lambda.Dockerfile": "needs Docker (and ECR, an account): make image-test "
     "builds this Dockerfile with buildah and runs the image (tests/image/test_lambda_image.py)",
     ".venv/bin/fnserve models push": "tests/functional/test_publish.py pushes to moto and Cloud Storage",
-    ".venv/bin/fnserve submit": "needs the deployed stack's queue: tests/functional/test_batch.py on moto",
     ".venv/bin/fnserve manifest add": "tests/functional/test_publish.py",
     ".venv/bin/fnserve quantize": "a usage line; the transcript below it runs in test_readme_transcripts_run",
     ".venv/bin/fnserve bench": "minutes of load: tests/functional/test_bench_cli.py runs a short sweep",

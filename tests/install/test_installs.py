@@ -32,13 +32,11 @@ import numpy as np
 import pytest
 from packaging.requirements import Requirement
 
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, PROJECT, REPO, load_module, requirements
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, PROJECT, REPO, documented, load_module, requirements
 from tests.moto import aws_env, free_port, reset
 from tests.servers import start_http
 
 UV = str(Path(sys.executable).parent / "uv")
-GPU_ONLY = {"gpu", "tensorrt"}
-DOCKERFILES = sorted((REPO / "infra" / "container").glob("*Dockerfile"))
 # What users install one by one (the README's and the docs' extras), beside the documented sets below.
 ALONE = ["server", "grpc", "aws", "gcp", "redis", "lambda"]
 # Each supported Python (pyproject's classifiers) beside the one the suite runs on, with the set it smokes.
@@ -47,16 +45,6 @@ PYTHONS = sorted(
     for c in PROJECT["classifiers"]
     if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
 )
-
-
-def documented() -> dict[frozenset[str], str]:
-    """Every extra set an install instruction names, with where it is named."""
-    found: dict[frozenset[str], str] = {}
-    for path in [*DOCKERFILES, REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
-        for extras in re.findall(r"""pip install[^\n]*?(?:\.|fnserve)\[([a-z0-9_,-]+)\]""", path.read_text()):
-            wanted = frozenset(extras.split(",")) - GPU_ONLY
-            found.setdefault(wanted, path.name)
-    return found
 
 
 def shipped() -> set[frozenset[str]]:
@@ -259,6 +247,21 @@ def redis_results(env: Env, redis_url: str) -> None:
     assert env.python(REDIS_ROUND_TRIP.format(url=redis_url)).strip() == "stored"
 
 
+QUANTIZE = """
+from pathlib import Path
+from fnserve.quantize import quantize
+quantize(Path("{source}"), Path("{target}"), mode="dynamic")
+import onnxruntime
+print(len(onnxruntime.InferenceSession("{target}").get_inputs()))
+"""
+
+
+def quantized(env: Env) -> None:
+    """The quickstart's model quantized by the installed quantizer (onnx's tools), and the result loading."""
+    target = env.logs / "int8.onnx"
+    assert env.python(QUANTIZE.format(source=REPO / "examples" / "digits-mlp.onnx", target=target)).strip() == "1"
+
+
 def smoke(extras: frozenset[str], env: Env, moto_url: str, redis_url: str) -> None:
     """Everything ``extras`` is for."""
     if extras & {"server", "grpc"}:
@@ -271,6 +274,8 @@ def smoke(extras: frozenset[str], env: Env, moto_url: str, redis_url: str) -> No
         cloud_function(env)
     if "redis" in extras:
         redis_results(env, redis_url)
+    if "quantize" in extras:
+        quantized(env)
     if "cli" in extras or extras & {"server", "grpc"}:
         done = subprocess.run([str(env.bin / "fnserve"), "--help"], env=env.env, capture_output=True, text=True)
         assert done.returncode == 0 and "serve" in done.stdout, done.stderr[-3000:]
