@@ -1,6 +1,7 @@
-"""docs/aws-costs.md and docs/aws.md say what the code says: its prices and cost figures are what ``fnserve.bench.prices`` gives (a price
-update cannot leave the page stale: the failure prints what to paste), ``fnserve bench --lambda`` costs memory sizes
-with the same prices and formula, and the stack outputs the page lists are template.yaml's."""
+"""docs/aws-costs.md and docs/aws.md say what the code says: its prices and cost figures are what
+``fnserve.bench.prices`` gives (a price update cannot leave the page stale: the failure prints what to paste),
+``fnserve bench --lambda`` costs memory sizes with the same prices and formula, and the stack outputs the page lists
+are template.yaml's."""
 
 from __future__ import annotations
 
@@ -104,10 +105,21 @@ def idle_lines() -> list[str]:
     idle = len(secrets) * prices.SECRET_MONTH + metrics * prices.ALARM_METRIC_MONTH
     memory = int(TEMPLATE["Parameters"]["ApiMemorySize"]["Default"])
     warm = memory / 1024 * DAYS * 86400 * prices.LAMBDA_PROVISIONED_GB_SECOND["x86_64"]
+    polled = len(polled_queues())
+    polls = prices.sqs_idle_requests_a_month(polled)
     return [
         f"{len(secrets)} secret and {metrics} alarm metrics: **{money(idle)} a month**",
+        f"each of the {polled} queues, {polls:,.0f} empty receives: "
+        f"**{money(round(prices.sqs_idle_cost_a_month(polled), 2))} a month**",
         f"one environment of the default {memory:,} MB costs {money(round(warm, 2))} a month on x86_64",
     ]
+
+
+def polled_queues() -> set[str]:
+    """The queues Lambda polls: those a function's SQS event source reads (the zip and image twins share them)."""
+    functions = [r["Properties"] for r in TEMPLATE["Resources"].values() if r["Type"] == "AWS::Serverless::Function"]
+    sources = [e["Properties"] for f in functions for e in f.get("Events", {}).values() if e["Type"] == "SQS"]
+    return {str(s["Queue"]) for s in sources}
 
 
 def test_the_prices_and_the_cost_table_are_what_the_prices_give() -> None:
@@ -118,6 +130,39 @@ def test_the_prices_and_the_cost_table_are_what_the_prices_give() -> None:
     assert targets_table() in PAGE, f"the serverless targets' table is {paste}"
     for line in idle_lines():
         assert line in PAGE, f"the idle cost is {paste}"
+    assert prices.request_figures_table() in PAGE, f"what a request is billed on is {paste}"
+    assert prices.worked_totals_table() in PAGE, f"the worked totals are {paste}"
+
+
+def test_the_worked_totals_price_the_stack_the_template_deploys() -> None:
+    parameters = TEMPLATE["Parameters"]
+    assert int(parameters["ApiMemorySize"]["Default"]) == prices.API_MEMORY_MB  # where the billed ms hold
+    assert parameters["Architecture"]["Default"] == "x86_64"  # the duration's price
+    assert parameters["XRayTracing"]["Default"] == "Active"  # X-Ray's line
+    assert len(polled_queues()) == prices.POLLED_QUEUES
+    config = TEMPLATE["Globals"]["Function"]["LoggingConfig"]
+    # At WARN Lambda writes none of its START and REPORT lines, which the log bytes leave out.
+    assert config["LogFormat"] == "JSON" and config["SystemLogLevel"] == "WARN"
+    assert set(prices.REQUESTS) == set(prices.LAMBDA_BILLED_MS) == set(prices.FUNCTION_LOG_BYTES)
+    assert set(prices.REQUESTS) == set(prices.CACHE_ITEM_BYTES)
+
+
+def test_the_formulas_around_lambda() -> None:
+    # X-Ray: every request while one a second or fewer; then one and 5% of the rest.
+    assert prices.xray_sampled_share(0.5) == prices.xray_sampled_share(1) == 1.0
+    assert prices.xray_sampled_share(100) == pytest.approx((1 + 0.05 * 99) / 100)
+    assert prices.xray_cost_per_million(100) == pytest.approx(0.0595 * prices.XRAY_PER_MILLION_TRACES)
+    # SQS: five pollers, a request each every 20 s, all month; a fixed cost spread over a month of requests.
+    assert prices.sqs_idle_requests_a_month(1) == 5 * 30 * 86400 / 20 == 648_000
+    assert prices.per_million_requests(2.592, 1) == pytest.approx(1.0)  # $2.592 over 2,592,000 requests
+    # Logs: a GB a million requests costs a GB's ingestion.
+    assert prices.logs_cost_per_million(1024**3 / 1e6) == pytest.approx(prices.LOGS_INGESTED_GB)
+    # DynamoDB: a miss reads half a unit and writes a unit a KB; a hit reads half a unit per 4 KB and writes nothing.
+    miss = 0.5 * prices.DYNAMODB_READS_PER_MILLION + 2 * prices.DYNAMODB_WRITES_PER_MILLION
+    assert prices.dynamodb_cache_cost_per_million(1025) == pytest.approx(miss)
+    assert prices.dynamodb_cache_cost_per_million(5000, hit_share=1.0) == pytest.approx(
+        prices.DYNAMODB_READS_PER_MILLION
+    )
 
 
 def test_the_table_costs_the_sizes_fnserve_bench_measures_at_the_prices_it_uses() -> None:
@@ -160,4 +205,5 @@ def test_money_keeps_cents_and_every_digit_of_a_price() -> None:
 
 if __name__ == "__main__":
     print(f"AWS's list prices for us-east-1, recorded on {prices.AS_OF}\n")
-    print(price_table(), cost_table(), targets_table(), *idle_lines(), sep="\n\n")
+    print(price_table(), cost_table(), prices.request_figures_table(), prices.worked_totals_table(), sep="\n\n")
+    print(targets_table(), *idle_lines(), sep="\n\n")

@@ -94,3 +94,127 @@ def cloud_run_cost_per_million(vcpus: float, memory_gib: float, instance_ms: flo
         instance_ms = math.ceil(instance_ms / CLOUD_RUN_ROUNDING_MS) * CLOUD_RUN_ROUNDING_MS
     per_second = vcpus * CLOUD_RUN_VCPU_SECOND + memory_gib * CLOUD_RUN_GIB_SECOND
     return CLOUD_RUN_PER_MILLION + 1e6 * instance_ms / 1e3 * per_second
+
+
+# -- a request's whole bill: what else an API request is billed by, around Lambda ------------------------------------
+# docs/aws-costs.md's worked totals. tests/functional/test_request_bytes.py measures the bytes below on the real
+# handler and fails when they drift; tests/unit/test_aws_page.py checks template.yaml still deploys what they assume.
+
+MONTH_SECONDS = 30 * 86400  # the page's month, as for provisioned concurrency
+GB = 1024**3  # a GB on AWS's bills
+TRAFFIC = (1, 100)  # the steady requests a second the worked totals are at
+API_MEMORY_MB = 2048  # template.yaml's ApiMemorySize default, at which LAMBDA_BILLED_MS holds
+POLLED_QUEUES = 2  # template.yaml's queues with a function's SQS event source: the jobs and the follow-ups
+REQUESTS = {"digits-accurate": "one digit", "minilm-embed": "one sentence"}  # the demo stack's models, and a request
+LAMBDA_BILLED_MS = {  # a warm request's mean billed milliseconds at API_MEMORY_MB
+    # fnserve bench layers/models/models/manifest.toml --model digits-accurate --no-sweep --lambda --memory 2048
+    "digits-accurate": 1.01,
+    # the same command with --model minilm-embed measures it; this is docs/benchmarks.md's "MiniLM, text" CPU a
+    # request (one sentence) rounded up to Lambda's millisecond
+    "minilm-embed": 6.0,
+}
+FUNCTION_LOG_BYTES = {  # the API function's lines a request: its access line, Mangum's request line, its EMF metrics
+    "digits-accurate": 1297,
+    "minilm-embed": 1444,
+}
+HTTP_API_LOG_BYTES = 196  # the stage's access-log line: template.yaml's AccessLogSettings Format, filled in
+CACHE_ITEM_BYTES = {"digits-accurate": 207, "minilm-embed": 1670}  # a cached result's DynamoDB item (cache_ttl_seconds)
+XRAY_RESERVOIR_PER_SECOND = 1  # X-Ray's default sampling rule, which Lambda's active tracing applies: the first
+XRAY_FIXED_RATE = 0.05  # request each second, then 5% of the rest
+SQS_IDLE_POLLERS = 5  # Lambda polls an SQS event source with five long polls at once while it has nothing to read
+SQS_WAIT_SECONDS = 20  # each a ReceiveMessage request that waits 20 s for a message
+DYNAMODB_READ_UNIT_BYTES = 4096  # on demand: half a read unit for an eventually consistent read of up to 4 KB
+DYNAMODB_WRITE_UNIT_BYTES = 1024  # a write unit a KB written
+
+
+def logs_cost_per_million(bytes_per_request: float) -> float:
+    """CloudWatch Logs' ingestion of a million requests that each write ``bytes_per_request`` of log lines."""
+    return 1e6 * bytes_per_request / GB * LOGS_INGESTED_GB
+
+
+def xray_sampled_share(requests_per_second: float) -> float:
+    """The share of requests X-Ray records at a steady rate under its default rule: the reservoir's one a second,
+    then its fixed rate of the rest."""
+    reservoir = min(requests_per_second, XRAY_RESERVOIR_PER_SECOND)
+    return (reservoir + XRAY_FIXED_RATE * (requests_per_second - reservoir)) / requests_per_second
+
+
+def xray_cost_per_million(requests_per_second: float) -> float:
+    """X-Ray's traces recorded of a million requests at a steady rate (``XRayTracing=Active``)."""
+    return xray_sampled_share(requests_per_second) * XRAY_PER_MILLION_TRACES
+
+
+def sqs_idle_requests_a_month(queues: int) -> float:
+    """The ReceiveMessage requests Lambda's pollers make in a month on ``queues`` queues with nothing in them."""
+    return queues * SQS_IDLE_POLLERS * MONTH_SECONDS / SQS_WAIT_SECONDS
+
+
+def sqs_idle_cost_a_month(queues: int) -> float:
+    """What those requests cost: SQS bills an empty receive as any other request."""
+    return sqs_idle_requests_a_month(queues) / 1e6 * SQS_PER_MILLION
+
+
+def per_million_requests(monthly_usd: float, requests_per_second: float) -> float:
+    """A fixed monthly cost's share of a million requests, at a steady rate all month."""
+    return monthly_usd / (requests_per_second * MONTH_SECONDS) * 1e6
+
+
+def dynamodb_cache_cost_per_million(item_bytes: int, hit_share: float = 0.0) -> float:
+    """The result cache's DynamoDB bill for a million requests to a model with ``cache_ttl_seconds``, a cached result
+    ``item_bytes`` long: each request one eventually consistent read (BatchGetItem; a miss still costs half a read
+    unit), each miss one write of the item."""
+    hit_units = 0.5 * math.ceil(item_bytes / DYNAMODB_READ_UNIT_BYTES)
+    reads = hit_share * hit_units + (1 - hit_share) * 0.5
+    writes = (1 - hit_share) * math.ceil(item_bytes / DYNAMODB_WRITE_UNIT_BYTES)
+    return reads * DYNAMODB_READS_PER_MILLION + writes * DYNAMODB_WRITES_PER_MILLION
+
+
+def request_costs(model: str, requests_per_second: float) -> dict[str, float]:
+    """A million API requests to one of the demo stack's models at a steady rate, by what bills them, as template.yaml
+    deploys the stack by default (x86_64, X-Ray active, Lambda's own START and REPORT lines filtered out)."""
+    return {
+        "Lambda requests": LAMBDA_PER_MILLION,
+        f"Lambda duration, {API_MEMORY_MB} MB": lambda_cost_per_million(
+            API_MEMORY_MB, LAMBDA_BILLED_MS[model], per_million=0.0
+        ),
+        "HTTP API requests": HTTP_API_PER_MILLION,
+        "CloudWatch Logs ingestion": logs_cost_per_million(FUNCTION_LOG_BYTES[model] + HTTP_API_LOG_BYTES),
+        "X-Ray traces recorded": xray_cost_per_million(requests_per_second),
+        f"SQS polling of {POLLED_QUEUES} idle queues": per_million_requests(
+            sqs_idle_cost_a_month(POLLED_QUEUES), requests_per_second
+        ),
+    }
+
+
+def request_figures_table() -> str:
+    """docs/aws-costs.md's table of what each demo model's request is billed on: its milliseconds, its log bytes and
+    the item its cached result would be."""
+    lines = [
+        f"| model, a request | billed ms at {API_MEMORY_MB} MB | log bytes: the function's + the HTTP API's "
+        "| a cached result's item |",
+        "| --- | --- | --- | --- |",
+    ]
+    for model, request in REQUESTS.items():
+        item = CACHE_ITEM_BYTES[model]
+        units = math.ceil(item / DYNAMODB_WRITE_UNIT_BYTES)
+        lines.append(
+            f"| {model}, {request} | {LAMBDA_BILLED_MS[model]:g} | {FUNCTION_LOG_BYTES[model]:,} + "
+            f"{HTTP_API_LOG_BYTES:,} | {item:,} bytes: {units} write unit{'s' if units > 1 else ''} |"
+        )
+    return "\n".join(lines)
+
+
+def worked_totals_table() -> str:
+    """docs/aws-costs.md's worked totals: a million requests to each demo model at each rate in ``TRAFFIC``, by
+    service, then the result cache's DynamoDB apart (only a model with ``cache_ttl_seconds`` has it; the demo's do
+    not), every request a miss."""
+    columns = [(model, rate) for model in REQUESTS for rate in TRAFFIC]
+    costs = [request_costs(model, rate) for model, rate in columns]
+    head = ["a million requests", *(f"{model} at {rate}/s" for model, rate in columns)]
+    rows = [[what, *(f"${cost[what]:.3f}" for cost in costs)] for what in costs[0]]
+    rows.append(["**total**", *(f"**${sum(cost.values()):.3f}**" for cost in costs)])
+    cache = [dynamodb_cache_cost_per_million(CACHE_ITEM_BYTES[model]) for model, _ in columns]
+    rows.append(["DynamoDB result cache, every request a miss", *(f"${usd:.3f}" for usd in cache)])
+    lines = [head, ["---"] * len(head), *rows]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
+
