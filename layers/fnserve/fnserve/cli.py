@@ -690,12 +690,20 @@ def bench(
     ] = None,
     rows: Annotated[int, typer.Option(min=1, help="Rows per request made from metadata or --data.")] = 1,
     p99_ms: Annotated[
-        float | None, typer.Option("--p99-ms", help="Latency budget: recommend the most throughput within it.")
+        float | None,
+        typer.Option(
+            "--p99-ms", help="Latency budget: recommend the most throughput within it (--targets: the cheapest target)."
+        ),
     ] = None,
     out: Annotated[Path, typer.Option(help="Directory for bench.json, the snippet, the plots, the profile.")] = Path(
         "fnserve-bench"
     ),
-    sweep: Annotated[bool, typer.Option(help="Sweep server configurations (--no-sweep: profile or size only).")] = True,
+    sweep: Annotated[
+        bool | None,
+        typer.Option(
+            help="Sweep server configurations (default: yes, unless --targets; --no-sweep: profile or size only)."
+        ),
+    ] = None,
     stages: Annotated[str, typer.Option(help="Sweep stages, comma-separated.")] = "layout,threads,batching",
     seconds: Annotated[float, typer.Option(min=0.2, help="Seconds of load at each concurrency level.")] = 2.0,
     max_concurrency: Annotated[int, typer.Option(min=1, help="Highest concurrency tried.")] = 64,
@@ -728,14 +736,46 @@ def bench(
     price_per_million: Annotated[
         float, typer.Option(help="Lambda's price per million requests.")
     ] = prices.LAMBDA_PER_MILLION,
+    targets: Annotated[
+        bool,
+        typer.Option(
+            "--targets",
+            help="Cost a month and p99 on each target (Lambda, SageMaker Serverless, Cloud Run, a container) at the "
+            "traffic of --rps, from a request's CPU time and cold start on this machine; the cheapest first.",
+        ),
+    ] = False,
+    rps: Annotated[float, typer.Option(min=0.000001, help="Mean requests a second (--targets).")] = 1.0,
+    peak_rps: Annotated[
+        float | None, typer.Option(min=0.000001, help="Peak requests a second (--targets; default: the mean).")
+    ] = None,
+    bytes_in: Annotated[
+        int | None, typer.Option(min=0, help="Request bytes (--targets; default: the request bench sends).")
+    ] = None,
+    bytes_out: Annotated[
+        int | None, typer.Option(min=0, help="Answer bytes (--targets; default: the answer to that request).")
+    ] = None,
+    cloud_run_vcpus: Annotated[float, typer.Option(min=0.08, help="Cloud Run's CPU setting (--targets).")] = 1.0,
+    container_vcpus: Annotated[
+        float | None,
+        typer.Option(min=0.25, help="The container's vCPUs (--targets; default: the least Fargate size for the peak)."),
+    ] = None,
+    container_vcpu_hour: Annotated[
+        float, typer.Option(help=f"The container's $ per vCPU-hour (Fargate x86, us-east-1, {prices.AS_OF}).")
+    ] = prices.FARGATE_VCPU_HOUR["x86_64"],
+    container_gb_hour: Annotated[
+        float, typer.Option(help=f"The container's $ per GB-hour (Fargate x86, us-east-1, {prices.AS_OF}).")
+    ] = prices.FARGATE_GB_HOUR["x86_64"],
 ) -> None:
     """Measure the raw onnxruntime floor, sweep server layouts, threads, pinning and batching under load on
-    loopback, and recommend the fastest configuration; --profile writes a flame graph, --lambda sizes Lambda."""
+    loopback, and recommend the fastest configuration; --profile writes a flame graph, --lambda sizes Lambda,
+    --targets prices every target at a traffic profile."""
+    from fnserve.bench.cost import Traffic
     from fnserve.bench.load import have_wrk
     from fnserve.bench.main import Options
     from fnserve.bench.main import bench as run_bench
     from fnserve.bench.perf_analyzer import have as have_perf_analyzer
     from fnserve.bench.sweep import LoadOptions
+    from fnserve.bench.targets import Choices
     from fnserve.bench.tuner import STAGES
 
     chosen = tuple(s.strip() for s in stages.split(",") if s.strip())
@@ -761,7 +801,7 @@ def bench(
         rows=rows,
         p99_ms=p99_ms,
         out=out,
-        sweep=sweep,
+        sweep=sweep if sweep is not None else not targets,
         stages=chosen,
         load=LoadOptions(seconds=seconds, max_concurrency=max_concurrency, generator=generator),
         confirm_seconds=confirm_seconds,
@@ -772,7 +812,25 @@ def bench(
         lambda_seconds=lambda_seconds,
         price_gb_second=price_gb_second,
         price_per_million=price_per_million,
+        targets=Traffic(
+            rps,
+            peak_rps,
+            bytes_in,
+            bytes_out,
+            Choices(
+                lambda_gb_second_x86=price_gb_second,
+                lambda_per_million=price_per_million,
+                container_vcpu_hour=container_vcpu_hour,
+                container_gb_hour=container_gb_hour,
+                cloud_run_vcpus=cloud_run_vcpus,
+                container_vcpus=container_vcpus,
+            ),
+        )
+        if targets
+        else None,
     )
+    if targets and peak_rps is not None and peak_rps < rps:
+        raise _fail(f"--peak-rps {peak_rps:g} is below the mean, --rps {rps:g}")
     try:
         run_bench(options)
     except FnserveError as exc:

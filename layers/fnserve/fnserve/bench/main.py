@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fnserve.bench import prices, sizing
+from fnserve.bench import cost, prices, sizing, targets
 from fnserve.bench import requests as made
 from fnserve.bench.load import wrk_script
 from fnserve.bench.profile import profile
@@ -45,6 +45,7 @@ class Options:
     lambda_seconds: float = 3.0
     price_gb_second: float = prices.LAMBDA_GB_SECOND["x86_64"]
     price_per_million: float = prices.LAMBDA_PER_MILLION
+    targets: cost.Traffic | None = None  # --targets: every target costed at this traffic
 
 
 def bench(options: Options) -> list[Path]:
@@ -127,6 +128,11 @@ def bench(options: Options) -> list[Path]:
             )
             bar.stop()
             written += _show_sizes(console, sizes, options)
+            bar.start()
+        if options.targets is not None:
+            costed = _measure_for_targets(options, service, target, requests[0], progress)
+            bar.stop()
+            written += _show_costs(console, costed, options, target.name)
     for path in written:
         console.print(f"wrote {path}")
     return written
@@ -140,6 +146,40 @@ def _requests(options: Options, target: made.Target) -> list[made.Request]:
     if options.rows < 1:
         raise InvalidInput("--rows must be at least 1")
     return made.synthetic(target, options.rows)
+
+
+def _measure_for_targets(
+    options: Options,
+    service: InferenceService,
+    target: made.Target,
+    request: made.Request,
+    progress: Callable[[str], None],
+) -> tuple[targets.Measured, targets.Profile] | str:
+    assert options.targets is not None
+    progress(f"a request's time and the cold start at one vCPU (the Lambda handler at {sizing.FULL_VCPU_MB} MB)")
+    measured = cost.measure(
+        options.manifest,
+        target.name,
+        request,
+        machine_cpus=available_cpus(),
+        seconds=options.lambda_seconds,
+        progress=progress,
+    )
+    if isinstance(measured, str):
+        return f"{measured}: no target can be costed without a request's time at one vCPU"
+    answer = cost.answer_bytes(service, target.name, request)
+    return measured, cost.profile(options.targets, options.p99_ms, len(request.body), answer)
+
+
+def _show_costs(
+    console: Console, costed: tuple[targets.Measured, targets.Profile] | str, options: Options, name: str
+) -> list[Path]:
+    assert options.targets is not None
+    if isinstance(costed, str):
+        console.print(costed)
+        return []
+    measured, at = costed
+    return cost.run(console, measured, at, options.targets.choices, options.out, name)
 
 
 def _show_sizes(console: Console, sizes: Sequence[sizing.Size] | str, options: Options) -> list[Path]:

@@ -218,3 +218,14 @@ def worked_totals_table() -> str:
     lines = [head, ["---"] * len(head), *rows]
     return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
 
+
+# -- fnserve bench --targets: what its other targets bill (read on AS_OF, as the rest) ---------------------------------
+
+LAMBDA_PROVISIONED_DURATION_GB_SECOND = {"x86_64": 0.0000097222, "arm64": 0.0000077778}  # a request's time on one
+CLOUD_RUN_IDLE_VCPU_SECOND = 0.0000025  # request-based billing: a minimum instance idle
+CLOUD_RUN_IDLE_GIB_SECOND = 0.0000025
+CLOUD_RUN_INSTANCE_VCPU_SECOND = 0.0000180  # instance-based billing: an instance's whole life, no per-request fee
+CLOUD_RUN_INSTANCE_GIB_SECOND = 0.0000020
+FARGATE_SOURCE = "https://aws.amazon.com/fargate/pricing/"  # Linux, us-east-1, on demand
+FARGATE_VCPU_HOUR = {"x86_64": 0.04048, "arm64": 0.03238}
+FARGATE_GB_HOUR = {"x86_64": 0.004445, "arm64": 0.00356}
