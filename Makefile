@@ -78,12 +78,17 @@ deploy: sam-build
 	$(SAM) deploy $(SAM_DEPLOY_ARGS)
 
 # The tests start their own servers (moto, redis-server, fnserve) on free loopback ports; redis-server is
-# Debian's package, installed here when it is missing.
+# Debian's package, installed here when it is missing. So is chromium, the headless browser that opens the HTML
+# chart of fnserve bench --targets (tests/functional/test_targets_chart.py).
 test-servers:
 	@command -v redis-server >/dev/null || { echo "installing redis-server (Debian) for the Redis store's tests"; \
 		(DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server || (apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server)) >/dev/null 2>&1 || \
 		echo "could not install redis-server (apt-get install redis-server): the Redis tests will fail"; }
+	@command -v chromium >/dev/null || { echo "installing chromium (Debian) for the bench chart's browser test"; \
+		(DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)) >/dev/null 2>&1 || \
+		echo "could not install chromium (apt-get install chromium): the chart's browser test will be skipped"; }
 
 # LocalStack for tests/e2e/test_local.py, without Docker: SQS, S3 and Secrets Manager from localstack-core, pinned
 # in tests/e2e/localstack.txt, in a virtualenv of its own on Python 3.13 (the oldest it imports on).
