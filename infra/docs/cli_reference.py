@@ -40,13 +40,14 @@ EXAMPLES = {
         "fnserve serve -m layers/models/models/manifest.toml --port 8080 --workers 2",
     ),
     "fnserve submit": (
-        "Each row of a data file as a job on the stack's queue, the job ids written to `ids.txt` for "
-        "`fnserve results`.",
-        'fnserve submit digits.npz --model digits-accurate --queue "$QUEUE_URL" --ids ids.txt',
+        "Each row of the demo's held-out digits as a job on the stack's queue (`$JobsQueueUrl` from "
+        "`fnserve outputs`), the job ids written to `ids.txt` for `fnserve results`.",
+        "fnserve submit layers/models/models/digits-holdout.npz --model digits-accurate "
+        '--queue "$JobsQueueUrl" --ids ids.txt',
     ),
     "fnserve results": (
         "Those jobs' results in one file, with how many are done, failed or still pending.",
-        'fnserve results ids.txt --table "$RESULTS_TABLE" -o results.npz',
+        'fnserve results ids.txt --table "$ResultsTableName" -o results.npz',
     ),
     "fnserve bench": (
         "The fastest server configuration for one model within a 5 ms p99 on this machine; the report, plots "
@@ -71,6 +72,11 @@ EXAMPLES = {
     "fnserve models push": (
         "A manifest's files published to S3; serve them with `FNSERVE_MANIFEST` set to the URI it prints.",
         "fnserve models push s3://my-bucket/models -m my-models/manifest.toml",
+    ),
+    "fnserve outputs": (
+        "A deployed stack's outputs as `export` lines of their own names, which the docs' commands use: "
+        '`eval "$(fnserve outputs)"` sets them in your shell.',
+        "fnserve outputs --stack-name fnserve",
     ),
     "fnserve manifest add": (
         "An ONNX file added to a manifest (created if missing) under a name, its sha256 computed and its inputs "

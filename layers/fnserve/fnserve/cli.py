@@ -673,6 +673,22 @@ def results(
 
 
 @app.command()
+def outputs(
+    stack_name: Annotated[
+        str, typer.Option("--stack-name", help="The deployed stack (samconfig.toml's stack_name).")
+    ] = "fnserve",
+) -> None:
+    """Print a deployed stack's outputs as shell exports: eval "$(fnserve outputs)" sets $ApiUrl, $JobsQueueUrl,
+    $ResultsTableName and the rest, the names the docs use."""
+    from fnserve.aws import stack
+
+    try:
+        typer.echo(stack.exports(stack.outputs(stack_name)), nl=False)
+    except FnserveError as exc:
+        raise _fail(exc.message) from None
+
+
+@app.command()
 def bench(
     manifest: Annotated[
         Path,
