@@ -301,3 +301,31 @@ def test_a_sized_child_reports_its_own_peak_memory_not_its_parents() -> None:
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 > 400
     assert 5 < child_peak < 200, child_peak
     del ballast
+
+
+class NoQuota:
+    """A cgroup that limits nothing: what a crashed measurement does is the same under any quota."""
+
+    def limit(self, cpus: float) -> None:
+        pass
+
+    def add(self, pid: int) -> None:
+        pass
+
+
+def test_a_measured_process_that_dies_is_reported_at_once(tmp_path: Path) -> None:
+    """The child fails to build its handler (no such manifest) and exits without answering: the size's
+    measurement says so when it exits, instead of waiting out its timeout."""
+    request = made.Request(b"{}", {"Content-Type": "application/json"}, {"input": np.zeros((1, 64), np.float32)})
+    with pytest.raises(RuntimeError, match="exited"):
+        sizing.measure_size(
+            NoQuota(),  # type: ignore[arg-type]
+            tmp_path / "missing.toml",
+            "digits-accurate",
+            request,
+            1769,
+            1,
+            seconds=0.2,
+            price_gb_second=1.0,
+            price_per_million=0.0,
+        )

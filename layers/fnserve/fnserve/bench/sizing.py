@@ -174,9 +174,9 @@ def _child(
         answer = handler(event, context)
         latencies.append((time.perf_counter() - now) * 1e3)
         if answer["statusCode"] >= 300:
-            out.put(("error", f"{answer['statusCode']}: {answer.get('body', '')[:300]}"))
+            out.send(("error", f"{answer['statusCode']}: {answer.get('body', '')[:300]}"))
             return
-    out.put(("ok", (init_ms, latencies, peak_mb())))
+    out.send(("ok", (init_ms, latencies, peak_mb())))
 
 
 def peak_mb() -> float:
@@ -211,17 +211,27 @@ def measure_size(
     share = min(vcpus(memory_mb), machine_cpus)
     cgroup.limit(share)
     context = multiprocessing.get_context("spawn")
-    go, out = context.Event(), context.Queue()
+    go = context.Event()
+    answers, out = context.Pipe(duplex=False)
     child = context.Process(
         target=_child, args=(str(manifest), target, (request.body, request.headers), seconds, go, out)
     )
     child.start()
+    out.close()  # the child's end: once the child is gone, a read sees the end instead of waiting
     try:
         assert child.pid is not None
         cgroup.add(child.pid)
         go.set()
-        status, found = out.get(timeout=seconds + 300)
+        if not answers.poll(seconds + 300):
+            raise RuntimeError(f"the Lambda handler did not answer within {seconds + 300:.0f} s")
+        try:
+            status, found = answers.recv()
+        except EOFError:
+            raise RuntimeError(
+                f"the measured process exited ({child.exitcode}) before answering: run the handler alone to see why"
+            ) from None
     finally:
+        answers.close()
         child.join(timeout=60)
     if status != "ok":
         raise RuntimeError(f"the Lambda handler answered {found}")
