@@ -106,16 +106,14 @@ TRAFFIC = (1, 100)  # the steady requests a second the worked totals are at
 API_MEMORY_MB = 2048  # template.yaml's ApiMemorySize default, at which LAMBDA_BILLED_MS holds
 POLLED_QUEUES = 2  # template.yaml's queues with a function's SQS event source: the jobs and the follow-ups
 REQUESTS = {"digits-accurate": "one digit", "minilm-embed": "one sentence"}  # the demo stack's models, and a request
-LAMBDA_BILLED_MS = {  # a warm request's mean billed milliseconds at API_MEMORY_MB
-    # fnserve bench layers/models/models/manifest.toml --model digits-accurate --no-sweep --lambda --memory 2048
+LAMBDA_BILLED_MS = {  # a warm request's mean billed milliseconds at API_MEMORY_MB, measured on a 2-core x86-64 by
+    # fnserve bench layers/models/models/manifest.toml --model MODEL --no-sweep --lambda --memory 2048
     "digits-accurate": 1.01,
-    # the same command with --model minilm-embed measures it; this is docs/benchmarks.md's "MiniLM, text" CPU a
-    # request (one sentence) rounded up to Lambda's millisecond
-    "minilm-embed": 6.0,
+    "minilm-embed": 6.06,
 }
-FUNCTION_LOG_BYTES = {  # the API function's lines a request: its access line, Mangum's request line, its EMF metrics
-    "digits-accurate": 1297,
-    "minilm-embed": 1444,
+FUNCTION_LOG_BYTES = {  # the API function's lines a request: its access line and its EMF metrics
+    "digits-accurate": 1110,
+    "minilm-embed": 1256,
 }
 HTTP_API_LOG_BYTES = 196  # the stage's access-log line: template.yaml's AccessLogSettings Format, filled in
 CACHE_ITEM_BYTES = {"digits-accurate": 207, "minilm-embed": 1670}  # a cached result's DynamoDB item (cache_ttl_seconds)

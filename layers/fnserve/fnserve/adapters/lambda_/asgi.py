@@ -17,6 +17,7 @@ event's version), a share of a Lambda HTTP request's overhead worth saving.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from mangum import Mangum
@@ -135,4 +136,7 @@ HANDLERS: list[type[LambdaHandler]] = [_ALB, _HTTPGateway, _APIGateway]  # Mangu
 
 def adapter(app: ASGI, text_mime_types: list[str]) -> Mangum:
     """Mangum over ``app`` (lifespan off: it would run on every invocation), answering any Host header."""
+    # Mangum's INFO line a request repeats fnserve's access line, and CloudWatch bills every byte ingested;
+    # its warnings and errors still go out.
+    logging.getLogger("mangum.http").setLevel(logging.WARNING)
     return Mangum(app, lifespan="off", text_mime_types=text_mime_types, custom_handlers=HANDLERS)
