@@ -20,7 +20,7 @@ from tests.helpers import REPO
 PAGE = (REPO / "docs" / "aws-costs.md").read_text()
 OUTPUTS_PAGE = (REPO / "docs" / "aws.md").read_text()
 TEMPLATE = load(str(REPO / "template.yaml"))
-DAYS = 30  # a month, for what is billed by the second or the hour
+MONTH_HOURS = 730  # a month as AWS's pricing pages count it, for what is billed by the second or the hour
 BILLED_MS = (10, 100)  # the durations the page's table costs
 ARCHITECTURES = ("x86_64", "arm64")
 
@@ -104,7 +104,7 @@ def idle_lines() -> list[str]:
     metrics = alarm_metrics()
     idle = len(secrets) * prices.SECRET_MONTH + metrics * prices.ALARM_METRIC_MONTH
     memory = int(TEMPLATE["Parameters"]["ApiMemorySize"]["Default"])
-    warm = memory / 1024 * DAYS * 86400 * prices.LAMBDA_PROVISIONED_GB_SECOND["x86_64"]
+    warm = memory / 1024 * MONTH_HOURS * 3600 * prices.LAMBDA_PROVISIONED_GB_SECOND["x86_64"]
     polled = len(polled_queues())
     polls = prices.sqs_idle_requests_a_month(polled)
     return [
@@ -153,8 +153,8 @@ def test_the_formulas_around_lambda() -> None:
     assert prices.xray_sampled_share(100) == pytest.approx((1 + 0.05 * 99) / 100)
     assert prices.xray_cost_per_million(100) == pytest.approx(0.0595 * prices.XRAY_PER_MILLION_TRACES)
     # SQS: five pollers, a request each every 20 s, all month; a fixed cost spread over a month of requests.
-    assert prices.sqs_idle_requests_a_month(1) == 5 * 30 * 86400 / 20 == 648_000
-    assert prices.per_million_requests(2.592, 1) == pytest.approx(1.0)  # $2.592 over 2,592,000 requests
+    assert prices.sqs_idle_requests_a_month(1) == 5 * 730 * 3600 / 20 == 657_000
+    assert prices.per_million_requests(2.628, 1) == pytest.approx(1.0)  # $2.628 over 2,628,000 requests
     # Logs: a GB a million requests costs a GB's ingestion.
     assert prices.logs_cost_per_million(1024**3 / 1e6) == pytest.approx(prices.LOGS_INGESTED_GB)
     # DynamoDB: a miss reads half a unit and writes a unit a KB; a hit reads half a unit per 4 KB and writes nothing.

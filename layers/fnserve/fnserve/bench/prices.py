@@ -100,7 +100,7 @@ def cloud_run_cost_per_million(vcpus: float, memory_gib: float, instance_ms: flo
 # docs/aws-costs.md's worked totals. tests/functional/test_request_bytes.py measures the bytes below on the real
 # handler and fails when they drift; tests/unit/test_aws_page.py checks template.yaml still deploys what they assume.
 
-MONTH_SECONDS = 30 * 86400  # the page's month, as for provisioned concurrency
+MONTH_SECONDS = 730 * 3600  # the month AWS's and Google's pricing pages multiply by (the targets' month too)
 GB = 1024**3  # a GB on AWS's bills
 TRAFFIC = (1, 100)  # the steady requests a second the worked totals are at
 API_MEMORY_MB = 2048  # template.yaml's ApiMemorySize default, at which LAMBDA_BILLED_MS holds

@@ -45,7 +45,6 @@ CLOUD_RUN_MIN_MIB = 512
 CLOUD_RUN_STEP_MS = prices.CLOUD_RUN_ROUNDING_MS
 HTTP_API_STEP_BYTES = 512 * 1024  # HTTP API meters a request in 512 KB steps
 GIB = 1024**3
-MONTH_S = 730 * 3600  # the month AWS's and Google's pricing pages multiply by
 COLD_QUANTILE = 0.01  # the share of requests a p99 leaves above it
 # The CPU utilisation Cloud Run's autoscaler keeps instances at (https://cloud.google.com/run/docs/about-instance-
 # autoscaling); a container sized for its peak is kept there too, where queueing stays short.
@@ -180,8 +179,8 @@ def _row(
     note: str = "",
 ) -> Row:
     """A row from a target's cost a second at the profile's mean."""
-    month = per_second * MONTH_S
-    per_million = month / (profile.rps * MONTH_S) * 1e6
+    month = per_second * prices.MONTH_SECONDS
+    per_million = month / (profile.rps * prices.MONTH_SECONDS) * 1e6
     note = note or ("" if fits else "too small")
     return Row(family, target, size, vcpus, memory_mb, month, per_million, p99_ms, cold, fits, note)
 
