@@ -106,7 +106,7 @@ TRAFFIC = (1, 100)  # the steady requests a second the worked totals are at
 API_MEMORY_MB = 2048  # template.yaml's ApiMemorySize default, at which LAMBDA_BILLED_MS holds
 POLLED_QUEUES = 2  # template.yaml's queues with a function's SQS event source: the jobs and the follow-ups
 REQUESTS = {"digits-accurate": "one digit", "minilm-embed": "one sentence"}  # the demo stack's models, and a request
-LAMBDA_BILLED_MS = {  # a warm request's mean billed milliseconds at API_MEMORY_MB, measured on a 2-core x86-64 by
+LAMBDA_BILLED_MS = {  # a warm request's mean billed milliseconds at API_MEMORY_MB, as the bench machine measures by
     # fnserve bench layers/models/models/manifest.toml --model MODEL --no-sweep --lambda --memory 2048
     "digits-accurate": 1.01,
     "minilm-embed": 6.06,
