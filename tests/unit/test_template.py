@@ -277,6 +277,13 @@ def test_snapstart_is_refused_with_an_image() -> None:
     assert {"Assert": {"Fn::Equals": [{"Ref": "ImageUri"}, ""]}} == {"Assert": rule["Assertions"][1]["Assert"]}
 
 
+def test_snapstart_is_refused_with_more_than_512_mb_of_tmp() -> None:
+    """Lambda refuses SnapStart with ephemeral storage over 512 MB, its least: the rule says so before a deploy."""
+    rule = TEMPLATE["Rules"]["SnapStartWithoutProvisionedConcurrency"]
+    assert rule["Assertions"][2]["Assert"] == {"Fn::Equals": [{"Ref": "EphemeralStorage"}, "512"]}
+    assert TEMPLATE["Parameters"]["EphemeralStorage"]["MinValue"] == 512  # so "not over 512" is "512"
+
+
 @pytest.mark.parametrize("image_uri", ["", "123456789012.dkr.ecr.us-east-1.amazonaws.com/fnserve:lambda"])
 def test_sam_translates_the_chosen_packaging(image_uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.unit.test_scaling import _translated
