@@ -1,6 +1,6 @@
-"""An app factory for ``fronts.run`` whose front processes after the first wait for a file before they start: a
-test then sees the server while only the first listens. Each answers its pid, with 200 once the server is ready
-(``fronts.all_listening``), else 503."""
+"""App factories for ``fronts.run`` and ``fronts.serve_first``: ``factory``'s front processes after the first wait
+for a file before they start, so a test sees the server while only the first listens (each answers its pid, with 200
+once the server is ready, ``fronts.all_listening``, else 503); ``broken``'s never start."""
 
 from __future__ import annotations
 
@@ -39,3 +39,7 @@ def factory() -> Any:
         await send({"type": "http.response.body", "body": body})
 
     return app
+
+
+def broken() -> Any:
+    raise RuntimeError("this front process cannot start")

@@ -161,7 +161,7 @@ def test_the_default_layout_for_a_batching_model_is_one_process_that_loads_each_
         proc.wait(timeout=30)
 
 
-def test_a_fast_start_loads_each_model_once_a_front_process_and_none_in_the_supervisor(tmp_path: Path) -> None:
+def test_a_fast_start_loads_each_model_once_a_front_process(tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
     env = {**os.environ, "FNSERVE_FAST_START": "true", "FNSERVE_LOG_LEVEL": "INFO"}
     proc, url = start_server(["-m", str(write_test_manifest(tmp_path))], log, env=env)
@@ -173,8 +173,8 @@ def test_a_fast_start_loads_each_model_once_a_front_process_and_none_in_the_supe
         text = log.read_text()
         laid_out = re.search(r"serving layout: (\d+) front process\(es\), 0 inference worker\(s\) each: fast", text)
         assert laid_out, text
-        # No batch-1 timing, and the models loaded by the front processes alone: once in each, the first one's
-        # before the server was ready, the others' once they joined.
+        # No batch-1 timing, and the models loaded once a front process: the server's own process (the first)
+        # before it was ready, the others' once they joined.
         assert "batch-1 run" not in text
         loads = "loaded model 'digits-accurate' version '1'"
         wait_for(lambda: log.read_text().count(loads) >= int(laid_out[1]), 60, "every front process to load")
@@ -192,8 +192,8 @@ def test_a_fast_start_whose_model_cannot_load_stops_with_the_reason(tmp_path: Pa
     done = serve_until_it_exits(["-m", str(manifest), "--fast-start", "--processes", "2", "--workers", "0"])
     assert done.returncode == 1, done.stdout + done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: front processes failed to start"), last
-    assert re.search(r"has sha256 [0-9a-f]{64}, but the manifest says 0{64}$", last), last
+    # The server's own process serves first, so the model's error is the start's, with nothing around it.
+    assert re.fullmatch(r"error: model .* has sha256 [0-9a-f]{64}, but the manifest says 0{64}", last), last
 
 
 def test_a_model_that_cannot_load_keeps_the_server_from_starting(tmp_path: Path) -> None:
@@ -401,14 +401,20 @@ def test_front_processes_whose_app_cannot_be_imported_stop_the_server_at_once(tm
     assert "front processes failed to start 1 time(s) in a row, the last (pid" in done.stderr
 
 
+# A fast start's server process: the first front process itself (the gated app), the others from ``factory``.
+FIRST_HERE = """
+from fnserve.server import fronts
+from tests.functional import gated_front
+options = {{"host": "127.0.0.1", "port": {port}, "log_level": "warning"}}
+listening = fronts.first_here(None)
+fronts.serve_first(gated_front.factory(), "tests.functional.gated_front:{factory}", 2, options, listening)
+"""
+
+
 def test_a_fast_start_is_ready_once_its_first_front_process_listens_and_the_others_join(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     port = free_port()
-    script = (
-        "from fnserve.server import fronts\n"
-        "fronts.run('tests.functional.gated_front:factory', 2, "
-        f"{{'host': '127.0.0.1', 'port': {port}, 'log_level': 'warning'}}, first_alone=True)\n"
-    )
+    script = FIRST_HERE.format(port=port, factory="factory")
     env = {**os.environ, "FNSERVE_TEST_GATE": str(gate)}
     proc = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}/"
@@ -433,6 +439,17 @@ def test_a_fast_start_is_ready_once_its_first_front_process_listens_and_the_othe
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_a_fast_start_whose_other_front_processes_cannot_start_stops_with_their_error(tmp_path: Path) -> None:
+    """The server's own process serves while the others fail to start: after START_ATTEMPTS of them it stops
+    serving, and exits with their error, instead of serving on with fewer processes than it was given."""
+    env = {**os.environ, "FNSERVE_TEST_GATE": str(tmp_path / "gate")}
+    script = FIRST_HERE.format(port=free_port(), factory="broken")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert f"front processes failed to start {fronts.START_ATTEMPTS} time(s) in a row" in done.stderr
+    assert "RuntimeError: this front process cannot start" in done.stderr
 
 
 # A supervisor whose front processes are slow to reach their own code: spawn imports this script again in each

@@ -152,9 +152,9 @@ class ServerSettings(EnvSettings):
         default=False,
         description="Start to the first answer fast, for platforms that scale to zero (Cloud Run, Knative, "
         "SageMaker Serverless): with no layout given, one front process per CPU runs inference, chosen without "
-        "timing the models or reading their memory at start; the models load once in each front process, not in "
-        "the supervising one first; the server is ready once the first front process listens, and the others "
-        "start then and join it.",
+        "timing the models or reading their memory at start; the models load once in each front process; the "
+        "server's own process is the first front process, ready once it listens, and the others start then and "
+        "join it.",
     )
     cpu_affinity: bool = Field(
         default=False,

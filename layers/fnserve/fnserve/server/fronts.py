@@ -19,12 +19,14 @@ again, but :data:`START_ATTEMPTS` of those in a row (or one with uvicorn's start
 stop the server with the last one's error, as gunicorn stops on "Worker failed to boot": a front
 process that cannot start would otherwise be restarted for ever, the server never ready, never
 exiting. Each child logs its own error with its traceback, and sends it to the parent.
+
+A fast start (:func:`serve_first`) makes the parent the first front process: the first request then waits for one
+interpreter's start, not for a supervisor's and then a front process's; the others are supervised from a thread.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import multiprocessing
 import os
 import signal
@@ -167,16 +169,12 @@ def run(
     options: dict[str, Any],
     on_replaced: Callable[[], None] | None = None,
     on_listening: Callable[[], None] | None = None,
-    first_alone: bool = False,
 ) -> None:
     """Serve the ASGI app factory ``app`` (an import string) from ``processes`` front processes on
     ``options["host"]:options["port"]`` (``options``: uvicorn.Config's), until SIGINT or SIGTERM; ``on_replaced``
     is called for each one replaced after it served, ``on_listening`` once all the first ones listen (before they
-    start, where the port cannot be shared). Raises :class:`HandlerError` when they cannot start.
-
-    ``first_alone`` (a fast start): one front process starts, with the CPUs to itself, and the server is ready
-    (``on_listening``) once it listens; the others start then and join the port as they come. Connections opened
-    before they join stay with the first, where the default start keeps the server unready until every one listens.
+    start, where the port cannot be shared). Raises :class:`HandlerError` when they cannot start. A fast start
+    serves from this process first instead (:func:`serve_first`).
     """
     if not balanced():
         if on_listening is not None:
@@ -190,84 +188,166 @@ def run(
     # With a server answering 503 on the port during the start (on_listening closes it), the front processes answer
     # ready only once it has left: counted here as one more process to wait for, until it is closed.
     listening: Synchronized[int] = _spawn.Value("i", 0 if on_listening is None else -1)
-    ready_at = 1 if first_alone else processes  # front processes listening for the server to answer ready
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def start() -> _Child:
-        served: Synchronized[int] = _spawn.Value("b", 0)
-        reason, send = _spawn.Pipe(duplex=False)
-        process = _spawn.Process(
-            target=_front, args=(app, options, listening, ready_at, served, send, os.getpid()), daemon=False
-        )
-        process.start()
-        send.close()
-        return _Child(process, served, reason, time.monotonic())
-
-    children: list[_Child | None] = [start()]
-    children += [None if first_alone else start() for _ in range(processes - 1)]
-    # When each empty slot's process starts: a replacement's, or, alone first, the others' once the first listens.
-    due = [0.0] + [math.inf if first_alone else 0.0] * (processes - 1)
-    delays = [0.0] * processes  # each slot's delay before its next replacement, if that one dies soon too
-    failures = 0  # front processes in a row that died before they listened
-    failed: HandlerError | None = None
     try:
-        # Often while the first ones start: the 503 server leaves as soon as they all listen.
-        while failed is None and not stop.wait(0.01 if on_listening is not None else 0.2):
-            now = time.monotonic()
-            for i, child in enumerate(children):
-                if child is None:
-                    if now >= due[i]:
-                        children[i] = start()
-                    continue
-                if child.served.value and not child.seen:
-                    child.seen, failures = True, 0
-                    due = [now if when == math.inf else when for when in due]  # the others' turn, alone first
-                    if on_listening is not None and sum(c is not None and c.seen for c in children) >= ready_at:
-                        on_listening()
-                        on_listening = None
-                        with listening.get_lock():
-                            listening.value += 1
-                if child.process.is_alive():
-                    continue
-                pid, code, said = child.process.pid, child.process.exitcode, _said(child)
-                child.reason.close()
-                if not child.served.value:
-                    failures += 1
-                    if code == STARTUP_FAILURE or failures >= START_ATTEMPTS:
-                        failed = HandlerError(
-                            f"front processes failed to start {failures} time(s) in a row, the last (pid {pid}) with "
-                            f"status {code}: {said or 'its error is above'}"
-                        )
-                        break
-                    logger.warning(
-                        f"front process {pid} exited with status {code} before it listened "
-                        f"({said or 'its error is above'}); starting another ({failures} of {START_ATTEMPTS} tries)"
-                    )
-                    children[i] = start()
-                    continue
-                delay = 0.0 if now - child.began >= STEADY_SECONDS else delays[i]
-                delays[i] = min(MAX_DELAY, max(FIRST_DELAY, 2 * delay))
-                logger.warning(
-                    f"front process {pid} exited with status {code}{f' ({said})' if said else ''}; starting another"
-                    + (f" in {delay:g}s (its predecessor died soon after its start too)" if delay else "")
-                )
-                if on_replaced is not None:
-                    on_replaced()
-                children[i], due[i] = None, now + delay
+        failed = _Fronts(app, options, listening, processes, stop).supervise(processes, on_replaced, on_listening)
     finally:
-        alive = [child for child in children if child is not None]
-        for child in alive:
-            if child.process.is_alive():
-                child.process.terminate()  # SIGTERM: uvicorn finishes the requests in flight, then the lifespan ends
-        for child in alive:
-            child.process.join()
-            child.reason.close()
         held.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if failed is not None:
         raise failed
+
+
+def first_here(on_listening: Callable[[], None] | None) -> Synchronized[int]:
+    """Make this process the first front process of a fast start (:func:`serve_first`): its app, built next,
+    answers ready once it listens, with the 503 server gone when there is one (``on_listening`` given)."""
+    global _listening
+    listening: Synchronized[int] = _spawn.Value("i", 0 if on_listening is None else -1)
+    _listening = (listening, 1)
+    return listening
+
+
+def serve_first(
+    app: Any,
+    factory: str,
+    processes: int,
+    options: dict[str, Any],
+    listening: Synchronized[int],
+    on_replaced: Callable[[], None] | None = None,
+    on_listening: Callable[[], None] | None = None,
+) -> None:
+    """A fast start's front processes, this one first: it serves ``app`` (built after :func:`first_here`) itself,
+    so the first request waits for no second interpreter to start and import; once it listens, ``on_listening`` is
+    called and the other ``processes - 1`` (the app factory ``factory``) start and join the port, supervised from
+    a thread as :func:`run` supervises them. Until SIGINT or SIGTERM; a front process that cannot start, or this
+    one's failure, stops the server with its error (:class:`HandlerError`)."""
+    held = reuse_port_socket(options["host"], options["port"])  # the port, for the server's life (as run())
+    options = {**options, "port": held.getsockname()[1]}
+    served: Synchronized[int] = _spawn.Value("b", 0)
+    server = _Server(uvicorn.Config(app, **options), served)
+    stop = threading.Event()
+
+    def beside() -> None:
+        while not served.value:  # the others start once this one listens, with the CPUs to itself until then
+            if stop.wait(0.01):
+                return
+        if on_listening is not None:
+            on_listening()
+            with listening.get_lock():
+                listening.value += 1
+        if processes > 1:
+            failed = _Fronts(factory, options, listening, 1, stop).supervise(processes - 1, on_replaced, None)
+            if failed is not None:
+                fail(failed)
+
+    supervisor = threading.Thread(target=beside, name="fnserve-fronts", daemon=True)
+    supervisor.start()
+    # uvicorn takes SIGINT and SIGTERM while it serves, then raises the one it got again with the handlers it found:
+    # these, so the others are stopped gracefully here instead of this process dying of the signal.
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        _run(server, [reuse_port_socket(options["host"], options["port"])])
+    finally:
+        stop.set()
+        supervisor.join()
+        held.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if _failure is not None:
+        raise _failure
+    if not server.started:
+        raise HandlerError("the server did not start: its error is above")
+
+
+@dataclass
+class _Fronts:
+    """Front processes of the app factory ``app`` on ``options``' port, started and replaced until ``stop``."""
+
+    app: str
+    options: dict[str, Any]
+    listening: Synchronized[int]
+    ready_at: int
+    stop: threading.Event
+
+    def start(self) -> _Child:
+        served: Synchronized[int] = _spawn.Value("b", 0)
+        reason, send = _spawn.Pipe(duplex=False)
+        process = _spawn.Process(
+            target=_front,
+            args=(self.app, self.options, self.listening, self.ready_at, served, send, os.getpid()),
+            daemon=False,
+        )
+        process.start()
+        send.close()
+        return _Child(process, served, reason, time.monotonic())
+
+    def supervise(
+        self,
+        processes: int,
+        on_replaced: Callable[[], None] | None,
+        on_listening: Callable[[], None] | None,
+    ) -> HandlerError | None:
+        """Run ``processes`` of them until ``stop``, then stop them; the error that stopped them, if one did."""
+        start, stop, listening, ready_at = self.start, self.stop, self.listening, self.ready_at
+        children: list[_Child | None] = [start() for _ in range(processes)]
+        due = [0.0] * processes  # when each empty slot's replacement starts
+        delays = [0.0] * processes  # each slot's delay before its next replacement, if that one dies soon too
+        failures = 0  # front processes in a row that died before they listened
+        failed: HandlerError | None = None
+        try:
+            # Often while the first ones start: the 503 server leaves as soon as they all listen.
+            while failed is None and not stop.wait(0.01 if on_listening is not None else 0.2):
+                now = time.monotonic()
+                for i, child in enumerate(children):
+                    if child is None:
+                        if now >= due[i]:
+                            children[i] = start()
+                        continue
+                    if child.served.value and not child.seen:
+                        child.seen, failures = True, 0
+                        if on_listening is not None and sum(c is not None and c.seen for c in children) >= ready_at:
+                            on_listening()
+                            on_listening = None
+                            with listening.get_lock():
+                                listening.value += 1
+                    if child.process.is_alive():
+                        continue
+                    pid, code, said = child.process.pid, child.process.exitcode, _said(child)
+                    child.reason.close()
+                    if not child.served.value:
+                        failures += 1
+                        if code == STARTUP_FAILURE or failures >= START_ATTEMPTS:
+                            failed = HandlerError(
+                                f"front processes failed to start {failures} time(s) in a row, the last "
+                                f"(pid {pid}) with status {code}: {said or 'its error is above'}"
+                            )
+                            break
+                        logger.warning(
+                            f"front process {pid} exited with status {code} before it listened "
+                            f"({said or 'its error is above'}); starting another ({failures} of {START_ATTEMPTS} tries)"
+                        )
+                        children[i] = start()
+                        continue
+                    delay = 0.0 if now - child.began >= STEADY_SECONDS else delays[i]
+                    delays[i] = min(MAX_DELAY, max(FIRST_DELAY, 2 * delay))
+                    logger.warning(
+                        f"front process {pid} exited with status {code}{f' ({said})' if said else ''}; starting another"
+                        + (f" in {delay:g}s (its predecessor died soon after its start too)" if delay else "")
+                    )
+                    if on_replaced is not None:
+                        on_replaced()
+                    children[i], due[i] = None, now + delay
+        finally:
+            alive = [child for child in children if child is not None]
+            for child in alive:
+                if child.process.is_alive():
+                    child.process.terminate()  # SIGTERM: requests in flight finish, then the lifespan ends
+            for child in alive:
+                child.process.join()
+                child.reason.close()
+        return failed
 
 
 def _said(child: _Child) -> str | None:

@@ -9,7 +9,7 @@ which is the better choice for models so small that the hop costs more than the 
 
 Given neither (no ``--workers``, ``--processes`` or their variables), :func:`fnserve.server.layout.choose_layout`
 decides at start, from the loaded models; with ``fast_start``, :func:`fnserve.server.layout.untimed_layout`, before
-any model is loaded (the front processes load them, the first one serving alone until the others join).
+any model is loaded (the front processes load them: this process first, serving alone until the others join).
 
 A child that cannot start stops the server with its error, within seconds: an inference worker at the start, or
 :data:`~fnserve.server.fronts.START_ATTEMPTS` replacements of one in a row later; a front process as
@@ -90,6 +90,24 @@ def _serve(
         refuse_taken(settings.grpc_host, settings.grpc_port, "gRPC")
     with not_ready_until_loaded(host, port) as starting:
         settings, app = _load(settings, on_ready)
+        if app is None and settings.fast_start and fronts.balanced():
+            # This process serves first, so the first answer waits for no second interpreter; the others join.
+            listening = fronts.first_here(starting.close)
+            app = front(settings)
+            try:
+                fronts.serve_first(
+                    app,
+                    f"{__name__}:app_factory",
+                    settings.server_processes,
+                    options,
+                    listening,
+                    _front_respawns(settings),
+                    on_listening=starting.close,
+                )
+            finally:
+                if app.state.pool is not None:
+                    app.state.pool.close()
+            return
         if app is None:  # the front processes join the port while it answers 503; it stops once they all listen
             fronts.run(
                 f"{__name__}:app_factory",
@@ -97,7 +115,6 @@ def _serve(
                 options,
                 _front_respawns(settings),
                 on_listening=starting.close,
-                first_alone=settings.fast_start,
             )
             return
     try:
