@@ -162,6 +162,7 @@ bench: setup bench-models
 	$(PY) -m tests.bench.bench_service
 	$(PY) -m tests.bench.bench_http
 	$(PY) -m tests.bench.bench_cold
+	$(PY) -m tests.bench.bench_start
 	$(PY) -m tests.bench.bench_lambda_image
 	$(PY) -m tests.bench.bench_serve
 	$(PY) -m tests.bench.bench_batching
