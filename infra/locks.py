@@ -9,6 +9,7 @@ which uv keeps wherever pyproject still allows it, and fails when anything would
     python infra/locks.py            # write every lock
     python infra/locks.py --check    # exit 1, with the difference, where a lock is stale
     python infra/locks.py --check --root DIR    # another checkout's
+    python infra/locks.py --check --only PATH   # one lock (its path, as LOCKS names it)
 """
 
 from __future__ import annotations
@@ -74,10 +75,14 @@ LOCKS = [
 ]
 
 
-def main(check: bool, root: Path = REPO) -> int:
-    """Write every lock of the checkout at ``root``, or (``check``) say which are stale."""
+def main(check: bool, root: Path = REPO, only: str | None = None) -> int:
+    """Write every lock of the checkout at ``root`` (or the one at ``only``), or (``check``) say which are stale."""
     stale = []
-    for lock in LOCKS:
+    chosen = [lock for lock in LOCKS if only is None or lock.path == only]
+    if not chosen:
+        print(f"no lock {only!r}: the locks are {', '.join(lock.path for lock in LOCKS)}", file=sys.stderr)
+        return 2
+    for lock in chosen:
         committed = root / lock.path
         if not check:
             lock.compile(committed, root)
@@ -99,6 +104,8 @@ def main(check: bool, root: Path = REPO) -> int:
 
 if __name__ == "__main__":
     arguments = sys.argv[1:]
-    sys.exit(
-        main("--check" in arguments, Path(arguments[arguments.index("--root") + 1]) if "--root" in arguments else REPO)
-    )
+
+    def value(flag: str) -> str | None:
+        return arguments[arguments.index(flag) + 1] if flag in arguments else None
+
+    sys.exit(main("--check" in arguments, Path(value("--root") or REPO), value("--only")))
