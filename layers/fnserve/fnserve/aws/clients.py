@@ -141,8 +141,9 @@ def reset() -> None:
     _client.cache_clear()
 
 
-def store_error(exc: BaseException, what: str) -> FnserveError:
-    """An AWS call's failure as fnserve's error: the request's own fault (422), or a store that may heal (503)."""
+def store_error(exc: BaseException, what: str, writing: bool = False) -> FnserveError:
+    """An AWS call's failure as fnserve's error: the request's own fault (422), or a store that may heal (503);
+    ``writing``: the call wrote ``what``, so a denial is about writing it."""
     from botocore.exceptions import (
         BotoCoreError,
         ClientError,
@@ -171,6 +172,8 @@ def store_error(exc: BaseException, what: str) -> FnserveError:
             return StoreUnavailable(f"{what}: {code or status}, try again later")
         if code in MISSING_CODES:
             return InvalidInput(f"{what}: it does not exist")
+        if code in DENIED_CODES and writing:
+            return InvalidInput(f"{what}: access denied (the caller may not write it: {error.get('Message', code)})")
         if code in DENIED_CODES:
             return InvalidInput(f"{what}: it does not exist, or this function may not read it (access denied)")
         return InvalidInput(f"{what}: {code}: {error.get('Message', '')}")

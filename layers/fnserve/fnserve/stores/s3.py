@@ -40,8 +40,15 @@ def put_bytes(bucket: str, key: str, data: bytes) -> str:
 
 def upload_file(path: Path, uri: str, sha256: str) -> None:
     """Upload ``path`` as ``uri`` (multipart when big), its sha256 in the object's metadata."""
+    from boto3.exceptions import S3UploadFailedError
+
     bucket, key = split_uri(uri, "s3")
-    client("s3").upload_file(str(path), bucket, key, ExtraArgs={"Metadata": {"sha256": sha256}})
+    try:
+        client("s3").upload_file(str(path), bucket, key, ExtraArgs={"Metadata": {"sha256": sha256}})
+    except Exception as exc:
+        # boto3's transfer wraps S3's answer in S3UploadFailedError: the ClientError it caught says what S3 said.
+        said = exc.__context__ if isinstance(exc, S3UploadFailedError) and exc.__context__ is not None else exc
+        raise store_error(said, f"{uri} cannot be written", writing=True) from exc
 
 
 def stored_sha256(uri: str) -> str | None:
