@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from fnserve.bench.sweep import process_tree
 from fnserve.emulator.runtime_api import FunctionError, RuntimeApi
 from tests.moto import free_port
 
@@ -36,17 +37,6 @@ class Started:
 
 
 Start = Callable[[Path, dict[str, str]], Started]  # a log file and extra environment -> one fresh start
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and every process below it that is still there."""
-    found = [pid]
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError):
-                for child in (task / "children").read_text().split():
-                    found += process_tree(int(child))
-    return found
 
 
 def python_rss_mb(pid: int) -> float:

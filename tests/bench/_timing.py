@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from fnserve.bench.sweep import process_tree
+
 
 def interleaved(fns: Sequence[Callable[[], object]], rounds: int, warmup: int = 50) -> list[list[float]]:
     """Time each function once per round, alternating the order; seconds per call."""
@@ -42,15 +44,6 @@ def fresh_process_seconds(code: str, env: dict[str, str] | None = None, cwd: Pat
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=cwd, stdout=subprocess.DEVNULL)
     return time.perf_counter() - t0
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and every process below it (front processes, inference workers)."""
-    found = [pid]
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            found += process_tree(int(child))
-    return found
 
 
 def tree_cpu_seconds(pid: int) -> float:

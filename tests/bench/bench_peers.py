@@ -58,9 +58,10 @@ from typing import Any
 import httpx
 import numpy as np
 
+from fnserve.bench.sweep import process_tree
 from fnserve.core._cpus import available_cpus
 from tests.bench import bench_cold, bench_sqs
-from tests.bench._timing import fresh_process_seconds, process_tree
+from tests.bench._timing import fresh_process_seconds
 from tests.bench.bench_batching import (
     SECONDS,
     load,

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import tomli_w
 
-from tests.bench._timing import process_tree
+from fnserve.bench.sweep import process_tree
 from tests.helpers import DEMO_MANIFEST
 from tests.moto import free_port
 from tests.servers import start_http
