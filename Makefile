@@ -204,24 +204,14 @@ PEERS := tests/bench/peers
 BENTOML_VENV := .venv-bentoml
 MLSERVER_VENV := .venv-mlserver
 
-$(BENTOML_VENV)/.installed: $(PEERS)/bentoml.txt
-	$(PYTHON) -m venv $(BENTOML_VENV)
-	$(BENTOML_VENV)/bin/pip install -q --upgrade pip
-	$(BENTOML_VENV)/bin/pip install -q -r $(PEERS)/bentoml.txt
-	@touch $@
-
-$(MLSERVER_VENV)/.installed: $(PEERS)/mlserver.txt
-	$(PYTHON) -m venv $(MLSERVER_VENV)
-	$(MLSERVER_VENV)/bin/pip install -q --upgrade pip
-	$(MLSERVER_VENV)/bin/pip install -q -r $(PEERS)/mlserver.txt
-	@touch $@
-
 # fastembed (Qdrant's ONNX embedding library) serving the same int8 MiniLM, the text embeddings table's peer.
 FASTEMBED_VENV := .venv-fastembed
-$(FASTEMBED_VENV)/.installed: $(PEERS)/fastembed.txt
-	$(PYTHON) -m venv $(FASTEMBED_VENV)
-	$(FASTEMBED_VENV)/bin/pip install -q --upgrade pip
-	$(FASTEMBED_VENV)/bin/pip install -q -r $(PEERS)/fastembed.txt
+
+# Each peer's virtualenv, .venv-NAME from $(PEERS)/NAME.txt (the explicit rules of the other .venv-* win over it).
+.venv-%/.installed: $(PEERS)/%.txt
+	$(PYTHON) -m venv .venv-$*
+	.venv-$*/bin/pip install -q --upgrade pip
+	.venv-$*/bin/pip install -q -r $<
 	@touch $@
 
 bench-peers: setup $(BENTOML_VENV)/.installed $(MLSERVER_VENV)/.installed $(FASTEMBED_VENV)/.installed
