@@ -33,6 +33,15 @@ def get(app: Any, path: str, headers: dict[str, str] | None = None) -> httpx.Res
     return asyncio.run(main())
 
 
+def post(app: Any, path: str, body: dict[str, Any]) -> httpx.Response:
+    async def main() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://fnserve") as client:
+            return await client.post(path, json=body)
+
+    return asyncio.run(main())
+
+
 @pytest.mark.parametrize("path", ["/v2/health/live", "/v2/health/ready", "/ping"])
 @pytest.mark.parametrize("ready", [True, False])
 def test_health_checks_are_answered_without_fastapi_as_its_routes_answer_them(
@@ -81,7 +90,9 @@ def lifespan(app: V2App) -> list[dict[str, Any]]:
     return sent
 
 
-def test_the_lifespan_starts_companions_builds_fastapi_after_and_stops_in_reverse(tmp_path: Path) -> None:
+def test_the_lifespan_starts_companions_builds_fastapi_after_the_first_answer_and_stops_in_reverse(
+    tmp_path: Path,
+) -> None:
     settings = Settings(manifest=str(write_test_manifest(tmp_path)), access_log=False)
     events: list[str] = []
     companions = [Companion("grpc", events), Companion("metrics", events)]
@@ -91,6 +102,11 @@ def test_the_lifespan_starts_companions_builds_fastapi_after_and_stops_in_revers
     sent = lifespan(app)
     assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
     assert events == ["start grpc", "start metrics", "stop metrics", "stop grpc", "shutdown"]
+    # Not while a cold start's first request is in flight: its imports would take the GIL from that request.
+    assert get(app, "/v2/health/ready").status_code == 200 and app._fastapi is None
+    inputs = [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": [0.0] * 64}]
+    answer = post(app, "/v2/models/digits-fast/infer", {"inputs": inputs})
+    assert answer.status_code == 200, answer.text
     wait_for(lambda: app._fastapi is not None, 30, "FastAPI built in its thread")
 
 

@@ -95,4 +95,4 @@ def server_app(
     )
     app.state.plane = plane
     app.state.pool = pool
-    return app  # its FastAPI app (the routes but inference and health) built in a thread once it serves
+    return app  # its FastAPI app (the routes but inference and health) built in a thread after its first answer

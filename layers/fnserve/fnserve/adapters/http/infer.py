@@ -82,9 +82,11 @@ class V2App:
         self._fastapi: ASGIApp | None = None
         self.openai = openai  # OpenAI's routes, made when first called
         self._building = threading.Lock()
+        self._build_ahead = False  # a server's: build FastAPI in a thread once the first answer is out
 
     def fastapi(self) -> ASGIApp:
-        """The FastAPI app of the other routes, built on first use (or ahead, in a thread, by a server at start)."""
+        """The FastAPI app of the other routes, built on first use (or ahead, in a thread, by a server once it has
+        answered its first inference)."""
         if self._fastapi is None:
             with self._building:  # once, whether the server's thread or a request builds it
                 if self._fastapi is None:
@@ -101,13 +103,13 @@ class V2App:
                 if parts[-1] == "infer" and parts[1:3] == ["v2", "models"] and all(parts[3:-1]):
                     if len(parts) == 5:
                         await self.inference.infer_asgi(scope, receive, send, parts[3], None)
-                        return
+                        return self._answered()
                     if len(parts) == 7 and parts[4] == "versions":
                         await self.inference.infer_asgi(scope, receive, send, parts[3], parts[5])
-                        return
+                        return self._answered()
                 elif scope["path"] == "/v1/embeddings" and self.openai is not None:
                     await self.openai().embeddings(scope, receive, send)
-                    return
+                    return self._answered()
             elif method == "GET":
                 path = scope["path"]
                 if path in HEALTH:
@@ -121,6 +123,13 @@ class V2App:
             return
         await (self._fastapi or self.fastapi())(scope, receive, send)
 
+    def _answered(self) -> None:
+        # FastAPI's imports take the GIL for a quarter of a second: built while a cold start's first request is
+        # in flight, they would delay its answer, which is what the platform holding that request waits for.
+        if self._build_ahead:
+            self._build_ahead = False
+            threading.Thread(target=self.fastapi, name="fnserve-routes", daemon=True).start()
+
     async def _health(self, scope: ASGIMessage, send: Send, readiness: bool) -> None:
         """``{"live": true}``, or ``{"ready": ...}`` with 200 or 503, as the FastAPI routes answer them."""
         ready = self.inference.plane.catalog.ready() if readiness else True
@@ -133,9 +142,9 @@ class V2App:
         answered(scope, status)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
-        """ASGI's lifespan: the companions started, and FastAPI built in a thread while the server already answers
-        inference and health checks; at shutdown the companions stopped (last started, first), the data plane
-        closed, then ``on_shutdown``."""
+        """ASGI's lifespan: the companions started, and FastAPI built in a thread once the server has answered its
+        first inference (inference and health checks need none); at shutdown the companions stopped (last started,
+        first), the data plane closed, then ``on_shutdown``."""
         await receive()  # lifespan.startup
         started: list[Companion] = []
         try:
@@ -147,7 +156,7 @@ class V2App:
             await self._stop(started)
             await send({"type": "lifespan.startup.failed", "message": f"{type(exc).__name__}: {exc}"})
             return
-        threading.Thread(target=self.fastapi, name="fnserve-routes", daemon=True).start()
+        self._build_ahead = True
         await send({"type": "lifespan.startup.complete"})
         await receive()  # lifespan.shutdown
         await self._stop(started)
