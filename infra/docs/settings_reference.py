@@ -9,6 +9,7 @@ and tests/functional/test_settings_reference.py checks that fnserve (or the libr
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 import tempfile
@@ -18,11 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import annotated_types
-from pydantic import SecretStr
-from pydantic.fields import FieldInfo
+import msgspec
 
-from fnserve.settings import EnvSettings, Settings
+from fnserve.settings import EnvSettings, SecretStr, Settings
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 BEGIN = "<!-- written by infra/docs/settings_reference.py from here -->"
@@ -184,35 +183,50 @@ def setting_classes() -> list[type[EnvSettings]]:
     return [
         cls
         for cls in reversed(Settings.__mro__)
-        if isinstance(cls, type) and issubclass(cls, EnvSettings) and vars(cls).get("__annotations__")
+        if isinstance(cls, type) and issubclass(cls, EnvSettings) and own_fields(cls)
     ]
 
 
 def own_fields(cls: type[EnvSettings]) -> list[str]:
-    return [name for name in vars(cls)["__annotations__"] if name in cls.model_fields]
+    return [name for name in vars(cls).get("__annotations__", {}) if name in Settings.field_names()]
 
 
-_BOUNDS = (
-    (annotated_types.Ge, "ge", "≥"),
-    (annotated_types.Gt, "gt", ">"),
-    (annotated_types.Le, "le", "≤"),
-    (annotated_types.Lt, "lt", "<"),
-)
+@dataclass(frozen=True)
+class Field:
+    """A setting as its class declares it: ``Annotated[kind, Meta(...)]``, ``| None`` where it may be unset."""
+
+    kind: Any
+    meta: msgspec.Meta
+    default: Any
+
+    @property
+    def description(self) -> str:
+        return self.meta.description or ""
 
 
-def _type(field: FieldInfo) -> str:
-    kind: Any = field.annotation
-    if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:  # X | None: X, unset allowed
-        kind = next(a for a in typing.get_args(kind) if a is not type(None))
-    if typing.get_origin(kind) is typing.Literal:
-        return "one of " + ", ".join(f"`{value}`" for value in typing.get_args(kind))
+def fields() -> dict[str, Field]:
+    hints = typing.get_type_hints(Settings, include_extras=True)
+    found = {}
+    for field in dataclasses.fields(Settings):
+        kind: Any = hints[field.name]
+        if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:  # X | None: X, unset allowed
+            kind = next(a for a in typing.get_args(kind) if a is not type(None))
+        meta = msgspec.Meta()
+        if typing.get_origin(kind) is typing.Annotated:
+            kind, meta = typing.get_args(kind)[:2]
+        found[field.name] = Field(kind, meta, field.default)
+    return found
+
+
+_BOUNDS = (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"))
+
+
+def _type(field: Field) -> str:
+    if typing.get_origin(field.kind) is typing.Literal:
+        return "one of " + ", ".join(f"`{value}`" for value in typing.get_args(field.kind))
     names = {bool: "bool", int: "int", float: "float", str: "str", Path: "path", SecretStr: "str (secret)"}
-    bounds = []
-    for bound in field.metadata:
-        for cls, attribute, sign in _BOUNDS:
-            if isinstance(bound, cls):
-                bounds.append(f"{sign} {getattr(bound, attribute):g}")
-    return " ".join([names[kind], ", ".join(bounds)]).strip()
+    bounds = [f"{sign} {bound:g}" for name, sign in _BOUNDS if (bound := getattr(field.meta, name)) is not None]
+    return " ".join([names[field.kind], ", ".join(bounds)]).strip()
 
 
 def _default(name: str, value: Any) -> str:
@@ -236,14 +250,14 @@ def _cell(text: str) -> str:
 def settings_tables() -> str:
     """A table per settings class: each field's variable, type, default and description (other fields' names in
     it written as their variables)."""
-    fields = Settings.model_fields
-    named = re.compile(r"\b(" + "|".join(sorted((n for n in fields if "_" in n), key=len, reverse=True)) + r")\b")
+    described = fields()
+    named = re.compile(r"\b(" + "|".join(sorted((n for n in described if "_" in n), key=len, reverse=True)) + r")\b")
     parts = []
     for cls in setting_classes():
         doc = (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
         rows = [f"### `{cls.__name__}`\n", f"{doc}\n", "| variable | type | default | what it does |", "|" + "---|" * 4]
         for name in own_fields(cls):
-            field = fields[name]
+            field = described[name]
             does = named.sub(lambda m: f"`{PREFIX}{m[1].upper()}`", field.description or "")
             variable = f"`{PREFIX}{name.upper()}`"
             rows.append(f"| {variable} | {_type(field)} | {_default(name, field.default)} | {_cell(does)} |")

@@ -14,8 +14,8 @@ import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
+from msgspec import ValidationError
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import ValidationError
 
 from fnserve.adapters.http.app import create_app
 from fnserve.adapters.http.wire import SEND_NOW
@@ -138,20 +138,18 @@ def test_a_batched_models_answers_are_encoded_in_its_batchs_thread_and_an_error_
 def test_batching_settings_are_checked_when_they_load() -> None:
     base = {"name": "m", "path": "m.onnx", "sha256": "a" * 64}
     with pytest.raises(ValidationError, match="only apply with max_batch_time_ms"):
-        ModelSettings.model_validate({**base, "length_buckets": [8]})
+        ModelSettings.validate({**base, "length_buckets": [8]})
     with pytest.raises(
         ValidationError, match="max_queue_delay_ms and max_queue_size only apply with max_batch_time_ms"
     ):
-        ModelSettings.model_validate({**base, "max_queue_size": 8, "max_queue_delay_ms": 100})
+        ModelSettings.validate({**base, "max_queue_size": 8, "max_queue_delay_ms": 100})
     with pytest.raises(ValidationError, match="max_queue_size"):
-        ModelSettings.model_validate({**base, "max_batch_time_ms": 5, "max_queue_size": 0})
+        ModelSettings.validate({**base, "max_batch_time_ms": 5, "max_queue_size": 0})
     with pytest.raises(ValidationError, match="pad_inputs needs length_buckets"):
-        ModelSettings.model_validate({**base, "max_batch_time_ms": 5, "pad_inputs": ["ids"]})
+        ModelSettings.validate({**base, "max_batch_time_ms": 5, "pad_inputs": ["ids"]})
     with pytest.raises(ValidationError, match="positive and ascending"):
-        ModelSettings.model_validate({**base, "max_batch_time_ms": 5, "length_buckets": [16, 8]})
-    ok = ModelSettings.model_validate(
-        {**base, "max_batch_time_ms": 5, "length_buckets": [8, 16], "pad_inputs": ["ids"]}
-    )
+        ModelSettings.validate({**base, "max_batch_time_ms": 5, "length_buckets": [16, 8]})
+    ok = ModelSettings.validate({**base, "max_batch_time_ms": 5, "length_buckets": [8, 16], "pad_inputs": ["ids"]})
     assert ok.length_buckets == [8, 16]
 
 

@@ -137,7 +137,7 @@ def test_confident_requests_skip_the_slow_model_and_send_nothing(settings: Setti
 
 
 def test_a_queue_outage_keeps_the_fast_answer(settings: Settings) -> None:
-    broken = settings.model_copy(update={"followup_queue_url": settings.followup_queue_url + "-gone"})
+    broken = settings.replace(followup_queue_url=settings.followup_queue_url + "-gone")
     response = app_client(broken).post("/v2/models/digits/infer", json=request([UNSURE[0]]))
     assert response.status_code == 200
     doc = response.json()

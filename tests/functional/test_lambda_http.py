@@ -271,7 +271,7 @@ import json, sys
 sys.path.insert(0, {function!r})
 import app
 {call}
-watched = ("fastapi", "starlette", "pydantic.v1", "pydantic_settings", "boto3", "asyncio")
+watched = ("fastapi", "starlette", "pydantic", "pydantic_settings", "boto3", "asyncio")
 print(json.dumps(sorted(m for m in watched if m in sys.modules)))
 """
 API_CALL = """
@@ -284,13 +284,13 @@ assert app.handler(event, LambdaContext())["statusCode"] == 200
 @pytest.mark.parametrize(
     ("function", "call", "loaded"),
     [
-        # The API function's first inference answers before FastAPI is imported (a large share of a
+        # The API function's first inference answers before FastAPI or pydantic is imported (a large share of a
         # cold start); the first other request builds it.
         ("api", API_CALL.format(event=str(REPO / "events" / "api-http-infer.json")), ["asyncio"]),
         (
             "api",
             API_CALL.format(event=str(REPO / "events" / "api-http-metadata.json")),
-            ["asyncio", "fastapi", "pydantic.v1", "starlette"],
+            ["asyncio", "fastapi", "pydantic", "starlette"],
         ),
         # The batch function's init needs no FastAPI, no asyncio (it has no event loop) and no boto3
         # (its clients are made on first use).

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 import tomli_w
-from pydantic import ValidationError
+from msgspec import ValidationError
 
 from fnserve.core.manifest import Manifest, load_manifest
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
@@ -49,7 +49,7 @@ def test_worker_groups_are_checked_against_the_manifest(tmp_path: Path) -> None:
         ([{"name": "a", "workers": 0, "models": ["digits-fast"]}], "workers"),
     ):
         with pytest.raises(ValidationError, match=message):
-            Manifest.model_validate({**base, "groups": groups})
+            Manifest.validate({**base, "groups": groups})
     manifest = load_manifest(write(tmp_path, [{"name": "accurate", "workers": 2, "models": ["digits-accurate"]}]))
     held = manifest.holding("accurate")  # what the group's workers load
     assert [m.name for m in held.models] == ["digits-accurate"] and not held.groups

@@ -67,7 +67,7 @@ def test_readme_python_example_runs(
 def test_readme_manifest_examples_are_valid() -> None:
     import tomllib
 
-    from pydantic import TypeAdapter
+    import msgspec
 
     from fnserve.core.manifest import CascadeSettings, EmbeddingSettings, Manifest, PipelineSettings, Step
 
@@ -75,7 +75,7 @@ def test_readme_manifest_examples_are_valid() -> None:
     for block in blocks:  # an entry shown without the sha256 that `fnserve manifest add` writes
         for model in block.get("models", []):
             model.setdefault("sha256", "0" * 64)
-    manifests = {b["models"][0]["name"]: Manifest.model_validate(b) for b in blocks if "models" in b}
+    manifests = {b["models"][0]["name"]: Manifest.validate(b) for b in blocks if "models" in b}
     manifest = manifests["digits-accurate"]
     assert manifest.models[0].cache_ttl_seconds == 3600
     assert manifest.models[0].inputs["input"].shape == [-1, 64]
@@ -83,18 +83,18 @@ def test_readme_manifest_examples_are_valid() -> None:
     assert [type(p).__name__ for p in gpu.execution_providers] == ["TensorrtProvider", "CudaProvider", "str"]
     assert gpu.batch_buckets[-1] == gpu.max_batch_size
     assert manifests["resnet50"].models[0].session_per_shape  # the CNN's: one session per batch shape
-    cascades = [CascadeSettings.model_validate(c) for b in blocks for c in b.get("cascades", [])]
+    cascades = [CascadeSettings.validate(c) for b in blocks for c in b.get("cascades", [])]
     assert [c.name for c in cascades] == ["digits"] and cascades[0].threshold == 0.65
     listed = [b["pipelines"] for b in blocks if isinstance(b.get("pipelines"), list)]
-    pipelines = [PipelineSettings.model_validate(p) for entries in listed for p in entries]
+    pipelines = [PipelineSettings.validate(p) for entries in listed for p in entries]
     assert [p.name for p in pipelines] == ["minilm-embed"] and len(pipelines[0].pre) == 1
     # A step shown alone ([[pipelines.pre]] without its pipeline) must be a valid step too, and so must a
     # pipeline's embedding table shown alone.
     alone = [b["pipelines"].get("pre", []) for b in blocks if isinstance(b.get("pipelines"), dict)]
-    steps = [TypeAdapter(Step).validate_python(step) for entries in alone for step in entries]
+    steps = [msgspec.convert(step, Step) for entries in alone for step in entries]
     assert [step.step for step in steps] == ["custom"]
     tables = [b["pipelines"]["embedding"] for b in blocks if "embedding" in b.get("pipelines", [])]
-    assert [EmbeddingSettings.model_validate(t).dimensions for t in tables] == [[64, 128, 256]]
+    assert [EmbeddingSettings.validate(t).dimensions for t in tables] == [[64, 128, 256]]
 
 
 # The README's shell blocks. Each runs here against the demo server, or names where it is proven instead:

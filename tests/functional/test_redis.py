@@ -118,7 +118,7 @@ def test_the_cache_tier_hits_across_processes_and_a_fault_is_a_miss(
     second = AsgiClient(create_app(bootstrap.build_dataplane(settings), settings))  # a new process: empty LRU
     assert second.post("/v2/models/digits-accurate/infer", json=body).headers["x-fnserve-cache"] == "hit"
     # Redis gone: the cache reads it as a miss, and inference answers all the same.
-    gone = settings.model_copy(update={"results": f"redis://127.0.0.1:{free_port()}/0"})
+    gone = settings.replace(results=f"redis://127.0.0.1:{free_port()}/0")
     third = AsgiClient(create_app(bootstrap.build_dataplane(gone), gone))
     response = third.post("/v2/models/digits-accurate/infer", json=body)
     assert response.status_code == 200 and response.headers["x-fnserve-cache"] == "miss"

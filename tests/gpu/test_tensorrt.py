@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import numpy as np
 import onnxruntime as ort
 import pytest
-from pydantic import TypeAdapter
 
 from fnserve.core.manifest import Provider, load_manifest
 from fnserve.core.providers import TENSORRT, ort_provider
@@ -44,8 +44,7 @@ CPU = ["CPUExecutionProvider"]
 
 def trt_session(path: Path, cache: Path, **options: Any) -> ort.InferenceSession:
     """A session on TensorRT with fnserve's translation of the manifest table ``options``, CUDA and CPU behind."""
-    adapter: TypeAdapter[Provider] = TypeAdapter(Provider)
-    table = adapter.validate_python({"name": TENSORRT, "cache_dir": str(cache), **options})
+    table = msgspec.convert({"name": TENSORRT, "cache_dir": str(cache), **options}, Provider)
     session = ort.InferenceSession(str(path), providers=[ort_provider(table, str(path)), CPU[0]])
     assert session.get_providers()[0] == TENSORRT  # no silent fall back inside the test either
     return session

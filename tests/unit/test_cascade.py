@@ -1,8 +1,9 @@
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
-from pydantic import ValidationError
+from msgspec import ValidationError
 
 from fnserve.core.cascade import confidence, confident
 from fnserve.core.errors import InvalidInput
@@ -11,9 +12,7 @@ from fnserve.core.manifest import CascadeSettings, Manifest
 
 
 def cascade(**fields: object) -> CascadeSettings:
-    return CascadeSettings.model_validate(
-        {"name": "c", "fast": "f", "slow": "s", "output": "p", "threshold": 0.8, **fields}
-    )
+    return CascadeSettings.validate({"name": "c", "fast": "f", "slow": "s", "output": "p", "threshold": 0.8, **fields})
 
 
 P = np.array([[0.9, 0.05, 0.05], [0.5, 0.4, 0.1], [0.34, 0.33, 0.33]])
@@ -52,14 +51,14 @@ def test_ids_say_what_they_are_and_cannot_be_forged() -> None:
 
 def test_manifest_cascades_must_name_real_models_and_not_clash() -> None:
     models = [{"name": n, "path": "x.onnx", "sha256": "a" * 64} for n in ("f", "s")]
-    ok = Manifest.model_validate({"models": models, "cascades": [cascade().model_dump()]})
+    ok = Manifest.validate({"models": models, "cascades": [msgspec.to_builtins(cascade())]})
     assert ok.cascades[0].name == "c"
     for bad, message in (
         (cascade(name="f"), "already a model's, a pipeline's or a cascade's"),
         (cascade(slow="nope"), "its slow model 'nope' is not in the manifest"),
     ):
         with pytest.raises(ValidationError, match=message):
-            Manifest.model_validate({"models": models, "cascades": [bad.model_dump()]})
+            Manifest.validate({"models": models, "cascades": [msgspec.to_builtins(bad)]})
     with pytest.raises(ValidationError, match="fast and slow are the same model"):
         cascade(slow="f")
     with pytest.raises(ValidationError, match="threshold"):

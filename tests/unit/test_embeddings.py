@@ -26,7 +26,7 @@ def minilm() -> object:
 
 
 def tokenize(minilm: object, **settings: object) -> Tokenize:
-    step = TokenizeStep.model_validate({"step": "tokenize", "tokenizer": TOKENIZER, "max_length": 8, **settings})
+    step = TokenizeStep.validate({"step": "tokenize", "tokenizer": TOKENIZER, "max_length": 8, **settings})
     return Tokenize(step, minilm, DEMO_MANIFEST.parent)  # type: ignore[arg-type]
 
 

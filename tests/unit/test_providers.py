@@ -14,8 +14,9 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
-from pydantic import TypeAdapter, ValidationError
+from msgspec import ValidationError
 
 from fnserve.core.errors import ModelLoadError
 from fnserve.core.manifest import Provider
@@ -23,8 +24,7 @@ from fnserve.core.providers import TENSORRT_LIBRARIES, ort_provider
 
 
 def provider(table: dict[str, Any]) -> Provider:
-    adapter: TypeAdapter[Provider] = TypeAdapter(Provider)
-    return adapter.validate_python(table)
+    return msgspec.convert(table, Provider)
 
 
 def translated(table: dict[str, Any], where: str = "m") -> tuple[str, dict[str, Any]]:

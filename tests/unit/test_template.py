@@ -33,7 +33,7 @@ def policy_statements(function: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_every_fnserve_variable_is_a_setting() -> None:
     variables = TEMPLATE["Globals"]["Function"]["Environment"]["Variables"]
-    fields = {f"FNSERVE_{name.upper()}" for name in Settings.model_fields}
+    fields = {f"FNSERVE_{name.upper()}" for name in Settings.field_names()}
     assert {v for v in variables if v.startswith("FNSERVE_")} <= fields
 
 

@@ -180,7 +180,7 @@ def with_local_manifest(settings: Settings) -> Settings:
     URIs in the same bucket)."""
     if not settings.manifest.startswith(tuple(f"{scheme}://" for scheme in objects.SCHEMES)):
         return settings
-    return settings.model_copy(update={"manifest": str(_fetch_manifest(settings))})
+    return settings.replace(manifest=str(_fetch_manifest(settings)))
 
 
 def _fetch_manifest(settings: InferenceSettings) -> Path:

@@ -438,8 +438,6 @@ def serve(
     import os
     import sys
 
-    from pydantic import ValidationError
-
     from fnserve.observability import logs
     from fnserve.server.serve import serve as run_server
     from fnserve.settings import Settings, sagemaker_settings
@@ -471,8 +469,8 @@ def serve(
         overrides["access_log"] = access_log
     try:
         settings = Settings(**overrides)
-    except ValidationError as exc:
-        raise _fail(str(exc)) from None
+    except FnserveError as exc:  # a setting the environment or a flag gives that is not one
+        raise _fail(exc.message) from None
     if settings.grpc_port == port:  # a platform's PORT may land on the image's gRPC port
         raise _fail(f"HTTP and gRPC both asked for port {port}: move gRPC with --grpc-port or FNSERVE_GRPC_PORT")
 

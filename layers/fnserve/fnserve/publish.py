@@ -85,7 +85,7 @@ def add_model(
     if max_batch_size is not None:
         entry["max_batch_size"] = max_batch_size
     try:
-        ModelSettings.model_validate(entry)  # the name and the fields, before any file is copied
+        ModelSettings.validate(entry)  # the name and the fields, before any file is copied
     except ValueError as exc:
         raise ConfigError(f"model {name!r} cannot be added: {_first_error(exc)}") from None
 

@@ -8,188 +8,316 @@ which is all of them, once per process. What one model does is the manifest's bu
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
+import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 
+import msgspec
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from msgspec import Meta
 
 from fnserve.core._cpus import available_cpus
+from fnserve.core.errors import ConfigError
 
 _PREFIX = "FNSERVE_"
 WHOLE = "FNSERVE_SETTINGS"  # every setting of a parent process (a server's), as JSON: see EnvSettings.to_env
+# What pydantic, and so every earlier fnserve, read as a boolean.
+_BOOLS = {word: True for word in ("1", "true", "t", "yes", "y", "on")} | {
+    word: False for word in ("0", "false", "f", "no", "n", "off")
+}
 
 
-class EnvSettings(BaseModel):
+class SecretStr:
+    """A secret setting's value, kept out of reprs and logs: ``get_secret_value()`` reads it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def get_secret_value(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "SecretStr('**********')"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SecretStr) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+def _decode(kind: type, value: Any) -> Any:
+    """The settings' types msgspec does not know, from the strings the environment holds."""
+    if isinstance(value, kind):
+        return value
+    if kind in (Path, SecretStr) and isinstance(value, str):
+        return kind(value)
+    raise ValueError(f"Expected `str`, got `{type(value).__name__}`")  # msgspec adds where
+
+
+class EnvSettings:
     """Settings read from ``FNSERVE_<FIELD>`` variables (names case-insensitive); values given to the
-    constructor take precedence, and either counts as set (``model_fields_set``).
+    constructor take precedence, and either counts as set (``fields_set``). A subclass is a frozen dataclass
+    whose fields say their type, bounds and description (``Annotated[int, Meta(ge=1, description=...)]``).
 
-    pydantic-settings' ``BaseSettings``, on plain pydantic: every setting is a scalar that pydantic
-    parses from its string, and importing pydantic-settings (its cloud secret sources, dotenv, asyncio)
-    would weigh on every Lambda cold start (docs/design/start.md).
+    Validated by msgspec from the variables' strings: pydantic's import and model builds would weigh on every
+    cold start (docs/design/start.md). A bad value raises
+    :class:`~fnserve.core.errors.ConfigError` naming its variable.
     """
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    fields_set: frozenset[str]
+    _bools: ClassVar[frozenset[str]]
 
     def __init__(self, **values: Any) -> None:
         environ = {key.upper(): value for key, value in os.environ.items() if key.upper().startswith(_PREFIX)}
         whole = orjson.loads(environ[WHOLE]) if WHOLE in environ else {}  # a parent process's, as it resolved them
-        for name in type(self).model_fields:
+        for name in self.field_names():
             if name in values:
                 continue
             if name in whole:
                 values[name] = whole[name]
             elif (value := environ.get(_PREFIX + name.upper())) is not None:
                 values[name] = value
-        super().__init__(**values)
+        self._take(type(self)._checked(values), frozenset(values))
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [field.name for field in dataclasses.fields(cls)]  # type: ignore[arg-type]
+
+    @classmethod
+    def _prepare(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """The values as msgspec takes them: paths as text, booleans from the words people write."""
+        if "_bools" not in vars(cls):
+            hints = typing.get_type_hints(cls)
+            cls._bools = frozenset(name for name in cls.field_names() if hints[name] is bool)
+        prepared = {}
+        for name, value in values.items():
+            if isinstance(value, os.PathLike):
+                value = os.fspath(value)
+            elif name in cls._bools and isinstance(value, str) and value.strip().lower() in _BOOLS:
+                value = _BOOLS[value.strip().lower()]
+            prepared[name] = value
+        return prepared
+
+    @classmethod
+    def _checked(cls, values: dict[str, Any]) -> Any:
+        try:
+            return msgspec.convert(cls._prepare(values), cls, strict=False, dec_hook=_decode)
+        except msgspec.ValidationError as exc:
+            message, _, where = str(exc).partition(" - at `$.")
+            name = where.rstrip("`")
+            if name in values:
+                raise ConfigError(f"{_PREFIX}{name.upper()}={values[name]!r}: {message}") from None
+            raise ConfigError(message) from None
+
+    def _take(self, checked: Any, fields_set: frozenset[str]) -> None:
+        for name in self.field_names():
+            object.__setattr__(self, name, getattr(checked, name))
+        object.__setattr__(self, "fields_set", fields_set)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with ``changes`` (validated, and counted as set); the environment is not read again."""
+        copy = object.__new__(type(self))
+        values = {name: getattr(self, name) for name in self.field_names()} | changes
+        copy._take(type(self)._checked(values), self.fields_set | changes.keys())
+        return copy
 
     def to_env(self) -> dict[str, str]:
         """These settings whole, as one variable a child process's settings read first (secrets included: the
         variable goes only to processes this one starts)."""
-        values = {name: value.get_secret_value() if isinstance(value, SecretStr) else value for name, value in self}
+        values = {}
+        for name in self.field_names():
+            value = getattr(self, name)
+            values[name] = value.get_secret_value() if isinstance(value, SecretStr) else value
         return {WHOLE: orjson.dumps(values, default=str).decode()}
 
 
+@dataclass(frozen=True, init=False)
 class InferenceSettings(EnvSettings):
     """Where the models are and how a process loads them."""
 
-    manifest: str = Field(
-        default="/opt/models/manifest.toml",
-        description="Model manifest (TOML): a path, or s3://bucket/key (then relative model paths are in that "
-        "bucket too). The default is where the models layer lands in Lambda.",
+    manifest: Annotated[
+        str,
+        Meta(
+            description="Model manifest (TOML): a path, or s3://bucket/key (then relative model paths are in that "
+            "bucket too). The default is where the models layer lands in Lambda."
+        ),
+    ] = "/opt/models/manifest.toml"
+    intra_op_threads: (
+        Annotated[
+            int, Meta(ge=1, description="Intra-op threads for every model without its own; default: CPUs / workers.")
+        ]
+        | None
+    ) = None
+    eager_load: Annotated[bool, Meta(description="Load every model at start instead of on first use.")] = False
+    worker_group: (
+        Annotated[
+            str,
+            Meta(
+                description="Load only this worker group's models (the manifest's [[groups]]): what `fnserve serve` "
+                "sets in the group's inference workers."
+            ),
+        ]
+        | None
+    ) = None
+    model_cache_dir: Annotated[
+        Path, Meta(description="Where models fetched from remote stores (s3://) are kept for this process.")
+    ] = Path(tempfile.gettempdir()) / "fnserve-models"
+    cache_max_bytes: Annotated[int, Meta(ge=0, description="Size bound of the in-process result cache tier.")] = (
+        64 * 1024 * 1024
     )
-    intra_op_threads: int | None = Field(
-        default=None,
-        ge=1,
-        description="Intra-op threads for every model without its own; default: CPUs / workers.",
-    )
-    eager_load: bool = Field(default=False, description="Load every model at start instead of on first use.")
-    worker_group: str | None = Field(
-        default=None,
-        description="Load only this worker group's models (the manifest's [[groups]]): what `fnserve serve` sets "
-        "in the group's inference workers.",
-    )
-    model_cache_dir: Path = Field(
-        default=Path(tempfile.gettempdir()) / "fnserve-models",
-        description="Where models fetched from remote stores (s3://) are kept for this process.",
-    )
-    cache_max_bytes: int = Field(
-        default=64 * 1024 * 1024, ge=0, description="Size bound of the in-process result cache tier."
-    )
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        default="INFO", description="Log level of fnserve's loggers."
-    )
-    device: Literal["any", "cpu"] = Field(
-        default="any",
-        description="cpu: every model on its CPU providers alone (the CPU workers of a mixed-device pool: a "
-        "placement, not a fall back); any: the providers each model's manifest entry lists.",
-    )
+    log_level: Annotated[
+        Literal["DEBUG", "INFO", "WARNING", "ERROR"], Meta(description="Log level of fnserve's loggers.")
+    ] = "INFO"
+    device: Annotated[
+        Literal["any", "cpu"],
+        Meta(
+            description="cpu: every model on its CPU providers alone (the CPU workers of a mixed-device pool: a "
+            "placement, not a fall back); any: the providers each model's manifest entry lists."
+        ),
+    ] = "any"
 
-    @field_validator("manifest", mode="before")
-    @classmethod
-    def _manifest(cls, value: object) -> object:
-        return os.fspath(value) if isinstance(value, os.PathLike) else value
 
-
+@dataclass(frozen=True, init=False)
 class HttpSettings(EnvSettings):
     """The HTTP API, in Lambda and in the server alike."""
 
-    default_model: str | None = Field(
-        default=None,
-        description="The model SageMaker's POST /invocations serves when a request names none (no "
-        "X-Amzn-SageMaker-Target-Model or model=NAME custom attribute); unset: the manifest's only one.",
-    )
-    access_log: bool = Field(
-        default=True, description="One structured log line per inference request, with stage timings."
-    )
-    max_request_bytes: int = Field(
-        default=6 * 1024 * 1024,
-        ge=1024,
-        description="Largest request body accepted (413 beyond, before parsing); default: "
-        "Lambda's 6 MB synchronous payload limit.",
-    )
-    max_wait_seconds: float = Field(
-        default=20.0,
-        gt=0,
-        le=25.0,
-        description="Longest long-poll on GET /v2/results/{id} (API Gateway stops at 29 s); a longer wait "
-        "asked for is cut to this.",
-    )
+    default_model: (
+        Annotated[
+            str,
+            Meta(
+                description="The model SageMaker's POST /invocations serves when a request names none (no "
+                "X-Amzn-SageMaker-Target-Model or model=NAME custom attribute); unset: the manifest's only one."
+            ),
+        ]
+        | None
+    ) = None
+    access_log: Annotated[
+        bool, Meta(description="One structured log line per inference request, with stage timings.")
+    ] = True
+    max_request_bytes: Annotated[
+        int,
+        Meta(
+            ge=1024,
+            description="Largest request body accepted (413 beyond, before parsing); default: "
+            "Lambda's 6 MB synchronous payload limit.",
+        ),
+    ] = 6 * 1024 * 1024
+    max_wait_seconds: Annotated[
+        float,
+        Meta(
+            gt=0,
+            le=25.0,
+            description="Longest long-poll on GET /v2/results/{id} (API Gateway stops at 29 s); a longer wait "
+            "asked for is cut to this.",
+        ),
+    ] = 20.0
 
 
+@dataclass(frozen=True, init=False)
 class ServerSettings(EnvSettings):
     """The long-running server's processes (``fnserve serve``)."""
 
-    parallel_workers: int = Field(
-        default=1,
-        ge=0,
-        description="Inference worker processes of a long-running server, each with every model; 0 runs "
-        "inference in the server's own process (best for models so small that IPC would cost more). "
-        "With neither this nor server_processes set, fnserve serve chooses both at start from the models.",
-    )
-    server_processes: int = Field(
-        default=1,
-        ge=1,
-        description="Front processes of a long-running server (sharing its port), each with its own "
-        "parallel_workers; more than one pays when HTTP and JSON, not the model, use the CPU (tiny models).",
-    )
-    gpu_workers: int = Field(
-        default=0,
-        ge=0,
-        description="Inference worker processes on the GPU (each model on its manifest providers). With "
-        "parallel_workers CPU workers beside them (none unless set), calls past gpu_capacity overflow to the CPU.",
-    )
-    gpu_capacity: int | None = Field(
-        default=None,
-        ge=1,
-        description="Calls in flight on the GPU workers before calls overflow to CPU workers; default: two per "
-        "GPU worker (one running, one ready to start).",
-    )
-    fast_start: bool = Field(
-        default=False,
-        description="Start to the first answer fast, for platforms that scale to zero (Cloud Run, Knative, "
-        "SageMaker Serverless): with no layout given, one front process per CPU runs inference, chosen without "
-        "timing the models or reading their memory at start; the models load once in each front process; the "
-        "server's own process is the first front process, ready once it listens, and the others start then and "
-        "join it.",
-    )
-    cpu_affinity: bool = Field(
-        default=False,
-        description="Pin each process that runs inference (an inference worker, or a front process with "
-        "parallel_workers = 0) to its own CPUs: the available CPUs split evenly between them, in order. "
-        "Threads then stay on one core's caches and processes stop migrating; measure it (fnserve bench).",
-    )
-    inference_timeout_seconds: float = Field(
-        default=60.0,
-        gt=0,
-        description="Longest inference call in a server's worker process: past it the worker is replaced "
-        "and the request answered with 504 (and the grace a gRPC call in flight gets at shutdown).",
-    )
-    metrics: bool = Field(
-        default=True,
-        description="Prometheus metrics of every server process on GET /metrics (requests, stage latencies, "
-        "batches, workers, cache); off: nothing is counted.",
-    )
-    grpc_port: int | None = Field(
-        default=None,
-        ge=0,
-        le=65535,
-        description="Port of the Open Inference Protocol's gRPC service beside HTTP (needs fnserve[grpc]); "
-        "unset, empty or off: no gRPC (a platform that routes one port, where the image's 8081 would only cost "
-        "the start time). Its largest request is max_request_bytes (RESOURCE_EXHAUSTED beyond).",
-    )
-    grpc_host: str = Field(
-        default="127.0.0.1", description="Address the gRPC service listens on (fnserve serve: the HTTP --host)."
-    )
+    parallel_workers: Annotated[
+        int,
+        Meta(
+            ge=0,
+            description="Inference worker processes of a long-running server, each with every model; 0 runs "
+            "inference in the server's own process (best for models so small that IPC would cost more). "
+            "With neither this nor server_processes set, fnserve serve chooses both at start from the models.",
+        ),
+    ] = 1
+    server_processes: Annotated[
+        int,
+        Meta(
+            ge=1,
+            description="Front processes of a long-running server (sharing its port), each with its own "
+            "parallel_workers; more than one pays when HTTP and JSON, not the model, use the CPU (tiny models).",
+        ),
+    ] = 1
+    gpu_workers: Annotated[
+        int,
+        Meta(
+            ge=0,
+            description="Inference worker processes on the GPU (each model on its manifest providers). With "
+            "parallel_workers CPU workers beside them (none unless set), calls past gpu_capacity overflow to the CPU.",
+        ),
+    ] = 0
+    gpu_capacity: (
+        Annotated[
+            int,
+            Meta(
+                ge=1,
+                description="Calls in flight on the GPU workers before calls overflow to CPU workers; default: two per "
+                "GPU worker (one running, one ready to start).",
+            ),
+        ]
+        | None
+    ) = None
+    fast_start: Annotated[
+        bool,
+        Meta(
+            description="Start to the first answer fast, for platforms that scale to zero (Cloud Run, Knative, "
+            "SageMaker Serverless): with no layout given, one front process per CPU runs inference, chosen without "
+            "timing the models or reading their memory at start; the models load once in each front process; the "
+            "server's own process is the first front process, ready once it listens, and the others start then and "
+            "join it."
+        ),
+    ] = False
+    cpu_affinity: Annotated[
+        bool,
+        Meta(
+            description="Pin each process that runs inference (an inference worker, or a front process with "
+            "parallel_workers = 0) to its own CPUs: the available CPUs split evenly between them, in order. "
+            "Threads then stay on one core's caches and processes stop migrating; measure it (fnserve bench)."
+        ),
+    ] = False
+    inference_timeout_seconds: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="Longest inference call in a server's worker process: past it the worker is replaced "
+            "and the request answered with 504 (and the grace a gRPC call in flight gets at shutdown).",
+        ),
+    ] = 60.0
+    metrics: Annotated[
+        bool,
+        Meta(
+            description="Prometheus metrics of every server process on GET /metrics (requests, stage latencies, "
+            "batches, workers, cache); off: nothing is counted."
+        ),
+    ] = True
+    grpc_port: (
+        Annotated[
+            int,
+            Meta(
+                ge=0,
+                le=65535,
+                description="Port of the Open Inference Protocol's gRPC service beside HTTP (needs fnserve[grpc]); "
+                "unset, empty or off: no gRPC (a platform that routes one port, where the image's 8081 would only cost "
+                "the start time). Its largest request is max_request_bytes (RESOURCE_EXHAUSTED beyond).",
+            ),
+        ]
+        | None
+    ) = None
+    grpc_host: Annotated[
+        str, Meta(description="Address the gRPC service listens on (fnserve serve: the HTTP --host).")
+    ] = "127.0.0.1"
 
-    @field_validator("grpc_port", mode="before")
     @classmethod
-    def _grpc_off(cls, value: object) -> object:
+    def _prepare(cls, values: dict[str, Any]) -> dict[str, Any]:
         # A variable cannot be unset by a deploy file over an image's ENV: it can be set to "off" (or empty).
-        return None if isinstance(value, str) and value.strip().lower() in ("", "off") else value
+        port = values.get("grpc_port")
+        if isinstance(port, str) and port.strip().lower() in ("", "off"):
+            values = {**values, "grpc_port": None}
+        return super()._prepare(values)
 
     @property
     def inference_processes(self) -> int:
@@ -197,87 +325,126 @@ class ServerSettings(EnvSettings):
         return self.server_processes * max(1, self.parallel_workers)
 
 
+@dataclass(frozen=True, init=False)
 class AwsSettings(EnvSettings):
     """Results, the shared cache tier, payloads and follow-ups on AWS (DynamoDB, S3, SQS)."""
 
-    results_table: str | None = Field(
-        default=None,
-        description="DynamoDB table for job results and the shared result cache tier; unset: in-process only.",
+    results_table: (
+        Annotated[
+            str,
+            Meta(
+                description="DynamoDB table for job results and the shared result cache tier; unset: in-process only."
+            ),
+        ]
+        | None
+    ) = None
+    results_bucket: (
+        Annotated[
+            str, Meta(description="S3 bucket for results and job inputs too big for a DynamoDB item or an SQS message.")
+        ]
+        | None
+    ) = None
+    results: (
+        Annotated[
+            str,
+            Meta(
+                description="Job results and the shared cache tier in Redis instead of DynamoDB: redis://host:6379/0 "
+                "(rediss:// for TLS; Memorystore on Google Cloud); unset: FNSERVE_RESULTS_TABLE, if any."
+            ),
+        ]
+        | None
+    ) = None
+    followup_queue_url: (
+        Annotated[str, Meta(description="SQS queue for cascade follow-ups (a cascade may name its own).")] | None
+    ) = None
+    result_id_key: (
+        Annotated[
+            SecretStr,
+            Meta(
+                description="Key signing follow-up ids; set it (the same in every container) so ids cannot be forged. "
+                "Unset, and no result_id_key_secret: derived from the results table name, consistent but not secret."
+            ),
+        ]
+        | None
+    ) = None
+    result_id_key_secret: (
+        Annotated[
+            str,
+            Meta(
+                description="Secrets Manager secret (name or ARN) holding that key, read at run time and cached "
+                "for 5 minutes (rotations need no redeploy; ids signed with the previous version stay valid)."
+            ),
+        ]
+        | None
+    ) = None
+    max_receive_count: Annotated[
+        int,
+        Meta(
+            ge=1,
+            description="The queues' maxReceiveCount: on that delivery, a job that still fails is stored as failed.",
+        ),
+    ] = 5
+    result_ttl_seconds: Annotated[int, Meta(ge=60, description="How long stored job results live (DynamoDB TTL).")] = (
+        7 * 24 * 3600
     )
-    results_bucket: str | None = Field(
-        default=None,
-        description="S3 bucket for results and job inputs too big for a DynamoDB item or an SQS message.",
-    )
-    results: str | None = Field(
-        default=None,
-        description="Job results and the shared cache tier in Redis instead of DynamoDB: redis://host:6379/0 "
-        "(rediss:// for TLS; Memorystore on Google Cloud); unset: FNSERVE_RESULTS_TABLE, if any.",
-    )
-    followup_queue_url: str | None = Field(
-        default=None, description="SQS queue for cascade follow-ups (a cascade may name its own)."
-    )
-    result_id_key: SecretStr | None = Field(
-        default=None,
-        description="Key signing follow-up ids; set it (the same in every container) so ids cannot be forged. "
-        "Unset, and no result_id_key_secret: derived from the results table name, consistent but not secret.",
-    )
-    result_id_key_secret: str | None = Field(
-        default=None,
-        description="Secrets Manager secret (name or ARN) holding that key, read at run time and cached "
-        "for 5 minutes (rotations need no redeploy; ids signed with the previous version stay valid).",
-    )
-    max_receive_count: int = Field(
-        default=5,
-        ge=1,
-        description="The queues' maxReceiveCount: on that delivery, a job that still fails is stored as failed.",
-    )
-    result_ttl_seconds: int = Field(
-        default=7 * 24 * 3600, ge=60, description="How long stored job results live (DynamoDB TTL)."
-    )
-    request_store_timeout_seconds: float = Field(
-        default=0.2,
-        gt=0,
-        le=30,
-        description="Connect and read timeout of each DynamoDB call made while answering a request (the shared "
-        "cache tier, result lookups): a stalled table costs a request at most this per attempt.",
-    )
-    request_store_attempts: int = Field(
-        default=2, ge=1, le=10, description="Attempts of each of those calls (botocore's standard retry mode)."
-    )
-    cache_breaker_failures: int = Field(
-        default=3,
-        ge=1,
-        description="Failed calls in a row after which the shared cache tier is not asked for a while "
-        "(every request is then a plain miss, at no cost).",
-    )
-    cache_breaker_cooldown_seconds: float = Field(
-        default=10.0, gt=0, description="How long the shared cache tier rests after failing; then one call tries it."
-    )
+    request_store_timeout_seconds: Annotated[
+        float,
+        Meta(
+            gt=0,
+            le=30,
+            description="Connect and read timeout of each DynamoDB call made while answering a request (the shared "
+            "cache tier, result lookups): a stalled table costs a request at most this per attempt.",
+        ),
+    ] = 0.2
+    request_store_attempts: Annotated[
+        int, Meta(ge=1, le=10, description="Attempts of each of those calls (botocore's standard retry mode).")
+    ] = 2
+    cache_breaker_failures: Annotated[
+        int,
+        Meta(
+            ge=1,
+            description="Failed calls in a row after which the shared cache tier is not asked for a while "
+            "(every request is then a plain miss, at no cost).",
+        ),
+    ] = 3
+    cache_breaker_cooldown_seconds: Annotated[
+        float, Meta(gt=0, description="How long the shared cache tier rests after failing; then one call tries it.")
+    ] = 10.0
 
 
+@dataclass(frozen=True, init=False)
 class GcpSettings(EnvSettings):
     """What only Google Cloud's functions use: the follow-up topic, and how the Pub/Sub job function batches."""
 
-    followup_topic: str | None = Field(
-        default=None,
-        description="Pub/Sub topic for cascade follow-ups (projects/P/topics/T), instead of followup_queue_url; "
-        "a cascade's own queue_url may be a topic too.",
+    followup_topic: (
+        Annotated[
+            str,
+            Meta(
+                description="Pub/Sub topic for cascade follow-ups (projects/P/topics/T), instead of "
+                "followup_queue_url; a cascade's own queue_url may be a topic too."
+            ),
+        ]
+        | None
+    ) = None
+    jobs_gather_ms: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=1000,
+            description="The Pub/Sub job function's gathering window: the jobs an instance receives within it (and "
+            "while the previous batch runs) are run as one batch, same-shaped ones in one runtime call.",
+        ),
+    ] = 5.0
+    jobs_max_batch: Annotated[int, Meta(ge=1, description="Most jobs the Pub/Sub job function runs as one batch.")] = (
+        1000
     )
-    jobs_gather_ms: float = Field(
-        default=5.0,
-        ge=0,
-        le=1000,
-        description="The Pub/Sub job function's gathering window: the jobs an instance receives within it (and "
-        "while the previous batch runs) are run as one batch, same-shaped ones in one runtime call.",
-    )
-    jobs_max_batch: int = Field(default=1000, ge=1, description="Most jobs the Pub/Sub job function runs as one batch.")
 
 
+@dataclass(frozen=True, init=False)
 class Settings(ServerSettings, HttpSettings, GcpSettings, AwsSettings, InferenceSettings):
     """Every setting of a process, as the composition root (:mod:`fnserve.bootstrap`) reads them."""
 
-    @model_validator(mode="after")
-    def _threads(self) -> Settings:
+    def __post_init__(self) -> None:  # msgspec's check of the whole, once every field is
         workers = self.inference_processes
         cpus = available_cpus()
         if self.intra_op_threads is not None and self.intra_op_threads * workers > cpus:
@@ -287,7 +454,6 @@ class Settings(ServerSettings, HttpSettings, GcpSettings, AwsSettings, Inference
                 f"{self.parallel_workers}) needs {self.intra_op_threads * workers} threads but only "
                 f"{cpus} CPUs are available; lower one of them"
             )
-        return self
 
 
 def sagemaker_settings(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -69,7 +69,7 @@ def start_jobs(
     if prepare is not None:
         prepare()
     # As the HTTP functions' app does (create_app): FNSERVE_LOG_LEVEL, else Powertools' and Lambda's variables.
-    logger.setLevel(logs.level(settings.log_level if "log_level" in settings.model_fields_set else None))
+    logger.setLevel(logs.level(settings.log_level if "log_level" in settings.fields_set else None))
     processor = bootstrap.batch_processor(settings, service, store)
     _ready(processor.service.registry, ready)
     return settings, processor

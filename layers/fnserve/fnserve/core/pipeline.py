@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from fnserve.core.datatypes import Arrays
@@ -55,7 +56,7 @@ class Pipeline:
         fed = {spec.name for spec in model.inputs}
         extras = {spec.name for step in self.pre for spec in step.writes if spec.name not in fed}
         self.output_set = frozenset(self.output_names) | extras
-        digest = hashlib.sha256(settings.model_dump_json().encode())
+        digest = hashlib.sha256(msgspec.json.encode(settings))
         digest.update(model.settings.sha256.encode())
         for step in (*self.pre, *self.post):
             digest.update(step.digest.encode())

@@ -84,8 +84,8 @@ def _serve(
         "log_level": "warning",
         "server_header": False,  # no "server: uvicorn" on every answer
     }
-    if "grpc_host" not in settings.model_fields_set:
-        settings = settings.model_copy(update={"grpc_host": host})  # gRPC listens where HTTP does, unless told
+    if "grpc_host" not in settings.fields_set:
+        settings = settings.replace(grpc_host=host)  # gRPC listens where HTTP does, unless told
     if settings.grpc_port is not None:  # refused here, before any model loads, not shared through SO_REUSEPORT
         refuse_taken(settings.grpc_host, settings.grpc_port, "gRPC")
     with not_ready_until_loaded(host, port) as starting:
@@ -129,7 +129,7 @@ def _load(
 ) -> tuple[Settings, V2App | None]:
     """Every model loaded, and the layout chosen: the one front process's app, or None (and the settings the
     front processes get) when several serve the port, each building its own."""
-    settings = settings.model_copy(update={"eager_load": True})
+    settings = settings.replace(eager_load=True)
     if "://" in settings.manifest:  # fetched once here, the front processes reading the copy
         from fnserve import bootstrap
 
@@ -137,10 +137,10 @@ def _load(
     groups = load_manifest(settings.manifest).groups
     if groups:
         settings = _placed(settings, groups)
-    elif settings.gpu_workers and "parallel_workers" not in settings.model_fields_set:
+    elif settings.gpu_workers and "parallel_workers" not in settings.fields_set:
         # GPU workers alone, unless CPU workers to overflow to are asked for.
-        settings = settings.model_copy(update={"parallel_workers": 0})
-    auto = not groups and not {"parallel_workers", "server_processes", "gpu_workers"} & settings.model_fields_set
+        settings = settings.replace(parallel_workers=0)
+    auto = not groups and not {"parallel_workers", "server_processes", "gpu_workers"} & settings.fields_set
     if auto and settings.fast_start:  # no model loaded here: the front processes load them, once each
         settings, auto = _laid_out(settings, untimed_layout(available_cpus(), settings.intra_op_threads)), False
     checked: InferenceService | None = None
@@ -184,14 +184,14 @@ def _laid_out(settings: Settings, layout: Layout) -> Settings:
             "batch1_ms": {name: round(ms, 4) for name, ms in layout.batch1_ms.items()},
         },
     )
-    return settings.model_copy(update={"server_processes": layout.processes, "parallel_workers": layout.workers})
+    return settings.replace(server_processes=layout.processes, parallel_workers=layout.workers)
 
 
 def _placed(settings: Settings, groups: list[WorkerGroup]) -> Settings:
     """The layout of a manifest with worker groups: one front process, running the models in no group, and each
     group's workers. A group's workers serve every request of its models, so more front processes would each
     start their own: memory would grow with them, which groups are there to prevent."""
-    asked = {"parallel_workers", "server_processes", "gpu_workers"} & settings.model_fields_set
+    asked = {"parallel_workers", "server_processes", "gpu_workers"} & settings.fields_set
     if asked and (settings.server_processes > 1 or settings.parallel_workers or settings.gpu_workers):
         raise ConfigError(
             "the manifest places models in worker groups ([[groups]]), which name their own workers: leave out "
@@ -206,7 +206,7 @@ def _placed(settings: Settings, groups: list[WorkerGroup]) -> Settings:
         f"serving layout: 1 front process running the models in no worker group; worker groups {placed}",
         extra={"groups": {g.name: {"workers": g.workers, "models": g.models} for g in groups}},
     )
-    return settings.model_copy(update=update)
+    return settings.replace(**update)
 
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -261,7 +261,7 @@ def pooled(settings: Settings) -> bool:
 def children_env(settings: Settings) -> dict[str, str]:
     """What a child process (a front process, an inference worker) is given: the settings whole (every model
     loaded at its start), and the directory of CPU slot locks its processes share."""
-    env = settings.model_copy(update={"eager_load": True}).to_env()
+    env = settings.replace(eager_load=True).to_env()
     if settings.cpu_affinity:
         env[AFFINITY_DIR_ENV] = os.environ[AFFINITY_DIR_ENV]
     return env
@@ -274,9 +274,7 @@ def group_pools(settings: Settings, groups: list[WorkerGroup]) -> Pools:
     started: dict[str, Overflow] = {}
     try:
         for group in groups:
-            spec = _inference_spec(
-                group.name, children_env(settings.model_copy(update={"worker_group": group.name})), settings
-            )
+            spec = _inference_spec(group.name, children_env(settings.replace(worker_group=group.name)), settings)
             started[group.name] = Overflow([Group(group.name, _pool(spec, group.workers).start())])
     except BaseException:
         for pool in started.values():
@@ -314,7 +312,7 @@ def inference_pool(settings: Settings) -> Overflow:
     alone)."""
     from fnserve.workers.remote import Group, Overflow
 
-    cpu = settings.model_copy(update={"device": "cpu"})
+    cpu = settings.replace(device="cpu")
     groups: list[tuple[str, int, dict[str, str], int | None]] = []
     if settings.gpu_workers:
         groups.append(

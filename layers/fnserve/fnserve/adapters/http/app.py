@@ -41,7 +41,7 @@ def create_app(
     """The ASGI application serving ``plane``; ``companions`` start with the server and stop first when it
     stops, then the batchers, then ``on_shutdown`` runs; ``metrics`` renders ``GET /metrics`` (Prometheus)."""
     settings = settings or Settings()
-    logger.setLevel(logs.level(settings.log_level if "log_level" in settings.model_fields_set else None))
+    logger.setLevel(logs.level(settings.log_level if "log_level" in settings.fields_set else None))
     inference = InferenceRoute(plane, settings, telemetry or NoTelemetry())
 
     def routes() -> FastAPI:
