@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from fnserve.adapters.http.openai import MAX_INPUTS, OpenAIError, error_parts, texts_of
+from fnserve.core._queues import MIN_FILL
 from fnserve.core.cache import cache_key
 from fnserve.core.embeddings import TOKENS, TRUNCATED, TokenIds, embedders, shorten
 from fnserve.core.errors import ConfigError, InvalidInput, Overloaded
@@ -148,17 +149,45 @@ def test_a_batch_of_texts_runs_sorted_by_tokens_in_chunks_within_the_budget() ->
     counts = sorted(len(tokens(t)) for t in texts)
     assert got.outputs[TOKENS].tolist() == [len(tokens(t)) for t in texts]  # in the request's order
     assert executions.rows == len(texts) and executions.runs > 1
-    # Every chunk within the budget: the sorted counts cut greedily reproduce the runs' sizes.
+    # Every chunk within the budget and MIN_FILL real tokens: the sorted counts cut greedily reproduce the runs.
     sizes, start = [], 0
     while start < len(counts):
-        end = start + 1
+        end, real = start + 1, counts[start]
         while end < len(counts) and counts[end] * (end + 1 - start) <= 512:
+            if real + counts[end] < MIN_FILL * counts[end] * (end + 1 - start):
+                break
+            real += counts[end]
             end += 1
         sizes.append(end - start)
         start = end
     assert sorted(executions.batches) == sorted(set(sizes)), executions.batches
     alone = np.concatenate([service.predict("minilm-embed", {"text": rows(t)})["embedding"] for t in texts])
     assert cosine(got.outputs["embedding"], alone).min() > 0.98  # each row its own text's embedding
+
+
+def test_texts_that_arrive_together_without_a_budget_run_by_length_not_padded_to_the_longest(tmp_path: Path) -> None:
+    """A text model without adaptive batching: the requests a server's turn stacks, or a job batch, are not padded
+    to their longest text (a query would cost a passage's run) but cut where padding would pass MIN_FILL."""
+    import re
+
+    from fnserve.core.service import InferenceService
+    from tests.embeddings import SENTENCES, cosine, tokens
+
+    text = DEMO_MANIFEST.read_text().replace('"minilm-l6/', f'"{DEMO_MANIFEST.parent}/minilm-l6/')
+    text = re.sub(r"\n(max_batch_time_ms|length_buckets|max_batch_tokens|pad_inputs) = [^\n]*", "", text)
+    (tmp_path / "manifest.toml").write_text(text)
+    service = InferenceService.from_manifest(tmp_path / "manifest.toml")
+    assert service.registry.resolve("minilm-l6").max_batch_tokens is None
+    short = [t for t in SENTENCES if len(tokens(t)) == 12][:3]  # three of one length
+    passage = " ".join(SENTENCES[:12])
+    texts = [short[0], passage, short[1], short[2]]
+    assert len(tokens(passage)) > 4 * max(len(tokens(t)) for t in short)
+    got = service.infer_many("minilm-embed", [{"text": rows(t)} for t in texts])
+    executions = service.registry.get("minilm-l6").executions
+    assert executions.runs == 2 and sorted(executions.batches) == [1, 3], executions.batches
+    alone = np.concatenate([service.predict("minilm-embed", {"text": rows(t)})["embedding"] for t in texts])
+    stacked = np.concatenate([result.outputs["embedding"] for result in got])  # type: ignore[union-attr]
+    assert cosine(stacked, alone).min() > 0.98  # int8 with dynamic quantization: a run's scale is its batch's
 
 
 def test_texts_become_jobs_of_rows_per_job_texts(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from fnserve.core.datatypes import Arrays
 from fnserve.core.errors import ConfigError, InferenceError
 from fnserve.core.manifest import PipelineSettings
 from fnserve.core.registry import LoadedModel, TensorSpec, requested_outputs
-from fnserve.core.steps import Step, build_step, run_step
+from fnserve.core.steps import Step, Tokenize, build_step, run_step
 
 
 @dataclass(slots=True)
@@ -62,8 +62,11 @@ class Pipeline:
             digest.update(step.digest.encode())
         # The cache's "version" of a pipeline: its model's version and everything that decides its answers.
         self.version_key = f"{model.version}+{digest.hexdigest()[:16]}"
-        # Whether its first step tokenizes: then a batch's texts can be cut by their token counts.
-        self.tokenizes = bool(self.pre) and self.pre[0].name == "tokenize"
+        # The model inputs its first step tokenizes into, if it does: then a batch's texts are cut by their token
+        # counts, each chunk those inputs padded only to its own longest text.
+        first = self.pre[0] if self.pre else None
+        self.token_inputs: tuple[str, ...] = tuple(first.outputs) if isinstance(first, Tokenize) else ()
+        self.tokenizes = bool(self.token_inputs)
 
     def _inputs(self) -> tuple[TensorSpec, ...]:
         made: set[str] = set()

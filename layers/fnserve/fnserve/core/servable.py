@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
 
+from fnserve.core._queues import MIN_FILL
 from fnserve.core._rows import batch_size
 from fnserve.core.datatypes import Arrays
 from fnserve.core.embeddings import TOKENS
@@ -151,12 +152,11 @@ class PipelineServable(Servable):
 
     def run(self, feed: Arrays, batch: int, names: Sequence[str], timings: dict[str, float] | None = None) -> Arrays:
         """Pre steps, model, post steps, chunk by chunk of at most the model's ``max_batch_size`` rows
-        (rows of like length together, then put back in order); by padded tokens, where the model sets
-        ``max_batch_tokens`` and the pipeline tokenizes (:meth:`_run_by_tokens`)."""
+        (rows of like length together, then put back in order); texts by their tokens, where the pipeline
+        tokenizes (:meth:`_run_by_tokens`)."""
         pipeline = self.pipeline
-        budget = self.model.settings.max_batch_tokens
-        if budget is not None and batch > 1 and pipeline.tokenizes:
-            return self._run_by_tokens(feed, budget, names, timings)
+        if batch > 1 and pipeline.tokenizes:
+            return self._run_by_tokens(feed, self.model.settings.max_batch_tokens, names, timings)
         order = pipeline.order(feed, batch)
         if order is not None:
             feed = {name: array[order] for name, array in feed.items()}
@@ -169,22 +169,26 @@ class PipelineServable(Servable):
         return result if order is None else in_order(result, order)
 
     def _run_by_tokens(
-        self, feed: Arrays, budget: int, names: Sequence[str], timings: dict[str, float] | None
+        self, feed: Arrays, budget: int | None, names: Sequence[str], timings: dict[str, float] | None
     ) -> Arrays:
         """A batch of texts tokenized in one call, run sorted by token count in chunks of at most ``budget`` padded
-        tokens (the chunk's longest times its rows) and ``max_batch_size`` rows, each padded only to its own
-        longest text, then put back in order."""
+        tokens (the chunk's longest times its rows; None: no bound but the rows) and ``max_batch_size`` rows, of
+        which at least ``MIN_FILL`` are real tokens, each padded only to its own longest text, then put back in
+        order. Padded to the whole batch's longest, a query beside a passage would cost the passage's run."""
         pipeline, model = self.pipeline, self.model
         staged = self.stage(feed, timings)
         counts = staged.context[TOKENS]
         order = np.argsort(counts, kind="stable")
-        padded = set(model.settings.pad_inputs)
+        padded = set(pipeline.token_inputs)
         parts, start, rows = [], 0, len(order)
         while start < rows:
             end = start + 1  # the longest of a chunk is its last: the rows are sorted
+            real = int(counts[order[start]])
             while end < rows and end - start < model.settings.max_batch_size:
-                if int(counts[order[end]]) * (end + 1 - start) > budget:
+                length, taken = int(counts[order[end]]), end + 1 - start
+                if (budget is not None and length * taken > budget) or real + length < MIN_FILL * length * taken:
                     break
+                real += length
                 end += 1
             chunk = order[start:end]
             longest = max(int(counts[chunk[-1]]), 1)
