@@ -13,7 +13,8 @@ round that is not timed (the files then come from the page cache). Every answer 
   event ``events/api-http-infer.json``.
 - Lambda batch function: ``functions/batch/app.py`` the same way; the event ``events/batch-jobs.json`` with fresh
   job ids each start, its results written to DynamoDB on the moto server.
-- fnserve serve: as Cloud Run's and Knative's files run the image (FNSERVE_FAST_START=true, FNSERVE_GRPC_PORT=off),
+- fnserve serve: as Cloud Run's and Knative's files run the image (a bare `fnserve serve`; FNSERVE_FAST_START=true,
+  FNSERVE_GRPC_PORT=off, the manifest in FNSERVE_MANIFEST),
   outside a container, on a manifest holding only digits-accurate, and one holding only minilm-embed (its model and
   pipeline); the first answer is the first 200 to a V2 inference request sent every 10 ms from the start.
 - The same two in the CPU server image (``make image-test`` builds it; BENCH_START_IMAGE names another) under
@@ -273,7 +274,11 @@ def serve_rows(work: Path) -> list[Row]:
         rows.append(
             Row(
                 f"fnserve serve, fast start: {served}",
-                http_start(partial(local, [fnserve, "serve", "-m", str(manifest)], env), served, request_of(served)),
+                http_start(
+                    partial(local, [fnserve, "serve"], {**env, "FNSERVE_MANIFEST": str(manifest)}),
+                    served,
+                    request_of(served),
+                ),
                 "onnxruntime + http.server" + (" + tokenizers" if served != model else ""),
                 http_start(partial(local, floor, clean_env()), served, request_of(served)),
                 steps=step_by_step("serve", names, {**env, "FNSERVE_MANIFEST": str(cold)}, work),
@@ -317,7 +322,7 @@ def image_rows(work: Path) -> tuple[list[Row], str | None, Callable[[], None]]:
             Row(
                 f"CPU image, fast start: {served}",
                 http_start(
-                    partial(in_box, box, ["fnserve", "serve", "-m", f"{mount}/{served}.toml"], env),
+                    partial(in_box, box, ["fnserve", "serve"], {**env, "FNSERVE_MANIFEST": f"{mount}/{served}.toml"}),
                     served,
                     request_of(served),
                 ),

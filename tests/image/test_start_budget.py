@@ -113,9 +113,10 @@ def _command(case: Case, way: str, port: int) -> tuple[list[str], dict[str, str]
             command.append(f"{MODELS}/minilm-l6/tokenizer.json")
         return command, {}
     env = {"FNSERVE_PORT": str(port), "FNSERVE_GRPC_PORT": str(free_port()) if "gRPC" in way else "off"}
+    env["FNSERVE_MANIFEST"] = f"{MOUNT}/{case.name}.toml"
     if "fast start" in way:
         env["FNSERVE_FAST_START"] = "true"
-    return ["fnserve", "serve", "-m", f"{MOUNT}/{case.name}.toml"], env
+    return ["fnserve", "serve"], env  # as a deploy file's args: [serve], every option in the environment
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """``python -m fnserve``: the command line."""
 
-from fnserve.cli import main
+from fnserve.entry import main
 
 main()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -16,15 +15,23 @@ import typer
 
 from fnserve.bench import prices
 from fnserve.core.errors import FnserveError
+from fnserve.server.command import (
+    DEFAULT_HOST,
+    DEFAULT_MANIFEST,
+    DEFAULT_PORT,
+    HOST_ENV,
+    MANIFEST_ENV,
+    PORT_ENV,
+    ServeOptions,
+    example_request,
+)
 
 if TYPE_CHECKING:
     import onnxruntime as ort
 
-    from fnserve.core.service import InferenceService
     from fnserve.datafiles import DataFile
     from fnserve.emulator.emulator import Emulator, Local
     from fnserve.quantize import Mode, QuantizeReport
-    from fnserve.settings import Settings
 
 HELP = (
     "fnserve: ONNX models served on AWS Lambda, in a container, or locally; batch jobs on SQS. "
@@ -40,13 +47,12 @@ app.add_typer(models_app, name="models")
 manifest_app = typer.Typer(no_args_is_help=True, help="Edit a model manifest.", rich_markup_mode=None)
 app.add_typer(manifest_app, name="manifest")
 
-DEFAULT_MANIFEST = Path("manifest.toml")  # in the current directory, when FNSERVE_MANIFEST names none
 ManifestOpt = Annotated[
     Path,
     typer.Option(
         "--manifest",
         "-m",
-        envvar="FNSERVE_MANIFEST",
+        envvar=list(MANIFEST_ENV),
         help="Model manifest (TOML); default: FNSERVE_MANIFEST, else manifest.toml in the current directory.",
     ),
 ]
@@ -365,14 +371,14 @@ def _quantize_and_compare(
 @app.command()
 def serve(
     manifest: ManifestOpt = DEFAULT_MANIFEST,
-    host: Annotated[str, typer.Option(help="Address to listen on.", envvar="FNSERVE_HOST")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(help="Address to listen on.", envvar=list(HOST_ENV))] = DEFAULT_HOST,
     port: Annotated[
         int,
         typer.Option(
             help="Port to listen on; else FNSERVE_PORT, else PORT (what Cloud Run and Knative give a container).",
-            envvar=["FNSERVE_PORT", "PORT"],
+            envvar=list(PORT_ENV),
         ),
-    ] = 8080,
+    ] = DEFAULT_PORT,
     workers: Annotated[
         int | None,
         typer.Option(
@@ -435,117 +441,25 @@ def serve(
     ] = False,
 ) -> None:
     """Serve the manifest's models over the V2 HTTP API (uvicorn), and gRPC with --grpc-port, as in a container."""
-    import os
-    import sys
+    from fnserve.server.command import serve as run
 
-    from fnserve.observability import logs
-    from fnserve.server.serve import serve as run_server
-    from fnserve.settings import Settings, sagemaker_settings
-
-    # Log lines a person reads at a terminal; JSON for whatever collects them (a container's, a pipe's reader).
-    # The server's other processes inherit the choice.
-    chosen = os.environ.get(logs.FORMAT_ENV, "auto")
-    if chosen == "auto":
-        os.environ[logs.FORMAT_ENV] = chosen = "console" if sys.stdout.isatty() else "json"
-    if chosen == "console":
-        logs.readable()
-
-    overrides: dict[str, Any] = {"manifest": str(manifest.resolve()), **sagemaker_settings(os.environ)}
-    if workers is not None:
-        overrides["parallel_workers"] = workers
-    if gpu_workers is not None:
-        overrides["gpu_workers"] = gpu_workers
-    if gpu_capacity is not None:
-        overrides["gpu_capacity"] = gpu_capacity
-    if processes is not None:
-        overrides["server_processes"] = processes
-    if grpc_port is not None:
-        overrides["grpc_port"] = grpc_port
-    if cpu_affinity:
-        overrides["cpu_affinity"] = True
-    if fast_start:
-        overrides["fast_start"] = True
-    if access_log or "FNSERVE_ACCESS_LOG" not in os.environ:
-        overrides["access_log"] = access_log
+    options = ServeOptions(
+        manifest,
+        host,
+        port,
+        workers,
+        gpu_workers,
+        gpu_capacity,
+        processes,
+        grpc_port,
+        fast_start,
+        cpu_affinity,
+        access_log,
+    )
     try:
-        settings = Settings(**overrides)
-    except FnserveError as exc:  # a setting the environment or a flag gives that is not one
-        raise _fail(exc.message) from None
-    if settings.grpc_port == port:  # a platform's PORT may land on the image's gRPC port
-        raise _fail(f"HTTP and gRPC both asked for port {port}: move gRPC with --grpc-port or FNSERVE_GRPC_PORT")
-
-    try:
-        run_server(settings, host, port, on_ready=functools.partial(_serve_banner, host, port))
+        run(options, echo=typer.echo)
     except FnserveError as exc:
         raise _fail(exc.message) from None
-
-
-def _serve_banner(host: str, port: int, service: InferenceService | None, settings: Settings) -> None:
-    """What ``fnserve serve`` prints once it listens: where, how, and lines to try (without a request to try where
-    the front processes of a fast start load the models, and this process has none to describe)."""
-    url = f"http://{host}:{port}"
-    where = f"{settings.parallel_workers} inference worker(s)" if settings.parallel_workers else "in-process"
-    if settings.gpu_workers:
-        where = f"{settings.gpu_workers} GPU worker(s)" + (
-            f" overflowing to {settings.parallel_workers} CPU worker(s)" if settings.parallel_workers else ""
-        )
-    if settings.server_processes > 1:
-        where = f"{settings.server_processes} server processes, each {where}"
-    if service is None:
-        from fnserve.core.manifest import load_manifest
-
-        names = list(dict.fromkeys(model.name for model in load_manifest(settings.manifest).models))
-        typer.echo(f"fnserve: {len(names)} models on {url}, {where}, loading; Ctrl-C stops.")
-        typer.echo(f"  ready     curl -s {url}/v2/health/ready")
-        typer.echo(f"  metadata  curl -s {url}/v2/models/{names[0]}")
-        return
-    name = service.registry.names()[0]
-    meta = service.model_metadata(name)
-    groups = service.registry.manifest.groups
-    if groups:
-        where = "the models in no group in-process; " + ", ".join(f"{g.name} in {g.workers} worker(s)" for g in groups)
-    typer.echo(f"fnserve: {len(service.registry.names())} models on {url}, {where}; Ctrl-C stops.")
-    typer.echo(f"  metadata  curl -s {url}/v2/models/{name}")
-    typer.echo(f"  infer     curl -s {url}/v2/models/{name}/infer -d '{_example_request(meta)}'")
-    typer.echo("  python    " + _triton_lines("tritonclient.http", f"{host}:{port}", name, meta, "binary_data=True"))
-    if settings.grpc_port is not None:
-        address = f"{settings.grpc_host}:{settings.grpc_port}"
-        typer.echo(f"  gRPC      {address}: " + _triton_lines("tritonclient.grpc", address, name, meta, ""))
-
-
-def _triton_lines(module: str, address: str, name: str, meta: dict[str, Any], options: str) -> str:
-    """One line of Python that sends ``name`` a request of zeros with tritonclient's ``module``."""
-    inputs = "; ".join(
-        f"i{n} = t.InferInput('{spec['name']}', {_one_row(spec['shape'])}, '{spec['datatype']}'); "
-        f"i{n}.set_data_from_numpy(np.zeros({_one_row(spec['shape'])}, '{_numpy_name(spec['datatype'])}')"
-        f"{', ' + options if options else ''})"
-        for n, spec in enumerate(meta["inputs"])
-    )
-    return (
-        f"import numpy as np, {module} as t; c = t.InferenceServerClient('{address}'); "
-        f"{inputs}; r = c.infer('{name}', [{', '.join(f'i{n}' for n in range(len(meta['inputs'])))}]); "
-        "print(r.get_response())"
-    )
-
-
-def _one_row(shape: list[int]) -> list[int]:
-    return [1 if d == -1 else d for d in shape]
-
-
-def _numpy_name(datatype: str) -> str:
-    from fnserve.core.datatypes import V2_TO_NUMPY
-
-    return str(V2_TO_NUMPY[datatype])
-
-
-def _example_request(meta: dict[str, Any]) -> str:
-    inputs = []
-    for spec in meta["inputs"]:
-        shape = _one_row(spec["shape"])
-        size = math.prod(shape)
-        value: object = "" if spec["datatype"] == "BYTES" else False if spec["datatype"] == "BOOL" else 0
-        inputs.append({"name": spec["name"], "shape": shape, "datatype": spec["datatype"], "data": [value] * size})
-    return json.dumps({"inputs": inputs}, separators=(",", ":"))
 
 
 @app.command()
@@ -691,7 +605,7 @@ def bench(
     manifest: Annotated[
         Path,
         typer.Argument(
-            envvar="FNSERVE_MANIFEST", help="Model manifest (default FNSERVE_MANIFEST, else manifest.toml)."
+            envvar=list(MANIFEST_ENV), help="Model manifest (default FNSERVE_MANIFEST, else manifest.toml)."
         ),
     ] = DEFAULT_MANIFEST,
     model: Annotated[str | None, typer.Option("--model", help="Model or pipeline (default: the only model).")] = None,
@@ -1046,7 +960,7 @@ def _served_example(local_: Local) -> _Example | None:
         cascades = service.registry.manifest.cascades
         first = service.registry.names()[0]
         name, fast, batch_model = (cascades[0].name, cascades[0].fast, cascades[0].slow) if cascades else (first,) * 3
-        request = _example_request(service.model_metadata(fast))
+        request = example_request(service.model_metadata(fast))
         texts = tuple(
             (p.name, p.pre[0].input)
             for p in service.registry.manifest.pipelines
