@@ -83,6 +83,7 @@ def _serve(
         "access_log": False,  # fnserve writes its own (--access-log)
         "log_level": "warning",
         "server_header": False,  # no "server: uvicorn" on every answer
+        "ws": "none",  # no route takes a WebSocket: uvicorn then imports no websockets library at start
     }
     if "grpc_host" not in settings.fields_set:
         settings = settings.replace(grpc_host=host)  # gRPC listens where HTTP does, unless told
