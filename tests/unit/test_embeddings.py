@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 from fnserve.adapters.http.openai import MAX_INPUTS, OpenAIError, error_parts, texts_of
-from fnserve.core._queues import MIN_FILL
 from fnserve.core.cache import cache_key
-from fnserve.core.embeddings import TOKENS, TRUNCATED, TokenIds, embedders, shorten
+from fnserve.core.embeddings import MIN_FILL, TOKENS, TRUNCATED, TokenIds, embedders, shorten
 from fnserve.core.errors import ConfigError, InvalidInput, Overloaded
 from fnserve.core.manifest import TokenizeStep, load_manifest
 from fnserve.core.registry import ModelRegistry

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fnserve.core.datatypes import Arrays
+from fnserve.core.embeddings import MIN_FILL
 from fnserve.core.providers import RanOn
 
 PEAK_SECONDS = 1.0  # how long the most rows seen in flight at once is remembered: what a batch expects
-MIN_FILL = 0.8  # under a token budget, the least share of a batch's padded tokens that are real ones
 Key = TypeVar("Key", bound=Hashable)  # a queue's shape
 
 

@@ -17,6 +17,9 @@ import numpy as np
 from fnserve.core.manifest import Manifest, MeanPoolStep, PipelineSettings, TokenizeStep
 
 TOKENS = "token_count"  # INT64 [-1]: the tokens each row ran, special tokens included
+# A batch of texts, cut by its padded tokens, holds at least this share of real ones: a padded token costs the
+# model as much as a real one (the adaptive batcher's rule, and a stacked batch's).
+MIN_FILL = 0.8
 TRUNCATED = "truncated"  # BOOL [-1]: whether the row was cut to max_length
 
 

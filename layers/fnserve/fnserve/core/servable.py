@@ -20,10 +20,9 @@ from typing import Any, ClassVar
 import numpy as np
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
 
-from fnserve.core._queues import MIN_FILL
 from fnserve.core._rows import batch_size
 from fnserve.core.datatypes import Arrays
-from fnserve.core.embeddings import TOKENS
+from fnserve.core.embeddings import MIN_FILL, TOKENS
 from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
 from fnserve.core.pipeline import Pipeline, Staged, concatenate
 from fnserve.core.providers import note_device
