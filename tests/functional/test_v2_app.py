@@ -99,6 +99,7 @@ def test_the_lifespan_starts_companions_builds_fastapi_after_the_first_answer_an
     app = create_app(
         build_dataplane(settings), settings, companions=companions, on_shutdown=lambda: events.append("shutdown")
     )
+    app.after_first_answer.append(lambda: events.append(f"after the first answer, FastAPI {app._fastapi is not None}"))
     sent = lifespan(app)
     assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
     assert events == ["start grpc", "start metrics", "stop metrics", "stop grpc", "shutdown"]
@@ -108,6 +109,9 @@ def test_the_lifespan_starts_companions_builds_fastapi_after_the_first_answer_an
     answer = post(app, "/v2/models/digits-fast/infer", {"inputs": inputs})
     assert answer.status_code == 200, answer.text
     wait_for(lambda: app._fastapi is not None, 30, "FastAPI built in its thread")
+    wait_for(lambda: events[-1] == "after the first answer, FastAPI True", 30, "what waits for the first answer")
+    post(app, "/v2/models/digits-fast/infer", {"inputs": inputs})
+    assert events.count("after the first answer, FastAPI True") == 1  # once
 
 
 def test_a_companion_that_cannot_start_fails_the_start_and_the_started_ones_stop(tmp_path: Path) -> None:

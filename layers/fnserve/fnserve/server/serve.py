@@ -250,7 +250,9 @@ def front(
         raise
     if pool is None:
         bootstrap.pin_inference(settings)
-    freeze_heap()
+    # Once the first request is answered (a full collection first, which a cold start's first answer need not wait
+    # for); the app's FastAPI, built just before, is frozen with the rest.
+    app.after_first_answer.append(freeze_heap)
     return app
 
 

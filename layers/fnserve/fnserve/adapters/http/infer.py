@@ -83,6 +83,8 @@ class V2App:
         self.openai = openai  # OpenAI's routes, made when first called
         self._building = threading.Lock()
         self._build_ahead = False  # a server's: build FastAPI in a thread once the first answer is out
+        # What else a server leaves until then, run in that thread after FastAPI (the heap frozen, say).
+        self.after_first_answer: list[Callable[[], None]] = []
 
     def fastapi(self) -> ASGIApp:
         """The FastAPI app of the other routes, built on first use (or ahead, in a thread, by a server once it has
@@ -128,7 +130,12 @@ class V2App:
         # in flight, they would delay its answer, which is what the platform holding that request waits for.
         if self._build_ahead:
             self._build_ahead = False
-            threading.Thread(target=self.fastapi, name="fnserve-routes", daemon=True).start()
+            threading.Thread(target=self._ahead, name="fnserve-routes", daemon=True).start()
+
+    def _ahead(self) -> None:
+        self.fastapi()
+        for then in self.after_first_answer:
+            then()
 
     async def _health(self, scope: ASGIMessage, send: Send, readiness: bool) -> None:
         """``{"live": true}``, or ``{"ready": ...}`` with 200 or 503, as the FastAPI routes answer them."""
