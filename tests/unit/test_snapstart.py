@@ -6,19 +6,19 @@ from collections.abc import Callable
 
 import pytest
 
-from fnserve.adapters.http import wire
 from fnserve.adapters.lambda_ import snapstart
 from fnserve.aws import clients
 from fnserve.core import registry as registry_module
 from fnserve.core.manifest import load_manifest
 from fnserve.core.registry import ModelRegistry
+from fnserve.observability import request_meta
 from tests.helpers import DEMO_MANIFEST
 
 
 def test_after_restore_renews_clients_random_state_and_request_ids(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     before_client = clients.client("sqs")
-    before_prefix = wire._ID_PREFIX
+    before_prefix = request_meta._ID_PREFIX
     import random
 
     random.seed(7)
@@ -26,7 +26,7 @@ def test_after_restore_renews_clients_random_state_and_request_ids(monkeypatch: 
     random.seed(7)
     snapstart.after_restore()
     assert clients.client("sqs") is not before_client
-    assert wire._ID_PREFIX != before_prefix
+    assert request_meta._ID_PREFIX != before_prefix
     assert random.random() != snapshot_draw
 
 

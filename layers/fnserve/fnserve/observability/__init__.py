@@ -1,3 +1,4 @@
 """What every transport and process tells of its work: ``logs`` and ``lines`` (structured logs, access lines),
 ``envelope`` (the request watcher, timing headers), ``metrics`` and ``gpu_metrics`` (Prometheus), ``tracing``
-(OpenTelemetry) and ``periodic`` (a flush on the event loop)."""
+(OpenTelemetry), ``periodic`` (a flush on the event loop) and ``request_meta`` (a request's id and its
+Server-Timing, for every transport)."""

@@ -19,12 +19,12 @@ from google.protobuf import json_format
 from fnserve import __version__
 from fnserve.adapters.grpc import codec
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
-from fnserve.adapters.http.wire import new_request_id, server_timing
 from fnserve.core.dataplane import Answer, DataPlane
 from fnserve.core.errors import BadRequest, FnserveError, grpc_code
 from fnserve.observability import tracing
 from fnserve.observability.envelope import EXTENSIONS, NoTelemetry, RequestWatcher, Telemetry
 from fnserve.observability.logs import request_keys
+from fnserve.observability.request_meta import new_request_id, server_timing
 
 Context = grpc.aio.ServicerContext[Any, Any]
 

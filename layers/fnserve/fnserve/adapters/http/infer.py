@@ -21,7 +21,6 @@ from fnserve.adapters.http.wire import (
     error_parts,
     header_request_id,
     request_id,
-    server_timing,
     unnamed_request_id,
 )
 from fnserve.core.dataplane import Answer, DataPlane
@@ -29,6 +28,7 @@ from fnserve.core.errors import BadRequest, ClientGone, FnserveError, PayloadToo
 from fnserve.core.tensors import JSON_HEADER, InferenceRequest, decode_request, encode_response
 from fnserve.observability.envelope import RequestWatcher, Telemetry
 from fnserve.observability.logs import logger, request_keys
+from fnserve.observability.request_meta import server_timing
 from fnserve.settings import Settings
 
 ASGIMessage = MutableMapping[str, Any]  # as Starlette and Mangum type them

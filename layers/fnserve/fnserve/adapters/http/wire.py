@@ -1,4 +1,4 @@
-"""What the HTTP API writes without a web framework: request ids and ``{"error": ...}`` bodies.
+"""What the HTTP API writes without a web framework: a request's id from its headers, and ``{"error": ...}`` bodies.
 
 Kept apart from :mod:`~fnserve.adapters.http.middleware` so that the inference road, the
 batch function and the SnapStart hooks import no FastAPI, a large part of a cold start's imports.
@@ -6,18 +6,13 @@ batch function and the SnapStart hooks import no FastAPI, a large part of a cold
 
 from __future__ import annotations
 
-import itertools
-import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
 
 from fnserve.core.errors import FnserveError
-
-# Request ids made here: unique per process (random prefix) and cheap (a counter, no uuid4 per request).
-_ID_PREFIX = uuid.uuid4().hex[:12]
-_ID_COUNTER = itertools.count(1)
+from fnserve.observability.request_meta import new_request_id
 
 # A scope key fnserve's HTTP protocol sets on each request: a callable that sends what the connection holds now. The
 # answers of one turn of the event loop leave together at its end (``fnserve.adapters.http.protocol``); a refusal
@@ -50,24 +45,6 @@ def unnamed_request_id(scope: Mapping[str, Any]) -> str:
     """The id of a request that brought no X-Request-Id: the Lambda request id, else a new one."""
     rid = getattr(scope.get("aws.context"), "aws_request_id", None)
     return str(rid) if rid else new_request_id()
-
-
-def new_request_id() -> str:
-    """A request id made here, for a request that brought none."""
-    return f"{_ID_PREFIX}-{next(_ID_COUNTER):x}"
-
-
-def new_id_prefix() -> None:
-    """A new prefix for the request ids made here (after a SnapStart restore)."""
-    global _ID_PREFIX
-    _ID_PREFIX = uuid.uuid4().hex[:12]
-
-
-def server_timing(timings: Mapping[str, float], device: str | None = None) -> str:
-    """The Server-Timing value of stage timings (milliseconds): ``decode;dur=0.1, infer;dur=0.3, ...``, and
-    ``device;desc=cuda:0`` where a device is named."""
-    value = ", ".join([f"{stage};dur={ms}" for stage, ms in timings.items()])
-    return f'{value}, device;desc="{device}"' if device else value
 
 
 def error_body(message: str) -> bytes:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
-from fnserve.adapters.http import wire
 from fnserve.aws import clients
+from fnserve.observability import request_meta
 
 if TYPE_CHECKING:
     from fnserve.core.registry import ModelRegistry
@@ -36,4 +36,4 @@ def register(registry: ModelRegistry) -> None:
 def after_restore() -> None:
     clients.reset()
     random.seed()
-    wire.new_id_prefix()
+    request_meta.new_id_prefix()
