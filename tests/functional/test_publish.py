@@ -100,6 +100,16 @@ def test_add_refuses_clearly_and_changes_nothing(demo: Path, args: list[str], re
     assert demo.read_text() == text and sorted(demo.parent.rglob("*")) == before
 
 
+def test_add_names_the_field_the_manifest_refuses(tmp_path: Path) -> None:
+    from fnserve.core.errors import ConfigError
+    from fnserve.publish import add_model
+
+    manifest = tmp_path / "manifest.toml"
+    with pytest.raises(ConfigError, match="cannot be added: max_batch_size: Expected `int` >= 1$"):
+        add_model(manifest, ACCURATE, "accurate", max_batch_size=0, copy=False)
+    assert not manifest.exists()
+
+
 def test_add_refuses_a_file_that_is_not_a_model(demo: Path) -> None:
     text = demo.read_text()
     assert "is not a model onnxruntime can load" in refused("manifest", "add", str(demo), "-n", "x", "-m", str(demo))

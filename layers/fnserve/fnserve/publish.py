@@ -249,9 +249,6 @@ def _relative(path: str) -> str | None:
 
 
 def _first_error(exc: ValueError) -> str:
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        first = errors()[0]
-        message = str(first["msg"]).removeprefix("Value error, ")
-        return f"{'.'.join(str(p) for p in first['loc'])}: {message}" if first["loc"] else message
-    return str(exc)
+    """msgspec's message with the field it names first: ``max_batch_size: Expected `int` >= 1``."""
+    message, _, at = str(exc).partition(" - at `$.")
+    return f"{at.rstrip('`')}: {message}" if at else message
