@@ -369,3 +369,46 @@ def test_a_stale_module_path_is_seen() -> None:
     assert not resolves("fnserve.adapters.tracing")
     assert not resolves("fnserve.core.pooled")
     assert not resolves("fnserve.core.tensors.no_such_name")
+
+
+BACKTICKED = re.compile(r"``([a-z_][a-z0-9_]*)``")
+
+
+def stale_package_docstrings() -> list[str]:
+    """Each ``name`` a package's docstring shows alone: a module or package in it, or a name one of them binds
+    (a package docstring is where a reader looks for what is in it)."""
+    found = []
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        package = init.parent
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        modules = {p.stem for p in package.glob("*.py")} | {p.name for p in package.iterdir() if p.is_dir()}
+        bound = set().union(*(bound_names(p) for p in package.glob("*.py")))
+        for name in BACKTICKED.findall(doc):
+            if name not in modules | bound | {package.name, "fnserve"}:
+                found.append(f"{init.relative_to(PACKAGE.parent)}: ``{name}`` is not in the package")
+    return found
+
+
+def test_a_package_docstring_names_only_what_is_in_it() -> None:
+    hits = stale_package_docstrings()
+    assert not hits, "\n".join(hits)
+
+
+TEST_FILE = re.compile(r"\btests/[\w/]+\.py\b")
+
+
+def test_every_test_file_named_in_the_tests_exists() -> None:
+    """A docstring or comment in the tests that points at another test file points at one that is there."""
+    hits = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for named in TEST_FILE.findall(line):
+                if not (REPO / named).is_file():
+                    hits.append(f"{path.relative_to(REPO)}:{number}: {named}")
+    assert not hits, "test files named that do not exist:\n" + "\n".join(hits)
+
+
+def test_the_docstring_checks_see_what_is_gone() -> None:
+    assert BACKTICKED.findall("``logs`` and ``lines`` (structured), ``fnserve serve``") == ["logs", "lines"]
+    gone = "tests/functional/" + "test_no_such_file.py"  # spelled apart, so this file names no missing one
+    assert TEST_FILE.findall(f"(the processes: {gone}).") == [gone]

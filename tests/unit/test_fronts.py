@@ -1,5 +1,5 @@
 """Front processes' readiness share and their SO_REUSEPORT sockets (the processes themselves:
-tests/functional/test_front_processes.py)."""
+tests/functional/test_pooled_server.py)."""
 
 from __future__ import annotations
 
