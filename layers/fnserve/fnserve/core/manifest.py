@@ -116,15 +116,9 @@ class TensorrtProvider(_Provider, tag="TensorrtExecutionProvider", frozen=True, 
         | None
     ) = None
     max_workspace_mb: Annotated[int, Meta(ge=1, description="TensorRT's workspace limit.")] | None = None
-    min_shapes: Annotated[dict[str, list[int]], Meta(description="Shape profile: smallest shapes.")] = msgspec.field(
-        default_factory=dict
-    )
-    opt_shapes: Annotated[dict[str, list[int]], Meta(description="Shape profile: shapes tuned for.")] = msgspec.field(
-        default_factory=dict
-    )
-    max_shapes: Annotated[dict[str, list[int]], Meta(description="Shape profile: largest shapes.")] = msgspec.field(
-        default_factory=dict
-    )
+    min_shapes: Annotated[dict[str, list[int]], Meta(description="Shape profile: smallest shapes.")] = {}
+    opt_shapes: Annotated[dict[str, list[int]], Meta(description="Shape profile: shapes tuned for.")] = {}
+    max_shapes: Annotated[dict[str, list[int]], Meta(description="Shape profile: largest shapes.")] = {}
 
     def __post_init__(self) -> None:
         profiles = (self.min_shapes, self.opt_shapes, self.max_shapes)
@@ -153,10 +147,10 @@ class ModelSettings(Entry, frozen=True, kw_only=True):
     description: Annotated[str, Meta(description="Free text shown in model metadata.")] = ""
     inputs: Annotated[
         dict[str, TensorOverride], Meta(description="Per-input overrides, keyed by the graph's input name.")
-    ] = msgspec.field(default_factory=dict)
+    ] = {}
     outputs: Annotated[
         dict[str, TensorOverride], Meta(description="Per-output overrides, keyed by the graph's output name.")
-    ] = msgspec.field(default_factory=dict)
+    ] = {}
     max_batch_size: Annotated[
         int, Meta(ge=1, description="Largest batch sent to the runtime in one call; bigger requests are chunked.")
     ] = 1024
@@ -251,17 +245,15 @@ class ModelSettings(Entry, frozen=True, kw_only=True):
     length_buckets: Annotated[
         list[int],
         Meta(description="Sequence lengths that batched variable-length inputs are padded up to (sorted, positive)."),
-    ] = msgspec.field(default_factory=list)
+    ] = []
     batch_buckets: Annotated[
         list[int],
         Meta(
             description="Batch sizes that adaptive batches are padded up to (sorted, positive): a GPU then sees a few "
             "shapes, each warmed at start (cuDNN's algorithm search, TensorRT's engine)."
         ),
-    ] = msgspec.field(default_factory=list)
-    pad_inputs: Annotated[list[str], Meta(description="Inputs padded along axis 1 to their bucket.")] = msgspec.field(
-        default_factory=list
-    )
+    ] = []
+    pad_inputs: Annotated[list[str], Meta(description="Inputs padded along axis 1 to their bucket.")] = []
     max_batch_tokens: (
         Annotated[
             int,
@@ -512,7 +504,7 @@ class EmbeddingSettings(Entry, frozen=True, kw_only=True):
             description="Shorter lengths the model was trained to be cut to (Matryoshka) that a request's `dimensions` "
             "may ask for (cut, then re-normalised); none: its full length only."
         ),
-    ] = msgspec.field(default_factory=list)
+    ] = []
 
     def __post_init__(self) -> None:
         if any(d < 1 for d in self.dimensions):
@@ -527,12 +519,8 @@ class PipelineSettings(Entry, frozen=True, kw_only=True):
     model: Annotated[str, Meta(description="The model the steps surround.")]
     version: Annotated[str, Meta(description="Its version (default: latest).")] | None = None
     description: Annotated[str, Meta(description="Free text shown in metadata.")] = ""
-    pre: Annotated[list[Step], Meta(description="Steps from the request's inputs to the model's.")] = msgspec.field(
-        default_factory=list
-    )
-    post: Annotated[list[Step], Meta(description="Steps from the model's outputs to the answer's.")] = msgspec.field(
-        default_factory=list
-    )
+    pre: Annotated[list[Step], Meta(description="Steps from the request's inputs to the model's.")] = []
+    post: Annotated[list[Step], Meta(description="Steps from the model's outputs to the answer's.")] = []
     outputs: (
         Annotated[
             list[str],
@@ -617,15 +605,11 @@ class Manifest(Entry, frozen=True, kw_only=True):
     """The model manifest: every model version this deployment serves, its pipelines and its cascades."""
 
     models: Annotated[list[ModelSettings], Meta(min_length=1, description="Served model versions.")]
-    pipelines: Annotated[list[PipelineSettings], Meta(description="Steps around models.")] = msgspec.field(
-        default_factory=list
-    )
-    cascades: Annotated[list[CascadeSettings], Meta(description="Fast-then-accurate model pairs.")] = msgspec.field(
-        default_factory=list
-    )
+    pipelines: Annotated[list[PipelineSettings], Meta(description="Steps around models.")] = []
+    cascades: Annotated[list[CascadeSettings], Meta(description="Fast-then-accurate model pairs.")] = []
     groups: Annotated[
         list[WorkerGroup], Meta(description="Which models run in which worker processes of `fnserve serve`.")
-    ] = msgspec.field(default_factory=list)
+    ] = []
     base_dir: Annotated[Path, Meta(description="Directory relative model paths are resolved against.")] = Path(".")
 
     def __post_init__(self) -> None:
