@@ -158,6 +158,12 @@ def test_a_boolean_setting_reads_the_words_people_write(
         Settings()
 
 
+def test_a_refused_secret_is_named_but_not_shown() -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings(result_id_key=12345678)
+    assert str(refused.value).startswith("FNSERVE_RESULT_ID_KEY: Expected") and "12345678" not in str(refused.value)
+
+
 def test_a_copy_is_validated_counts_its_changes_as_set_and_reads_no_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = Settings(manifest="/m.toml")
     monkeypatch.setenv("FNSERVE_LOG_LEVEL", "DEBUG")

@@ -68,12 +68,13 @@ class EnvSettings:
     whose fields say their type, bounds and description (``Annotated[int, Meta(ge=1, description=...)]``).
 
     Validated by msgspec from the variables' strings: pydantic's import and model builds would weigh on every
-    cold start (docs/design/start.md). A bad value raises
-    :class:`~fnserve.core.errors.ConfigError` naming its variable.
+    cold start (docs/design/start.md). A bad value raises :class:`~fnserve.core.errors.ConfigError` naming its
+    variable (and the value, unless it is a secret).
     """
 
     fields_set: frozenset[str]
     _bools: ClassVar[frozenset[str]]
+    _secrets: ClassVar[frozenset[str]]
 
     def __init__(self, **values: Any) -> None:
         environ = {key.upper(): value for key, value in os.environ.items() if key.upper().startswith(_PREFIX)}
@@ -97,6 +98,8 @@ class EnvSettings:
         if "_bools" not in vars(cls):
             hints = typing.get_type_hints(cls)
             cls._bools = frozenset(name for name in cls.field_names() if hints[name] is bool)
+            secret = {name for name in cls.field_names() if SecretStr in (hints[name], *typing.get_args(hints[name]))}
+            cls._secrets = frozenset(secret)
         prepared = {}
         for name, value in values.items():
             if isinstance(value, os.PathLike):
@@ -114,7 +117,8 @@ class EnvSettings:
             message, _, where = str(exc).partition(" - at `$.")
             name = where.rstrip("`")
             if name in values:
-                raise ConfigError(f"{_PREFIX}{name.upper()}={values[name]!r}: {message}") from None
+                shown = "" if name in cls._secrets else f"={values[name]!r}"
+                raise ConfigError(f"{_PREFIX}{name.upper()}{shown}: {message}") from None
             raise ConfigError(message) from None
 
     def _take(self, checked: Any, fields_set: frozenset[str]) -> None:
