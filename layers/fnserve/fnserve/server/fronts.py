@@ -34,7 +34,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -185,26 +185,40 @@ def run(
     # can take it between two front processes' starts.
     held = reuse_port_socket(options["host"], options["port"])
     options = {**options, "port": held.getsockname()[1]}  # port 0: the one the system chose, for every process
-    # With a server answering 503 on the port during the start (on_listening closes it), the front processes answer
-    # ready only once it has left: counted here as one more process to wait for, until it is closed.
-    listening: Synchronized[int] = _spawn.Value("i", 0 if on_listening is None else -1)
+    listening = _listening_count(on_listening)
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        failed = _Fronts(app, options, listening, processes, stop).supervise(processes, on_replaced, on_listening)
+        with _stopped_by_signals(stop):
+            failed = _Fronts(app, options, listening, processes, stop).supervise(processes, on_replaced, on_listening)
     finally:
         held.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     if failed is not None:
         raise failed
+
+
+def _listening_count(on_listening: Callable[[], None] | None) -> Synchronized[int]:
+    """The count of front processes listening, shared with them. With a server answering 503 on the port during
+    the start (``on_listening`` closes it), they answer ready only once it has left: counted as one more process to
+    wait for, until it is closed."""
+    return _spawn.Value("i", 0 if on_listening is None else -1)
+
+
+@contextlib.contextmanager
+def _stopped_by_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGINT and SIGTERM set ``stop`` instead of ending this process, for the block; the handlers before after it."""
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def first_here(on_listening: Callable[[], None] | None) -> Synchronized[int]:
     """Make this process the first front process of a fast start (:func:`serve_first`): its app, built next,
     answers ready once it listens, with the 503 server gone when there is one (``on_listening`` given)."""
     global _listening
-    listening: Synchronized[int] = _spawn.Value("i", 0 if on_listening is None else -1)
+    listening = _listening_count(on_listening)
     _listening = (listening, 1)
     return listening
 
@@ -246,15 +260,13 @@ def serve_first(
     supervisor.start()
     # uvicorn takes SIGINT and SIGTERM while it serves, then raises the one it got again with the handlers it found:
     # these, so the others are stopped gracefully here instead of this process dying of the signal.
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        _run(server, [reuse_port_socket(options["host"], options["port"])])
-    finally:
-        stop.set()
-        supervisor.join()
-        held.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with _stopped_by_signals(stop):
+        try:
+            _run(server, [reuse_port_socket(options["host"], options["port"])])
+        finally:
+            stop.set()
+            supervisor.join()
+            held.close()
     if _failure is not None:
         raise _failure
     if not server.started:
