@@ -26,7 +26,7 @@ from typing import Any
 import tomli_w
 
 from fnserve.core.errors import ConfigError, ModelLoadError
-from fnserve.core.manifest import ModelSettings, load_manifest, step_files
+from fnserve.core.manifest import ModelSettings, load_manifest, refused_at, step_files
 from fnserve.core.registry import TensorSpec, tensor_specs
 from fnserve.stores import objects
 
@@ -250,5 +250,5 @@ def _relative(path: str) -> str | None:
 
 def _first_error(exc: ValueError) -> str:
     """msgspec's message with the field it names first: ``max_batch_size: Expected `int` >= 1``."""
-    message, _, at = str(exc).partition(" - at `$.")
-    return f"{at.rstrip('`')}: {message}" if at else message
+    loc, message = refused_at(exc)
+    return f"{'.'.join(map(str, loc))}: {message}" if loc else message

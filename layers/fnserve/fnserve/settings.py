@@ -23,6 +23,7 @@ from msgspec import Meta
 
 from fnserve.core._cpus import available_cpus
 from fnserve.core.errors import ConfigError
+from fnserve.core.manifest import refused_at
 
 _PREFIX = "FNSERVE_"
 WHOLE = "FNSERVE_SETTINGS"  # every setting of a parent process (a server's), as JSON: see EnvSettings.to_env
@@ -114,8 +115,8 @@ class EnvSettings:
         try:
             return msgspec.convert(cls._prepare(values), cls, strict=False, dec_hook=_decode)
         except msgspec.ValidationError as exc:
-            message, _, where = str(exc).partition(" - at `$.")
-            name = where.rstrip("`")
+            loc, message = refused_at(exc)
+            name = str(loc[0]) if len(loc) == 1 else ""
             if name in values:
                 shown = "" if name in cls._secrets else f"={values[name]!r}"
                 raise ConfigError(f"{_PREFIX}{name.upper()}{shown}: {message}") from None

@@ -719,10 +719,16 @@ def _not_a_manifest(path: Path) -> str:
     )
 
 
+def refused_at(exc: Exception) -> tuple[list[str | int], str]:
+    """Where msgspec's error is (``$.models[0].max_batch_size`` as ``["models", 0, "max_batch_size"]``; empty: the
+    whole value, as a ``__post_init__`` check says) and what it says."""
+    message, _, at = str(exc).partition(" - at `$")
+    return [int(index) if index else field for field, index in re.findall(r"\.(\w+)|\[(\d+)\]", at)], message
+
+
 def _describe(exc: msgspec.ValidationError, data: dict[str, Any]) -> str:
     """The error by where it is: a model, pipeline or cascade entry by its name (and position), then the field."""
-    message, _, at = str(exc).partition(" - at `$")
-    loc: list[str | int] = [int(p) if p.isdigit() else p for p in re.findall(r"\.(\w+)|\[(\d+)\]", at) for p in p if p]
+    loc, message = refused_at(exc)
     where = ".".join(map(str, loc)) or "manifest"
     section, index = loc[:2] if len(loc) >= 2 else ("", None)
     entries = data.get(str(section))

@@ -63,7 +63,7 @@ UNKNOWN = "_unknown"
 # them up: held for a whole second, the adding up stalls a busy front process (docs/design/observability.md).
 FLUSH_SECONDS = 0.1
 FLUSH_AT = 2_000  # records kept before a flush, whatever the time
-# Milliseconds-to-seconds stages; buckets from 50 µs (a tiny model's stage) to 10 s (a slow model's run).
+# Milliseconds-to-seconds stages; buckets from a tiny model's stage to a slow model's whole run.
 LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
