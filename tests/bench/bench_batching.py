@@ -177,6 +177,13 @@ def raw(kind: str, batch: int, processes: int) -> tuple[float, float]:
 def side_by_side(work: Callable[..., None], processes: int, seconds: float) -> tuple[int, float]:
     """``work(seconds, start, out)`` in ``processes`` spawned processes at once, each started once all are ready:
     the rows they ran and the CPU seconds they used, summed."""
+    results = each_side_by_side(work, processes, seconds)
+    return sum(r[1] for r in results), sum(r[2] for r in results)
+
+
+def each_side_by_side(work: Callable[..., None], processes: int, seconds: float) -> list[tuple[str, Any, Any]]:
+    """What each of ``processes`` spawned processes running ``work(seconds, start, out)`` at once put last on
+    ``out``, each started once all are ready."""
     context = multiprocessing.get_context("spawn")
     start, out = context.Event(), context.Queue()
     workers = [context.Process(target=work, args=(seconds, start, out)) for _ in range(processes)]
@@ -190,7 +197,7 @@ def side_by_side(work: Callable[..., None], processes: int, seconds: float) -> t
     finally:
         for worker in workers:
             worker.join(timeout=30)
-    return sum(r[1] for r in results), sum(r[2] for r in results)
+    return results
 
 
 # -- servers ------------------------------------------------------------------------------------------

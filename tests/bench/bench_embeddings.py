@@ -3,20 +3,25 @@ server, fastembed in a FastAPI server, and raw onnxruntime at its best batching,
 
     make bench-peers    (or: python -m tests.bench.bench_embeddings, once make bench-peers has made
                          .venv-fastembed from tests/bench/peers/fastembed.txt; needs wrk)
+    python -m tests.bench.bench_embeddings lengths    # CPU a text by length and batch size: why the budget
 
 - **The texts**: a retrieval workload's mix, from the demo's sentences (``tests/data/sentences.txt``): each sentence
   as a query (3 to 64 tokens), and passages of consecutive sentences joined up to 48, 96, 160 or 256 tokens, one
   text in two of each kind. The model takes 256 tokens; the rare longer one is cut.
 - **The floor**: raw onnxruntime (tokenize, run, mean-pool, as the naive server does), one single-threaded session
-  per CPU, over every text sorted by length and cut into batches of at most ``budget`` padded tokens (the longest
-  times the rows; 64 rows at most), for each budget, and at batch 1: CPU per text, the best of them the floor.
+  per CPU, the texts cut into runs by each rule of ``CUTS`` (sorted by length; one a run, or within a budget of
+  padded tokens, or of tokens and attention; 64 rows at most, ``MIN_FILL`` of the padded tokens real), every rule's
+  runs of the same texts side by side in one process, each timed on its thread: over the whole mix sorted (the
+  best of them the floor), and over 16 / CPUs texts drawn at random, what each process of a server at 16
+  connections holds (the floor of any such server).
 - **Servers under wrk** (one thread, ``CONNECTIONS`` connections, ``BENCH_EMBEDDINGS_SECONDS`` after a 2 s
   warm-up), one text a request: ``fnserve serve`` on the demo manifest as shipped, through ``POST /v1/embeddings``
   and through V2; the naive FastAPI + tokenizers + onnxruntime server (``plain_embed_server``) and fastembed
   serving the same int8 file from FastAPI (``peers/fastembed_server.py``), each a uvicorn worker per CPU of one
   ORT thread. Before any timing each server's embeddings of every eighth text are checked against fnserve's V2
   answer (cosine >= ``AGREE``). CPU per text is the CPU time of the server's processes over the texts answered;
-  ``efficiency`` is the floor's CPU per text over it; ``x fnserve`` a peer's over fnserve's (/v1).
+  ``efficiency`` is the floor's CPU per text over it (and the drawn floor's, at 16); ``x fnserve`` a peer's over
+  fnserve's (/v1).
 - **Corpus**: ``BENCH_EMBEDDINGS_CORPUS`` texts (the mix, cycled, each made its own) as one SQS event of one-text
   jobs through fnserve's batch handler (binary bodies, as ``fnserve submit`` sends; results to memory), against
   fastembed's own ``embed`` of the same texts in one process: texts per CPU-second, each with every core.
@@ -42,7 +47,8 @@ import numpy as np
 from fnserve.bench.load import run_wrk
 from fnserve.bench.sweep import process_tree
 from fnserve.core._cpus import available_cpus
-from tests.bench.bench_batching import MODEL, TOKENIZER, Run, Server, serving, shown, side_by_side, text_body
+from fnserve.core.embeddings import MIN_FILL, TokenBudget, filled
+from tests.bench.bench_batching import MODEL, TOKENIZER, Run, Server, each_side_by_side, serving, shown, text_body
 from tests.bench.bench_grpc import cpu_seconds
 from tests.helpers import DEMO_MANIFEST, REPO
 
@@ -51,11 +57,11 @@ SECONDS = float(os.environ.get("BENCH_EMBEDDINGS_SECONDS", "10"))
 RAW_SECONDS = float(os.environ.get("BENCH_EMBEDDINGS_RAW_SECONDS", "4"))
 CORPUS = int(os.environ.get("BENCH_EMBEDDINGS_CORPUS", "10000"))
 CONNECTIONS = (16, 64)
-BUDGETS = (512, 1024, 2048, 4096, 8192)
 MAX_ROWS = 64
 AGREE = 0.999  # int8 scales its activations by the batch: a text alone agrees closely, not exactly
 FASTEMBED_VENV = REPO / ".venv-fastembed"
 FNSERVE_V1 = "fnserve /v1/embeddings"
+NAIVE = "naive FastAPI + tokenizers + ORT"
 INFINITY = (
     "Infinity (infinity-emb) not run: its ONNX engine is optimum's ORTModel, which imports torch (from the package "
     "index a CUDA build, about 3 GB of wheels); it pins numpy<2 and older tokenizers than fnserve's; it reads the "
@@ -93,26 +99,46 @@ def openai_body(text: str) -> bytes:
 
 # -- the floor ----------------------------------------------------------------------------------------
 
+# How raw onnxruntime cuts its texts into runs: every text alone, by padded tokens (the longest times the rows), and
+# by tokens and attention (the rows times the longest squared) as the demo's budget does. A run holds at most 64 rows,
+# and at least MIN_FILL of its padded tokens are real.
+CUTS: dict[str, TokenBudget | None] = {
+    "batch 1": None,
+    **{f"{tokens} tokens": TokenBudget(tokens=tokens) for tokens in (512, 1024, 2048, 4096)},
+    "1024 tokens, 32768 attention": TokenBudget(tokens=1024, attention=32768),
+    "4096 tokens, 32768 attention": TokenBudget(tokens=4096, attention=32768),
+}
+SLICE = 48  # the sorted corpus is run in slices of this many texts, every cut's runs of a slice side by side
+DRAWS = 300
 
-def batches(texts: Sequence[str], lengths: Sequence[int], budget: int | None) -> list[list[str]]:
-    """``texts`` sorted by token length, cut so that each batch's padded tokens stay within ``budget`` (None: one a
-    batch)."""
+
+def cut(lengths: Sequence[int], texts: Sequence[int], budget: TokenBudget | None) -> list[list[int]]:
+    """``texts`` (indices into ``lengths``) sorted by token length and cut where ``budget`` would no longer hold the
+    run, where less than MIN_FILL of its padded tokens would be real, or at 64 rows (None: one a run)."""
+    order = sorted(texts, key=lambda i: lengths[i])
     if budget is None:
-        return [[text] for text in texts]
-    order = sorted(range(len(texts)), key=lambda i: lengths[i])
-    out: list[list[str]] = [[]]
-    longest = 0
+        return [[i] for i in order]
+    runs: list[list[int]] = []
+    real = 0
     for i in order:
         length = min(lengths[i], 256)
-        if out[-1] and (len(out[-1]) >= MAX_ROWS or max(longest, length) * (len(out[-1]) + 1) > budget):
-            out.append([])
-            longest = 0
-        out[-1].append(texts[i])
-        longest = max(longest, length)
-    return out
+        run = runs[-1] if runs else []
+        joins = run and len(run) < MAX_ROWS and budget.holds(len(run) + 1, length)
+        if joins and filled(real + length, len(run) + 1, length):
+            run.append(i)
+            real += length
+        else:
+            runs.append([i])
+            real = length
+    return runs
 
 
-def _floor(budget: int | None, seconds: float, start: Any, out: Any) -> None:
+def _floors(held: int, seconds: float, start: Any, out: Any) -> None:
+    """One single-threaded session running every cut's runs of the same texts in turn, its thread's CPU timed per
+    cut, so that the machine's drift reaches every cut alike. ``held``: the texts a server's process holds at once,
+    drawn at random (0: the whole corpus, sorted, in slices)."""
+    import random
+
     import onnxruntime as ort
 
     from tests.bench._embed import embed, tokenizer_from
@@ -124,25 +150,75 @@ def _floor(budget: int | None, seconds: float, start: Any, out: Any) -> None:
     tokenizer = tokenizer_from(str(TOKENIZER))
     texts = mix()
     lengths = [sum(e.attention_mask) for e in tokenizer.encode_batch(texts)]  # padded to the longest: count the mask
-    work = [functools.partial(embed, tokenizer, session, group) for group in batches(texts, lengths, budget)]
-    for task in work:
-        task()
+    if held:
+        rng = random.Random()
+        groups = [rng.sample(range(len(texts)), held) for _ in range(DRAWS)]
+    else:
+        order = sorted(range(len(texts)), key=lambda i: lengths[i])
+        groups = [order[i : i + SLICE] for i in range(0, len(order), SLICE)]
+    plans = {
+        name: [[[texts[i] for i in run] for run in cut(lengths, g, b)] for g in groups] for name, b in CUTS.items()
+    }
+    for runs in plans.values():
+        for run in runs[0]:
+            embed(tokenizer, session, run)
     out.put(("ready", 0, 0.0))
     start.wait()
-    done, rows, began = 0, 0, time.process_time()
-    deadline = time.perf_counter() + seconds
-    sizes = [len(task.args[2]) for task in work]
-    while time.perf_counter() < deadline or done % len(work):  # whole passes: sorted short texts come first
-        work[done % len(work)]()
-        rows += sizes[done % len(work)]
+    rows = dict.fromkeys(CUTS, 0)
+    used = dict.fromkeys(CUTS, 0.0)
+    names = list(CUTS)
+    deadline, done = time.perf_counter() + seconds, 0
+    while time.perf_counter() < deadline or (not held and done % len(groups)):  # the corpus in whole passes
+        random.shuffle(names)
+        for name in names:
+            began = time.thread_time()
+            for run in plans[name][done % len(groups)]:
+                embed(tokenizer, session, run)
+                rows[name] += len(run)
+            used[name] += time.thread_time() - began
         done += 1
-    out.put(("done", rows, time.process_time() - began))
+    out.put(("done", rows, used))
 
 
-def floor(budget: int | None, processes: int) -> float:
-    """CPU milliseconds per text of ``processes`` single-threaded sessions at ``budget``."""
-    rows, cpu = side_by_side(functools.partial(_floor, budget), processes, RAW_SECONDS)
-    return cpu / rows * 1e3
+def floors(held: int, processes: int) -> dict[str, float]:
+    """CPU milliseconds per text of each cut, ``processes`` single-threaded sessions side by side."""
+    results = each_side_by_side(functools.partial(_floors, held), processes, RAW_SECONDS * len(CUTS))
+    return {name: sum(r[2][name] for r in results) / sum(r[1][name] for r in results) * 1e3 for name in CUTS}
+
+
+def by_length(seconds: float = 20.0) -> None:
+    """CPU a text of one single-threaded session at each length and batch size, every pair's runs taken in turn
+    (``python -m tests.bench.bench_embeddings lengths``): where batching texts of one length gains, and where their
+    attention outgrows the cache and it loses."""
+    import random
+
+    import onnxruntime as ort
+
+    from tests.bench._embed import embed, tokenizer_from
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(MODEL), sess_options=options, providers=["CPUExecutionProvider"])
+    tokenizer = tokenizer_from(str(TOKENIZER))
+    lengths, sizes = (16, 32, 64, 128, 256), (1, 2, 4, 8, 16)
+    pairs = [(length, rows) for length in lengths for rows in sizes]
+    texts = {length: " ".join(["word"] * (length - 2)) for length in lengths}  # [CLS], the words, [SEP]
+    assert [len(tokenizer.encode(texts[n]).ids) for n in lengths] == list(lengths)
+    used, ran = dict.fromkeys(pairs, 0.0), dict.fromkeys(pairs, 0)
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        random.shuffle(pairs)
+        for length, rows in pairs:
+            began = time.thread_time()
+            embed(tokenizer, session, [texts[length]] * rows)
+            used[(length, rows)] += time.thread_time() - began
+            ran[(length, rows)] += rows
+    print(f"CPU ms a text, one thread, {seconds:g} s of runs taken in turn (rows x length^2 in brackets):")
+    print("  tokens " + "".join(f"{f'batch {rows}':>22}" for rows in sizes))
+    for length in lengths:
+        cells = [f"{used[(length, r)] / ran[(length, r)] * 1e3:.2f} ({r * length * length:,})" for r in sizes]
+        print(f"  {length:>6} " + "".join(f"{cell:>22}" for cell in cells))
 
 
 # -- servers ------------------------------------------------------------------------------------------
@@ -157,7 +233,7 @@ def servers(cpus: int) -> list[Server]:
         Server(FNSERVE_V1, fnserve, {}, "minilm-embed", True),
         Server("fnserve V2", fnserve, {}, "minilm-embed", True),
         Server(
-            "naive FastAPI + tokenizers + ORT",
+            NAIVE,
             [sys.executable, "-m", "uvicorn", *workers, "tests.bench.plain_embed_server:app"],
             naive,
             "minilm-embed",
@@ -276,13 +352,14 @@ def main() -> None:
     cpus = available_cpus()
     texts = mix()
     port = 18331
-    floors: dict[str, list[float]] = {}
+    raw: dict[int, dict[str, list[float]]] = {0: {}, CONNECTIONS[0] // cpus: {}}
     runs: dict[tuple[str, int], list[Run]] = {}
     errors: dict[tuple[str, int], int] = {}
     corpus_rates: dict[str, list[float]] = {}
     for _ in range(ROUNDS):
-        for budget in (None, *BUDGETS):
-            floors.setdefault("batch 1" if budget is None else f"{budget} tokens", []).append(floor(budget, cpus))
+        for held, found in raw.items():
+            for name, ms in floors(held, cpus).items():
+                found.setdefault(name, []).append(ms)
         reference: np.ndarray[Any, Any] | None = None
         for server in servers(cpus):
             with serving(server, port, text_body(texts[0])) as proc:
@@ -302,25 +379,28 @@ def main() -> None:
         rate = fastembed_corpus()
         if rate is not None:
             corpus_rates.setdefault("fastembed", []).append(rate)
-    report(cpus, texts, floors, runs, errors, corpus_rates)
+    report(cpus, texts, raw, runs, errors, corpus_rates)
 
 
 def report(
     cpus: int,
     texts: Sequence[str],
-    floors: dict[str, list[float]],
+    raw: dict[int, dict[str, list[float]]],
     runs: dict[tuple[str, int], list[Run]],
     errors: dict[tuple[str, int], int],
     corpus_rates: dict[str, list[float]],
 ) -> None:
-    best = [min(values[i] for values in floors.values()) for i in range(ROUNDS)]
+    (_, whole), (held, drawn) = raw.items()
+    best = [min(values[i] for values in whole.values()) for i in range(ROUNDS)]
+    best_held = [min(values[i] for values in drawn.values()) for i in range(ROUNDS)]
     print(f"\nText embeddings, minilm-embed (all-MiniLM-L6-v2 int8), {len(texts)} texts (queries and passages of up")
     print(f"to 256 tokens), {cpus} CPUs, {ROUNDS} interleaved rounds: median (range)")
-    print(f"  the floor: raw onnxruntime, {cpus} processes x 1 thread, texts sorted by length, batches cut by")
-    print("  padded tokens (64 rows at most), CPU per text:")
-    for name, values in floors.items():
-        print(f"    {name:<12} {shown(values, '.3f')} ms")
-    print(f"    best         {shown(best, '.3f')} ms")
+    print(f"  the floor: raw onnxruntime, {cpus} processes x 1 thread, CPU per text, runs cut by each rule (64 rows")
+    print(f"  at most, {MIN_FILL:.0%} of their padded tokens real) side by side in one process:")
+    print(f"    {'cut':<30} {'the texts sorted':<26} {held} drawn at random (a process's share of {CONNECTIONS[0]})")
+    for name in whole:
+        print(f"    {name:<30} {shown(whole[name], '.3f') + ' ms':<26} {shown(drawn[name], '.3f')} ms")
+    print(f"    {'best':<30} {shown(best, '.3f') + ' ms':<26} {shown(best_held, '.3f')} ms")
     fnserve_cpu = {c: [run.cpu_ms for run in runs[(FNSERVE_V1, c)]] for c in CONNECTIONS}
     for connections in CONNECTIONS:
         print(f"  one text a request, wrk -t1 -c{connections}, {SECONDS:g} s:")
@@ -329,12 +409,19 @@ def report(
                 continue
             cpu = [run.cpu_ms for run in served]
             efficiency = shown([best[i] / cpu[i] for i in range(ROUNDS)], ".2f")
+            if connections == CONNECTIONS[0]:  # against what the texts it holds allow, too
+                efficiency += f" ({shown([best_held[i] / cpu[i] for i in range(ROUNDS)], '.2f')} of {held} drawn)"
             versus = shown([cpu[i] / fnserve_cpu[c][i] for i in range(ROUNDS)], ".2f")
             print(
                 f"    {label:<34} {shown([r.rate for r in served], '.0f')} texts/s  CPU {shown(cpu, '.3f')} ms/text"
                 f"  efficiency {efficiency}  {versus}x fnserve's CPU  p50 {shown([r.p50 for r in served], '.1f')}"
                 f"  p99 {shown([r.p99 for r in served], '.1f')} ms  failed {errors[(label, c)]}"
             )
+        if connections == CONNECTIONS[0]:
+            naive = [run.cpu_ms for run in runs[(NAIVE, connections)]]
+            bound = shown([naive[i] / best_held[i] for i in range(ROUNDS)], ".2f")
+            print(f"    no server whose {cpus} processes share {connections} connections runs its texts under {held}")
+            print(f"    drawn's best: the naive server's CPU over it, {bound}x, is the most any server can show")
     print(f"  {INFINITY}")
     print(f"  corpus: {CORPUS:,} texts, texts per CPU-second, every core:")
     for name, rates in corpus_rates.items():
@@ -346,4 +433,7 @@ def report(
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["lengths"]:
+        by_length()
+    else:
+        main()

@@ -12,6 +12,7 @@ import pytest
 
 from fnserve.core.admission import Pace
 from fnserve.core.batching import AdaptiveBatcher, BatchObservers, BatchPolicy
+from fnserve.core.embeddings import TokenBudget
 from fnserve.core.errors import InferenceError, InvalidInput, Overloaded, grpc_code
 from fnserve.core.stacking import Stacking
 
@@ -425,7 +426,7 @@ def test_under_a_token_budget_the_oldest_goes_first_with_the_lengths_nearest_it(
         batcher = AdaptiveBatcher(
             model,
             BatchPolicy(max_batch_size=8, max_batch_time=0),
-            stacking=Stacking(buckets=[8, 16, 32], pad_inputs=["x"], pad_to_bucket=False, max_tokens=40),
+            stacking=Stacking(buckets=[8, 16, 32], pad_inputs=["x"], pad_to_bucket=False, budget=TokenBudget(tokens=40)),
         )
         lengths = (10, 3, 30, 4, 28, 5, 6, 7)
         first = asyncio.create_task(batcher.predict({"x": np.ones((1, lengths[0]))}))
@@ -443,11 +444,43 @@ def test_under_a_token_budget_the_oldest_goes_first_with_the_lengths_nearest_it(
     assert [x.shape for x in seen] == [(1, 10), (3, 5), (1, 30), (1, 28), (2, 7)]
 
 
-def test_a_token_budget_needs_padded_inputs() -> None:
+def test_under_an_attention_budget_long_requests_share_a_batch_with_fewer_than_short_ones() -> None:
+    """rows x longest squared bounds a batch: two requests of 30 fit 1,800, a third does not, where six of 5 do."""
+    seen: list[np.ndarray] = []
+    gate = Gate()
+
+    async def model(feed: Arrays) -> Arrays:
+        seen.append(feed["x"])
+        if len(seen) == 1:
+            await gate.open.wait()
+        return {"y": feed["x"].sum(axis=1)}
+
+    async def main() -> None:
+        batcher = AdaptiveBatcher(
+            model,
+            BatchPolicy(max_batch_size=8, max_batch_time=0),
+            stacking=Stacking(pad_inputs=["x"], pad_to_bucket=False, budget=TokenBudget(attention=1800)),
+        )
+        first = asyncio.create_task(batcher.predict({"x": np.ones((1, 10))}))
+        await until(lambda: len(seen) == 1)
+        lengths = (30, 30, 30, 5, 5, 5, 5, 5, 5)
+        rest = [asyncio.create_task(batcher.predict({"x": np.ones((1, n))})) for n in lengths]
+        await until(lambda: next(iter(batcher._queues.values())).qsize() == len(rest))
+        gate.open.set()
+        results = await asyncio.gather(first, *rest)
+        await batcher.close()
+        assert [float(r[0]["y"][0]) for r in results] == [10, *lengths]
+
+    run(main())
+    assert [x.shape for x in seen] == [(1, 10), (2, 30), (1, 30), (6, 5)]
+
+
+@pytest.mark.parametrize("budget", ["max_batch_tokens", "max_batch_attention"])
+def test_a_token_budget_needs_padded_inputs(budget: str) -> None:
     from fnserve.core.manifest import ModelSettings
 
-    with pytest.raises(ValueError, match="max_batch_tokens needs pad_inputs"):
-        ModelSettings(name="m", path="m.onnx", sha256="0" * 64, max_batch_time_ms=2, max_batch_tokens=512)
+    with pytest.raises(ValueError, match=f"{budget} needs pad_inputs"):
+        ModelSettings(name="m", path="m.onnx", sha256="0" * 64, max_batch_time_ms=2, **{budget: 512})
 
 
 def test_a_request_whose_caller_went_away_is_not_computed() -> None:

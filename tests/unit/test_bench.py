@@ -159,7 +159,8 @@ def test_the_variant_manifest_of_a_demo_pipeline_loads(tmp_path: Path, monkeypat
 def test_a_token_budgeted_model_loads_with_batching_off(tmp_path: Path) -> None:
     path = sweep.variant_manifest(DEMO_MANIFEST, "minilm-embed", Config(), tmp_path)  # --lambda's, --targets'
     model = load_manifest(path).models[0]
-    assert model.name == "minilm-l6" and model.max_batch_tokens is None and model.max_batch_time_ms is None
+    assert model.name == "minilm-l6" and model.max_batch_time_ms is None
+    assert model.max_batch_tokens is None and model.max_batch_attention is None
 
 
 # -- requests --------------------------------------------------------------------------------------

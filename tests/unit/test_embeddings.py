@@ -10,7 +10,7 @@ import pytest
 
 from fnserve.adapters.http.openai import MAX_INPUTS, OpenAIError, error_parts, texts_of
 from fnserve.core.cache import cache_key
-from fnserve.core.embeddings import MIN_FILL, TOKENS, TRUNCATED, TokenIds, embedders, shorten
+from fnserve.core.embeddings import MIN_FILL, TOKENS, TRUNCATED, TokenBudget, TokenIds, embedders, shorten
 from fnserve.core.errors import ConfigError, InvalidInput, Overloaded
 from fnserve.core.manifest import TokenizeStep, load_manifest
 from fnserve.core.registry import ModelRegistry
@@ -140,26 +140,33 @@ def test_a_batch_of_texts_runs_sorted_by_tokens_in_chunks_within_the_budget() ->
     from tests.embeddings import SENTENCES, cosine, tokens
 
     texts = [SENTENCES[i] for i in range(0, 240, 8)]  # 30 texts of mixed lengths, one over 256 tokens
+    texts += [" ".join(SENTENCES[i : i + 8]) for i in range(1, 65, 8)]  # and passages of like length
     service = InferenceService.from_manifest(DEMO_MANIFEST)
-    assert service.registry.resolve("minilm-l6").max_batch_tokens == 512  # the demo's budget
+    budget = TokenBudget.of(service.registry.resolve("minilm-l6"))
+    assert budget == TokenBudget(tokens=1024, attention=32768)  # the demo's
     array = rows(*texts)
     got = service.infer("minilm-embed", {"text": array}, outputs=["embedding", TOKENS])
     executions = service.registry.get("minilm-l6").executions
     counts = sorted(len(tokens(t)) for t in texts)
     assert got.outputs[TOKENS].tolist() == [len(tokens(t)) for t in texts]  # in the request's order
     assert executions.rows == len(texts) and executions.runs > 1
-    # Every chunk within the budget and MIN_FILL real tokens: the sorted counts cut greedily reproduce the runs.
-    sizes, start = [], 0
-    while start < len(counts):
-        end, real = start + 1, counts[start]
-        while end < len(counts) and counts[end] * (end + 1 - start) <= 512:
-            if real + counts[end] < MIN_FILL * counts[end] * (end + 1 - start):
-                break
-            real += counts[end]
-            end += 1
-        sizes.append(end - start)
-        start = end
-    assert sorted(executions.batches) == sorted(set(sizes)), executions.batches
+
+    def cut(budget: TokenBudget) -> list[int]:
+        """Every chunk within the budget and MIN_FILL real tokens: the sorted counts cut greedily."""
+        sizes, start = [], 0
+        while start < len(counts):
+            end, real = start + 1, counts[start]
+            while end < len(counts) and budget.holds(end + 1 - start, counts[end]):
+                if real + counts[end] < MIN_FILL * counts[end] * (end + 1 - start):
+                    break
+                real += counts[end]
+                end += 1
+            sizes.append(end - start)
+            start = end
+        return sizes
+
+    assert sorted(executions.batches) == sorted(set(cut(budget))), executions.batches
+    assert cut(budget) != cut(TokenBudget(tokens=budget.tokens))  # the attention bound cut some of these runs
     alone = np.concatenate([service.predict("minilm-embed", {"text": rows(t)})["embedding"] for t in texts])
     assert cosine(got.outputs["embedding"], alone).min() > 0.98  # each row its own text's embedding
 
@@ -173,10 +180,10 @@ def test_texts_that_arrive_together_without_a_budget_run_by_length_not_padded_to
     from tests.embeddings import SENTENCES, cosine, tokens
 
     text = DEMO_MANIFEST.read_text().replace('"minilm-l6/', f'"{DEMO_MANIFEST.parent}/minilm-l6/')
-    text = re.sub(r"\n(max_batch_time_ms|length_buckets|max_batch_tokens|pad_inputs) = [^\n]*", "", text)
+    text = re.sub(r"\n(max_batch_time_ms|length_buckets|max_batch_\w+|pad_inputs) = [^\n]*", "", text)
     (tmp_path / "manifest.toml").write_text(text)
     service = InferenceService.from_manifest(tmp_path / "manifest.toml")
-    assert service.registry.resolve("minilm-l6").max_batch_tokens is None
+    assert TokenBudget.of(service.registry.resolve("minilm-l6")) is None
     short = [t for t in SENTENCES if len(tokens(t)) == 12][:3]  # three of one length
     passage = " ".join(SENTENCES[:12])
     texts = [short[0], passage, short[1], short[2]]

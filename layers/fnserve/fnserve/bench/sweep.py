@@ -41,7 +41,14 @@ LEVELS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 GAIN = 1.05  # a concurrency level must beat the best so far by this much, or the server is saturated
 MIN_LEVELS = 3
 BATCHING = ((1.0, 8), (2.0, 16), (5.0, 32))  # (max_batch_time_ms, max_batch_size) tried in stage 3
-_BATCH_KEYS = ("max_batch_time_ms", "length_buckets", "batch_buckets", "pad_inputs", "max_batch_tokens")
+_BATCH_KEYS = (
+    "max_batch_time_ms",
+    "length_buckets",
+    "batch_buckets",
+    "pad_inputs",
+    "max_batch_tokens",
+    "max_batch_attention",
+)
 
 
 @dataclass(frozen=True)

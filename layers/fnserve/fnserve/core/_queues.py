@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fnserve.core.datatypes import Arrays
-from fnserve.core.embeddings import MIN_FILL
+from fnserve.core.embeddings import TokenBudget, filled
 from fnserve.core.providers import RanOn
 
 PEAK_SECONDS = 1.0  # how long the most rows seen in flight at once is remembered: what a batch expects
@@ -73,12 +73,12 @@ async def gather_by_length(
     first: Pending,
     deadline: float,
     size: int,
-    tokens: int,
+    budget: TokenBudget,
     padded: Callable[[int], int],
 ) -> tuple[list[Pending], int]:
     """A batch under a token budget, from one queue of every length: ``first`` (the oldest), then the waiting
-    requests nearest its length, while it holds at most ``size`` rows and ``tokens`` padded tokens (``padded`` of
-    its longest length, times its rows), and at least ``MIN_FILL`` of those are real tokens. The others go back to
+    requests nearest its length, while it holds at most ``size`` rows, ``budget`` holds it (padded to ``padded`` of
+    its longest length), and at least ``MIN_FILL`` of its padded tokens are real. The others go back to
     the queue in the order they came, so the oldest of them starts the next batch: no long text waits behind a
     stream of short ones. While fewer rows wait than are on their way, it waits for them until ``deadline`` at
     most."""
@@ -104,11 +104,12 @@ async def gather_by_length(
     for item in sorted(waiting, key=lambda p: abs(p.length - first.length)):
         length, more = max(longest, item.length), rows + item.rows
         # The fill counts the padding joining adds, up to the longest; a GPU's bucket pads every batch alike.
-        if more > size or padded(length) * more > tokens or real + item.length * item.rows < MIN_FILL * length * more:
+        joined = real + item.length * item.rows
+        if more > size or not budget.holds(more, padded(length)) or not filled(joined, more, length):
             continue
         batch.append(item)
         taken(item)
-        rows, longest, real = more, length, real + item.length * item.rows
+        rows, longest, real = more, length, joined
     chosen = {id(p) for p in batch}
     for item in waiting:  # nothing was awaited since the queue was emptied: they go back in their order
         if id(item) not in chosen:

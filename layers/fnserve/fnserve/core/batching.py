@@ -223,9 +223,9 @@ class AdaptiveBatcher:
                 continue
             deadline = max(first.arrived, ready) + self.policy.max_batch_time
             size, stacking = self.policy.max_batch_size, self.stacking
-            if stacking.max_tokens is not None:  # one queue of every length, cut by padded tokens
-                budget, padded = stacking.max_tokens, stacking.padded
-                batch, rows = await gather_by_length(queue, flight, first, deadline, size, budget, padded)
+            if stacking.budget is not None:  # one queue of every length, cut by what padded tokens cost
+                padded = stacking.padded
+                batch, rows = await gather_by_length(queue, flight, first, deadline, size, stacking.budget, padded)
                 bucket = padded(max(p.length for p in batch))
             else:
                 others = functools.partial(mixed, self._flights, key)

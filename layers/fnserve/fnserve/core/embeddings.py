@@ -14,13 +14,41 @@ from typing import Any
 
 import numpy as np
 
-from fnserve.core.manifest import Manifest, MeanPoolStep, PipelineSettings, TokenizeStep
+from fnserve.core.manifest import Manifest, MeanPoolStep, ModelSettings, PipelineSettings, TokenizeStep
 
 TOKENS = "token_count"  # INT64 [-1]: the tokens each row ran, special tokens included
 # A batch of texts, cut by its padded tokens, holds at least this share of real ones: a padded token costs the
 # model as much as a real one (the adaptive batcher's rule, and a stacked batch's).
 MIN_FILL = 0.8
 TRUNCATED = "truncated"  # BOOL [-1]: whether the row was cut to max_length
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBudget:
+    """What one run of a text model may hold: at most ``tokens`` padded tokens (its longest length times its rows)
+    and ``attention`` rows times its longest length squared (the scores each attention head computes), each where
+    set. Past the CPU's cache a run of several long texts costs more a text than runs of fewer."""
+
+    tokens: int | None = None
+    attention: int | None = None
+
+    @classmethod
+    def of(cls, settings: ModelSettings) -> TokenBudget | None:
+        """The budget a model's manifest entry sets (None: none)."""
+        if settings.max_batch_tokens is None and settings.max_batch_attention is None:
+            return None
+        return cls(settings.max_batch_tokens, settings.max_batch_attention)
+
+    def holds(self, rows: int, longest: int) -> bool:
+        """Whether a run of ``rows`` padded to ``longest`` is within the budget."""
+        return (self.tokens is None or longest * rows <= self.tokens) and (
+            self.attention is None or rows * longest * longest <= self.attention
+        )
+
+
+def filled(real: int, rows: int, longest: int) -> bool:
+    """Whether ``real`` tokens are at least ``MIN_FILL`` of ``rows`` padded to ``longest``."""
+    return real >= MIN_FILL * longest * rows
 
 
 class TokenIds(tuple[int, ...]):

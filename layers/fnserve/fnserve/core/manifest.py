@@ -261,8 +261,22 @@ class ModelSettings(Entry, frozen=True, kw_only=True):
                 ge=1,
                 description="Adaptive batching of variable-length inputs (pad_inputs): a batch holds at most this "
                 "many padded tokens (its longest request's length, or that length's bucket, times its rows). "
-                "Requests of every length then wait in one queue: a batch takes the oldest, then those nearest its "
-                "length. Unset: a queue a length bucket, a batch cut by max_batch_size alone.",
+                "Requests of every length then wait in one queue (as with max_batch_attention): a batch takes the "
+                "oldest, then those nearest its length. Unset (both): a queue a length bucket, a batch cut by "
+                "max_batch_size alone.",
+            ),
+        ]
+        | None
+    ) = None
+    max_batch_attention: (
+        Annotated[
+            int,
+            Meta(
+                ge=1,
+                description="Adaptive batching of variable-length inputs (pad_inputs), with or without "
+                "max_batch_tokens: a batch holds at most this many rows times its longest length squared (the "
+                "scores each attention head computes). Past the CPU's cache a bigger batch of long texts costs more "
+                "a text than runs of fewer; short texts still batch by the dozen.",
             ),
         ]
         | None
@@ -334,8 +348,9 @@ class ModelSettings(Entry, frozen=True, kw_only=True):
             raise ValueError(
                 "length_buckets, batch_buckets and pad_inputs only apply with max_batch_time_ms (adaptive batching)"
             )
-        if self.max_batch_tokens is not None and not self.pad_inputs:
-            raise ValueError("max_batch_tokens needs pad_inputs: the variable-length inputs whose tokens it counts")
+        for budget in ("max_batch_tokens", "max_batch_attention"):
+            if getattr(self, budget) is not None and not self.pad_inputs:
+                raise ValueError(f"{budget} needs pad_inputs: the variable-length inputs whose tokens it counts")
         if not self.stack_requests and self.max_batch_time_ms is not None:
             raise ValueError("max_batch_time_ms (adaptive batching) stacks requests: it needs stack_requests")
         queueing = [name for name in ("max_queue_delay_ms", "max_queue_size") if getattr(self, name) is not None]

@@ -22,7 +22,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, R
 
 from fnserve.core._rows import batch_size
 from fnserve.core.datatypes import Arrays
-from fnserve.core.embeddings import MIN_FILL, TOKENS
+from fnserve.core.embeddings import TOKENS, TokenBudget, filled
 from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
 from fnserve.core.pipeline import Pipeline, Staged, concatenate
 from fnserve.core.providers import note_device
@@ -155,7 +155,7 @@ class PipelineServable(Servable):
         tokenizes (:meth:`_run_by_tokens`)."""
         pipeline = self.pipeline
         if batch > 1 and pipeline.tokenizes:
-            return self._run_by_tokens(feed, self.model.settings.max_batch_tokens, names, timings)
+            return self._run_by_tokens(feed, TokenBudget.of(self.model.settings), names, timings)
         order = pipeline.order(feed, batch)
         if order is not None:
             feed = {name: array[order] for name, array in feed.items()}
@@ -168,11 +168,11 @@ class PipelineServable(Servable):
         return result if order is None else in_order(result, order)
 
     def _run_by_tokens(
-        self, feed: Arrays, budget: int | None, names: Sequence[str], timings: dict[str, float] | None
+        self, feed: Arrays, budget: TokenBudget | None, names: Sequence[str], timings: dict[str, float] | None
     ) -> Arrays:
-        """A batch of texts tokenized in one call, run sorted by token count in chunks of at most ``budget`` padded
-        tokens (the chunk's longest times its rows; None: no bound but the rows) and ``max_batch_size`` rows, of
-        which at least ``MIN_FILL`` are real tokens, each padded only to its own longest text, then put back in
+        """A batch of texts tokenized in one call, run sorted by token count in chunks that ``budget`` holds (None:
+        no bound but the rows) of at most ``max_batch_size`` rows, of which at least ``MIN_FILL`` of the padded
+        tokens are real, each padded only to its own longest text, then put back in
         order. Padded to the whole batch's longest, a query beside a passage would cost the passage's run."""
         pipeline, model = self.pipeline, self.model
         staged = self.stage(feed, timings)
@@ -185,7 +185,7 @@ class PipelineServable(Servable):
             real = int(counts[order[start]])
             while end < rows and end - start < model.settings.max_batch_size:
                 length, taken = int(counts[order[end]]), end + 1 - start
-                if (budget is not None and length * taken > budget) or real + length < MIN_FILL * length * taken:
+                if (budget is not None and not budget.holds(taken, length)) or not filled(real + length, taken, length):
                     break
                 real += length
                 end += 1

@@ -26,6 +26,7 @@ from fnserve.core.datatypes import Arrays
 from fnserve.core.errors import FnserveError, InferenceError, ModelNotReady
 
 if TYPE_CHECKING:
+    from fnserve.core.embeddings import TokenBudget
     from fnserve.core.manifest import ModelSettings
 
 QueueKey = tuple[int, tuple[tuple[str, tuple[int, ...]], ...]]  # length bucket, and each input's padded row shape
@@ -66,18 +67,20 @@ class Stacking:
         pad_inputs: Sequence[str] = (),
         pad_value: float = 0.0,
         pad_to_bucket: bool = True,
-        max_tokens: int | None = None,
+        budget: TokenBudget | None = None,
     ) -> None:
         self.buckets = sorted(buckets)
         self.batch_buckets = sorted(batch_buckets)
         self.pad_inputs = tuple(pad_inputs)
         self.pad_value = pad_value
         self.pad_to_bucket = pad_to_bucket
-        self.max_tokens = max_tokens  # set: every length in one queue, batches cut by padded tokens
+        self.budget = budget  # set: every length in one queue, batches cut by what their padded tokens cost
 
     @classmethod
     def of(cls, settings: ModelSettings) -> Stacking:
         """The stacking of a model's manifest entry."""
+        from fnserve.core.embeddings import TokenBudget
+
         # A GPU sees the bucket lengths it warmed at start; a CPU runs no padding it can do without.
         cpu_only = settings.execution_providers == ["CPUExecutionProvider"]
         return cls(
@@ -86,7 +89,7 @@ class Stacking:
             settings.pad_inputs,
             settings.pad_value,
             pad_to_bucket=bool(settings.batch_buckets) or not cpu_only,
-            max_tokens=settings.max_batch_tokens,
+            budget=TokenBudget.of(settings),
         )
 
     def length(self, inputs: Arrays) -> int:
@@ -104,7 +107,7 @@ class Stacking:
     def key(self, inputs: Arrays, bucket: int) -> QueueKey:
         """The queue of a request of ``bucket``: only requests of one key stack. Under a token budget every length
         shares one queue (the variable-length axis counts as -1): a batch is cut by length when it forms."""
-        if self.max_tokens is not None:
+        if self.budget is not None:
             return 0, tuple((name, self._any_length(a, name)) for name, a in sorted(inputs.items()))
         return bucket, tuple((name, self._row_shape(a, name, bucket)) for name, a in sorted(inputs.items()))
 
