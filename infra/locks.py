@@ -14,6 +14,7 @@ which uv keeps wherever pyproject still allows it, and fails when anything would
 
 from __future__ import annotations
 
+import concurrent.futures
 import difflib
 import os
 import shutil
@@ -75,6 +76,19 @@ LOCKS = [
 ]
 
 
+def difference(lock: Lock, root: Path) -> list[str]:
+    """How ``lock`` at ``root`` differs from what it compiles to now, as a unified diff (empty: it is current)."""
+    committed = root / lock.path
+    with tempfile.TemporaryDirectory() as scratch:
+        fresh = Path(scratch) / committed.name
+        if committed.exists():
+            shutil.copyfile(committed, fresh)
+        lock.compile(fresh, root)
+        before = committed.read_text().splitlines() if committed.exists() else []
+        after = fresh.read_text().splitlines()
+    return list(difflib.unified_diff(before, after, lock.path, "fresh"))
+
+
 def main(check: bool, root: Path = REPO, only: str | None = None) -> int:
     """Write every lock of the checkout at ``root`` (or the one at ``only``), or (``check``) say which are stale."""
     stale = []
@@ -82,21 +96,18 @@ def main(check: bool, root: Path = REPO, only: str | None = None) -> int:
     if not chosen:
         print(f"no lock {only!r}: the locks are {', '.join(lock.path for lock in LOCKS)}", file=sys.stderr)
         return 2
-    for lock in chosen:
-        committed = root / lock.path
-        if not check:
-            lock.compile(committed, root)
-            continue
-        with tempfile.TemporaryDirectory() as scratch:
-            fresh = Path(scratch) / committed.name
-            if committed.exists():
-                shutil.copyfile(committed, fresh)
-            lock.compile(fresh, root)
-            before = committed.read_text().splitlines() if committed.exists() else []
-            after = fresh.read_text().splitlines()
-        if before != after:
+    if not check:
+        for lock in chosen:  # in order: a lock may be constrained by one before it
+            lock.compile(root / lock.path, root)
+        return 0
+    # Each check compiles into a scratch copy against the committed locks: they may run at once, and uv spends
+    # them mostly waiting on the index.
+    with concurrent.futures.ThreadPoolExecutor(len(chosen)) as pool:
+        differences = list(pool.map(lambda lock: difference(lock, root), chosen))
+    for lock, lines in zip(chosen, differences, strict=True):
+        if lines:
             stale.append(lock.path)
-            sys.stdout.writelines(line + os.linesep for line in difflib.unified_diff(before, after, lock.path, "fresh"))
+            sys.stdout.writelines(line + os.linesep for line in lines)
     if stale:
         print(f"stale against pyproject.toml: {', '.join(stale)}; run `make locks` and commit them", file=sys.stderr)
     return 1 if stale else 0

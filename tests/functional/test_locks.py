@@ -34,15 +34,16 @@ def test_a_lock_pinning_what_pyproject_no_longer_allows_is_stale(tmp_path: Path)
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(REPO / name, tmp_path / name)
     shutil.copytree(REPO / "layers" / "fnserve" / "fnserve", tmp_path / "layers" / "fnserve" / "fnserve")
-    # The layer's lock pinned below pyproject's floor (as a floor raised after the lock was made leaves it).
+    # The Cloud Functions' lock pinned below pyproject's floor (as a floor raised after the lock was made leaves it).
     floor = re.search(r'"msgspec>=([^"]+)"', (tmp_path / "pyproject.toml").read_text())
     assert floor is not None and floor.group(1) == "0.18.6"
-    layer = tmp_path / "layers" / "fnserve" / "requirements.txt"
-    layer.write_text(re.sub(r"^msgspec==\S+$", "msgspec==0.18.5", layer.read_text(), count=1, flags=re.MULTILINE))
-    # That lock alone: the test above recompiles them all, and a stale one is found the same way in each.
-    done = check(tmp_path, "--only", "layers/fnserve/requirements.txt")
+    lock = tmp_path / "infra" / "gcp" / "requirements.lock"
+    lock.write_text(re.sub(r"^msgspec==\S+$", "msgspec==0.18.5", lock.read_text(), count=1, flags=re.MULTILINE))
+    # That lock alone (the one uv resolves soonest): the test above recompiles them all, and a stale one is found the
+    # same way in each.
+    done = check(tmp_path, "--only", "infra/gcp/requirements.lock")
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "-msgspec==0.18.5" in done.stdout and "layers/fnserve/requirements.txt" in done.stderr
+    assert "-msgspec==0.18.5" in done.stdout and "infra/gcp/requirements.lock" in done.stderr
 
 
 def test_a_lock_that_is_not_there_is_named_with_the_ones_that_are(tmp_path: Path) -> None:
