@@ -426,7 +426,9 @@ def test_under_a_token_budget_the_oldest_goes_first_with_the_lengths_nearest_it(
         batcher = AdaptiveBatcher(
             model,
             BatchPolicy(max_batch_size=8, max_batch_time=0),
-            stacking=Stacking(buckets=[8, 16, 32], pad_inputs=["x"], pad_to_bucket=False, budget=TokenBudget(tokens=40)),
+            stacking=Stacking(
+                buckets=[8, 16, 32], pad_inputs=["x"], pad_to_bucket=False, budget=TokenBudget(tokens=40)
+            ),
         )
         lengths = (10, 3, 30, 4, 28, 5, 6, 7)
         first = asyncio.create_task(batcher.predict({"x": np.ones((1, lengths[0]))}))
