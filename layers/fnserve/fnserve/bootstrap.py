@@ -18,11 +18,8 @@ from typing import TYPE_CHECKING, Any
 from fnserve.aws.clients import Budget
 from fnserve.core._cpus import AFFINITY_DIR_ENV, pin_process
 from fnserve.core.cache import CircuitBreaker, ResultCache
-from fnserve.core.cascade import CascadeRunner
 from fnserve.core.errors import ConfigError, InvalidInput
-from fnserve.core.followups import FollowupIds, ResultLookup
 from fnserve.core.manifest import load_manifest, step_files
-from fnserve.core.processor import JobProcessor
 from fnserve.core.registry import ModelRegistry
 from fnserve.core.results import ResultStore
 from fnserve.core.service import InferenceService
@@ -30,13 +27,17 @@ from fnserve.settings import AwsSettings, InferenceSettings, Settings
 from fnserve.stores import objects
 from fnserve.stores.dynamodb import DynamoCacheBackend, DynamoResultStore
 from fnserve.stores.redis import RedisCacheBackend, RedisResultStore
-from fnserve.stores.sqs import SqsFollowups
 
+# Cascades, follow-ups and the job processor are imported where a process has them: an API function's cold start
+# pays for none of them.
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from fnserve.core.batching import BatchObservers
+    from fnserve.core.cascade import CascadeRunner
     from fnserve.core.dataplane import DataPlane
+    from fnserve.core.followups import FollowupIds, ResultLookup
+    from fnserve.core.processor import JobProcessor
     from fnserve.workers.pool import WorkerPool
     from fnserve.workers.remote import Overflow, Pools
 
@@ -213,6 +214,8 @@ def _fetch_manifest(settings: InferenceSettings) -> Path:
 def followup_ids(settings: AwsSettings) -> FollowupIds:
     """The signer of follow-up ids: FNSERVE_RESULT_ID_KEY, else the secret FNSERVE_RESULT_ID_KEY_SECRET names,
     else a key derived from the table's name (or the Redis URL's host part)."""
+    from fnserve.core.followups import FollowupIds
+
     if settings.result_id_key is not None:
         return FollowupIds(settings.result_id_key.get_secret_value().encode())
     if settings.result_id_key_secret:
@@ -228,6 +231,7 @@ class Followups:
 
     def __init__(self, bucket: str | None) -> None:
         from fnserve.stores.pubsub import PubsubFollowups  # the client library itself loads on first publish
+        from fnserve.stores.sqs import SqsFollowups
 
         self.sqs = SqsFollowups(bucket)
         self.pubsub = PubsubFollowups(bucket)
@@ -244,6 +248,8 @@ def cascade_runner(
     """The manifest's cascades with a follow-up sender (SQS or Pub/Sub), or None when it declares none."""
     if not service.registry.manifest.cascades:
         return None
+    from fnserve.core.cascade import CascadeRunner
+
     destination = settings.followup_topic or settings.followup_queue_url
     return CascadeRunner(service, ids or followup_ids(settings), Followups(settings.results_bucket), destination)
 
@@ -254,6 +260,8 @@ def result_lookup(
     """Result ids -> states, reading ``store``; None where no results are stored."""
     if store is None:
         return None
+    from fnserve.core.followups import ResultLookup
+
     cascades = {c.name: c for c in service.registry.manifest.cascades}
     return ResultLookup(store, ids or followup_ids(settings), cascades)
 
@@ -273,6 +281,8 @@ def batch_processor(settings: Settings, service: InferenceService | None, store:
 
 def job_processor(settings: AwsSettings, store: ResultStore, service: InferenceService) -> JobProcessor:
     """The batch job processor of the SQS and Pub/Sub functions: inputs by reference come from S3 or GCS."""
+    from fnserve.core.processor import JobProcessor
+
     return JobProcessor(
         service,
         store,

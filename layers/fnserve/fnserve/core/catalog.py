@@ -4,15 +4,17 @@ pipelines, cascades), V2 model metadata, Triton's model configuration and statis
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fnserve.core.cascade import CascadeRunner
 from fnserve.core.errors import unknown_model
 from fnserve.core.manifest import CascadeSettings
 from fnserve.core.model_config import triton_config
 from fnserve.core.servable import PipelineServable
 from fnserve.core.service import InferenceService
 from fnserve.core.statistics import Statistics
+
+if TYPE_CHECKING:
+    from fnserve.core.cascade import CascadeRunner
 
 
 class Catalog:

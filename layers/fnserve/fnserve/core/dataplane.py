@@ -16,18 +16,20 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from fnserve.core._rows import batch_size
-from fnserve.core.batching import AdaptiveBatcher, BatchObservers, batchers_for
-from fnserve.core.cascade import CascadeRunner
 from fnserve.core.catalog import Catalog
 from fnserve.core.datatypes import Arrays
 from fnserve.core.errors import ClientGone, DeadlineExceeded, FnserveError, ResultNotFound, unknown_model
-from fnserve.core.followups import ResultLookup, ResultState
 from fnserve.core.providers import RAN_ON, RanOn
 from fnserve.core.service import InferenceService, Prediction, Prepared
 from fnserve.core.turns import TurnBatcher
+
+if TYPE_CHECKING:
+    from fnserve.core.batching import AdaptiveBatcher, BatchObservers
+    from fnserve.core.cascade import CascadeRunner
+    from fnserve.core.followups import ResultLookup, ResultState
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -147,7 +149,11 @@ class DataPlane:
         # Batched requests look the cache up before they join a batch: off the loop if that leaves the process.
         self._offload_cache = offload and service.cache is not None and service.cache.remote
         self._offload_models = self._offload_cache or (offload and not service.registry.in_process)
-        self.batchers = batchers_for(service, max_concurrent_batches, observers) if batching else {}
+        self.batchers = {}
+        if batching:  # a Lambda function never batches: its cold start does not import the batcher
+            from fnserve.core.batching import batchers_for
+
+            self.batchers = batchers_for(service, max_concurrent_batches, observers)
         # The other models' requests that one turn of the loop decodes run as one call, where the model runs here.
         self.turns = TurnBatcher(service) if batching and not self._offload_models else None
         # A pipeline joins the batcher of its model, when it runs the model's default version.
