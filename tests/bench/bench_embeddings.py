@@ -112,6 +112,19 @@ SLICE = 48  # the sorted corpus is run in slices of this many texts, every cut's
 DRAWS = 300
 
 
+def single_threaded() -> tuple[Any, Any]:
+    """The demo's tokenizer, and a session of the int8 model on one thread, as the naive server runs it."""
+    import onnxruntime as ort
+
+    from tests.bench._embed import tokenizer_from
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(MODEL), sess_options=options, providers=["CPUExecutionProvider"])
+    return tokenizer_from(str(TOKENIZER)), session
+
+
 def cut(lengths: Sequence[int], texts: Sequence[int], budget: TokenBudget | None) -> list[list[int]]:
     """``texts`` (indices into ``lengths``) sorted by token length and cut where ``budget`` would no longer hold the
     run, where less than MIN_FILL of its padded tokens would be real, or at 64 rows (None: one a run)."""
@@ -139,15 +152,9 @@ def _floors(held: int, seconds: float, start: Any, out: Any) -> None:
     drawn at random (0: the whole corpus, sorted, in slices)."""
     import random
 
-    import onnxruntime as ort
+    from tests.bench._embed import embed
 
-    from tests.bench._embed import embed, tokenizer_from
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(MODEL), sess_options=options, providers=["CPUExecutionProvider"])
-    tokenizer = tokenizer_from(str(TOKENIZER))
+    tokenizer, session = single_threaded()
     texts = mix()
     lengths = [sum(e.attention_mask) for e in tokenizer.encode_batch(texts)]  # padded to the longest: count the mask
     if held:
@@ -192,15 +199,9 @@ def by_length(seconds: float = 20.0) -> None:
     attention outgrows the cache and it loses."""
     import random
 
-    import onnxruntime as ort
+    from tests.bench._embed import embed
 
-    from tests.bench._embed import embed, tokenizer_from
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(MODEL), sess_options=options, providers=["CPUExecutionProvider"])
-    tokenizer = tokenizer_from(str(TOKENIZER))
+    tokenizer, session = single_threaded()
     lengths, sizes = (16, 32, 64, 128, 256), (1, 2, 4, 8, 16)
     pairs = [(length, rows) for length in lengths for rows in sizes]
     texts = {length: " ".join(["word"] * (length - 2)) for length in lengths}  # [CLS], the words, [SEP]

@@ -172,8 +172,8 @@ class PipelineServable(Servable):
     ) -> Arrays:
         """A batch of texts tokenized in one call, run sorted by token count in chunks that ``budget`` holds (None:
         no bound but the rows) of at most ``max_batch_size`` rows, of which at least ``MIN_FILL`` of the padded
-        tokens are real, each padded only to its own longest text, then put back in
-        order. Padded to the whole batch's longest, a query beside a passage would cost the passage's run."""
+        tokens are real, each padded only to its own longest text, then put back in order. Padded to the whole
+        batch's longest, a query beside a passage would cost the passage's run."""
         pipeline, model = self.pipeline, self.model
         staged = self.stage(feed, timings)
         counts = staged.context[TOKENS]

@@ -23,10 +23,10 @@ import numpy as np
 
 from fnserve.core._rows import split_rows
 from fnserve.core.datatypes import Arrays
+from fnserve.core.embeddings import TokenBudget
 from fnserve.core.errors import FnserveError, InferenceError, ModelNotReady
 
 if TYPE_CHECKING:
-    from fnserve.core.embeddings import TokenBudget
     from fnserve.core.manifest import ModelSettings
 
 QueueKey = tuple[int, tuple[tuple[str, tuple[int, ...]], ...]]  # length bucket, and each input's padded row shape
@@ -79,8 +79,6 @@ class Stacking:
     @classmethod
     def of(cls, settings: ModelSettings) -> Stacking:
         """The stacking of a model's manifest entry."""
-        from fnserve.core.embeddings import TokenBudget
-
         # A GPU sees the bucket lengths it warmed at start; a CPU runs no padding it can do without.
         cpu_only = settings.execution_providers == ["CPUExecutionProvider"]
         return cls(
