@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import tomllib
 from pathlib import Path
@@ -23,6 +22,9 @@ from fnserve.core.manifest import load_manifest, step_files
 from fnserve.core.registry import ModelRegistry
 from fnserve.core.results import ResultStore
 from fnserve.core.service import InferenceService
+
+# Every process builds here: its fnserve loggers write through this one's handler, in its structured lines.
+from fnserve.observability.logs import logger
 from fnserve.settings import AwsSettings, InferenceSettings, Settings
 from fnserve.stores import objects
 from fnserve.stores.dynamodb import DynamoCacheBackend, DynamoResultStore
@@ -43,7 +45,6 @@ if TYPE_CHECKING:
 
 
 Store = DynamoResultStore | RedisResultStore
-logger = logging.getLogger(__name__)
 
 
 def result_store(settings: AwsSettings, *, for_requests: bool = False) -> Store | None:
