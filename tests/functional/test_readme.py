@@ -117,7 +117,7 @@ ELSEWHERE = {  # a block's first command -> why it does not run here, and what p
     "fnserve submit": "needs a queue: tests/functional/test_batch.py submits and fetches results on moto",
     "make sam-check": "make test runs sam-check; deploying needs an AWS account",
     "make deploy": "needs AWS credentials; make test runs sam-check, which builds, lints and runs what it deploys",
-    "for policy in infra/aws/deployer/*.json;": "needs an account: tests/unit/test_deployer_policy.py checks the "
+    "for policy in infra/aws/deployer/*.json;": "needs an account: tests/infra/test_deployer_policy.py checks the "
     "policies against the resources SAM makes of template.yaml, and each against IAM's size limit",
     'eval "$(.venv/bin/fnserve outputs)"': "needs a deployed stack: tests/functional/test_stack_outputs.py evaluates "
     "the exports of a stack with template.yaml's outputs that moto's CloudFormation made, and "
