@@ -24,7 +24,7 @@ from fastapi.testclient import TestClient
 
 from fnserve.cli import app as cli
 from tests.helpers import REPO
-from tests.infra.test_kubernetes import (
+from tests.helpers.deploy import (
     CMD,
     EXPOSED,
     HEALTHCHECK_START,

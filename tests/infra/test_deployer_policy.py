@@ -24,9 +24,9 @@ from fnmatch import fnmatchcase
 from typing import Any, NamedTuple
 
 import pytest
-from cfnlint.decode.cfn_yaml import load
 
 from tests.helpers import REPO
+from tests.helpers.sam import translated
 
 DEPLOYER = REPO / "infra" / "aws" / "deployer"
 POLICIES: dict[str, dict[str, Any]] = {p.name: json.loads(p.read_text()) for p in sorted(DEPLOYER.glob("*.json"))}
@@ -215,24 +215,11 @@ class Created:
 @functools.cache
 def created() -> dict[str, Created]:
     """template.yaml as SAM translates it for CloudFormation (its code at SAM's bucket), and SAM CLI's managed stack."""
-    from samtranslator.translator.transform import transform
-
-    document = load(str(REPO / "template.yaml"))
-    for resource in document["Resources"].values():
-        props = resource.get("Properties") or {}
-        for key in ("CodeUri", "ContentUri"):
-            if isinstance(props.get(key), str):
-                props[key] = f"s3://{SAM_BUCKET}/{ARTIFACTS_PREFIX}/{props[key].replace('/', '-')}"
-
-    class NoManagedPolicies:
-        def load(self) -> dict[str, str]:
-            return {}
-
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AWS_DEFAULT_REGION", REGION)  # the translator fills in AWS::Region
-        translated = transform(document, {}, NoManagedPolicies())["Resources"]
+        resources = translated(lambda path: f"s3://{SAM_BUCKET}/{ARTIFACTS_PREFIX}/{path.replace('/', '-')}")
     found = {}
-    for logical, resource in translated.items():
+    for logical, resource in resources["Resources"].items():
         retained = resource.get("DeletionPolicy") == "Retain"  # `sam delete` leaves it: no delete handler
         phases = ("create", "read", "update") if retained else ("create", "read", "update", "delete")
         properties, update = resource.get("Properties") or {}, resource.get("UpdatePolicy", {})

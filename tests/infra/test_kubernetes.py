@@ -8,24 +8,31 @@ from __future__ import annotations
 
 import gzip
 import json
-import re
 from functools import cache
 from pathlib import Path, PurePosixPath
-from types import SimpleNamespace
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from fnserve.adapters.http import routes
-from fnserve.observability.envelope import NoTelemetry, RequestWatcher
 from tests.helpers import REPO, dockerfile_instructions
+from tests.helpers.deploy import (
+    CMD,
+    EXPOSED,
+    HEALTHCHECK_START,
+    HTTP_PORT,
+    IMAGE_ENV,
+    KUBERNETES,
+    USER,
+    app,
+    get_paths,
+    quantity,
+    strict,
+)
 
-KUBERNETES = "1.33"
 KSERVE = REPO / "tests" / "data" / "kserve"
 ROOT = REPO / "infra" / "kubernetes"
 FILES = sorted(p for p in ROOT.rglob("*.yaml") if p.name != "kustomization.yaml")
@@ -45,15 +52,6 @@ def of_kind(kind: str) -> list[dict[str, Any]]:
 # -- the image, as infra/container/Dockerfile builds it ----------------------------------------------
 
 
-IMAGE_ENV = {key: value for line in dockerfile_instructions("ENV") for key, value in re.findall(r"(\w+)=(\S+)", line)}
-EXPOSED = {int(port) for line in dockerfile_instructions("EXPOSE") for port in line.split()}
-USER = int(dockerfile_instructions("USER")[-1])
-CMD = json.loads(dockerfile_instructions("CMD")[-1])
-HEALTHCHECK_START = int(re.search(r"--start-period=(\d+)s", dockerfile_instructions("HEALTHCHECK")[0])[1])
-# The image sets no HTTP port, so that a platform's PORT holds; its HEALTHCHECK names the default.
-HTTP_PORT = int(re.search(r"PORT:-(\d+)\}", dockerfile_instructions("HEALTHCHECK")[0])[1])
-
-
 def test_the_image_is_what_these_checks_assume() -> None:
     assert json.loads(dockerfile_instructions("ENTRYPOINT")[0]) == ["fnserve"] and CMD == ["serve"]
     assert {HTTP_PORT, int(IMAGE_ENV["FNSERVE_GRPC_PORT"])} <= EXPOSED
@@ -61,18 +59,6 @@ def test_the_image_is_what_these_checks_assume() -> None:
 
 
 # -- schemas ---------------------------------------------------------------------------------------------
-
-
-def strict(schema: Any) -> Any:
-    """The schema with ``additionalProperties: false`` wherever it lists properties and keeps no unknown fields."""
-    if isinstance(schema, dict):
-        schema = {key: strict(value) for key, value in schema.items()}
-        if "properties" in schema and "additionalProperties" not in schema:
-            if not schema.get("x-kubernetes-preserve-unknown-fields"):
-                schema["additionalProperties"] = False
-    elif isinstance(schema, list):
-        schema = [strict(item) for item in schema]
-    return schema
 
 
 @cache
@@ -131,27 +117,6 @@ def test_each_kustomization_lists_the_files_beside_it() -> None:
 
 
 # -- the containers against the image and fnserve's routes ------------------------------------------------
-
-
-class Catalog:
-    """Just enough of a data plane's catalog for the health routes: whether every model can serve."""
-
-    def __init__(self, ready: bool) -> None:
-        self.is_ready = ready
-
-    def ready(self) -> bool:
-        return self.is_ready
-
-
-def app(ready: bool) -> FastAPI:
-    """fnserve serve's HTTP app, its models loaded (ready) or not."""
-    watcher = RequestWatcher("http", NoTelemetry(), access_log=False)
-    inference = SimpleNamespace(plane=SimpleNamespace(catalog=Catalog(ready)), default_model=None, watcher=watcher)
-    return routes.build(inference, metrics=lambda: b"")
-
-
-def get_paths(application: FastAPI) -> set[str]:
-    return {route.path for route in application.routes if "GET" in getattr(route, "methods", ())}
 
 
 def containers() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
@@ -256,21 +221,6 @@ def test_prometheus_scrapes_fnserves_metrics_route_on_its_http_port() -> None:
     for scrape, prefix in annotated:
         assert scrape[f"{prefix}/port"] == str(HTTP_PORT)
         assert scrape[f"{prefix}/path"] == "/metrics"
-
-
-QUANTITY = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?")
-SUFFIXES = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
-SUFFIXES |= {f"{s}i": 1024.0 ** (n + 1) for n, s in enumerate("KMGTPE")}
-
-
-def quantity(value: str | int) -> float:
-    """A resource quantity's value: the schemas take any string, the API server only these."""
-    match = QUANTITY.fullmatch(str(value))
-    assert match, f"{value!r} is not a Kubernetes quantity"
-    number, suffix = match.groups()
-    if suffix and suffix[0] in "eE":
-        return float(number + suffix)
-    return float(number) * SUFFIXES.get(suffix or "", 1.0)
 
 
 def resource_blocks() -> list[tuple[str, dict[str, Any]]]:

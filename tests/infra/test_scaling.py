@@ -7,7 +7,6 @@ given parameters, not for how it is spelt.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from cfnlint.decode.cfn_yaml import load
 
 from fnserve.emulator.template import NO_VALUE, Resolver, Template
 from tests.helpers import REPO
+from tests.helpers.sam import translated
 
 SAGEMAKER_PATH = REPO / "infra" / "container" / "sagemaker.yaml"
 SAM_PATH = REPO / "template.yaml"
@@ -141,27 +141,6 @@ def test_async_still_scales_on_its_backlog_down_to_zero_and_starts_from_zero_on_
 # -- the SAM application's provisioned concurrency --------------------------------------------------------
 
 
-def _translated(**parameters: str) -> dict[str, Any]:
-    """template.yaml as SAM translates it for CloudFormation (local code URIs stood in for by S3 ones; needs a
-    region)."""
-    from samtranslator.translator.transform import transform
-
-    document = json.loads(json.dumps(SAM))
-    for resource in document["Resources"].values():
-        props = resource.get("Properties") or {}
-        for key in ("CodeUri", "ContentUri"):
-            if isinstance(props.get(key), str):
-                props[key] = f"s3://bucket/{props[key]}"
-    for name, value in parameters.items():
-        document["Parameters"][name]["Default"] = value
-
-    class NoManagedPolicies:
-        def load(self) -> dict[str, str]:
-            return {}
-
-    return transform(document, parameters, NoManagedPolicies())  # type: ignore[no-any-return]
-
-
 def _resource_id(target: dict[str, Any], twin: str, function: str, alias_arn: str) -> str:
     """The target's ResourceId as CloudFormation evaluates it for ``twin`` (the zip or the image function), given
     the function's name and alias's ARN."""
@@ -201,17 +180,17 @@ def test_the_target_refers_to_the_alias_sam_publishes_so_it_waits_for_it(
     monkeypatch: pytest.MonkeyPatch, branch: int, twin: str, image_uri: str
 ) -> None:
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")  # SAM's translator fills in AWS::Region
-    translated = _translated(ProvisionedConcurrency="5", ImageUri=image_uri)["Resources"]
-    target = translated["ApiProvisionedConcurrencyTarget"]["Properties"]
+    resources = translated(ProvisionedConcurrency="5", ImageUri=image_uri)["Resources"]
+    target = resources["ApiProvisionedConcurrencyTarget"]["Properties"]
     sub = target["ResourceId"]["Fn::If"][branch]["Fn::Sub"]
     split = sub[1]["AliasName"]["Fn::Select"][1]["Fn::Split"]
     alias = split[1]["Ref"]
     alias_name = SAM["Globals"]["Function"]["AutoPublishAlias"]
     assert alias == f"{twin}Alias{alias_name}"
-    assert translated[alias]["Type"] == "AWS::Lambda::Alias"
-    assert translated[alias]["Properties"]["Name"] == alias_name
+    assert resources[alias]["Type"] == "AWS::Lambda::Alias"
+    assert resources[alias]["Properties"]["Name"] == alias_name
     # The floor is also the alias's own provisioned concurrency: warm from the first deploy.
-    config = translated[alias]["Properties"]["ProvisionedConcurrencyConfig"]["Fn::If"]
+    config = resources[alias]["Properties"]["ProvisionedConcurrencyConfig"]["Fn::If"]
     assert config[:2] == [
         "HasProvisionedConcurrency",
         {"ProvisionedConcurrentExecutions": {"Ref": "ProvisionedConcurrency"}},

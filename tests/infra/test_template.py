@@ -286,10 +286,10 @@ def test_snapstart_is_refused_with_more_than_512_mb_of_tmp() -> None:
 
 @pytest.mark.parametrize("image_uri", ["", "123456789012.dkr.ecr.us-east-1.amazonaws.com/fnserve:lambda"])
 def test_sam_translates_the_chosen_packaging(image_uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.infra.test_scaling import _translated
+    from tests.helpers.sam import translated
 
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    resources = _translated(ImageUri=image_uri)["Resources"]
+    resources = translated(ImageUri=image_uri)["Resources"]
     functions = {name: r for name, r in resources.items() if r["Type"] == "AWS::Lambda::Function"}
     assert len(functions) == 6  # CloudFormation drops the three whose condition is false
     for name, function in functions.items():

@@ -121,3 +121,16 @@ def test_the_architecture_page_names_every_make_target() -> None:
     entry = page.split("\nMakefile ", 1)[1].split("\ntemplate.yaml", 1)[0]
     named = set(re.findall(r"[a-z][a-z0-9-]*", entry))
     assert set(line.split(":", 1)[1].split()) - named == set(), "make targets docs/architecture.md does not name"
+
+
+def test_unit_and_infra_tests_share_helpers_through_tests_helpers_not_test_modules() -> None:
+    """A helper two test modules share lives in tests/helpers: a test module imported by another runs its module-level
+    set-up there too, and its tests read as helpers."""
+    found = []
+    for tier in ("unit", "infra"):
+        for path in sorted((REPO / "tests" / tier).glob("*.py")):
+            for target, line in imports(ast.parse(path.read_text(), str(path)), ["tests", tier]):
+                parts = target.split(".")
+                if parts[0] == "tests" and len(parts) > 2 and parts[2].startswith(("test_", "conftest")):
+                    found.append(f"{path.relative_to(REPO)}:{line} imports {target}")
+    assert not found, found

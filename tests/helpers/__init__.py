@@ -20,7 +20,7 @@ from packaging.requirements import Requirement
 from fnserve.core.results import ResultRecord
 from fnserve.core.tensors import InferenceRequest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEMO_MANIFEST = REPO / "layers" / "models" / "models" / "manifest.toml"
 DEMO_HOLDOUT = REPO / "layers" / "models" / "models" / "digits-holdout.npz"
 
