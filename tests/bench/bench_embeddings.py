@@ -33,6 +33,7 @@ Infinity (``infinity-emb``) is not run: see ``INFINITY`` for why. ``BENCH_EMBEDD
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import subprocess
@@ -47,7 +48,7 @@ import numpy as np
 from fnserve.bench.load import run_wrk
 from fnserve.bench.sweep import process_tree
 from fnserve.core._cpus import available_cpus
-from fnserve.core.embeddings import MIN_FILL, TokenBudget, filled
+from fnserve.core.embeddings import MIN_FILL, TokenBudget, token_runs
 from tests.bench.bench_batching import MODEL, TOKENIZER, Run, Server, each_side_by_side, serving, shown, text_body
 from tests.bench.bench_grpc import cpu_seconds
 from tests.helpers import DEMO_MANIFEST, REPO
@@ -131,19 +132,8 @@ def cut(lengths: Sequence[int], texts: Sequence[int], budget: TokenBudget | None
     order = sorted(texts, key=lambda i: lengths[i])
     if budget is None:
         return [[i] for i in order]
-    runs: list[list[int]] = []
-    real = 0
-    for i in order:
-        length = min(lengths[i], 256)
-        run = runs[-1] if runs else []
-        joins = run and len(run) < MAX_ROWS and budget.holds(len(run) + 1, length)
-        if joins and filled(real + length, len(run) + 1, length):
-            run.append(i)
-            real += length
-        else:
-            runs.append([i])
-            real = length
-    return runs
+    ends = token_runs([min(lengths[i], 256) for i in order], budget, MAX_ROWS)
+    return [order[start:end] for start, end in itertools.pairwise([0, *ends])]
 
 
 def _floors(held: int, seconds: float, start: Any, out: Any) -> None:

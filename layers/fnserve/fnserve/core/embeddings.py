@@ -9,6 +9,7 @@ may ask a pipeline for them as outputs, so usage is counted by the tokenizer tha
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,25 @@ class TokenBudget:
 def filled(real: int, rows: int, longest: int) -> bool:
     """Whether ``real`` tokens are at least ``MIN_FILL`` of ``rows`` padded to ``longest``."""
     return real >= MIN_FILL * longest * rows
+
+
+def token_runs(lengths: Sequence[int], budget: TokenBudget | None, max_rows: int) -> list[int]:
+    """Texts sorted by their token ``lengths`` (ascending) cut into runs, greedily: a run takes the next text while
+    ``budget`` holds it (None: no bound but the rows), it has fewer than ``max_rows`` rows, and at least ``MIN_FILL``
+    of its padded tokens stay real. The index after each run's last text."""
+    ends: list[int] = []
+    start = 0
+    while start < len(lengths):
+        end, real = start + 1, lengths[start]
+        while end < len(lengths) and end - start < max_rows:
+            length, taken = lengths[end], end + 1 - start
+            if (budget is not None and not budget.holds(taken, length)) or not filled(real + length, taken, length):
+                break
+            real += length
+            end += 1
+        ends.append(end)
+        start = end
+    return ends
 
 
 class TokenIds(tuple[int, ...]):

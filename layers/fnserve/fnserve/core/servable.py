@@ -22,7 +22,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, R
 
 from fnserve.core._rows import batch_size
 from fnserve.core.datatypes import Arrays
-from fnserve.core.embeddings import TOKENS, TokenBudget, filled
+from fnserve.core.embeddings import TOKENS, TokenBudget, token_runs
 from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
 from fnserve.core.pipeline import Pipeline, Staged, concatenate
 from fnserve.core.providers import note_device
@@ -179,18 +179,10 @@ class PipelineServable(Servable):
         counts = staged.context[TOKENS]
         order = np.argsort(counts, kind="stable")
         padded = set(pipeline.token_inputs)
-        parts, start, rows = [], 0, len(order)
-        while start < rows:
-            end = start + 1  # the longest of a chunk is its last: the rows are sorted
-            real = int(counts[order[start]])
-            while end < rows and end - start < model.settings.max_batch_size:
-                length, taken = int(counts[order[end]]), end + 1 - start
-                if (budget is not None and not budget.holds(taken, length)) or not filled(real + length, taken, length):
-                    break
-                real += length
-                end += 1
+        parts, start = [], 0
+        for end in token_runs(counts[order].tolist(), budget, model.settings.max_batch_size):
             chunk = order[start:end]
-            longest = max(int(counts[chunk[-1]]), 1)
+            longest = max(int(counts[chunk[-1]]), 1)  # the rows are sorted: a chunk's longest is its last
             cut = {
                 name: array[chunk][:, :longest] if name in padded and array.ndim >= 2 else array[chunk]
                 for name, array in {**staged.context, **staged.feed}.items()  # the feed as checked for the model
