@@ -13,8 +13,8 @@ round that is not timed (the files then come from the page cache). Every answer 
   event ``events/api-http-infer.json``.
 - Lambda batch function: ``functions/batch/app.py`` the same way; the event ``events/batch-jobs.json`` with fresh
   job ids each start, its results written to DynamoDB on the moto server.
-- fnserve serve: as Cloud Run's and Knative's files run the image (a bare `fnserve serve`; FNSERVE_FAST_START=true,
-  FNSERVE_GRPC_PORT=off, the manifest in FNSERVE_MANIFEST),
+- fnserve serve: as Cloud Run's files run the image (a bare `fnserve serve`; FNSERVE_FAST_START=true,
+  FNSERVE_GRPC_PORT=off, FNSERVE_ANSWER_WHILE_LOADING=false, the manifest in FNSERVE_MANIFEST),
   outside a container, on a manifest holding only digits-accurate, and one holding only minilm-embed (its model and
   pipeline); the first answer is the first 200 to a V2 inference request sent every 10 ms from the start.
 - The same two in the CPU server image (``make image-test`` builds it; BENCH_START_IMAGE names another) under
@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+import yaml
 
 from tests.bench._starts import Start, Started, clock, http_start, lambda_start
 from tests.bench._timing import fresh_process_seconds
@@ -70,6 +71,13 @@ FLOOR_SERVER = REPO / "tests" / "image" / "floor_server.py"
 TABLE, BUCKET = "fnserve-start-results", "fnserve-start-payloads"
 SERVED = (("digits-accurate", "digits-accurate"), ("minilm-embed", "minilm-l6"))  # what is served, its model
 TEXT = "A cold instance pays its whole start before its first answer."
+
+
+def cloud_run_env() -> dict[str, str]:
+    """How infra/gcp/cloudrun/service.yaml starts fnserve serve: its variables, but for where its models are."""
+    service = yaml.safe_load((REPO / "infra" / "gcp" / "cloudrun" / "service.yaml").read_text())
+    (container,) = service["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e["value"] for e in container["env"] if e["name"] != "FNSERVE_MANIFEST"}
 
 
 @dataclass
@@ -262,7 +270,7 @@ def lambda_rows(moto_url: str, work: Path) -> list[Row]:
 def serve_rows(work: Path) -> list[Row]:
     """fnserve serve outside a container, on each manifest, beside floor_server.py."""
     fnserve = str(Path(sys.executable).parent / "fnserve")
-    env = {**clean_env(), "FNSERVE_FAST_START": "true", "FNSERVE_GRPC_PORT": "off"}
+    env = {**clean_env(), **cloud_run_env()}
     rows = []
     for served, model in SERVED:
         manifest, cold = work / f"{served}.toml", work / f"{served}-cold.toml"
@@ -317,7 +325,7 @@ def image_rows(work: Path) -> tuple[list[Row], str | None, Callable[[], None]]:
         (files / f"{served}.toml").write_text(manifest_of(served, models))
         floor = [python, f"{mount}/floor_server.py", "PORT", f"{models}/{model}/1/model.onnx"]
         floor += [f"{models}/{model}/tokenizer.json"] if served != model else []
-        env = {"FNSERVE_FAST_START": "true", "FNSERVE_GRPC_PORT": "off"}
+        env = cloud_run_env()
         rows.append(
             Row(
                 f"CPU image, fast start: {served}",

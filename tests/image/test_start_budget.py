@@ -114,8 +114,9 @@ def _command(case: Case, way: str, port: int) -> tuple[list[str], dict[str, str]
         return command, {}
     env = {"FNSERVE_PORT": str(port), "FNSERVE_GRPC_PORT": str(free_port()) if "gRPC" in way else "off"}
     env["FNSERVE_MANIFEST"] = f"{MOUNT}/{case.name}.toml"
-    if "fast start" in way:
+    if "fast start" in way:  # as Cloud Run's service.yaml: the port closed until the server answers
         env["FNSERVE_FAST_START"] = "true"
+        env["FNSERVE_ANSWER_WHILE_LOADING"] = "false"
     return ["fnserve", "serve"], env  # as a deploy file's args: [serve], every option in the environment
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import socket
 from collections.abc import Callable
 from functools import cache
 from pathlib import PurePosixPath
@@ -23,6 +24,8 @@ import yaml
 from fastapi.testclient import TestClient
 
 from fnserve.cli import app as cli
+from fnserve.server.starting import not_ready_until_loaded
+from fnserve.settings import ServerSettings
 from tests.helpers import REPO
 from tests.helpers.deploy import (
     CMD,
@@ -37,6 +40,7 @@ from tests.helpers.deploy import (
     quantity,
     strict,
 )
+from tests.moto import free_port
 
 ROOT = REPO / "infra" / "gcp" / "cloudrun"
 SERVICES = {path.name: yaml.safe_load(path.read_text()) for path in sorted(ROOT.glob("*.yaml"))}
@@ -201,18 +205,25 @@ def container_checks(service: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -
 def probe_checks(service: dict[str, Any]) -> None:
     container = the_container(service)
     (port,) = container["ports"]
-    loading, loaded = TestClient(app(ready=False)), TestClient(app(ready=True))
     startup, liveness = container["startupProbe"], container["livenessProbe"]
-    for probe in (startup, liveness):
-        path = probe["httpGet"]["path"]
-        assert path in get_paths(app(ready=True)), f"fnserve serve has no GET {path}"
-        assert probe["httpGet"].get("port", port["containerPort"]) == port["containerPort"]
-        assert loaded.get(path).status_code == 200
-        assert probe.get("timeoutSeconds", 1) < probe.get("periodSeconds", 10)  # Cloud Run requires it
-    # Cloud Run sends requests once the startup probe passes: it must wait for the models, so it is the readiness
-    # route (503 while they load). Liveness must not restart an instance whose models are reloading.
-    assert loading.get(startup["httpGet"]["path"]).status_code == 503
-    assert loading.get(liveness["httpGet"]["path"]).status_code == 200
+    # Cloud Run sends requests once the startup probe passes. Its TCP probe passes as soon as the port accepts, which
+    # a fast start's does once its first front process can answer, provided no 503 server holds it meanwhile.
+    assert "tcpSocket" in startup, startup
+    assert startup["tcpSocket"].get("port", port["containerPort"]) == port["containerPort"]
+    setting = environment(container).get("FNSERVE_ANSWER_WHILE_LOADING")
+    answer = ServerSettings(**({} if setting is None else {"answer_while_loading": setting})).answer_while_loading
+    assert not answer, "a 503 server on the port would pass the TCP probe before the models are loaded"
+    where = free_port()
+    with not_ready_until_loaded("127.0.0.1", where, answer), socket.socket() as client:
+        with pytest.raises(ConnectionRefusedError):  # the port closed while the models load
+            client.connect(("127.0.0.1", where))
+    # Liveness must not restart an instance whose models are reloading.
+    loading, loaded = TestClient(app(ready=False)), TestClient(app(ready=True))
+    path = liveness["httpGet"]["path"]
+    assert path in get_paths(app(ready=True)), f"fnserve serve has no GET {path}"
+    assert liveness["httpGet"].get("port", port["containerPort"]) == port["containerPort"]
+    assert loaded.get(path).status_code == 200 and loading.get(path).status_code == 200
+    assert liveness.get("timeoutSeconds", 1) < liveness.get("periodSeconds", 10)  # Cloud Run requires it
     # A start gets at least what the image's own HEALTHCHECK gives one, within Cloud Run's limit.
     window = startup["periodSeconds"] * startup["failureThreshold"]
     assert HEALTHCHECK_START <= window <= STARTUP_WINDOW_MAX
@@ -315,6 +326,12 @@ def env(service: Any, name: str, value: str) -> None:
 
 
 CPU, GPU_SERVICE = "service.yaml", "service-gpu.yaml"
+# What the files held before: a probe of the readiness route, whose period a started server waited out.
+HTTP_STARTUP_PROBE = {
+    "httpGet": {"path": "/v2/health/ready", "port": 8080},
+    "periodSeconds": 10,
+    "failureThreshold": 24,
+}
 MISTAKES: list[tuple[str, str, Callable[[Any], None]]] = [
     # Cloud Run's schema: a misspelt or misplaced field, a wrong type, a field Cloud Run does not support
     ("schema", CPU, lambda s: the_container(s).update(readinesProbe={})),
@@ -327,7 +344,7 @@ MISTAKES: list[tuple[str, str, Callable[[Any], None]]] = [
     ("schema", CPU, lambda s: annotations(s).update({"run.googleapis.com/ingress": "all"})),
     ("schema", CPU, lambda s: s["metadata"]["annotations"].update({"autoscaling.knative.dev/minScale": "0"})),
     # Kubernetes' core schema: a probe with no port
-    ("schema", CPU, lambda s: the_container(s)["startupProbe"]["httpGet"].pop("port")),
+    ("schema", CPU, lambda s: the_container(s)["livenessProbe"]["httpGet"].pop("port")),
     # the container
     ("container", CPU, lambda s: the_container(s)["ports"][0].update(containerPort=9090)),
     ("container", CPU, lambda s: the_container(s)["ports"][0].update(containerPort=8081)),
@@ -339,11 +356,12 @@ MISTAKES: list[tuple[str, str, Callable[[Any], None]]] = [
     ("container", CPU, lambda s: env(s, "FNSERVE_FAST_START", "false")),
     ("container", CPU, lambda s: the_container(s).update(securityContext={"runAsUser": 0})),
     # the probes
-    ("probes", CPU, lambda s: the_container(s)["startupProbe"]["httpGet"].update(path="/v2/health/live")),
+    ("probes", CPU, lambda s: the_container(s).update(startupProbe=HTTP_STARTUP_PROBE)),
+    ("probes", CPU, lambda s: env(s, "FNSERVE_ANSWER_WHILE_LOADING", "true")),
+    ("probes", CPU, lambda s: the_container(s)["startupProbe"]["tcpSocket"].update(port=8081)),
     ("probes", CPU, lambda s: the_container(s)["livenessProbe"]["httpGet"].update(path="/v2/health/ready")),
-    ("probes", CPU, lambda s: the_container(s)["startupProbe"]["httpGet"].update(path="/healthz")),
     ("probes", CPU, lambda s: the_container(s)["startupProbe"].update(failureThreshold=30)),
-    ("probes", CPU, lambda s: the_container(s)["startupProbe"].update(failureThreshold=6)),
+    ("probes", CPU, lambda s: the_container(s)["startupProbe"].update(periodSeconds=10)),
     ("probes", CPU, lambda s: the_container(s)["livenessProbe"].update(timeoutSeconds=10)),
     # the models
     ("models", CPU, lambda s: env(s, "FNSERVE_MANIFEST", "gs://BUCKET/fnserve/models/manifest.toml")),

@@ -272,10 +272,19 @@ class ServerSettings(EnvSettings):
             description="Start to the first answer fast, for platforms that scale to zero (Cloud Run, Knative, "
             "SageMaker Serverless): with no layout given, one front process per CPU runs inference, chosen without "
             "timing the models or reading their memory at start; the models load once in each front process; the "
-            "server's own process is the first front process, ready once it listens, and the others start then and "
-            "join it."
+            "server's own process is the first front process, ready once it listens, and the others start once it "
+            "has answered its first inference, and join it."
         ),
     ] = False
+    answer_while_loading: Annotated[
+        bool,
+        Meta(
+            description="Answer 503 on the HTTP port while the models load, so health checks and load balancers see "
+            "'not ready' instead of a refused connection. Off: the port stays closed until the server can answer, "
+            "for a platform that sends requests as soon as the port accepts them (Cloud Run's TCP startup probe), "
+            "which then need no HTTP probe and its period's wait."
+        ),
+    ] = True
     cpu_affinity: Annotated[
         bool,
         Meta(

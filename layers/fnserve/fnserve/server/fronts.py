@@ -21,13 +21,14 @@ process that cannot start would otherwise be restarted for ever, the server neve
 exiting. Each child logs its own error with its traceback, and sends it to the parent.
 
 A fast start (:func:`serve_first`) makes the parent the first front process: the first request then waits for one
-interpreter's start, not for a supervisor's and then a front process's; the others are supervised from a thread.
+interpreter's start, not for a supervisor's and then a front process's; the others are supervised from a thread,
+and start once the first has answered (multiprocessing is not even imported before).
 """
 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
+import functools
 import os
 import signal
 import socket
@@ -36,23 +37,55 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
-from multiprocessing.sharedctypes import Synchronized
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import uvicorn
 
 from fnserve.core.errors import FnserveError, HandlerError
 from fnserve.observability.logs import logger
 
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.context import SpawnContext
+    from multiprocessing.process import BaseProcess
+    from multiprocessing.sharedctypes import Synchronized
+
 # uvicorn's exit status for a server that could not start (its own constant moved between releases).
 STARTUP_FAILURE = 3
 
-_spawn = multiprocessing.get_context("spawn")
+OTHERS_AFTER_S = 2.0  # a fast start's other front processes start once the first has answered, or this long after
+# it listens with no request: started at once, they would take a CPU from the first request a platform holds
+
+
+class Count(Protocol):
+    """How many front processes listen: shared with them (a ``multiprocessing.Value``), or this process's alone."""
+
+    value: int
+
+    def get_lock(self) -> Any: ...
+
+
+class _OwnCount:
+    """A :class:`Count` for this process alone. A fast start's first front process counts itself with one: a shared
+    Value's semaphore would start multiprocessing's resource tracker, a third interpreter, before the first answer."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+        self._lock = threading.Lock()
+
+    def get_lock(self) -> threading.Lock:
+        return self._lock
+
+
+@functools.cache
+def _spawn() -> SpawnContext:
+    import multiprocessing  # here: a fast start's first answer needs none of it
+
+    return multiprocessing.get_context("spawn")
+
 
 # Set in a front process before uvicorn builds its app: how many front processes listen, and how many make it ready.
-_listening: tuple[Synchronized[int], int] | None = None
+_listening: tuple[Count, int] | None = None
 
 
 def balanced() -> bool:
@@ -75,7 +108,7 @@ class AllListening:
     listening right after), counted out when it stops; true once as many as the server waits for (all of them, or
     the first of a fast start) were in at once."""
 
-    def __init__(self, listening: Synchronized[int], processes: int) -> None:
+    def __init__(self, listening: Count, processes: int) -> None:
         self._listening, self._processes = listening, processes
         self._all = False
 
@@ -113,16 +146,16 @@ _failure: FnserveError | None = None
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, saying when it listens (``served``), and stopped by :func:`fail`."""
+    """uvicorn's server, saying when it listens (``on_serving``), and stopped by :func:`fail`."""
 
-    def __init__(self, config: uvicorn.Config, served: Synchronized[int] | None = None) -> None:
+    def __init__(self, config: uvicorn.Config, on_serving: Callable[[], None] | None = None) -> None:
         super().__init__(config)
-        self._served = served
+        self._on_serving = on_serving
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
-        if self.started and self._served is not None:
-            self._served.value = 1
+        if self.started and self._on_serving is not None:
+            self._on_serving()
         if _failure is not None:  # failed while the app started
             self.should_exit = True
 
@@ -200,7 +233,11 @@ def _listening_count(on_listening: Callable[[], None] | None) -> Synchronized[in
     """The count of front processes listening, shared with them. With a server answering 503 on the port during
     the start (``on_listening`` closes it), they answer ready only once it has left: counted as one more process to
     wait for, until it is closed."""
-    return _spawn.Value("i", 0 if on_listening is None else -1)
+    return _spawn().Value("i", _uncounted(on_listening))
+
+
+def _uncounted(on_listening: Callable[[], None] | None) -> int:
+    return 0 if on_listening is None else -1
 
 
 @contextlib.contextmanager
@@ -214,11 +251,11 @@ def _stopped_by_signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def first_here(on_listening: Callable[[], None] | None) -> Synchronized[int]:
+def first_here(on_listening: Callable[[], None] | None) -> Count:
     """Make this process the first front process of a fast start (:func:`serve_first`): its app, built next,
     answers ready once it listens, with the 503 server gone when there is one (``on_listening`` given)."""
     global _listening
-    listening = _listening_count(on_listening)
+    listening = _OwnCount(_uncounted(on_listening))
     _listening = (listening, 1)
     return listening
 
@@ -228,31 +265,42 @@ def serve_first(
     factory: str,
     processes: int,
     options: dict[str, Any],
-    listening: Synchronized[int],
+    listening: Count,
     on_replaced: Callable[[], None] | None = None,
     on_listening: Callable[[], None] | None = None,
+    at_first_answer: Callable[[Callable[[], None]], None] | None = None,
 ) -> None:
     """A fast start's front processes, this one first: it serves ``app`` (built after :func:`first_here`) itself,
     so the first request waits for no second interpreter to start and import; once it listens, ``on_listening`` is
-    called and the other ``processes - 1`` (the app factory ``factory``) start and join the port, supervised from
-    a thread as :func:`run` supervises them. Until SIGINT or SIGTERM; a front process that cannot start, or this
-    one's failure, stops the server with its error (:class:`HandlerError`)."""
+    called, and the other ``processes - 1`` (the app factory ``factory``) start and join the port, supervised from
+    a thread as :func:`run` supervises them: once it has answered, when ``at_first_answer`` registers a callback
+    the app calls then (else at once), or :data:`OTHERS_AFTER_S` after it listens with no answer. Until SIGINT or
+    SIGTERM; a front process that cannot start, or this one's failure, stops the server with its error
+    (:class:`HandlerError`)."""
     held = reuse_port_socket(options["host"], options["port"])  # the port, for the server's life (as run())
     options = {**options, "port": held.getsockname()[1]}
-    served: Synchronized[int] = _spawn.Value("b", 0)
-    server = _Server(uvicorn.Config(app, **options), served)
-    stop = threading.Event()
+    served, answered, stop = threading.Event(), threading.Event(), threading.Event()
+    if at_first_answer is None:
+        answered.set()
+    else:
+        at_first_answer(answered.set)
+    server = _Server(uvicorn.Config(app, **options), served.set)
 
     def beside() -> None:
-        while not served.value:  # the others start once this one listens, with the CPUs to itself until then
-            if stop.wait(0.01):
-                return
+        served.wait()  # set at its stop too
+        if stop.is_set():
+            return
         if on_listening is not None:
             on_listening()
             with listening.get_lock():
                 listening.value += 1
         if processes > 1:
-            failed = _Fronts(factory, options, listening, 1, stop).supervise(processes - 1, on_replaced, None)
+            answered.wait(OTHERS_AFTER_S)
+            if stop.is_set():
+                return
+            # Their own count: they are each ready once they listen, as this one is.
+            others = _Fronts(factory, options, _listening_count(None), 1, stop)
+            failed = others.supervise(processes - 1, on_replaced, None)
             if failed is not None:
                 fail(failed)
 
@@ -265,6 +313,8 @@ def serve_first(
             _run(server, [reuse_port_socket(options["host"], options["port"])])
         finally:
             stop.set()
+            served.set()
+            answered.set()
             supervisor.join()
             held.close()
     if _failure is not None:
@@ -284,9 +334,10 @@ class _Fronts:
     stop: threading.Event
 
     def start(self) -> _Child:
-        served: Synchronized[int] = _spawn.Value("b", 0)
-        reason, send = _spawn.Pipe(duplex=False)
-        process = _spawn.Process(
+        spawn = _spawn()
+        served: Synchronized[int] = spawn.Value("b", 0)
+        reason, send = spawn.Pipe(duplex=False)
+        process = spawn.Process(
             target=_front,
             args=(self.app, self.options, self.listening, self.ready_at, served, send, os.getpid()),
             daemon=False,
@@ -388,7 +439,7 @@ def _front(
     # died while this one was importing, and an orphan would keep serving the port.
     threading.Thread(target=_exit_with, args=(parent,), name="fnserve-orphan-watch", daemon=True).start()
     sock = reuse_port_socket(options["host"], options["port"])
-    server = _Server(uvicorn.Config(app, factory=True, **options), served)
+    server = _Server(uvicorn.Config(app, factory=True, **options), functools.partial(setattr, served, "value", 1))
     try:
         _run(server, [sock])
     except Exception as exc:  # noqa: BLE001 - the app's import or factory: the parent reports it

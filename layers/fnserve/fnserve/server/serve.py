@@ -89,7 +89,7 @@ def _serve(
         settings = settings.replace(grpc_host=host)  # gRPC listens where HTTP does, unless told
     if settings.grpc_port is not None:  # refused here, before any model loads, not shared through SO_REUSEPORT
         refuse_taken(settings.grpc_host, settings.grpc_port, "gRPC")
-    with not_ready_until_loaded(host, port) as starting:
+    with not_ready_until_loaded(host, port, settings.answer_while_loading) as starting:
         settings, app = _load(settings, on_ready)
         if app is None and settings.fast_start and fronts.balanced():
             # This process serves first, so the first answer waits for no second interpreter; the others join.
@@ -104,6 +104,7 @@ def _serve(
                     listening,
                     _front_respawns(settings),
                     on_listening=starting.close,
+                    at_first_answer=app.at_first_answer.append,
                 )
             finally:
                 if app.state.pool is not None:

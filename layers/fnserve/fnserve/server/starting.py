@@ -72,9 +72,10 @@ class Starting:
 
 
 @contextmanager
-def not_ready_until_loaded(host: str, port: int) -> Iterator[Starting]:
+def not_ready_until_loaded(host: str, port: int, answer: bool = True) -> Iterator[Starting]:
     """Answer 503 on ``host:port`` until the block ends or the :class:`Starting` it yields is closed, whichever
     comes first; the port is free again after it, but for the SO_REUSEPORT sockets that joined it meanwhile.
+    With ``answer`` false, the port is only checked free: it stays closed until the server listens.
 
     Port 0 (the system picks one) is left alone: nothing could know which port to probe yet.
     A port already held stops the start with a :class:`ConfigError` saying so.
@@ -84,6 +85,9 @@ def not_ready_until_loaded(host: str, port: int) -> Iterator[Starting]:
         return
     # A plain bind first: another server on SO_REUSEPORT sockets would otherwise be joined, not refused.
     refuse_taken(host, port, "")
+    if not answer:
+        yield Starting()
+        return
     server_class = _Server6 if ":" in host else _Server
     try:
         server = server_class((host, port), _NotReady)

@@ -83,7 +83,9 @@ class V2App:
         self.openai = openai  # OpenAI's routes, made when first called
         self._building = threading.Lock()
         self._build_ahead = False  # a server's: build FastAPI in a thread once the first answer is out
-        # What else a server leaves until then, run in that thread after FastAPI (the heap frozen, say).
+        # What else a server leaves until then: run at once, in the event loop (quick: the other front processes
+        # told to start, say), and in that thread after FastAPI (the heap frozen, say).
+        self.at_first_answer: list[Callable[[], None]] = []
         self.after_first_answer: list[Callable[[], None]] = []
 
     def fastapi(self) -> ASGIApp:
@@ -130,6 +132,8 @@ class V2App:
         # in flight, they would delay its answer, which is what the platform holding that request waits for.
         if self._build_ahead:
             self._build_ahead = False
+            for then in self.at_first_answer:
+                then()
             threading.Thread(target=self._ahead, name="fnserve-routes", daemon=True).start()
 
     def _ahead(self) -> None:
