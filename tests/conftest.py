@@ -11,6 +11,9 @@ import pytest
 
 from tests.helpers import ManifestWriter, close_main_loop
 
+# The real servers every tier may share (moto_url, redis_url): started by the first test that asks, once a session.
+pytest_plugins = ["tests.helpers.fixtures"]
+
 
 @pytest.fixture(autouse=True, scope="module")
 def close_left_event_loop() -> Iterator[None]:

@@ -103,7 +103,7 @@ def main() -> None:
     with moto_server(tmp / "moto.log") as url:
         os.environ.update(aws_env(url))
         clients.reset()
-        from tests.functional.conftest import create_resources
+        from tests.helpers.clouds import create_resources
 
         queue_url, _ = create_resources("bench-results", "bench-payloads", "bench-followups")
         settings = Settings(
@@ -116,7 +116,7 @@ def main() -> None:
         handler = create_handler(settings=settings)
         sink = open(os.devnull, "w")  # noqa: SIM115
         logger.registered_handler.setStream(sink)  # type: ignore[attr-defined]
-        from tests.functional.test_cascade import SURE, UNSURE
+        from tests.helpers.cascade import SURE, UNSURE
 
         fast, pending, skipped = (
             event("digits-fast", int(UNSURE[0])),

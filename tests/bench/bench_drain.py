@@ -77,7 +77,7 @@ def main() -> None:
 
 def _poison(count: int) -> list[str]:
     """``count`` poison jobs, cycling through every kind the batch tests know; those with an id get unique ones."""
-    from tests.functional.test_batch import ANONYMOUS_POISON, POISON
+    from tests.helpers.jobs import ANONYMOUS_POISON, POISON
 
     kinds = [body for body, _ in POISON.values()] + list(ANONYMOUS_POISON.values())
     out = []

@@ -35,9 +35,10 @@ import numpy as np
 from fnserve.aws import clients
 from tests.bench._timing import percentile
 from tests.faults import Mode, faulty_proxy
-from tests.functional.conftest import create_resources, start_server
 from tests.helpers import DEMO_HOLDOUT, write_test_manifest
+from tests.helpers.clouds import create_resources
 from tests.moto import aws_env, moto_server
+from tests.servers import start_server
 
 SECONDS = float(os.environ.get("BENCH_OUTAGE_SECONDS", "20"))
 CLIENTS = int(os.environ.get("BENCH_OUTAGE_CLIENTS", "8"))

@@ -172,7 +172,7 @@ def dynamodb_calls() -> None:
     with moto_server(tmp / "moto.log") as url:
         os.environ.update(aws_env(url))
         clients.reset()
-        from tests.functional.conftest import create_resources
+        from tests.helpers.clouds import create_resources
 
         create_resources("bench-results", "bench-payloads", "bench-jobs")
         settings = Settings(

@@ -12,8 +12,9 @@ from typing import Any
 
 import httpx
 
-from tests.functional.conftest import free_port, wait_for
 from tests.helpers import REPO
+from tests.moto import free_port
+from tests.servers import wait_for
 
 
 @contextmanager

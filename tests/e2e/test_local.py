@@ -24,9 +24,9 @@ from fnserve.core.jobs import job_message
 from tests.e2e.emulator import running_local
 from tests.e2e.localstack import localstack
 from tests.embeddings import check_client
-from tests.functional.conftest import free_port, wait_for
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
-from tests.moto import moto_server
+from tests.moto import free_port, moto_server
+from tests.servers import wait_for
 
 HOLDOUT = np.load(DEMO_HOLDOUT)
 DIGITS = HOLDOUT["input"]
@@ -145,7 +145,7 @@ def test_the_console_reads_like_sam_local_and_the_raw_lines_go_to_the_log_file(l
 
 
 def test_a_cascade_follow_up_flows_through_the_local_queue(local: dict[str, Any]) -> None:
-    from tests.functional.test_cascade import CORRECTED
+    from tests.helpers.cascade import CORRECTED
 
     row = int(CORRECTED[0])
     doc = infer(local["url"], "digits", slice(row, row + 1)).json()

@@ -17,8 +17,8 @@ from fnserve.aws import clients
 from fnserve.core.service import InferenceService
 from tests.e2e.emulator import running_local
 from tests.embeddings import SENTENCES
-from tests.functional.conftest import wait_for
 from tests.helpers import DEMO_MANIFEST
+from tests.servers import wait_for
 
 TEXTS = 4_000  # 400 jobs of PER_JOB texts, each text's embedding checked in the file's order
 PER_JOB = 10

@@ -16,9 +16,9 @@ from fnserve.aws import clients
 from fnserve.core.jobs import job_message
 from tests.e2e.emulator import running_local
 from tests.faults import FaultyProxy, faulty_proxy
-from tests.functional.conftest import wait_for
 from tests.helpers import DEMO_HOLDOUT
 from tests.moto import aws_env, moto_server
+from tests.servers import wait_for
 
 DIGITS = np.load(DEMO_HOLDOUT)["input"]
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import logging
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -27,20 +25,16 @@ from fnserve.core.results import ResultRecord, job_key
 from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
 from fnserve.stores.dynamodb import DynamoResultStore
-from tests.functional.conftest import Aws
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, sample_arrays, write_test_manifest
+from tests.helpers import DEMO_MANIFEST, sample_arrays, write_test_manifest
+from tests.helpers.asgi import AsgiClient
+from tests.helpers.clouds import Aws, received_event
+from tests.helpers.jobs import ANONYMOUS_POISON, DIGITS, HOLDOUT, POISON, job, raw_job
 
-HOLDOUT = np.load(DEMO_HOLDOUT)
-DIGITS = HOLDOUT["input"]
 SESSION = ort.InferenceSession(str(DEMO_MANIFEST.parent / "digits-accurate" / "1" / "model.onnx"))
 
 
 def labels(x: np.ndarray) -> np.ndarray:
     return SESSION.run(["label"], {"input": x})[0]  # type: ignore[no-any-return]
-
-
-def job(job_id: str, rows: slice, **fields: Any) -> str:
-    return json.dumps({**job_message(job_id, "digits-accurate", {"input": DIGITS[rows]}), **fields})
 
 
 def settings(aws: Aws, manifest: Path) -> Settings:
@@ -75,70 +69,6 @@ def count_calls(operation: str) -> list[int]:
 
     clients.client("dynamodb").meta.events.register(f"before-call.dynamodb.{operation}", hook)
     return calls
-
-
-def digits_input(**changes: Any) -> dict[str, Any]:
-    return {"name": "input", "shape": [1, 64], "datatype": "FP32", "data": DIGITS[0].tolist(), **changes}
-
-
-BINARY_INPUT = {"name": "input", "shape": [1, 64], "datatype": "FP32", "parameters": {"binary_data_size": 256}}
-
-
-def raw_job(job_id: str, **fields: Any) -> str:
-    return json.dumps({"id": job_id, "model": "digits-accurate", **fields})
-
-
-# A job's own fault, with an id: stored as failed with its reason, not redelivered.
-POISON = {
-    "unknown-model": (
-        json.dumps(job_message("p-model", "nope", {"input": DIGITS[:1]})),
-        "Request for unknown model: 'nope' is not found",
-    ),
-    "unknown-version": (job("p-version", slice(0, 1), version="9"), "'digits-accurate' version 9 is not found"),
-    "wrong-shape": (
-        json.dumps(job_message("p-shape", "digits-accurate", {"input": DIGITS[:1, :10]})),
-        "must have 64 at axis 1",
-    ),
-    "wrong-dtype": (
-        json.dumps(job_message("p-dtype", "digits-accurate", {"input": DIGITS[:1].astype(np.int64)})),
-        "cannot be cast to it safely",
-    ),
-    "unknown-output": (job("p-output", slice(0, 1), outputs=[{"name": "logits"}]), "has no outputs ['logits']"),
-    "missing-s3-object": (
-        raw_job("p-s3", payload={"uri": "s3://fnserve-payloads/nope.json"}),
-        "nope.json cannot be read: it does not exist",
-    ),
-    "name-is-a-list": (raw_job("p-name", inputs=[digits_input(name=["input"])]), "needs a 'name'"),
-    "invalid-bucket": (raw_job("p-bucket", payload={"uri": "s3://bad_bucket!/x.json"}), "Invalid bucket name"),
-    "nested-shape": (raw_job("p-nested", inputs=[digits_input(shape=[[1], 64])]), "'shape' must be a list"),
-    "uint64-bools": (
-        raw_job("p-bools", inputs=[digits_input(datatype="UINT64", data=[True] * 64)]),
-        "UINT64 data must be numbers, got true/false",
-    ),
-    "fp32-overflow": (raw_job("p-inf", inputs=[digits_input(data=[1e39] * 64)]), "values out of range for FP32"),
-    # Tensors in binary_data (what fnserve submit sends).
-    "binary-not-base64": (raw_job("p-b64", inputs=[BINARY_INPUT], binary_data="not base64!"), "not valid base64"),
-    "binary-not-a-string": (raw_job("p-b64s", inputs=[BINARY_INPUT], binary_data=256), "must be a base64 string"),
-    "binary-too-short": (
-        raw_job("p-short", inputs=[BINARY_INPUT], binary_data=base64.b64encode(bytes(100)).decode()),
-        "claims 256 binary bytes but only 100 remain",
-    ),
-    "binary-too-long": (
-        raw_job("p-long", inputs=[BINARY_INPUT], binary_data=base64.b64encode(bytes(260)).decode()),
-        "4 bytes of binary data follow the JSON but no input claims them",
-    ),
-    "binary-and-payload": (
-        raw_job("p-both", inputs=[BINARY_INPUT], binary_data="", payload={"uri": "s3://fnserve-payloads/x"}),
-        "in 'payload' or in 'binary_data', not both",
-    ),
-}
-# No id to store a reason under: reported, so SQS keeps the message (and moves it to the DLQ).
-ANONYMOUS_POISON = {
-    "not-json": "{oops",
-    "not-object": "[1, 2]",
-    "no-id": json.dumps({"model": "digits-accurate", "inputs": []}),
-    "bad-id": json.dumps({"id": "has spaces", "model": "digits-accurate", "inputs": []}),
-}
 
 
 def poison_id(body: str) -> str:
@@ -228,34 +158,6 @@ def test_big_inputs_and_outputs_travel_through_s3(aws: Aws, manifest: Path, tmp_
             np.testing.assert_array_equal(got, np.resize(array, (rows, 2)))
 
 
-def received_event(aws: Aws, count: int) -> dict[str, Any]:
-    """Receive ``count`` messages from the real queue and wrap them as Lambda's SQS event."""
-    sqs = clients.client("sqs")
-    messages: list[dict[str, Any]] = []
-    for _ in range(50):  # bounded: each receive long-polls up to 1 s
-        response = sqs.receive_message(
-            QueueUrl=aws.queue_url,
-            MaxNumberOfMessages=10,
-            WaitTimeSeconds=1,
-            AttributeNames=["All"],
-            MessageAttributeNames=["All"],
-        )
-        messages += response.get("Messages", [])
-        if len(messages) >= count:
-            break
-    assert len(messages) == count
-    event = sqs_event([m["Body"] for m in messages])
-    for record, message in zip(event["Records"], messages, strict=True):
-        record["messageId"] = message["MessageId"]
-        record["receiptHandle"] = message["ReceiptHandle"]
-        record["attributes"] |= message["Attributes"]
-        record["messageAttributes"] = {  # as Lambda hands them over
-            name: {"stringValue": a.get("StringValue"), "dataType": a["DataType"]}
-            for name, a in message.get("MessageAttributes", {}).items()
-        }
-    return event
-
-
 def test_submit_handler_results_round_trip(aws: Aws, manifest: Path, tmp_path: Path) -> None:
     np.savez(tmp_path / "digits.npz", input=DIGITS[:25], labels=HOLDOUT["labels"][:25])
     ids = tmp_path / "ids.txt"
@@ -321,21 +223,6 @@ def test_expired_items_are_ignored_on_read(aws: Aws) -> None:
     assert list(store.get(["job#old", "job#new"])) == ["job#new"]
 
 
-class AsgiClient:
-    """Requests straight into an ASGI app (httpx's ASGI transport), synchronously."""
-
-    def __init__(self, asgi: Any) -> None:
-        self.asgi = asgi
-
-    def post(self, path: str, **kwargs: Any) -> httpx.Response:
-        async def call() -> httpx.Response:
-            transport = httpx.ASGITransport(app=self.asgi)
-            async with httpx.AsyncClient(transport=transport, base_url="http://fnserve") as client:
-                return await client.post(path, **kwargs)
-
-        return asyncio.run(call())
-
-
 def test_cache_hits_on_the_http_path_and_across_processes(aws: Aws, tmp_path: Path) -> None:
     from fnserve.adapters.http.app import create_app
 
@@ -374,8 +261,8 @@ def test_cache_on_the_sqs_path_infers_only_misses(aws: Aws, tmp_path: Path) -> N
 def test_the_job_functions_handle_their_sample_events(
     aws: Aws, monkeypatch: pytest.MonkeyPatch, function: str, event_file: str
 ) -> None:
-    from tests.functional.test_lambda_http import load_function
     from tests.helpers import REPO
+    from tests.helpers.functions import load_function
 
     monkeypatch.setenv("FNSERVE_MANIFEST", str(DEMO_MANIFEST))
     monkeypatch.setenv("FNSERVE_RESULTS_TABLE", aws.table)
@@ -400,8 +287,8 @@ def test_the_job_functions_take_fnserves_log_level_over_powertools(
     aws: Aws, monkeypatch: pytest.MonkeyPatch, function: str
 ) -> None:
     from fnserve.observability.logs import logger
-    from tests.functional.test_lambda_http import load_function
     from tests.helpers import REPO
+    from tests.helpers.functions import load_function
 
     monkeypatch.setenv("FNSERVE_MANIFEST", str(DEMO_MANIFEST))
     monkeypatch.setenv("FNSERVE_RESULTS_TABLE", aws.table)

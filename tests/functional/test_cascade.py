@@ -5,49 +5,30 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import Any
 
 import httpx
-import numpy as np
-import onnxruntime as ort
 import pytest
 
-from fnserve.adapters.http.app import create_app
 from fnserve.adapters.lambda_.sqs import create_handler as create_sqs_handler
 from fnserve.aws import clients
 from fnserve.aws.events import LambdaContext, sqs_event
-from fnserve.bootstrap import build_dataplane
 from fnserve.settings import Settings
 from fnserve.stores.dynamodb import DynamoResultStore
-from tests.functional.conftest import Aws, wait_for
-from tests.functional.test_batch import AsgiClient, received_event
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, write_test_manifest
-
-HOLDOUT = np.load(DEMO_HOLDOUT)
-DIGITS, LABELS = HOLDOUT["input"], HOLDOUT["labels"]
-THRESHOLD = 0.65  # the demo cascade's
-
-
-def run(model: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    session = ort.InferenceSession(str(DEMO_MANIFEST.parent / model / "1" / "model.onnx"))
-    label, probabilities = session.run(["label", "probabilities"], {"input": x})
-    return label, probabilities
-
-
-FAST_LABEL, FAST_P = run("digits-fast", DIGITS)
-SLOW_LABEL, _ = run("digits-accurate", DIGITS)
-UNSURE = np.flatnonzero(FAST_P.max(axis=1) < THRESHOLD)
-SURE = np.flatnonzero(FAST_P.max(axis=1) >= THRESHOLD)
-# Held-out digits the fast model gets wrong, is unsure of, and the slow model gets right.
-CORRECTED = [i for i in UNSURE if FAST_LABEL[i] != LABELS[i] and SLOW_LABEL[i] == LABELS[i]]
-
-
-def request(rows: list[int] | np.ndarray, **fields: Any) -> dict[str, Any]:
-    x = DIGITS[list(rows)]
-    return {
-        "inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}],
-        **fields,
-    }
+from tests.helpers import write_test_manifest
+from tests.helpers.asgi import Get
+from tests.helpers.cascade import (
+    CORRECTED,
+    FAST_LABEL,
+    LABELS,
+    SLOW_LABEL,
+    SURE,
+    UNSURE,
+    app_client,
+    follow_up,
+    request,
+)
+from tests.helpers.clouds import Aws
+from tests.servers import wait_for
 
 
 @pytest.fixture
@@ -58,39 +39,6 @@ def settings(aws: Aws, tmp_path: Path) -> Settings:
         results_bucket=aws.bucket,
         followup_queue_url=aws.queue_url,
     )
-
-
-def app_client(settings: Settings) -> AsgiClient:
-    store = DynamoResultStore(settings.results_table or "")
-    return AsgiClient(create_app(build_dataplane(settings, store=store), settings))
-
-
-class Get:
-    """GET on the ASGI app (AsgiClient only posts)."""
-
-    def __init__(self, client: AsgiClient) -> None:
-        self.asgi = client.asgi
-
-    def __call__(self, path: str) -> httpx.Response:
-        import asyncio
-
-        async def call() -> httpx.Response:
-            transport = httpx.ASGITransport(app=self.asgi)
-            async with httpx.AsyncClient(transport=transport, base_url="http://fnserve", timeout=30) as c:
-                return await c.get(path)
-
-        return asyncio.run(call())
-
-
-def follow_up(settings: Settings, count: int) -> dict[str, Any]:
-    """Run the follow-up function on the next ``count`` messages of the real queue."""
-    handler = create_sqs_handler(settings=settings)
-    return handler(received_event_from(settings, count), LambdaContext())
-
-
-def received_event_from(settings: Settings, count: int) -> dict[str, Any]:
-    aws = Aws("", settings.results_table or "", settings.results_bucket or "", settings.followup_queue_url or "", "")
-    return received_event(aws, count)
 
 
 def test_the_fast_answer_comes_at_once_and_the_follow_up_corrects_it(settings: Settings) -> None:

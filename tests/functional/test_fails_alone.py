@@ -26,8 +26,9 @@ from fnserve.adapters.lambda_.sqs import create_handler
 from fnserve.aws.events import LambdaContext, sqs_event
 from fnserve.core.jobs import job_message
 from fnserve.settings import Settings
-from tests.functional.conftest import Aws, Served
 from tests.helpers import DEMO_MANIFEST
+from tests.helpers.clouds import Aws
+from tests.helpers.serving import Served
 from tests.moto import free_port
 from tests.servers import start_server
 

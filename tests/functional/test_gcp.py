@@ -39,9 +39,9 @@ from fnserve.settings import Settings
 from fnserve.stores import gcs as gcs_storage
 from fnserve.stores import pubsub
 from tests.embeddings import SENTENCES, check_client
-from tests.functional.conftest import Gcs
-from tests.functional.test_cascade import CORRECTED, LABELS, SLOW_LABEL
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
+from tests.helpers.cascade import CORRECTED, LABELS, SLOW_LABEL
+from tests.helpers.clouds import Gcs
 from tests.moto import free_port
 from tests.pubsub import Message, Topics, cloud_event, deliver
 from tests.servers import start_http

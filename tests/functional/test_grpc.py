@@ -28,9 +28,10 @@ from tritonclient.grpc import service_pb2_grpc as tpb_grpc
 from tritonclient.utils import InferenceServerException
 
 import fnserve
-from tests.functional.conftest import MAX_REQUEST_BYTES, Served, serve_with_grpc, stop, wait_for
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, sample_arrays, write_test_manifest
+from tests.helpers.serving import MAX_REQUEST_BYTES, Served, serve_with_grpc, stop
 from tests.moto import free_port
+from tests.servers import wait_for
 
 HOLDOUT = np.load(DEMO_HOLDOUT)
 DIGITS = HOLDOUT["input"]

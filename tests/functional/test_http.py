@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 import fnserve
-from tests.functional.conftest import MAX_REQUEST_BYTES
 from tests.helpers import DEMO_HOLDOUT, sample_arrays
+from tests.helpers.serving import MAX_REQUEST_BYTES
 
 HOLDOUT = np.load(DEMO_HOLDOUT)
 DIGITS, LABELS = HOLDOUT["input"], HOLDOUT["labels"]

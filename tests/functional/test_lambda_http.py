@@ -10,7 +10,6 @@ import logging
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx
@@ -22,17 +21,13 @@ import pytest
 
 from fnserve.aws.events import LambdaContext
 from tests.embeddings import LambdaTransport, check_client
-from tests.functional.conftest import Aws
-from tests.helpers import BAD_NUMBERS, DEMO_MANIFEST, REPO, load_module
+from tests.helpers import BAD_NUMBERS, DEMO_MANIFEST, REPO
+from tests.helpers.clouds import Aws
+from tests.helpers.functions import load_function
 
 # The deployed API's events, and those of integrations the handler also accepts (REST API, ALB).
 EVENTS = sorted([*(REPO / "events").glob("api-*.json"), *(REPO / "tests" / "events").glob("api-*.json")])
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
-
-
-def load_function(path: Path) -> ModuleType:
-    """Import a function's app.py as Lambda does: a fresh module, built at import."""
-    return load_module(path, f"fn_{path.parent.name}")
 
 
 @pytest.fixture(scope="module")

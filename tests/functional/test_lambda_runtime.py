@@ -21,8 +21,8 @@ from fnserve.aws import clients
 from fnserve.core.results import job_key
 from fnserve.emulator.runtime_api import RuntimeApi
 from fnserve.stores.dynamodb import DynamoResultStore
-from tests.functional.conftest import Aws
 from tests.helpers import DEMO_MANIFEST, REPO
+from tests.helpers.clouds import Aws, create_resources
 from tests.lambda_runtime import (
     BUCKET,
     HANDLERS,
@@ -64,8 +64,6 @@ def function(handler: str, moto_url: str, log: Path, api: RuntimeApi | None = No
 def resources(aws: Aws) -> Aws:
     reset(aws.url)
     clients.reset()
-    from tests.functional.conftest import create_resources
-
     create_resources(TABLE, BUCKET, "image-jobs")
     return aws
 

@@ -14,8 +14,9 @@ import pytest
 import tritonclient.grpc as triton
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.functional.conftest import Served, serve_with_grpc, start_server, stop, wait_for
 from tests.helpers import DEMO_HOLDOUT, write_test_manifest
+from tests.helpers.serving import Served, serve_with_grpc, stop
+from tests.servers import start_server, wait_for
 
 DIGITS = np.load(DEMO_HOLDOUT)["input"]
 

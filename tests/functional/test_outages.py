@@ -16,8 +16,9 @@ from fnserve.aws import clients
 from fnserve.server.app import server_app
 from fnserve.settings import Settings
 from tests.faults import FaultyProxy, faulty_proxy
-from tests.functional.conftest import Aws, wait_for
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, write_test_manifest
+from tests.helpers.clouds import Aws
+from tests.servers import wait_for
 
 DIGITS = np.load(DEMO_HOLDOUT)["input"]
 SESSION = ort.InferenceSession(str(DEMO_MANIFEST.parent / "digits-accurate" / "1" / "model.onnx"))

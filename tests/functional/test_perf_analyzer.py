@@ -18,8 +18,8 @@ from PIL import Image
 
 from fnserve.bench import perf_analyzer
 from fnserve.bench.requests import Request
-from tests.functional.conftest import Served, stop
 from tests.helpers import DEMO_MANIFEST, REPO
+from tests.helpers.serving import Served, stop
 from tests.servers import free_port, start_server
 
 PERF_ANALYZER = REPO / ".perf-analyzer" / "perf_analyzer"  # make perf-analyzer (a prerequisite of make test)

@@ -37,11 +37,12 @@ from fnserve.core.service import InferenceService
 from fnserve.settings import Settings
 from fnserve.stores.dynamodb import DynamoResultStore
 from tests.embeddings import REFERENCE, SENTENCES, cosine
-from tests.functional.conftest import Aws, Served, start_server
-from tests.functional.test_batch import AsgiClient, received_event
-from tests.functional.test_cascade import Get
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
+from tests.helpers.asgi import AsgiClient, Get
+from tests.helpers.clouds import Aws, received_event
+from tests.helpers.serving import Served
 from tests.moto import free_port
+from tests.servers import start_server
 
 HOLDOUT = np.load(DEMO_HOLDOUT)
 DIGITS, LABELS = HOLDOUT["input"], HOLDOUT["labels"]
@@ -424,7 +425,7 @@ def test_jobs_carry_text_and_images_and_a_poison_job_fails_alone(settings: Setti
 
 
 def test_the_digits_cascade_takes_png_bytes(settings: Settings) -> None:
-    from tests.functional.test_cascade import CORRECTED, FAST_LABEL
+    from tests.helpers.cascade import CORRECTED, FAST_LABEL
 
     client = AsgiClient(
         create_app(build_dataplane(settings, store=DynamoResultStore(settings.results_table or "")), settings)

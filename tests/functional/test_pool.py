@@ -13,7 +13,7 @@ import pytest
 
 from fnserve.core.errors import HandlerError, InvocationTimeout, WorkerDied
 from fnserve.workers.pool import FunctionSpec, WorkerPool
-from tests.functional.conftest import wait_for
+from tests.servers import wait_for
 
 APP = """
 import os, time

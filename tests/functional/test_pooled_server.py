@@ -27,8 +27,9 @@ from fnserve.server.serve import inference_pool
 from fnserve.settings import Settings
 from fnserve.workers.pool import WorkerPool
 from fnserve.workers.remote import PoolSession
-from tests.functional.conftest import free_port, start_server, wait_for
 from tests.helpers import BAD_NUMBERS, DEMO_HOLDOUT, DEMO_MANIFEST, write_test_manifest
+from tests.moto import free_port
+from tests.servers import start_server, wait_for
 
 DIGITS = np.load(DEMO_HOLDOUT)["input"]
 ACCURATE = DEMO_MANIFEST.parent / "digits-accurate" / "1" / "model.onnx"

@@ -22,8 +22,8 @@ from fnserve.bootstrap import build_service
 from fnserve.cli import app
 from fnserve.core.manifest import load_manifest
 from fnserve.settings import Settings
-from tests.functional.conftest import Aws, Gcs
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
+from tests.helpers.clouds import Aws, Gcs
 from tests.moto import aws_env, moto_server
 
 runner = CliRunner()

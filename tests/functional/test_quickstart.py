@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.functional.test_readme import starts
 from tests.helpers import REPO, documented
+from tests.helpers.docs import starts
 from tests.moto import free_port
 from tests.servers import start_http
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.functional.conftest import start_server
 from tests.helpers import DEMO_MANIFEST, REPO
+from tests.helpers.docs import starts
+from tests.servers import start_server
 
 PAGES = {
     path.relative_to(REPO).as_posix(): path.read_text()
@@ -131,14 +132,11 @@ ELSEWHERE = {  # a block's first command -> why it does not run here, and what p
     ".venv/bin/fnserve models push": "tests/functional/test_publish.py pushes to moto and Cloud Storage",
     ".venv/bin/fnserve manifest add": "tests/functional/test_publish.py",
     ".venv/bin/fnserve quantize": "a usage line; the transcript below it runs in test_readme_transcripts_run",
+    ".venv/bin/fnserve optimize": "a usage line; tests/unit/test_optimize.py runs the command, its refusals too",
     ".venv/bin/fnserve bench": "minutes of load: tests/functional/test_bench_cli.py runs a short sweep",
     "make perf-analyzer": "make test sets perf_analyzer up; tests/functional/test_perf_analyzer.py runs it against "
     "fnserve serve over HTTP and gRPC, on digits-accurate and on minilm-embed with --input-data",
 }
-
-
-def starts(block: str, command: str) -> bool:
-    return re.match(re.escape(command) + r"(\s|$)", block.lstrip()) is not None
 
 
 def test_every_shell_block_runs_here_or_says_where_it_is_proven() -> None:

@@ -24,10 +24,9 @@ from fnserve.core.results import ResultRecord, job_key
 from fnserve.settings import Settings
 from fnserve.stores import redis as redis_store
 from fnserve.stores.redis import RedisCacheBackend, RedisResultStore
-from tests.functional.conftest import Aws
-from tests.functional.test_batch import AsgiClient
-from tests.functional.test_cascade import Get
 from tests.helpers import DEMO_HOLDOUT, write_test_manifest
+from tests.helpers.asgi import AsgiClient, Get
+from tests.helpers.clouds import Aws
 from tests.moto import free_port
 
 DIGITS = np.load(DEMO_HOLDOUT)["input"]

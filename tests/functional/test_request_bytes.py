@@ -31,8 +31,8 @@ from fnserve.core.datatypes import V2_TO_NUMPY
 from fnserve.core.tensors import pack_arrays
 from fnserve.observability.logs import logger
 from fnserve.stores.dynamodb import DynamoCacheBackend, DynamoResultStore
-from tests.functional.conftest import Aws
 from tests.helpers import DEMO_MANIFEST, REPO, load_module
+from tests.helpers.clouds import Aws
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
 EVENTS = {"digits-accurate": "api-http-infer.json", "minilm-embed": "api-http-embed.json"}

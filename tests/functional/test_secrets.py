@@ -10,7 +10,7 @@ from fnserve.bootstrap import followup_ids
 from fnserve.core.errors import ConfigError
 from fnserve.core.followups import FollowupIds
 from fnserve.settings import Settings
-from tests.functional.conftest import Aws
+from tests.helpers.clouds import Aws
 
 
 def test_ids_are_signed_with_the_secret_and_survive_its_rotation(aws: Aws) -> None:

@@ -22,11 +22,12 @@ from fnserve.bootstrap import build_service
 from fnserve.core.jobs import job_message
 from fnserve.observability import tracing
 from fnserve.settings import Settings
-from tests.functional.conftest import Aws, serve_with_grpc, stop, wait_for
-from tests.functional.test_batch import received_event
-from tests.functional.test_cascade import CORRECTED, SURE, app_client, follow_up, request
 from tests.helpers import DEMO_HOLDOUT, REPO, MemoryStore, close_main_loop, write_test_manifest
+from tests.helpers.cascade import CORRECTED, SURE, app_client, follow_up, request
+from tests.helpers.clouds import Aws, received_event
+from tests.helpers.serving import serve_with_grpc, stop
 from tests.otlp import Collector
+from tests.servers import wait_for
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"

@@ -15,8 +15,8 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from tests.functional.conftest import Served, stop
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
+from tests.helpers.serving import Served, stop
 from tests.servers import free_port, start_server
 
 X = np.load(DEMO_HOLDOUT)["input"]

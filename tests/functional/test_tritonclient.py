@@ -14,8 +14,8 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.functional.conftest import MAX_REQUEST_BYTES
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, sample_arrays
+from tests.helpers.serving import MAX_REQUEST_BYTES
 
 HOLDOUT = np.load(DEMO_HOLDOUT)
 

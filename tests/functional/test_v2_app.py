@@ -14,8 +14,8 @@ from fnserve.adapters.http.app import create_app
 from fnserve.adapters.http.infer import V2App
 from fnserve.bootstrap import build_dataplane
 from fnserve.settings import Settings
-from tests.functional.conftest import wait_for
 from tests.helpers import write_test_manifest
+from tests.servers import wait_for
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.helpers.images import ping, serving
 from tests.image.buildah import Built, started
-from tests.image.test_server_image import ping, serving
 from tests.servers import wait_for
 
 CHECK = """

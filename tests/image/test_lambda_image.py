@@ -12,8 +12,8 @@ import pytest
 
 from fnserve.aws import clients
 from fnserve.emulator.runtime_api import RuntimeApi
-from tests.functional.conftest import create_resources
 from tests.helpers import REPO
+from tests.helpers.clouds import create_resources
 from tests.image.buildah import Built, started, unlocked
 from tests.lambda_runtime import BUCKET, HANDLERS, TABLE, check_api, check_batch, check_init_error, function_env
 from tests.moto import aws_env, moto_server

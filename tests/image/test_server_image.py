@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -23,31 +21,12 @@ import tritonclient.http as triton_http
 
 from fnserve.bench.sweep import process_tree
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO, demo_labels
+from tests.helpers.images import ping, serving
 from tests.image.buildah import Built, Running, started, unlocked
 from tests.moto import free_port
 from tests.servers import wait_for
 
 HOLDOUT = np.load(DEMO_HOLDOUT)
-
-
-@contextmanager
-def serving(
-    image: Built, log: Path, env: dict[str, str] | None = None, volumes: dict[Path, str] | None = None
-) -> Iterator[tuple[Running, str, str]]:
-    """The image's own command running; yields it with its HTTP base URL and gRPC address."""
-    http, grpc = free_port(), free_port()
-    command = image.config["Entrypoint"] + image.config["Cmd"]
-    ports = {"FNSERVE_PORT": str(http), "FNSERVE_GRPC_PORT": str(grpc)}
-    with started(image.name, command, log, {**ports, **(env or {})}, volumes) as running:
-        yield running, f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc}"
-
-
-def ping(running: Running, url: str) -> int | None:
-    assert running.process.poll() is None, running.output()
-    try:
-        return httpx.get(f"{url}/ping", timeout=2).status_code
-    except httpx.TransportError:
-        return None
 
 
 def server_pid(running: Running) -> int:

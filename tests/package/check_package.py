@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 from fnserve.aws import clients
-from tests.functional.conftest import create_resources
 from tests.helpers import DEMO_MANIFEST, REPO
+from tests.helpers.clouds import create_resources
 from tests.moto import aws_env, moto_server
 
 LAMBDA_LIMIT = 250 * 1024 * 1024

@@ -123,14 +123,76 @@ def test_the_architecture_page_names_every_make_target() -> None:
     assert set(line.split(":", 1)[1].split()) - named == set(), "make targets docs/architecture.md does not name"
 
 
-def test_unit_and_infra_tests_share_helpers_through_tests_helpers_not_test_modules() -> None:
+def is_test_module(path: Path) -> bool:
+    """What pytest collects or loads as a test module: ``test_*.py``, ``*_test.py``, ``conftest.py``."""
+    return path.suffix == ".py" and (
+        path.stem.startswith("test_") or path.stem.endswith("_test") or path.stem == "conftest"
+    )
+
+
+def module_file(root: Path, target: str) -> Path | None:
+    """The file under ``root`` that an import of ``target`` (a module, or a name in one) loads, if it is there."""
+    parts = target.split(".")
+    for end in range(len(parts), 0, -1):
+        base = root.joinpath(*parts[:end])
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            if path.is_file():
+                return path
+    return None
+
+
+def imports_of_test_modules(root: Path) -> set[tuple[str, str]]:
+    """(importer:line, imported test module) for every import of a test module by any module under ``root``/tests:
+    every tier, tests/helpers and tests/*.py alike, wherever in the module the import is."""
+    found = set()
+    for path in sorted((root / "tests").rglob("*.py")):
+        me = list(path.relative_to(root).with_suffix("").parts)
+        package = me[:-1]  # what a relative import starts from: the module's folder, an __init__.py's too
+        for target, line in imports(ast.parse(path.read_text(), str(path)), package):
+            imported = module_file(root, target)
+            if imported is not None and is_test_module(imported):
+                found.add((f"{path.relative_to(root)}:{line}", str(imported.relative_to(root))))
+    return found
+
+
+def test_tests_share_helpers_through_tests_helpers_not_test_modules() -> None:
     """A helper two test modules share lives in tests/helpers: a test module imported by another runs its module-level
-    set-up there too, and its tests read as helpers."""
-    found = []
-    for tier in ("unit", "infra"):
-        for path in sorted((REPO / "tests" / tier).glob("*.py")):
-            for target, line in imports(ast.parse(path.read_text(), str(path)), ["tests", tier]):
-                parts = target.split(".")
-                if parts[0] == "tests" and len(parts) > 2 and parts[2].startswith(("test_", "conftest")):
-                    found.append(f"{path.relative_to(REPO)}:{line} imports {target}")
-    assert not found, found
+    set-up there too, and its tests read as helpers. Every module under tests/ is held to it, the bench's too (its
+    bench_*.py modules, which import each other, are no test modules)."""
+    found = sorted(f"{where} imports {module}" for where, module in imports_of_test_modules(REPO))
+    assert not found, "test modules imported as libraries:\n" + "\n".join(found)
+
+
+def test_the_test_module_check_sees_every_tier_and_spares_modules_that_are_not_tests(tmp_path: Path) -> None:
+    # Paths under a scratch tests/ folder, given without it: this file then names no test file that is not there.
+    files = {
+        "__init__.py": "",
+        "servers.py": "",
+        "helpers/__init__.py": "",
+        "helpers/asgi.py": "from tests.helpers import REPO\n",
+        "functional/__init__.py": "",
+        "functional/conftest.py": "from tests.helpers.asgi import Get\nfrom tests.servers import wait_for\n",
+        "functional/test_a.py": "from tests.functional.conftest import Aws\n",
+        "functional/test_b.py": "def f():\n    from .test_a import thing\n",
+        "functional/gated.py": "",
+        "functional/test_c.py": "from tests.functional import gated\n",
+        "e2e/test_d.py": "import tests.functional.test_a\n",
+        "image/test_e.py": "from tests.functional import test_b\n",
+        "bench/__init__.py": "",
+        "bench/bench_x.py": "from tests.bench import bench_y\nfrom tests.bench._timing import clock\n",
+        "bench/bench_y.py": "from tests.functional.test_a import CORRECTED\n",
+    }
+    for name, text in files.items():
+        (tmp_path / "tests" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tests" / name).write_text(text)
+    found = {
+        (where.removeprefix("tests/"), module.removeprefix("tests/"))
+        for where, module in imports_of_test_modules(tmp_path)
+    }
+    assert found == {
+        ("functional/test_a.py:1", "functional/conftest.py"),
+        ("functional/test_b.py:2", "functional/test_a.py"),
+        ("e2e/test_d.py:1", "functional/test_a.py"),
+        ("image/test_e.py:1", "functional/test_b.py"),
+        ("bench/bench_y.py:1", "functional/test_a.py"),
+    }
