@@ -18,7 +18,8 @@ from fnserve.emulator.emulator import Emulator, Local
 from fnserve.emulator.functions import collect
 from fnserve.emulator.template import Resolver, load_template
 from fnserve.workers.pool import FunctionSpec
-from tests.functional.conftest import free_port, wait_for
+from tests.moto import free_port
+from tests.servers import wait_for
 
 TEMPLATE = """
 Transform: AWS::Serverless-2016-10-31
@@ -378,11 +379,11 @@ def test_a_restart_against_the_same_endpoint_reuses_its_resources_and_their_data
 def test_the_banner_offers_the_templates_own_routes_not_the_demos(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from fnserve.cli import _local_banner
+    from fnserve.cli.local import banner
 
     with echo_emulator(tmp_path) as (emulator, local, port):
         capsys.readouterr()
-        _local_banner(emulator, local, f"http://127.0.0.1:{port}", 1)
+        banner(emulator, local, f"http://127.0.0.1:{port}", 1)
     banner = capsys.readouterr().out
     assert "digits" not in banner and "fnserve submit" not in banner
     assert f"try   curl -s -X GET http://127.0.0.1:{port}/items/{{id}}" in banner

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from cfnlint.decode.cfn_yaml import load
 
-from fnserve import cli
 from fnserve.bench import prices, sizing
 from fnserve.bench.main import Options
+from fnserve.cli.bench import bench
 from tests.helpers import REPO
 
 PAGE = (REPO / "docs" / "aws-costs.md").read_text()
@@ -166,7 +166,7 @@ def test_the_formulas_around_lambda() -> None:
 
 
 def test_the_table_costs_the_sizes_fnserve_bench_measures_at_the_prices_it_uses() -> None:
-    defaults = {name: p.default for name, p in inspect.signature(cli.bench).parameters.items()}
+    defaults = {name: p.default for name, p in inspect.signature(bench).parameters.items()}
     assert defaults["memory"] == ",".join(map(str, sizing.SIZES))
     assert defaults["price_gb_second"] == Options.price_gb_second == prices.LAMBDA_GB_SECOND["x86_64"]
     assert defaults["price_per_million"] == Options.price_per_million == prices.LAMBDA_PER_MILLION

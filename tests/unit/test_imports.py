@@ -98,4 +98,4 @@ def test_only_the_cli_imports_the_emulator() -> None:
         for name, imported in graph().items()
         if not name.startswith(EMULATOR) and any(m == EMULATOR or m.startswith(f"{EMULATOR}.") for m in imported)
     }
-    assert importers == {"fnserve.cli"}
+    assert importers == {"fnserve.cli.local"}

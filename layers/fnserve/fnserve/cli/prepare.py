@@ -1,0 +1,156 @@
+"""``fnserve quantize`` and ``fnserve optimize``: a model made ready for serving, each change measured and checked."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, cast
+
+import typer
+
+from fnserve.cli.root import app, fail
+from fnserve.core.errors import FnserveError
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
+
+    from fnserve.datafiles import DataFile
+    from fnserve.quantize import Mode, QuantizeReport
+
+
+@app.command()
+def quantize(
+    model: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="ONNX model to quantize.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the quantized model.")],
+    mode: Annotated[str, typer.Option(help="dynamic or static.")] = "dynamic",
+    per_channel: Annotated[bool, typer.Option("--per-channel", help="Per-channel weight scales.")] = False,
+    calibration: Annotated[
+        Path | None, typer.Option(help="Calibration inputs (.npy/.npz); required for static.")
+    ] = None,
+    validation: Annotated[
+        Path | None, typer.Option(help="Validation inputs (.npz, labels optional) for accuracy/agreement.")
+    ] = None,
+    rounds: Annotated[int, typer.Option(min=10, help="Timed rounds per batch size.")] = 200,
+    threads: Annotated[int | None, typer.Option(min=1, help="Intra-op threads while timing.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Write the model even if it came out slower.")] = False,
+) -> None:
+    """Quantize a model to int8 and report size, latency and accuracy before and after."""
+    from fnserve import quantize as q
+    from fnserve.datafiles import read_data
+
+    if mode not in ("dynamic", "static"):
+        raise fail(f"--mode must be dynamic or static, not {mode!r}")
+    if mode == "static" and calibration is None:
+        raise fail("static quantization needs --calibration")
+    before = q.session(model, threads)
+    names = [arg.name for arg in before.get_inputs()]
+    try:
+        calib = read_data(calibration, names) if calibration else None
+        valid = read_data(validation, names) if validation else None
+    except FnserveError as exc:
+        raise fail(exc.message) from None
+    sample = valid or calib or q.synthetic_inputs(before)
+    with tempfile.TemporaryDirectory() as tmp:
+        candidate = Path(tmp) / "quantized.onnx"
+        report = _quantize_and_compare(
+            model, candidate, cast(q.Mode, mode), per_channel, calib, valid, sample, rounds, threads, before
+        )
+        for line in report.lines():
+            typer.echo(line)
+        slower = report.slower_at()
+        if slower and not force:
+            raise fail(
+                f"the quantized model is confidently slower at batch {', '.join(map(str, slower))} (see above); "
+                f"not writing {output} (use --force to write it anyway)"
+            )
+        output.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(candidate, output)
+    from fnserve.publish import file_sha256
+
+    typer.echo(f"wrote {output} (sha256 {file_sha256(output)}: the manifest's sha256 for it)")
+
+
+@app.command()
+def optimize(
+    model: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="ONNX model to optimise.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the optimised model.")],
+    level: Annotated[str, typer.Option(help="basic or extended (the levels that suit any CPU).")] = "extended",
+    validation: Annotated[
+        Path | None, typer.Option(help="Inputs (.npz) to compare the outputs on (default: random ones).")
+    ] = None,
+    rounds: Annotated[int, typer.Option(min=10, help="Timed rounds per batch size.")] = 100,
+    starts: Annotated[int, typer.Option(min=3, help="Sessions created on each, for their creation time.")] = 11,
+    threads: Annotated[int | None, typer.Option(min=1, help="Intra-op threads while timing.")] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Write the model even if it came out slower or answering otherwise.")
+    ] = False,
+) -> None:
+    """Optimise a model's graph once, so that every start creates its session sooner; its answers are checked equal."""
+    from fnserve import optimize as o
+    from fnserve import quantize as q
+    from fnserve.datafiles import read_data
+
+    if level not in o.LEVELS:
+        raise fail(f"--level must be basic or extended, not {level!r} (all adds layouts for this machine's CPU)")
+    before = q.session(model, threads)
+    try:
+        sample = read_data(validation, [a.name for a in before.get_inputs()]) if validation else None
+    except FnserveError as exc:
+        raise fail(exc.message) from None
+    with tempfile.TemporaryDirectory() as tmp:
+        candidate = Path(tmp) / "optimized.onnx"
+        report = o.optimize_and_compare(
+            model, candidate, level, sample or q.synthetic_inputs(before), rounds, starts, threads
+        )
+        for line in report.lines():
+            typer.echo(line)
+        refused = [f"its output(s) {', '.join(report.unequal)} differ"] if report.unequal else []
+        if slower := report.slower_at():
+            refused.append(f"it is confidently slower at batch {', '.join(map(str, slower))}")
+        if refused and not force:
+            raise fail(f"{' and '.join(refused)} (see above); not writing {output} (use --force to write it anyway)")
+        output.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(candidate, output)
+    from fnserve.publish import file_sha256
+
+    typer.echo(f"wrote {output} (sha256 {file_sha256(output)}: the manifest's sha256 for it)")
+
+
+def _quantize_and_compare(
+    model: Path,
+    candidate: Path,
+    mode: Mode,
+    per_channel: bool,
+    calib: DataFile | None,
+    valid: DataFile | None,
+    sample: DataFile,
+    rounds: int,
+    threads: int | None,
+    before: ort.InferenceSession,
+) -> QuantizeReport:
+    """Quantize ``model`` to ``candidate``, then time both (batch 1 and 64) and compare their outputs."""
+    from rich.progress import Progress
+
+    from fnserve import quantize as q
+
+    with Progress(transient=True) as progress:
+        step = progress.add_task(f"{mode} quantization", total=None)
+        q.quantize(model, candidate, mode=mode, per_channel=per_channel, calibration=calib)
+        progress.update(step, total=1, completed=1)
+        after = q.session(candidate, threads)
+        report = q.QuantizeReport(
+            mode=mode + (" per-channel" if per_channel else " per-tensor"),
+            size_before=q.file_size(model),
+            size_after=q.file_size(candidate),
+            unquantized_ops=q.unquantized_ops(candidate),
+        )
+        for batch in (1, 64):
+            task = progress.add_task(f"timing batch {batch}", total=rounds)
+            report.latencies.append(
+                q.measure_latency(before, after, sample, batch, rounds, functools.partial(progress.advance, task))
+            )
+        if valid is not None:
+            q.compare_outputs(before, after, valid, report)
+    return report
