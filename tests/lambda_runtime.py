@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fnserve.core.results import job_key
+from fnserve.core.jobs.results import job_key
 from fnserve.emulator.runtime_api import FunctionError, InitError, RuntimeApi
 from fnserve.stores.dynamodb import DynamoResultStore
 from tests.helpers import REPO, demo_labels

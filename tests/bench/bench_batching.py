@@ -59,7 +59,7 @@ import numpy as np
 
 from fnserve.bench.load import run_wrk
 from fnserve.bench.sweep import process_tree
-from fnserve.core._cpus import available_cpus
+from fnserve.core.host import available_cpus
 from tests.bench.bench_grpc import cpu_seconds
 from tests.helpers import DEMO_MANIFEST, REPO
 
@@ -308,7 +308,7 @@ def tensor_outputs() -> dict[str, np.ndarray[Any, Any]]:
 
 def tensor_answer(outputs: dict[str, np.ndarray[Any, Any]]) -> bytes:
     """The V2 JSON answer fnserve gives :func:`tensor_body`, of the model's ``outputs``."""
-    from fnserve.core.tensors import decode_request, encode_response
+    from fnserve.core.codec.tensors import decode_request, encode_response
 
     return encode_response("minilm-l6", "1", outputs, decode_request(tensor_body()))[0]
 
@@ -316,7 +316,7 @@ def tensor_answer(outputs: dict[str, np.ndarray[Any, Any]]) -> bytes:
 def codec_ms(outputs: dict[str, np.ndarray[Any, Any]]) -> float:
     """Decoding :func:`tensor_body` and encoding its answer of ``outputs`` in process (fnserve's codec): the least of
     five medians of 200, milliseconds."""
-    from fnserve.core.tensors import decode_request, encode_response
+    from fnserve.core.codec.tensors import decode_request, encode_response
 
     body = tensor_body()
 

@@ -33,7 +33,7 @@ from fnserve.adapters.lambda_.http import create_handler
 from fnserve.adapters.lambda_.sqs import create_handler as create_sqs_handler
 from fnserve.aws import clients
 from fnserve.aws.events import LambdaContext, sqs_event
-from fnserve.core.jobs import job_message
+from fnserve.core.jobs.messages import job_message
 from fnserve.observability.logs import logger
 from fnserve.settings import Settings
 from tests.bench._timing import interleaved
@@ -56,9 +56,9 @@ def event(model: str, row: int) -> dict[str, Any]:
 
 
 def jobs() -> None:
-    from fnserve.core.cascade import confidence
-    from fnserve.core.processor import JobProcessor
-    from fnserve.core.service import InferenceService
+    from fnserve.core.execution.service import InferenceService
+    from fnserve.core.jobs.cascade import confidence
+    from fnserve.core.jobs.processor import JobProcessor
 
     manifest = write_test_manifest(Path(tempfile.mkdtemp(prefix="fnserve-bench-")), cascade=True)
     service = InferenceService.from_manifest(manifest, eager=True)

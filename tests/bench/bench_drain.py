@@ -27,7 +27,7 @@ import numpy as np
 
 from fnserve import jobsclient
 from fnserve.aws import clients
-from fnserve.core.jobs import job_identity, job_message
+from fnserve.core.jobs.messages import job_identity, job_message
 from tests.e2e.emulator import running_local
 from tests.helpers import DEMO_HOLDOUT
 

@@ -47,8 +47,8 @@ import numpy as np
 
 from fnserve.bench.load import run_wrk
 from fnserve.bench.sweep import process_tree
-from fnserve.core._cpus import available_cpus
-from fnserve.core.embeddings import MIN_FILL, TokenBudget, token_runs
+from fnserve.core.execution.embeddings import MIN_FILL, TokenBudget, token_runs
+from fnserve.core.host import available_cpus
 from tests.bench.bench_batching import MODEL, TOKENIZER, Run, Server, each_side_by_side, serving, shown, text_body
 from tests.bench.bench_grpc import cpu_seconds
 from tests.helpers import DEMO_MANIFEST, REPO
@@ -284,8 +284,8 @@ def fnserve_corpus() -> float:
     """Texts per CPU-second of fnserve's SQS batch handler on one event of one-text jobs."""
     from fnserve.adapters.lambda_.sqs import create_handler
     from fnserve.aws.events import LambdaContext, sqs_event
-    from fnserve.core.jobs import job_message
-    from fnserve.core.service import InferenceService
+    from fnserve.core.execution.service import InferenceService
+    from fnserve.core.jobs.messages import job_message
     from fnserve.settings import Settings
     from tests.helpers import MemoryStore
 

@@ -142,7 +142,7 @@ def redis_server() -> Iterator[str | None]:
 def job_traffic() -> None:
     from fnserve import bootstrap
     from fnserve.adapters.gcp.jobs import Gatherer
-    from fnserve.core.jobs import job_message
+    from fnserve.core.jobs.messages import job_message
     from fnserve.settings import Settings
     from fnserve.stores.redis import RedisResultStore
 

@@ -40,8 +40,8 @@ import numpy as np
 import onnxruntime as ort
 
 from fnserve.bench import load as _load
-from fnserve.core.manifest import load_manifest
-from fnserve.core.providers import TENSORRT, ort_provider
+from fnserve.core.models.manifest import load_manifest
+from fnserve.core.models.providers import TENSORRT, ort_provider
 from tests.gpu.models import (
     BATCHING_KEYS,
     CUDA_GRAPHS,

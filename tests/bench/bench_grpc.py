@@ -47,7 +47,7 @@ from onnx import TensorProto, helper
 
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2_grpc as pb_grpc
-from fnserve.core._cpus import available_cpus
+from fnserve.core.host import available_cpus
 from tests.bench._timing import percentile
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
 from tests.moto import free_port

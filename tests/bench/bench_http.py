@@ -21,7 +21,7 @@
     Alternating rounds, medians of each (the in-process part of the floor: the least of its
     rounds); server CPU per request from /proc (every process of the server), and each fnserve
     layout's CPU as a ratio to the floor's. The lean path runs each request alone; fnserve runs
-    the requests that one turn of its event loop decodes as one call (core/turns.py).
+    the requests that one turn of its event loop decodes as one call (core/serving/turns.py).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import aiohttp
 import grpc
 
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2_grpc as pb_grpc
-from fnserve.core._cpus import available_cpus
+from fnserve.core.host import available_cpus
 from tests.bench.bench_grpc import (
     ROUNDS,
     SECONDS,

@@ -39,7 +39,7 @@ import httpx
 import numpy as np
 import orjson
 
-from fnserve.core._cpus import available_cpus
+from fnserve.core.host import available_cpus
 from tests.bench._timing import percentile
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
 from tests.moto import free_port

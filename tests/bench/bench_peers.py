@@ -59,7 +59,7 @@ import httpx
 import numpy as np
 
 from fnserve.bench.sweep import process_tree
-from fnserve.core._cpus import available_cpus
+from fnserve.core.host import available_cpus
 from tests.bench import bench_cold, bench_sqs
 from tests.bench._timing import fresh_process_seconds
 from tests.bench.bench_batching import (
@@ -325,7 +325,7 @@ def sqs() -> dict[str, tuple[list[float], list[float]]]:
     and the floor, on one event of digits jobs, interleaved repeats."""
     from fnserve.adapters.lambda_.sqs import create_handler
     from fnserve.aws.events import LambdaContext, sqs_event
-    from fnserve.core.service import InferenceService
+    from fnserve.core.execution.service import InferenceService
     from fnserve.observability.logs import logger
     from fnserve.settings import Settings
 

@@ -36,9 +36,9 @@ from tokenizers import Tokenizer
 
 from fnserve.adapters.lambda_.sqs import create_handler
 from fnserve.aws.events import LambdaContext, sqs_event
-from fnserve.core._cpus import available_cpus
-from fnserve.core.jobs import job_message
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.service import InferenceService
+from fnserve.core.host import available_cpus
+from fnserve.core.jobs.messages import job_message
 from fnserve.settings import Settings
 from tests.bench._embed import embed, tokenizer_from
 from tests.bench.bench_http import running, wrk

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from fnserve.bench.floor import parallel_rate
-from fnserve.core._cpus import available_cpus
+from fnserve.core.host import available_cpus
 from tests.bench.bench_http import running, wrk
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
 

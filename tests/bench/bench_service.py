@@ -14,7 +14,7 @@ import statistics
 
 import numpy as np
 
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.service import InferenceService
 from tests.bench._timing import fresh_process_seconds, interleaved, median_us
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
 

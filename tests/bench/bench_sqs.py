@@ -35,9 +35,9 @@ import simdjson
 from fnserve.adapters.lambda_.sqs import create_handler, records_of
 from fnserve.aws import clients
 from fnserve.aws.events import LambdaContext, sqs_event
-from fnserve.core.jobs import CHUNK, job_message, parse_job
-from fnserve.core.results import ResultRecord, job_key
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.service import InferenceService
+from fnserve.core.jobs.messages import CHUNK, job_message, parse_job
+from fnserve.core.jobs.results import ResultRecord, job_key
 from fnserve.settings import Settings
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, MemoryStore, write_test_manifest
 from tests.moto import aws_env, moto_server

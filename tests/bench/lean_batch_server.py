@@ -39,9 +39,9 @@ import orjson
 
 from fnserve.adapters.http.infer import read_body
 from fnserve.adapters.http.wire import answered
-from fnserve.core._niced import run_niced
-from fnserve.core.batching import BATCH_NICE
-from fnserve.core.tensors import decode_request
+from fnserve.core.batching.priority import run_niced
+from fnserve.core.batching.scheduler import BATCH_NICE
+from fnserve.core.codec.tensors import decode_request
 from tests.bench.refuse_server import REFUSAL, REFUSAL_HEADERS, UP_HEADERS
 
 WINDOW = 0.002  # seconds a batch waits at most for the requests on their way (fnserve's max_batch_time_ms)
@@ -238,7 +238,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 def factory() -> Any:
     """A front process's app, its model loaded and the process pinned to its CPU, as fnserve's front processes."""
-    from fnserve.core._cpus import pin_process
+    from fnserve.core.host import pin_process
 
     global _batches
     settings = orjson.loads(os.environ[SETTINGS_ENV])
@@ -257,7 +257,7 @@ def factory() -> Any:
 if __name__ == "__main__":
     import argparse
 
-    from fnserve.core._cpus import available_cpus
+    from fnserve.core.host import available_cpus
     from fnserve.server import fronts
 
     parser = argparse.ArgumentParser(prog="python -m tests.bench.lean_batch_server")

@@ -48,8 +48,8 @@ def compute(path: str, rows: int, busy: float) -> None:
     one-CPU server's session has)."""
     import onnxruntime as ort
 
-    from fnserve.core._niced import _nice
-    from fnserve.core.batching import BATCH_NICE
+    from fnserve.core.batching.priority import _nice
+    from fnserve.core.batching.scheduler import BATCH_NICE
 
     _nice(BATCH_NICE)  # as fnserve's batch threads are niced
     options = ort.SessionOptions()

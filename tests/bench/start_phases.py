@@ -44,7 +44,7 @@ def capture_registry() -> list[Any]:
 
 
 def warm(registry: Any, names: list[str]) -> None:
-    from fnserve.core.registry import warm_up
+    from fnserve.core.models.registry import warm_up
 
     for name in names:
         model = registry.get(name)
@@ -99,7 +99,7 @@ from fnserve.settings import Settings  # noqa: E402
 
 settings = Settings()
 done("settings: import fnserve.settings, read FNSERVE_*")
-from fnserve.core.manifest import load_manifest  # noqa: E402
+from fnserve.core.models.manifest import load_manifest  # noqa: E402
 
 load_manifest(settings.manifest)
 done("manifest: import, parse, validate")

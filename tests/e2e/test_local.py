@@ -20,7 +20,7 @@ import pytest
 
 from fnserve import jobsclient
 from fnserve.aws import clients
-from fnserve.core.jobs import job_message
+from fnserve.core.jobs.messages import job_message
 from tests.e2e.emulator import running_local
 from tests.e2e.localstack import localstack
 from tests.embeddings import check_client

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fnserve.aws import clients
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.service import InferenceService
 from tests.e2e.emulator import running_local
 from tests.embeddings import SENTENCES
 from tests.helpers import DEMO_MANIFEST

@@ -13,7 +13,7 @@ import pytest
 
 from fnserve import jobsclient
 from fnserve.aws import clients
-from fnserve.core.jobs import job_message
+from fnserve.core.jobs.messages import job_message
 from tests.e2e.emulator import running_local
 from tests.faults import FaultyProxy, faulty_proxy
 from tests.helpers import DEMO_HOLDOUT

@@ -16,9 +16,9 @@ import orjson
 import pytest
 
 from fnserve.adapters.http.app import create_app
-from fnserve.core.batching import BatchObservers
-from fnserve.core.dataplane import DataPlane
-from fnserve.core.service import InferenceService
+from fnserve.core.batching.scheduler import BatchObservers
+from fnserve.core.execution.service import InferenceService
+from fnserve.core.serving.dataplane import DataPlane
 from fnserve.settings import Settings
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, body_never_comes, post_scope
 from tests.servers import start_server

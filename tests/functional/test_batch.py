@@ -19,10 +19,10 @@ from fnserve.aws import clients
 from fnserve.aws.events import LambdaContext, sqs_event
 from fnserve.bootstrap import build_dataplane, build_service
 from fnserve.cli import app, explain
-from fnserve.core.jobs import job_message
-from fnserve.core.processor import JobProcessor
-from fnserve.core.results import ResultRecord, job_key
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.service import InferenceService
+from fnserve.core.jobs.messages import job_message
+from fnserve.core.jobs.processor import JobProcessor
+from fnserve.core.jobs.results import ResultRecord, job_key
 from fnserve.settings import Settings
 from fnserve.stores.dynamodb import DynamoResultStore
 from tests.helpers import DEMO_MANIFEST, sample_arrays, write_test_manifest
@@ -428,8 +428,8 @@ def test_s3_errors_fail_only_the_job_that_references_the_object(
 def test_jobs_naming_a_cascade_get_the_slow_models_answer_only_where_the_fast_one_is_unsure(
     aws: Aws, tmp_path: Path
 ) -> None:
-    from fnserve.core.cascade import confidence
-    from fnserve.core.manifest import load_manifest
+    from fnserve.core.jobs.cascade import confidence
+    from fnserve.core.models.manifest import load_manifest
 
     manifest = write_test_manifest(tmp_path, cascade=True)
     cascade = load_manifest(manifest).cascades[0]

@@ -19,13 +19,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fnserve.adapters.http.app import create_app
 from fnserve.adapters.http.wire import SEND_NOW
-from fnserve.core.batching import AdaptiveBatcher
-from fnserve.core.cache import ResultCache
-from fnserve.core.dataplane import Answer, DataPlane
+from fnserve.core.batching.scheduler import AdaptiveBatcher
+from fnserve.core.codec.tensors import InferenceRequest
 from fnserve.core.errors import FnserveError, InvalidInput
-from fnserve.core.manifest import ModelSettings
-from fnserve.core.service import InferenceService
-from fnserve.core.tensors import InferenceRequest
+from fnserve.core.execution.cache import ResultCache
+from fnserve.core.execution.service import InferenceService
+from fnserve.core.models.manifest import ModelSettings
+from fnserve.core.serving.dataplane import Answer, DataPlane
 from fnserve.observability.metrics import ServerMetrics
 from fnserve.settings import Settings
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, Arrived, body_never_comes, post_scope, write_test_manifest

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from fnserve.bench import sizing, sweep
 from fnserve.cli import app
-from fnserve.core._cpus import available_cpus, slot_cpus
+from fnserve.core.host import available_cpus, slot_cpus
 from tests.helpers import DEMO_MANIFEST
 from tests.servers import start_server, wait_for
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.service import InferenceService
 from fnserve.datafiles import read_data
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
 

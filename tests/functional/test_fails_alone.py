@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 from fnserve import jobsclient
 from fnserve.adapters.lambda_.sqs import create_handler
 from fnserve.aws.events import LambdaContext, sqs_event
-from fnserve.core.jobs import job_message
+from fnserve.core.jobs.messages import job_message
 from fnserve.settings import Settings
 from tests.helpers import DEMO_MANIFEST
 from tests.helpers.clouds import Aws

@@ -33,8 +33,8 @@ from tritonclient.utils import InferenceServerException
 
 import fnserve
 from fnserve import bootstrap, jobsclient
-from fnserve.core.jobs import job_message
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.service import InferenceService
+from fnserve.core.jobs.messages import job_message
 from fnserve.settings import Settings
 from fnserve.stores import gcs as gcs_storage
 from fnserve.stores import pubsub
@@ -399,7 +399,7 @@ def test_models_and_the_manifest_from_cloud_storage(gcs: Gcs, tmp_path: Path, se
 
 def test_concurrent_events_run_as_one_batch_and_one_runtime_call() -> None:
     from fnserve.adapters.gcp.jobs import Gatherer
-    from fnserve.core.processor import JobProcessor
+    from fnserve.core.jobs.processor import JobProcessor
     from tests.helpers import MemoryStore
 
     class Counting(JobProcessor):

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from fnserve.adapters.http.app import create_app
-from fnserve.core.dataplane import DataPlane
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.service import InferenceService
+from fnserve.core.serving.dataplane import DataPlane
 from fnserve.settings import Settings
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
 

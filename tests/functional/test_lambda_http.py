@@ -267,7 +267,7 @@ sys.path.insert(0, {function!r})
 import app
 {call}
 watched = ("fastapi", "starlette", "pydantic", "pydantic_settings", "boto3", "asyncio")
-watched += ("fnserve.core.batching", "fnserve.core.processor")
+watched += ("fnserve.core.batching.scheduler", "fnserve.core.jobs.processor")
 print(json.dumps(sorted(m for m in watched if m in sys.modules)))
 """
 API_CALL = """
@@ -290,7 +290,7 @@ assert app.handler(event, LambdaContext())["statusCode"] == 200
         ),
         # The batch function's init needs no FastAPI, no asyncio (it has no event loop) and no boto3
         # (its clients are made on first use). Only it has the job processor, and neither has the batcher.
-        ("batch", "", ["fnserve.core.processor"]),
+        ("batch", "", ["fnserve.core.jobs.processor"]),
     ],
 )
 def test_cold_paths_import_only_what_they_need(function: str, call: str, loaded: list[str]) -> None:

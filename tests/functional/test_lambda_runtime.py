@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from fnserve.aws import clients
-from fnserve.core.results import job_key
+from fnserve.core.jobs.results import job_key
 from fnserve.emulator.runtime_api import RuntimeApi
 from fnserve.stores.dynamodb import DynamoResultStore
 from tests.helpers import DEMO_MANIFEST, REPO

@@ -13,7 +13,7 @@ import numpy as np
 import openai
 import pytest
 
-from fnserve.core.embeddings import shorten
+from fnserve.core.execution.embeddings import shorten
 from tests.embeddings import (
     MIXED,
     SENTENCES,

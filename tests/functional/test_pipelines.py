@@ -32,8 +32,8 @@ from fnserve.adapters.lambda_.sqs import create_handler as create_sqs_handler
 from fnserve.aws.events import LambdaContext, sqs_event
 from fnserve.bootstrap import build_dataplane
 from fnserve.core.errors import FnserveError, InferenceError, InvalidInput, ModelNotReady
-from fnserve.core.jobs import job_message
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.service import InferenceService
+from fnserve.core.jobs.messages import job_message
 from fnserve.settings import Settings
 from fnserve.stores.dynamodb import DynamoResultStore
 from tests.embeddings import REFERENCE, SENTENCES, cosine
@@ -291,7 +291,7 @@ def test_a_pipeline_that_cannot_be_built_is_not_ready(tmp_path: Path) -> None:
 
 
 def test_pipeline_answers_are_cached_by_their_raw_inputs(tmp_path: Path) -> None:
-    from fnserve.core.cache import ResultCache
+    from fnserve.core.execution.cache import ResultCache
 
     service = InferenceService(
         InferenceService.from_manifest(custom_manifest(tmp_path, 60)).registry, ResultCache(1 << 20)
@@ -308,7 +308,7 @@ def test_pipeline_answers_are_cached_by_their_raw_inputs(tmp_path: Path) -> None
 
 def binary_body(inputs: dict[str, np.ndarray], outputs: list[str] | None = None) -> tuple[bytes, dict[str, str]]:
     """A V2 request with every tensor in the binary extension (how an image travels unencoded)."""
-    from fnserve.core.tensors import binary_tensor
+    from fnserve.core.codec.tensors import binary_tensor
 
     tensors, blobs = [], []
     for name, array in inputs.items():

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from fnserve.aws import clients
 from fnserve.bootstrap import build_service
 from fnserve.cli import app
-from fnserve.core.manifest import load_manifest
+from fnserve.core.models.manifest import load_manifest
 from fnserve.settings import Settings
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
 from tests.helpers.clouds import Aws, Gcs

@@ -70,7 +70,7 @@ def test_readme_manifest_examples_are_valid() -> None:
 
     import msgspec
 
-    from fnserve.core.manifest import CascadeSettings, EmbeddingSettings, Manifest, PipelineSettings, Step
+    from fnserve.core.models.manifest import CascadeSettings, EmbeddingSettings, Manifest, PipelineSettings, Step
 
     blocks = [tomllib.loads(b) for b in re.findall(r"```toml\n(.*?)```", README, re.DOTALL)]
     for block in blocks:  # an entry shown without the sha256 that `fnserve manifest add` writes

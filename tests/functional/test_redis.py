@@ -19,8 +19,8 @@ from fnserve.adapters.http.app import create_app
 from fnserve.adapters.lambda_.sqs import create_handler
 from fnserve.aws.events import LambdaContext, sqs_event
 from fnserve.core.errors import ConfigError, StoreUnavailable
-from fnserve.core.jobs import job_message
-from fnserve.core.results import ResultRecord, job_key
+from fnserve.core.jobs.messages import job_message
+from fnserve.core.jobs.results import ResultRecord, job_key
 from fnserve.settings import Settings
 from fnserve.stores import redis as redis_store
 from fnserve.stores.redis import RedisCacheBackend, RedisResultStore

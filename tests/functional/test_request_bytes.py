@@ -26,9 +26,9 @@ from cfnlint.decode.cfn_yaml import load
 from fnserve.aws import clients as aws_clients
 from fnserve.aws.events import LambdaContext
 from fnserve.bench import prices
-from fnserve.core.cache import cache_key
-from fnserve.core.datatypes import V2_TO_NUMPY
-from fnserve.core.tensors import pack_arrays
+from fnserve.core.codec.tensors import pack_arrays
+from fnserve.core.execution.cache import cache_key
+from fnserve.core.models.datatypes import V2_TO_NUMPY
 from fnserve.observability.logs import logger
 from fnserve.stores.dynamodb import DynamoCacheBackend, DynamoResultStore
 from tests.helpers import DEMO_MANIFEST, REPO, load_module

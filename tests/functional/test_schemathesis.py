@@ -19,8 +19,8 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import positive_data_acceptance, response_schema_conformance
 
 from fnserve.adapters.http.app import create_app
-from fnserve.core.dataplane import DataPlane
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.service import InferenceService
+from fnserve.core.serving.dataplane import DataPlane
 from fnserve.settings import Settings
 from tests.helpers import write_test_manifest
 

@@ -8,7 +8,7 @@ from fnserve.aws import clients
 from fnserve.aws.secrets import rotating_keys
 from fnserve.bootstrap import followup_ids
 from fnserve.core.errors import ConfigError
-from fnserve.core.followups import FollowupIds
+from fnserve.core.jobs.followups import FollowupIds
 from fnserve.settings import Settings
 from tests.helpers.clouds import Aws
 

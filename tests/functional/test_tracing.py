@@ -19,7 +19,7 @@ from fnserve.adapters.lambda_ import http as lambda_http
 from fnserve.adapters.lambda_ import sqs as lambda_sqs
 from fnserve.aws.events import LambdaContext, sqs_event
 from fnserve.bootstrap import build_service
-from fnserve.core.jobs import job_message
+from fnserve.core.jobs.messages import job_message
 from fnserve.observability import tracing
 from fnserve.settings import Settings
 from tests.helpers import DEMO_HOLDOUT, REPO, MemoryStore, close_main_loop, write_test_manifest

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from fnserve.core.providers import TENSORRT, preload_tensorrt
+from fnserve.core.models.providers import TENSORRT, preload_tensorrt
 
 # The CUDA provider capturing one CUDA graph per batch shape (one_model_manifest's execution_providers).
 CUDA_GRAPHS = '[{name = "CUDAExecutionProvider", cuda_graph = true}, "CPUExecutionProvider"]'

@@ -22,8 +22,8 @@ import onnxruntime as ort
 import pytest
 
 from fnserve.core.errors import ModelLoadError
-from fnserve.core.manifest import load_manifest
-from fnserve.core.registry import ModelRegistry
+from fnserve.core.models.manifest import load_manifest
+from fnserve.core.models.registry import ModelRegistry
 from tests.gpu.models import (
     CUDA_GRAPHS,
     cosine,

@@ -21,9 +21,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from fnserve.core.manifest import Provider, load_manifest
-from fnserve.core.providers import TENSORRT, ort_provider
-from fnserve.core.registry import ModelRegistry
+from fnserve.core.models.manifest import Provider, load_manifest
+from fnserve.core.models.providers import TENSORRT, ort_provider
+from fnserve.core.models.registry import ModelRegistry
 from tests.gpu.models import (
     cosine,
     first_runs_like_later_ones,

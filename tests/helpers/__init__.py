@@ -17,8 +17,8 @@ import onnx.numpy_helper
 from onnx import TensorProto, helper
 from packaging.requirements import Requirement
 
-from fnserve.core.results import ResultRecord
-from fnserve.core.tensors import InferenceRequest
+from fnserve.core.codec.tensors import InferenceRequest
+from fnserve.core.jobs.results import ResultRecord
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_MANIFEST = REPO / "layers" / "models" / "models" / "manifest.toml"
@@ -128,7 +128,7 @@ def sample_arrays(rows: int = 3) -> dict[str, Any]:
     """A value of every datatype, shaped [rows, 2], with extremes where the type has them."""
     import numpy as np
 
-    from fnserve.core.datatypes import V2_TO_NUMPY
+    from fnserve.core.models.datatypes import V2_TO_NUMPY
 
     out: dict[str, Any] = {}
     for name, dtype in V2_TO_NUMPY.items():

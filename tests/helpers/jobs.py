@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from fnserve.core.jobs import job_message
+from fnserve.core.jobs.messages import job_message
 from tests.helpers import DEMO_HOLDOUT
 
 HOLDOUT = np.load(DEMO_HOLDOUT)

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from fnserve.aws import clients
-from fnserve.core.results import job_key
+from fnserve.core.jobs.results import job_key
 from fnserve.emulator.emulator import Emulator, Local
 from fnserve.stores.dynamodb import DynamoResultStore
 from tests.helpers import REPO

@@ -232,7 +232,7 @@ def cloud_function(env: Env) -> None:
 
 
 REDIS_ROUND_TRIP = """
-from fnserve.core.results import ResultRecord
+from fnserve.core.jobs.results import ResultRecord
 from fnserve.stores.redis import RedisResultStore
 store = RedisResultStore.from_url("{url}")
 import time

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fnserve.core.admission import QUEUE_DELAY, Admission
+from fnserve.core.batching.admission import QUEUE_DELAY, Admission
 from fnserve.core.errors import Overloaded
 
 

@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fnserve.core.admission import Pace
-from fnserve.core.batching import AdaptiveBatcher, BatchObservers, BatchPolicy
-from fnserve.core.embeddings import TokenBudget
+from fnserve.core.batching.admission import Pace
+from fnserve.core.batching.scheduler import AdaptiveBatcher, BatchObservers, BatchPolicy
+from fnserve.core.batching.stacking import Stacking
 from fnserve.core.errors import InferenceError, InvalidInput, Overloaded, grpc_code
-from fnserve.core.stacking import Stacking
+from fnserve.core.execution.embeddings import TokenBudget
 
 Arrays = dict[str, np.ndarray]
 
@@ -479,7 +479,7 @@ def test_under_an_attention_budget_long_requests_share_a_batch_with_fewer_than_s
 
 @pytest.mark.parametrize("budget", ["max_batch_tokens", "max_batch_attention"])
 def test_a_token_budget_needs_padded_inputs(budget: str) -> None:
-    from fnserve.core.manifest import ModelSettings
+    from fnserve.core.models.manifest import ModelSettings
 
     with pytest.raises(ValueError, match=f"{budget} needs pad_inputs"):
         ModelSettings(name="m", path="m.onnx", sha256="0" * 64, max_batch_time_ms=2, **{budget: 512})
@@ -537,7 +537,7 @@ def test_requests_of_other_shapes_never_share_a_batch_without_buckets() -> None:
 
 
 def test_a_shapes_queue_is_dropped_when_idle(monkeypatch: Any) -> None:
-    import fnserve.core.batching as batching
+    import fnserve.core.batching.scheduler as batching
 
     monkeypatch.setattr(batching, "IDLE_SECONDS", 0.01)
 
@@ -771,7 +771,7 @@ def test_a_batch_runs_where_its_thread_cannot_be_niced(monkeypatch: pytest.Monke
     import os
     import threading
 
-    from fnserve.core import _niced
+    from fnserve.core.batching import priority as _niced
 
     def forbidden(*_: Any) -> None:
         raise PermissionError(1, "Operation not permitted")
@@ -788,7 +788,7 @@ def test_niced_runs_are_not_capped_below_asyncios_own_threads() -> None:
     pool of four threads held the fifth back until one finished)."""
     import threading
 
-    from fnserve.core import _niced
+    from fnserve.core.batching import priority as _niced
 
     together = threading.Barrier(5, timeout=10)  # asyncio's own pool has at least 5 threads (1 CPU + 4)
 

@@ -17,11 +17,11 @@ from fnserve.bench import sizing, sweep
 from fnserve.bench.floor import tile
 from fnserve.bench.sweep import Config, LoadOptions, Point, Result
 from fnserve.bench.tuner import resolve
-from fnserve.core._cpus import pin_process, slot_cpus
 from fnserve.core.errors import InvalidInput
-from fnserve.core.manifest import load_manifest
-from fnserve.core.registry import ModelRegistry
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.service import InferenceService
+from fnserve.core.host import pin_process, slot_cpus
+from fnserve.core.models.manifest import load_manifest
+from fnserve.core.models.registry import ModelRegistry
 from tests.helpers import DEMO_MANIFEST
 
 

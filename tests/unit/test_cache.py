@@ -5,9 +5,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pytest
 
-from fnserve.core import cache as cache_module
-from fnserve.core.cache import CircuitBreaker, ResultCache, cache_key
-from fnserve.core.tensors import pack_arrays, unpack_arrays
+from fnserve.core.codec.tensors import pack_arrays, unpack_arrays
+from fnserve.core.execution import cache as cache_module
+from fnserve.core.execution.cache import CircuitBreaker, ResultCache, cache_key
 from tests.helpers import sample_arrays
 
 

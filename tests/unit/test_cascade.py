@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from msgspec import ValidationError
 
-from fnserve.core.cascade import confidence, confident
 from fnserve.core.errors import InvalidInput
-from fnserve.core.followups import FollowupIds
-from fnserve.core.manifest import CascadeSettings, Manifest
+from fnserve.core.jobs.cascade import confidence, confident
+from fnserve.core.jobs.followups import FollowupIds
+from fnserve.core.models.manifest import CascadeSettings, Manifest
 
 
 def cascade(**fields: object) -> CascadeSettings:

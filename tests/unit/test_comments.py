@@ -32,7 +32,7 @@ an attribute), on every module of the package but the generated gRPC stubs.
 Stale references: every dotted ``fnserve.`` path named in a comment or docstring must name a module or a package
 that exists; after a package, the next name is a submodule or a name its ``__init__`` binds; after a module, the
 next name is one it binds at its top level (what comes after that is not checked). The same holds for such a
-path without its ``fnserve.`` (``core.pooled``). A path like ``core/turns.py`` or ``docs/design/codec.md`` must
+path without its ``fnserve.`` (``core.pooled``). A path like ``core/serving/turns.py`` or ``docs/design/codec.md`` must
 name a file of the package or of the repository."""
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ SUBPACKAGES = sorted(path.parent.name for path in PACKAGE.glob("*/__init__.py"))
 RELATIVE = re.compile(rf"(?<![\w./-])(?:{'|'.join(SUBPACKAGES)})(?:\.[a-z_]\w*)+")
 # A file name, not a module: bench.json, fnserve.toml.
 FILE_NAME = re.compile(r"\.(?:py|json|toml|ya?ml|txt|md|csv|png|npz|npy|onnx|log)$")
-# A path to a Python file or a page of the package or the repository: core/turns.py, docs/design/codec.md.
+# A path to a Python file or a page of the package or the repository: core/serving/turns.py, docs/design/codec.md.
 FILE_PATH = re.compile(r"(?<![\w./-])(?:[\w-]+/)+[\w.-]+\.(?:py|md)\b")
 
 
@@ -363,12 +363,12 @@ def test_a_literal_block_is_an_example_not_a_claim() -> None:
 
 
 def test_a_stale_module_path_is_seen() -> None:
-    assert resolves("fnserve.core.tensors.pack_arrays")
+    assert resolves("fnserve.core.codec.tensors.pack_arrays")
     assert resolves("fnserve.server.serve.serve")
     assert resolves("fnserve.observability")
     assert not resolves("fnserve.adapters.tracing")
     assert not resolves("fnserve.core.pooled")
-    assert not resolves("fnserve.core.tensors.no_such_name")
+    assert not resolves("fnserve.core.codec.tensors.no_such_name")
 
 
 BACKTICKED = re.compile(r"``([a-z_][a-z0-9_]*)``")

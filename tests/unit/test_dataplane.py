@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fnserve.core.cache import ResultCache
-from fnserve.core.dataplane import Answer, DataPlane
 from fnserve.core.errors import ConfigError, FnserveError, ModelNotFound, Overloaded, ResultNotFound
-from fnserve.core.followups import FollowupIds, ResultLookup
-from fnserve.core.jobs import MAX_MESSAGE_BYTES
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.cache import ResultCache
+from fnserve.core.execution.service import InferenceService
+from fnserve.core.jobs.followups import FollowupIds, ResultLookup
+from fnserve.core.jobs.messages import MAX_MESSAGE_BYTES
+from fnserve.core.serving.dataplane import Answer, DataPlane
 from fnserve.stores.objects import job_body
 from tests.helpers import Arrived, ManifestWriter, MemoryStore, model_bytes
 

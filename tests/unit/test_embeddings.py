@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from fnserve.adapters.http.openai import MAX_INPUTS, OpenAIError, error_parts, texts_of
-from fnserve.core.cache import cache_key
-from fnserve.core.embeddings import MIN_FILL, TOKENS, TRUNCATED, TokenBudget, TokenIds, embedders, shorten
 from fnserve.core.errors import ConfigError, InvalidInput, Overloaded
-from fnserve.core.manifest import TokenizeStep, load_manifest
-from fnserve.core.registry import ModelRegistry
-from fnserve.core.steps import Tokenize
+from fnserve.core.execution.cache import cache_key
+from fnserve.core.execution.embeddings import MIN_FILL, TOKENS, TRUNCATED, TokenBudget, TokenIds, embedders, shorten
+from fnserve.core.execution.steps import Tokenize
+from fnserve.core.models.manifest import TokenizeStep, load_manifest
+from fnserve.core.models.registry import ModelRegistry
 from tests.helpers import DEMO_MANIFEST
 
 TOKENIZER = str(DEMO_MANIFEST.parent / "minilm-l6" / "tokenizer.json")
@@ -136,7 +136,7 @@ def test_a_cut_embedding_is_unit_length_again() -> None:
 def test_a_batch_of_texts_runs_sorted_by_tokens_in_chunks_within_the_budget() -> None:
     """A model with max_batch_tokens: a job batch's texts tokenized at once, run shortest first in chunks of at most
     the budget's padded tokens, each answer back in its row."""
-    from fnserve.core.service import InferenceService
+    from fnserve.core.execution.service import InferenceService
     from tests.embeddings import SENTENCES, cosine, tokens
 
     texts = [SENTENCES[i] for i in range(0, 240, 8)]  # 30 texts of mixed lengths, one over 256 tokens
@@ -176,7 +176,7 @@ def test_texts_that_arrive_together_without_a_budget_run_by_length_not_padded_to
     to their longest text (a query would cost a passage's run) but cut where padding would pass MIN_FILL."""
     import re
 
-    from fnserve.core.service import InferenceService
+    from fnserve.core.execution.service import InferenceService
     from tests.embeddings import SENTENCES, cosine, tokens
 
     text = DEMO_MANIFEST.read_text().replace('"minilm-l6/', f'"{DEMO_MANIFEST.parent}/minilm-l6/')
@@ -198,7 +198,7 @@ def test_texts_that_arrive_together_without_a_budget_run_by_length_not_padded_to
 
 def test_texts_become_jobs_of_rows_per_job_texts(tmp_path: Path) -> None:
     from fnserve import jobsclient
-    from fnserve.core.jobs import parse_job
+    from fnserve.core.jobs.messages import parse_job
 
     def jobs(name: str, content: str, rows_per_job: int = 2) -> list[dict[str, object]]:
         path = tmp_path / name

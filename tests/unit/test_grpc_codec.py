@@ -19,8 +19,8 @@ from fnserve.adapters.grpc import codec
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
 from fnserve.adapters.grpc.service import GrpcCall, InferenceServicer
 from fnserve.bootstrap import build_dataplane
-from fnserve.core.datatypes import V2_TO_NUMPY
 from fnserve.core.errors import DeadlineExceeded, InvalidInput, grpc_code
+from fnserve.core.models.datatypes import V2_TO_NUMPY
 from fnserve.settings import Settings
 from tests.helpers import PROJECT, REPO, sample_arrays, write_test_manifest
 

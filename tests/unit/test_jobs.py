@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fnserve.core import jobs
 from fnserve.core.errors import FnserveError
-from fnserve.core.jobs import CHUNK, job_message, parse_job, parse_jobs
+from fnserve.core.jobs import messages as jobs
+from fnserve.core.jobs.messages import CHUNK, job_message, parse_job, parse_jobs
 
 ROWS = np.arange(64 * 3, dtype=np.float32).reshape(3, 64) / 7
 

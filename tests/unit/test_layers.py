@@ -65,6 +65,37 @@ def test_no_two_packages_or_modules_import_each_other() -> None:
     assert not both_ways, "packages that import each other:\n" + "\n".join(described)
 
 
+def core_rooms() -> list[str]:
+    """core's rooms, the highest first, as docs/architecture.md draws them."""
+    page = (REPO / "docs" / "architecture.md").read_text()
+    block = page.split("Inside `core/` the rooms form layers", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    return block.split()
+
+
+def upward(rooms: list[str], graph: dict[tuple[str, str], set[str]]) -> list[str]:
+    """The imports of a core room from a room above it (``rooms``, the highest first) in ``graph``."""
+    rank = {f"fnserve.core.{room}": len(rooms) - i for i, room in enumerate(rooms)}
+    return sorted(
+        f"{a} imports {b}: {sorted(where)[:2]}"
+        for (a, b), where in graph.items()
+        if a in rank and b in rank and rank[b] > rank[a]
+    )
+
+
+def test_cores_rooms_import_only_the_rooms_below_them() -> None:
+    rooms, graph = core_rooms(), edges()
+    packages = sorted(p.parent.name for p in (PACKAGE / "core").glob("*/__init__.py"))
+    assert sorted(rooms) == packages, "docs/architecture.md's rooms of core are not its packages"
+    assert not upward(rooms, graph), "core rooms that import a room above them:\n" + "\n".join(upward(rooms, graph))
+    # Beneath every room, core's own modules: the errors and the host, which import no room.
+    base = {f"fnserve.core.{p.stem}" for p in (PACKAGE / "core").glob("*.py") if p.stem != "__init__"}
+    assert base == {"fnserve.core.errors", "fnserve.core.host"}
+    rooms_imported = sorted(f"{a} imports {b}" for a, b in graph if a in base and b.startswith("fnserve.core."))
+    assert not rooms_imported, rooms_imported
+    # The check sees an order that does not hold: the same rooms the other way up.
+    assert upward(rooms[::-1], graph)
+
+
 def test_the_top_level_has_no_cycle() -> None:
     graph: dict[str, set[str]] = defaultdict(set)
     for a, b in edges():

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from fnserve.core.registry import TensorSpec
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.service import InferenceService
+from fnserve.core.models.registry import TensorSpec
 from fnserve.server.layout import IN_PROCESS_MAX_MS, choose_layout, untimed_layout
 from tests.helpers import DEMO_MANIFEST, write_test_manifest
 

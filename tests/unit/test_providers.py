@@ -19,8 +19,8 @@ import pytest
 from msgspec import ValidationError
 
 from fnserve.core.errors import ModelLoadError
-from fnserve.core.manifest import Provider
-from fnserve.core.providers import TENSORRT_LIBRARIES, ort_provider
+from fnserve.core.models.manifest import Provider
+from fnserve.core.models.providers import TENSORRT_LIBRARIES, ort_provider
 
 
 def provider(table: dict[str, Any]) -> Provider:
@@ -111,7 +111,7 @@ def test_tensorrt_libraries_installed_by_pip_are_loaded_before_a_session_needs_t
     script = textwrap.dedent(
         """
         import sys
-        from fnserve.core.providers import preload_tensorrt
+        from fnserve.core.models.providers import preload_tensorrt
         preload_tensorrt()
         print(sys.modules["tensorrt_libs"].IMPORTED)
         print(open("/proc/self/maps").read())
@@ -131,7 +131,7 @@ def test_tensorrt_libraries_installed_by_pip_are_loaded_before_a_session_needs_t
 
 def test_without_tensorrt_libs_nothing_is_loaded_and_nothing_fails() -> None:
     script = (
-        "import sys; from fnserve.core.providers import preload_tensorrt; preload_tensorrt(); "
+        "import sys; from fnserve.core.models.providers import preload_tensorrt; preload_tensorrt(); "
         "print('tensorrt_libs' in sys.modules, 'libnvinfer' in open('/proc/self/maps').read())"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)

@@ -12,10 +12,10 @@ import onnxruntime as ort
 import pytest
 
 from fnserve.core.errors import ConfigError, ModelLoadError, ModelNotFound
-from fnserve.core.manifest import load_manifest
-from fnserve.core.providers import Placement, cuda_graphs, ort_providers
-from fnserve.core.registry import ModelRegistry
-from fnserve.core.shaped import GraphSession, ShapeSessions, shape_key
+from fnserve.core.models.manifest import load_manifest
+from fnserve.core.models.providers import Placement, cuda_graphs, ort_providers
+from fnserve.core.models.registry import ModelRegistry
+from fnserve.core.models.shape_sessions import GraphSession, ShapeSessions, shape_key
 from tests.helpers import ManifestWriter, model_bytes
 
 
@@ -306,7 +306,7 @@ def test_every_model_loads_at_once_on_the_cpu_each_on_its_own_thread(
     write_manifest: ManifestWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reg = registry(write_manifest(*({"name": f"m{i}", "data": model_bytes()} for i in range(3))))
-    monkeypatch.setattr("fnserve.core.registry.available_cpus", lambda: 2)
+    monkeypatch.setattr("fnserve.core.models.registry.available_cpus", lambda: 2)
     load = ModelRegistry._load
     inside: list[str] = []
     both = threading.Barrier(2, timeout=10)  # two loads in flight at once, or the barrier breaks

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from botocore.stub import Stubber
 
-from fnserve.core.cache import ResultCache
+from fnserve.core.execution.cache import ResultCache
 from fnserve.stores.dynamodb import DynamoCacheBackend, DynamoResultStore, _to_dynamo
 
 TABLE = "results"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fnserve.core.errors import FnserveError, InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.service import InferenceService
 from tests.helpers import ManifestWriter, model_bytes
 
 
@@ -77,7 +77,7 @@ def test_runtime_errors_are_the_inputs_when_a_kernel_refuses_it_and_the_servers_
     from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
 
     from fnserve.core.errors import InferenceError
-    from fnserve.core.servable import runtime_error
+    from fnserve.core.execution.servable import runtime_error
 
     gather = (
         "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Non-zero status code returned while running Gather node. "
@@ -210,7 +210,7 @@ def test_service_is_importable_without_web_or_aws_libraries(tmp_path: Path) -> N
     import sys
 
     code = (
-        "import sys, fnserve, fnserve.core.service\n"
+        "import sys, fnserve, fnserve.core.execution.service\n"
         "bad = [m for m in ('boto3', 'botocore', 'fastapi', 'mangum', 'starlette') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
@@ -246,7 +246,7 @@ def test_infer_many_chunks_large_stacks_by_max_batch_size(service: InferenceServ
 
 
 def test_infer_many_uses_the_cache_for_repeated_inputs(write_manifest: ManifestWriter) -> None:
-    from fnserve.core.cache import ResultCache
+    from fnserve.core.execution.cache import ResultCache
 
     manifest = write_manifest({"data": model_bytes(), "cache_ttl_seconds": 60})
     service = InferenceService.from_manifest(manifest, cache=ResultCache())
@@ -280,9 +280,9 @@ def test_infer_many_never_stacks_a_model_that_reduces_over_the_batch(write_manif
 
 def test_packed_predictions_are_the_stacked_ones_by_column(write_manifest: ManifestWriter) -> None:
     """What a batch stores (``pack``) holds every job's outputs, hits and misses alike, as the unpacked answer."""
-    from fnserve.core.cache import ResultCache
-    from fnserve.core.service import Packed
-    from fnserve.core.tensors import unpack_arrays
+    from fnserve.core.codec.tensors import unpack_arrays
+    from fnserve.core.execution.cache import ResultCache
+    from fnserve.core.execution.service import Packed
 
     manifest = write_manifest({"data": model_bytes(), "cache_ttl_seconds": 60, "max_batch_size": 4})
     cached = InferenceService.from_manifest(manifest, cache=ResultCache())

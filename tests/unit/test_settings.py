@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 from msgspec import ValidationError
 
-from fnserve.core import _cpus
+from fnserve.core import host as _cpus
 from fnserve.core.errors import ConfigError
-from fnserve.core.manifest import Manifest, ModelSettings
+from fnserve.core.models.manifest import Manifest, ModelSettings
 from fnserve.settings import Settings
 
 SHA = "a" * 64

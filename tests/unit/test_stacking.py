@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from fnserve.core.batching.stacking import Failed, Stacking, answers, isolating
 from fnserve.core.errors import InvalidInput, ModelNotReady
-from fnserve.core.stacking import Failed, Stacking, answers, isolating
 
 
 @dataclass

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fnserve.core import statistics as statistics_module
-from fnserve.core.statistics import Executions, Statistics
+from fnserve.core.models import statistics as statistics_module
+from fnserve.core.models.statistics import Executions, Statistics
 
 TIMINGS = {"decode": 0.5, "pre": 0.25, "queue": 2.0, "infer": 3.0, "post": 0.125, "encode": 1.0}
 

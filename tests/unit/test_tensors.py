@@ -9,11 +9,9 @@ import numpy as np
 import orjson
 import pytest
 
-from fnserve.core import tensors
-from fnserve.core._rows import slice_rows
-from fnserve.core.datatypes import V2_TO_NUMPY
-from fnserve.core.errors import BadRequest, InvalidInput
-from fnserve.core.tensors import (
+from fnserve.core.codec import tensors
+from fnserve.core.codec.rows import slice_rows
+from fnserve.core.codec.tensors import (
     InferenceRequest,
     array_from_json,
     decode_request,
@@ -22,6 +20,8 @@ from fnserve.core.tensors import (
     pack_rows,
     unpack_arrays,
 )
+from fnserve.core.errors import BadRequest, InvalidInput
+from fnserve.core.models.datatypes import V2_TO_NUMPY
 from tests.helpers import sample_arrays
 
 
@@ -55,7 +55,7 @@ def binary_body(arrays: dict[str, tuple[str, np.ndarray]], **fields: Any) -> tup
 
 
 def split_binary_response(payload: bytes, head_length: int) -> dict[str, np.ndarray]:
-    from fnserve.core.datatypes import V2_TO_NUMPY
+    from fnserve.core.models.datatypes import V2_TO_NUMPY
 
     doc = orjson.loads(payload[:head_length])
     offset, out = head_length, {}

@@ -13,16 +13,16 @@ import pytest
 
 from fnserve.adapters.lambda_.sqs import records_of
 from fnserve.aws.events import sqs_event
-from fnserve.core.cache import ResultCache
-from fnserve.core.dataplane import Answer, DataPlane
 from fnserve.core.errors import ConfigError, InvalidInput, ModelNotFound
-from fnserve.core.jobs import job_message
-from fnserve.core.manifest import load_manifest
-from fnserve.core.processor import JobProcessor
-from fnserve.core.providers import Placement
-from fnserve.core.servable import Servable
-from fnserve.core.service import InferenceService
-from fnserve.core.statistics import Executions
+from fnserve.core.execution.cache import ResultCache
+from fnserve.core.execution.servable import Servable
+from fnserve.core.execution.service import InferenceService
+from fnserve.core.jobs.messages import job_message
+from fnserve.core.jobs.processor import JobProcessor
+from fnserve.core.models.manifest import load_manifest
+from fnserve.core.models.providers import Placement
+from fnserve.core.models.statistics import Executions
+from fnserve.core.serving.dataplane import Answer, DataPlane
 from tests.helpers import ManifestWriter, MemoryStore, model_bytes
 
 

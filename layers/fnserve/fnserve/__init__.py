@@ -13,7 +13,7 @@ __all__ = ["FnserveError", "InferenceService", "__version__"]
 
 if TYPE_CHECKING:
     from fnserve.core.errors import FnserveError
-    from fnserve.core.service import InferenceService
+    from fnserve.core.execution.service import InferenceService
 
 
 def __getattr__(name: str) -> Any:
@@ -22,7 +22,7 @@ def __getattr__(name: str) -> Any:
 
         return FnserveError
     if name == "InferenceService":
-        from fnserve.core.service import InferenceService
+        from fnserve.core.execution.service import InferenceService
 
         return InferenceService
     raise AttributeError(f"module 'fnserve' has no attribute {name!r}")

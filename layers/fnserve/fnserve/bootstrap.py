@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fnserve.aws.clients import Budget
-from fnserve.core._cpus import AFFINITY_DIR_ENV, pin_process
-from fnserve.core.cache import CircuitBreaker, ResultCache
 from fnserve.core.errors import ConfigError, InvalidInput
-from fnserve.core.manifest import load_manifest, step_files
-from fnserve.core.registry import ModelRegistry
-from fnserve.core.results import ResultStore
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.cache import CircuitBreaker, ResultCache
+from fnserve.core.execution.service import InferenceService
+from fnserve.core.host import AFFINITY_DIR_ENV, pin_process
+from fnserve.core.jobs.results import ResultStore
+from fnserve.core.models.manifest import load_manifest, step_files
+from fnserve.core.models.registry import ModelRegistry
 
 # Every process builds here: its fnserve loggers write through this one's handler, in its structured lines.
 from fnserve.observability.logs import logger
@@ -35,11 +35,11 @@ from fnserve.stores.redis import RedisCacheBackend, RedisResultStore
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from fnserve.core.batching import BatchObservers
-    from fnserve.core.cascade import CascadeRunner
-    from fnserve.core.dataplane import DataPlane
-    from fnserve.core.followups import FollowupIds, ResultLookup
-    from fnserve.core.processor import JobProcessor
+    from fnserve.core.batching.scheduler import BatchObservers
+    from fnserve.core.jobs.cascade import CascadeRunner
+    from fnserve.core.jobs.followups import FollowupIds, ResultLookup
+    from fnserve.core.jobs.processor import JobProcessor
+    from fnserve.core.serving.dataplane import DataPlane
     from fnserve.workers.pool import WorkerPool
     from fnserve.workers.remote import Overflow, Pools
 
@@ -144,7 +144,7 @@ def build_dataplane(
     Without ``service`` and ``store``, both are built from the settings. ``observers``: what each model's batcher
     tells (the server's metrics), by model name.
     """
-    from fnserve.core.dataplane import DataPlane  # and asyncio: not on the batch functions' path
+    from fnserve.core.serving.dataplane import DataPlane  # and asyncio: not on the batch functions' path
 
     if store is None and service is None:
         store = result_store(settings, for_requests=True)
@@ -164,7 +164,7 @@ def build_dataplane(
 
 def pin_inference(settings: Settings) -> tuple[int, list[int]] | None:
     """With ``cpu_affinity``, pin this process, which runs inference, to its share of the server's CPUs
-    (see :func:`fnserve.core._cpus.pin_process`); the slot and CPUs it got, or None when not pinned.
+    (see :func:`fnserve.core.host.pin_process`); the slot and CPUs it got, or None when not pinned.
 
     The server that started this process named the directory of slot locks its processes share.
     """
@@ -215,7 +215,7 @@ def _fetch_manifest(settings: InferenceSettings) -> Path:
 def followup_ids(settings: AwsSettings) -> FollowupIds:
     """The signer of follow-up ids: FNSERVE_RESULT_ID_KEY, else the secret FNSERVE_RESULT_ID_KEY_SECRET names,
     else a key derived from the table's name (or the Redis URL's host part)."""
-    from fnserve.core.followups import FollowupIds
+    from fnserve.core.jobs.followups import FollowupIds
 
     if settings.result_id_key is not None:
         return FollowupIds(settings.result_id_key.get_secret_value().encode())
@@ -249,7 +249,7 @@ def cascade_runner(
     """The manifest's cascades with a follow-up sender (SQS or Pub/Sub), or None when it declares none."""
     if not service.registry.manifest.cascades:
         return None
-    from fnserve.core.cascade import CascadeRunner
+    from fnserve.core.jobs.cascade import CascadeRunner
 
     destination = settings.followup_topic or settings.followup_queue_url
     return CascadeRunner(service, ids or followup_ids(settings), Followups(settings.results_bucket), destination)
@@ -261,7 +261,7 @@ def result_lookup(
     """Result ids -> states, reading ``store``; None where no results are stored."""
     if store is None:
         return None
-    from fnserve.core.followups import ResultLookup
+    from fnserve.core.jobs.followups import ResultLookup
 
     cascades = {c.name: c for c in service.registry.manifest.cascades}
     return ResultLookup(store, ids or followup_ids(settings), cascades)
@@ -282,7 +282,7 @@ def batch_processor(settings: Settings, service: InferenceService | None, store:
 
 def job_processor(settings: AwsSettings, store: ResultStore, service: InferenceService) -> JobProcessor:
     """The batch job processor of the SQS and Pub/Sub functions: inputs by reference come from S3 or GCS."""
-    from fnserve.core.processor import JobProcessor
+    from fnserve.core.jobs.processor import JobProcessor
 
     return JobProcessor(
         service,

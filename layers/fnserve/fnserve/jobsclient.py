@@ -13,8 +13,8 @@ import numpy as np
 import orjson
 
 from fnserve.core.errors import InvalidInput
-from fnserve.core.jobs import SubmitReport, job_message
-from fnserve.core.results import ResultStore, job_key
+from fnserve.core.jobs.messages import SubmitReport, job_message
+from fnserve.core.jobs.results import ResultStore, job_key
 from fnserve.datafiles import LABEL_KEYS
 from fnserve.stores import sqs
 

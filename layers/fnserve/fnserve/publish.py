@@ -26,8 +26,8 @@ from typing import Any
 import tomli_w
 
 from fnserve.core.errors import ConfigError, ModelLoadError
-from fnserve.core.manifest import ModelSettings, load_manifest, refused_at, step_files
-from fnserve.core.registry import TensorSpec, tensor_specs
+from fnserve.core.models.manifest import ModelSettings, load_manifest, refused_at, step_files
+from fnserve.core.models.registry import TensorSpec, tensor_specs
 from fnserve.stores import objects
 
 

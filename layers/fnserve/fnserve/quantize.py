@@ -326,7 +326,7 @@ def _rows(array: np.ndarray[Any, Any], n: int) -> np.ndarray[Any, Any]:
 
 def synthetic_inputs(sess: ort.InferenceSession, seed: int = 0) -> DataFile:
     """Random inputs shaped like the model's (variable dimensions set to 1), for timing only."""
-    from fnserve.core.datatypes import ORT_TO_V2, V2_TO_NUMPY
+    from fnserve.core.models.datatypes import ORT_TO_V2, V2_TO_NUMPY
 
     rng = np.random.default_rng(seed)
     inputs = {}

@@ -3,7 +3,7 @@
 Each part of fnserve takes the narrowest class it needs (the HTTP app :class:`HttpSettings`,
 the result store :class:`AwsSettings`, ...); the composition root reads :class:`Settings`,
 which is all of them, once per process. What one model does is the manifest's business
-(:mod:`fnserve.core.manifest`), not the environment's.
+(:mod:`fnserve.core.models.manifest`), not the environment's.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import msgspec
 import orjson
 from msgspec import Meta
 
-from fnserve.core._cpus import available_cpus
 from fnserve.core.errors import ConfigError
-from fnserve.core.manifest import refused_at
+from fnserve.core.host import available_cpus
+from fnserve.core.models.manifest import refused_at
 
 _PREFIX = "FNSERVE_"
 WHOLE = "FNSERVE_SETTINGS"  # every setting of a parent process (a server's), as JSON: see EnvSettings.to_env

@@ -24,11 +24,11 @@ from fnserve.observability.logs import logger
 from fnserve.settings import Settings
 
 if TYPE_CHECKING:
-    from fnserve.core.dataplane import DataPlane
-    from fnserve.core.processor import JobProcessor
-    from fnserve.core.registry import ModelRegistry
-    from fnserve.core.results import ResultStore
-    from fnserve.core.service import InferenceService
+    from fnserve.core.execution.service import InferenceService
+    from fnserve.core.jobs.processor import JobProcessor
+    from fnserve.core.jobs.results import ResultStore
+    from fnserve.core.models.registry import ModelRegistry
+    from fnserve.core.serving.dataplane import DataPlane
 
 Answer = TypeVar("Answer")
 Translate = Callable[[dict[str, Any], Any], Answer]  # a Lambda event and its context -> the answer

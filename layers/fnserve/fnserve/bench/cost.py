@@ -20,7 +20,7 @@ from fnserve.bench.targets import Choices, Measured, Profile, Row
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from fnserve.core.service import InferenceService
+    from fnserve.core.execution.service import InferenceService
 
 JSON_FILE = "targets.json"
 TABLE_FILE = "targets.txt"
@@ -53,7 +53,7 @@ def measure(
 
 def answer_bytes(service: InferenceService, target: str, request: Request) -> int:
     """The size of the V2 JSON answer to ``request``."""
-    from fnserve.core.tensors import InferenceRequest, encode_response
+    from fnserve.core.codec.tensors import InferenceRequest, encode_response
 
     prediction = service.infer(target, request.inputs)
     body, _ = encode_response(prediction.model, prediction.version, prediction.outputs, InferenceRequest(inputs={}))

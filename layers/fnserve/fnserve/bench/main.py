@@ -15,9 +15,9 @@ from fnserve.bench.report import summary, table, write
 from fnserve.bench.sweep import Config, LoadOptions
 from fnserve.bench.tuner import Plan, resolve
 from fnserve.bench.tuner import run as run_sweep
-from fnserve.core._cpus import available_cpus
 from fnserve.core.errors import InvalidInput
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.service import InferenceService
+from fnserve.core.host import available_cpus
 
 if TYPE_CHECKING:
     from rich.console import Console

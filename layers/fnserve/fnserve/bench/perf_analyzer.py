@@ -30,7 +30,7 @@ import numpy as np
 
 from fnserve.bench.load import Load
 from fnserve.bench.requests import Request
-from fnserve.core.tensors import binary_tensor
+from fnserve.core.codec.tensors import binary_tensor
 from fnserve.server.fronts import SHARE_SECONDS
 
 COMMAND = "perf_analyzer"

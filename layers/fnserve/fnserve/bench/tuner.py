@@ -33,10 +33,10 @@ from fnserve.bench.sweep import (
     serving,
     tunings,
 )
-from fnserve.core._cpus import available_cpus
 from fnserve.core.errors import ConfigError, InvalidInput
-from fnserve.core.servable import PipelineServable
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.servable import PipelineServable
+from fnserve.core.execution.service import InferenceService
+from fnserve.core.host import available_cpus
 
 STAGES = ("layout", "threads", "batching")
 

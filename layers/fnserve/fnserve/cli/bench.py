@@ -189,7 +189,7 @@ def cascade_tune(
 ) -> None:
     """Score thresholds on labelled data: slow-model share skipped, and combined accuracy."""
     from fnserve import tune as tuning
-    from fnserve.core.service import InferenceService
+    from fnserve.core.execution.service import InferenceService
     from fnserve.datafiles import read_data
 
     try:

@@ -158,14 +158,14 @@ class _Example:
 
 def _served_example(local_: Local) -> _Example | None:
     """Lines to try, from the manifest the template's functions serve (None when none serves one)."""
-    from fnserve.core.manifest import TokenizeStep
-    from fnserve.core.service import InferenceService
+    from fnserve.core.execution.service import InferenceService
+    from fnserve.core.models.manifest import TokenizeStep
 
     manifests = (Path(m) for spec in local_.functions.values() if (m := spec.env.get("FNSERVE_MANIFEST")))
     manifest = next((m for m in manifests if m.is_file()), None)
     if manifest is None:
         return None
-    registry_log = logging.getLogger("fnserve.core.registry")
+    registry_log = logging.getLogger("fnserve.core.models.registry")
     level = registry_log.level
     registry_log.setLevel(logging.WARNING)  # the functions load the models and say so; here, quietly
     try:

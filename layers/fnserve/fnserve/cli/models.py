@@ -18,7 +18,7 @@ def models(ctx: typer.Context, manifest: ManifestOpt = DEFAULT_MANIFEST) -> None
     """List what a manifest serves: its models (inputs and outputs), its pipelines and its cascades."""
     if ctx.invoked_subcommand is not None:
         return
-    from fnserve.core.service import InferenceService
+    from fnserve.core.execution.service import InferenceService
 
     try:
         service = InferenceService.from_manifest(manifest)
@@ -132,8 +132,8 @@ def predict(
 
     A cascade answers each row as its own request would once its follow-up is done: the fast
     model's answer where it is confident, the slow model's elsewhere."""
-    from fnserve.core.cascade import settle
-    from fnserve.core.service import InferenceService
+    from fnserve.core.execution.service import InferenceService
+    from fnserve.core.jobs.cascade import settle
     from fnserve.datafiles import read_data
 
     try:

@@ -1,7 +1,7 @@
 """How every transport's requests are watched: a span, an access line, a metrics record per request.
 
 The envelope of a request (decode, infer, encode, timings, the deadline, the mapping of errors) is
-:meth:`fnserve.core.dataplane.DataPlane.serve`, the same for every transport; what it tells of each
+:meth:`fnserve.core.serving.dataplane.DataPlane.serve`, the same for every transport; what it tells of each
 request goes to a :class:`RequestWatcher`, one per transport, which writes it where this process
 writes such things (OpenTelemetry, the structured log, Prometheus or EMF).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from fnserve.core.dataplane import Answer
 from fnserve.core.errors import FnserveError
+from fnserve.core.serving.dataplane import Answer
 from fnserve.observability import logs, tracing
 
 # The V2 protocol extensions fnserve speaks, on every transport (Triton's names).

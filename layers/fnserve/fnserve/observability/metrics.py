@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
-from fnserve.core.batching import BatchObservers
+from fnserve.core.batching.scheduler import BatchObservers
 from fnserve.observability.gpu_metrics import GpuCollector, gpu_collector
 from fnserve.observability.periodic import Every
 
 if TYPE_CHECKING:
-    from fnserve.core.dataplane import DataPlane
+    from fnserve.core.serving.dataplane import DataPlane
 
 
 class _Workers(Protocol):

@@ -17,8 +17,8 @@ from fnserve.settings import Settings
 
 if TYPE_CHECKING:
     from fnserve.adapters.http.infer import Companion, V2App
-    from fnserve.core.dataplane import DataPlane
-    from fnserve.core.service import InferenceService
+    from fnserve.core.execution.service import InferenceService
+    from fnserve.core.serving.dataplane import DataPlane
     from fnserve.observability.envelope import Telemetry
     from fnserve.workers.remote import Overflow, Pools
 

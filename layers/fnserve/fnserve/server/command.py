@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from fnserve.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from fnserve.core.service import InferenceService
+    from fnserve.core.execution.service import InferenceService
     from fnserve.settings import Settings
 
 DEFAULT_MANIFEST = Path("manifest.toml")  # in the current directory, when FNSERVE_MANIFEST names none
@@ -125,7 +125,7 @@ def banner(host: str, port: int, service: InferenceService | None, settings: Set
     if settings.server_processes > 1:
         where = f"{settings.server_processes} server processes, each {where}"
     if service is None:
-        from fnserve.core.manifest import load_manifest
+        from fnserve.core.models.manifest import load_manifest
 
         names = list(dict.fromkeys(model.name for model in load_manifest(settings.manifest).models))
         return [
@@ -181,6 +181,6 @@ def _one_row(shape: list[int]) -> list[int]:
 
 
 def _numpy_name(datatype: str) -> str:
-    from fnserve.core.datatypes import V2_TO_NUMPY
+    from fnserve.core.models.datatypes import V2_TO_NUMPY
 
     return str(V2_TO_NUMPY[datatype])

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from fnserve.bootstrap import build_service, pin_inference
-from fnserve.core._heap import freeze_heap
+from fnserve.core.host import freeze_heap
 from fnserve.settings import Settings
 from fnserve.workers.messages import Describe, RunModel
 from fnserve.workers.remote import handle

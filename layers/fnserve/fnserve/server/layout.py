@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # a fast start lays out its processes before onnxruntime is imported (untimed_layout)
-    from fnserve.core.registry import LoadedModel, Session
-    from fnserve.core.service import InferenceService
+    from fnserve.core.execution.service import InferenceService
+    from fnserve.core.models.registry import LoadedModel, Session
 
 # A request's round trip to an inference worker (pipe, pickling, the worker's wake-up): a model whose batch-1
 # run is a small part of it is served faster by the front processes themselves. Heavier models gave the same
@@ -143,7 +143,7 @@ def one_batcher(
     share = max(1, rows // processes)
 
     def feed(n: int) -> dict[str, Any]:
-        from fnserve.core.registry import zeros_feed
+        from fnserve.core.models.registry import zeros_feed
 
         return zeros_feed(model.inputs, n, length, settings.pad_inputs)
 
@@ -166,7 +166,7 @@ def _cpu_session(model: LoadedModel, threads: int) -> Session:
     :func:`one_batcher`'s timing."""
     import onnxruntime as ort
 
-    from fnserve.core.registry import session_options
+    from fnserve.core.models.registry import session_options
 
     options = session_options(model.settings, threads)
     session: Session = ort.InferenceSession(str(model.path), sess_options=options, providers=["CPUExecutionProvider"])
@@ -194,7 +194,7 @@ def _available_bytes() -> int | None:
 
 def batch1_ms(model: LoadedModel) -> float:
     """Median milliseconds of a batch-1 run on zeros (inf for a model that rejects zeros)."""
-    from fnserve.core.registry import zeros_feed
+    from fnserve.core.models.registry import zeros_feed
 
     return run_ms(model.session, model.output_names, zeros_feed(model.inputs))
 

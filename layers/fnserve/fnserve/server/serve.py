@@ -22,9 +22,9 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fnserve.core._cpus import AFFINITY_DIR_ENV, available_cpus
 from fnserve.core.errors import ConfigError
-from fnserve.core.manifest import WorkerGroup, load_manifest
+from fnserve.core.host import AFFINITY_DIR_ENV, available_cpus
+from fnserve.core.models.manifest import WorkerGroup, load_manifest
 from fnserve.observability.logs import logger
 from fnserve.server import fronts, rundirs
 from fnserve.server.layout import Layout, untimed_layout
@@ -35,7 +35,7 @@ from fnserve.settings import Settings
 # the front processes' (a fast start spawns them sooner for it).
 if TYPE_CHECKING:
     from fnserve.adapters.http.infer import V2App
-    from fnserve.core.service import InferenceService
+    from fnserve.core.execution.service import InferenceService
     from fnserve.workers.pool import FunctionSpec, WorkerPool
     from fnserve.workers.remote import Overflow, Pools
 
@@ -235,7 +235,7 @@ def front(
     ``service``: one already loaded in this process, for inference here; ``groups``: the manifest's worker groups
     (a server with groups has this one front process)."""
     from fnserve import bootstrap
-    from fnserve.core._heap import freeze_heap
+    from fnserve.core.host import freeze_heap
     from fnserve.server.app import server_app
 
     pool: Overflow | Pools | None = None

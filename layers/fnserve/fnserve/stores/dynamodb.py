@@ -1,6 +1,6 @@
 """The DynamoDB result store: job results, follow-up results and the shared cache tier, one table.
 
-The only translator between :class:`~fnserve.core.results.ResultRecord` and DynamoDB items.
+The only translator between :class:`~fnserve.core.jobs.results.ResultRecord` and DynamoDB items.
 Every read is a BatchGetItem (100 keys a call) and every write a BatchWriteItem (25 items a
 call); unprocessed keys and items are retried with exponential backoff and full jitter.
 Items carry a TTL attribute (``expires_at``); DynamoDB deletes late, so reads ignore
@@ -18,7 +18,7 @@ from typing import Any
 
 from fnserve.aws.clients import DEFAULT_BUDGET, Budget, client, store_error
 from fnserve.core.errors import StoreUnavailable
-from fnserve.core.results import ResultRecord, cache_entry_key
+from fnserve.core.jobs.results import ResultRecord, cache_entry_key
 from fnserve.stores import s3
 
 logger = logging.getLogger(__name__)

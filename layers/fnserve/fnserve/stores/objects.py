@@ -66,7 +66,7 @@ def _backend(uri: str) -> Any:
 
 def job_body(job: dict[str, Any], bucket: str | None, limit: int) -> tuple[str, bool]:
     """The message body of ``job`` for a queue or topic taking at most ``limit`` bytes, and whether its
-    inputs went to ``bucket`` by reference (see :mod:`fnserve.core.jobs`)."""
+    inputs went to ``bucket`` by reference (see :mod:`fnserve.core.jobs.messages`)."""
     body = orjson.dumps(job)
     if len(body) <= limit - 1024:  # room for the message's attributes
         return body.decode(), False

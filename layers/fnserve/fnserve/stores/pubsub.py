@@ -1,6 +1,6 @@
 """Job messages on Pub/Sub: ``fnserve submit --topic`` and cascade follow-ups on Google Cloud.
 
-The body is the SQS job's (see :mod:`fnserve.core.jobs`); one over Pub/Sub's 10 MB message
+The body is the SQS job's (see :mod:`fnserve.core.jobs.messages`); one over Pub/Sub's 10 MB message
 limit goes to the results bucket by reference. The publisher honours ``PUBSUB_EMULATOR_HOST``.
 """
 
@@ -13,7 +13,7 @@ from concurrent import futures
 from typing import TYPE_CHECKING, Any
 
 from fnserve.core.errors import InvalidInput
-from fnserve.core.jobs import SubmitReport
+from fnserve.core.jobs.messages import SubmitReport
 from fnserve.observability import tracing
 from fnserve.stores.objects import job_body
 

@@ -2,7 +2,7 @@
 
 For Memorystore on Google Cloud, or beside the container server; chosen by URL
 (``FNSERVE_RESULTS=redis://host:6379/0``, ``rediss://`` for TLS). The only translator between
-:class:`~fnserve.core.results.ResultRecord` and Redis values.
+:class:`~fnserve.core.jobs.results.ResultRecord` and Redis values.
 
 - A record is one string value: a small JSON header, a newline, then the packed outputs. Its
   expiry is Redis's own (``SET ... EXAT``), so nothing expired is ever read back.
@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from fnserve.core.errors import ConfigError, StoreUnavailable
-from fnserve.core.results import ResultRecord, cache_entry_key
+from fnserve.core.jobs.results import ResultRecord, cache_entry_key
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Job messages on SQS: `fnserve submit`'s batches and cascade follow-ups, one body format.
 
 A body over SQS's limit is stored in the results bucket and sent as a reference (see
-fnserve.core.jobs and :func:`fnserve.stores.objects.job_body`).
+fnserve.core.jobs.messages and :func:`fnserve.stores.objects.job_body`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from fnserve.aws.clients import client
-from fnserve.core.jobs import MAX_MESSAGE_BYTES, SubmitReport
+from fnserve.core.jobs.messages import MAX_MESSAGE_BYTES, SubmitReport
 from fnserve.observability import tracing
 from fnserve.stores.objects import job_body
 

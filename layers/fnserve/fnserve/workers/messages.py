@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fnserve.core.datatypes import Arrays
+from fnserve.core.models.datatypes import Arrays
 
 # -- pool -> worker ---------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ the result cache, batching, cascades) and a :class:`~fnserve.workers.pool.Worker
 inference workers, each holding every model's ONNX Runtime session. The front process
 loads no model: its :class:`PooledRegistry` knows each model's tensors from the workers'
 description, and its sessions send :class:`RunModel` to whichever worker is free.
-Everything above the session (:class:`~fnserve.core.service.InferenceService`, the
+Everything above the session (:class:`~fnserve.core.execution.service.InferenceService`, the
 batcher, the data plane) is the same code in both modes. :func:`handle` is what a worker answers.
 
 A mixed-device pool is two pools: the GPU's workers (the manifest's providers) and CPU
@@ -25,13 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from fnserve.core.datatypes import V2_TO_NUMPY, Arrays
 from fnserve.core.errors import BadRequest, ModelNotReady
-from fnserve.core.manifest import Manifest, ModelSettings
-from fnserve.core.providers import Placement, note_device
-from fnserve.core.registry import LoadedModel, ModelRegistry, TensorSpec
-from fnserve.core.service import InferenceService
-from fnserve.core.statistics import Executions
+from fnserve.core.execution.service import InferenceService
+from fnserve.core.models.datatypes import V2_TO_NUMPY, Arrays
+from fnserve.core.models.manifest import Manifest, ModelSettings
+from fnserve.core.models.providers import Placement, note_device
+from fnserve.core.models.registry import LoadedModel, ModelRegistry, TensorSpec
+from fnserve.core.models.statistics import Executions
 from fnserve.workers.messages import Describe, Described, RunModel
 from fnserve.workers.pool import WorkerPool
 

@@ -22,7 +22,7 @@ from starlette.responses import Response
 from fnserve.adapters.gcp.logs import bind_trace, use_cloud_logging
 from fnserve.adapters.handler import start_requests
 from fnserve.adapters.http.app import create_app
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.service import InferenceService
 from fnserve.settings import Settings
 
 Asgi = Callable[[dict[str, Any], Any, Any], Any]

@@ -1,7 +1,7 @@
 """The batch-job function on Google Cloud: Pub/Sub message-published CloudEvents in, results stored.
 
 Each event is one Pub/Sub message (as Eventarc delivers them) whose ``data`` is base64 of one
-job, in the SQS job format (:mod:`fnserve.core.jobs`). An instance takes many events at once
+job, in the SQS job format (:mod:`fnserve.core.jobs.messages`). An instance takes many events at once
 (Cloud Run's concurrency): the events that arrive within ``FNSERVE_JOBS_GATHER_MS`` of the first,
 and those arriving while a batch runs, are gathered and run as one delivery through the job
 processor, so same-shaped jobs become one vectorised runtime call, as an SQS batch does. The
@@ -37,9 +37,9 @@ from starlette.exceptions import HTTPException
 
 from fnserve.adapters.gcp.logs import use_cloud_logging
 from fnserve.adapters.handler import start_jobs
-from fnserve.core.processor import JobProcessor
-from fnserve.core.results import ResultStore
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.service import InferenceService
+from fnserve.core.jobs.processor import JobProcessor
+from fnserve.core.jobs.results import ResultStore
 from fnserve.observability.logs import logger
 from fnserve.settings import Settings
 

@@ -26,9 +26,9 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
-from fnserve.core.datatypes import V2_TO_NUMPY, Arrays, v2_datatype
+from fnserve.core.codec.tensors import array_from_json, binary_tensor, from_binary, request_timeout
 from fnserve.core.errors import InvalidInput
-from fnserve.core.tensors import array_from_json, binary_tensor, from_binary, request_timeout
+from fnserve.core.models.datatypes import V2_TO_NUMPY, Arrays, v2_datatype
 
 RAW_INPUT_CONTENTS = pb.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number
 RAW_OUTPUT_CONTENTS = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number

@@ -16,8 +16,8 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
 from fnserve.adapters.grpc.service import SERVICE, InferenceServicer, method_handlers
-from fnserve.core.dataplane import DataPlane
 from fnserve.core.errors import ConfigError
+from fnserve.core.serving.dataplane import DataPlane
 from fnserve.observability.envelope import Telemetry
 from fnserve.observability.logs import logger
 

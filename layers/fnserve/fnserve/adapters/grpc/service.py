@@ -1,6 +1,6 @@
 """``inference.GRPCInferenceService`` over the data plane: what the HTTP routes do, in gRPC's terms.
 
-Each RPC translates its message to a :class:`~fnserve.core.dataplane.DataPlane` call (the
+Each RPC translates its message to a :class:`~fnserve.core.serving.dataplane.DataPlane` call (the
 same validation, cache, adaptive batching, cascades and worker pool as HTTP) and the answer
 back; an error becomes the gRPC status of its HTTP status (:data:`STATUS`), with the same
 message. A client's deadline bounds the call: an inference still waiting (in the batcher's
@@ -19,8 +19,8 @@ from google.protobuf import json_format
 from fnserve import __version__
 from fnserve.adapters.grpc import codec
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
-from fnserve.core.dataplane import Answer, DataPlane
 from fnserve.core.errors import BadRequest, FnserveError, grpc_code
+from fnserve.core.serving.dataplane import Answer, DataPlane
 from fnserve.observability import tracing
 from fnserve.observability.envelope import EXTENSIONS, NoTelemetry, RequestWatcher, Telemetry
 from fnserve.observability.logs import request_keys

@@ -1,6 +1,6 @@
 """The HTTP API: Open Inference Protocol V2, shared by Lambda (Mangum), Cloud Functions and the server (uvicorn).
 
-Every route translates HTTP to a :class:`~fnserve.core.dataplane.DataPlane` call and its
+Every route translates HTTP to a :class:`~fnserve.core.serving.dataplane.DataPlane` call and its
 answer back to HTTP; none decides anything about inference. :func:`create_app` composes it: a
 :class:`~fnserve.adapters.http.infer.V2App` that answers inference requests itself, as plain ASGI,
 and the FastAPI app of the other routes (:mod:`~fnserve.adapters.http.routes`: health, metadata,
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from fnserve.adapters.http.infer import InferenceRoute, V2App
-from fnserve.core.dataplane import DataPlane
+from fnserve.core.serving.dataplane import DataPlane
 from fnserve.observability import logs
 from fnserve.observability.envelope import NoTelemetry, Telemetry
 from fnserve.observability.logs import logger

@@ -1,6 +1,6 @@
 """The V2 inference route over HTTP: a request's body decoded (V2 JSON, or Triton's binary tensor extension),
 its answer encoded, with the request id, ``Server-Timing`` and cache headers; the rest is the
-envelope every transport shares (:meth:`fnserve.core.dataplane.DataPlane.serve`).
+envelope every transport shares (:meth:`fnserve.core.serving.dataplane.DataPlane.serve`).
 
 Inference requests take a shorter road than the other routes: :class:`V2App` answers them as
 plain ASGI, before Starlette's middleware stack, router and FastAPI's dependency solving (which cost more
@@ -23,9 +23,9 @@ from fnserve.adapters.http.wire import (
     request_id,
     unnamed_request_id,
 )
-from fnserve.core.dataplane import Answer, DataPlane
+from fnserve.core.codec.tensors import JSON_HEADER, InferenceRequest, decode_request, encode_response
 from fnserve.core.errors import BadRequest, ClientGone, FnserveError, PayloadTooLarge
-from fnserve.core.tensors import JSON_HEADER, InferenceRequest, decode_request, encode_response
+from fnserve.core.serving.dataplane import Answer, DataPlane
 from fnserve.observability.envelope import RequestWatcher, Telemetry
 from fnserve.observability.logs import logger, request_keys
 from fnserve.observability.request_meta import server_timing

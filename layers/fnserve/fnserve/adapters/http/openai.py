@@ -21,9 +21,9 @@ import orjson
 
 from fnserve.adapters.http.infer import JSON, ASGIMessage, InferenceRoute, Receive, Send, read_body, respond
 from fnserve.adapters.http.wire import header_request_id, unnamed_request_id
-from fnserve.core.dataplane import Answer
-from fnserve.core.embeddings import TOKENS, TRUNCATED, Embedder, TokenIds, embedders, shorten
 from fnserve.core.errors import ClientGone, FnserveError
+from fnserve.core.execution.embeddings import TOKENS, TRUNCATED, Embedder, TokenIds, embedders, shorten
+from fnserve.core.serving.dataplane import Answer
 from fnserve.observability.envelope import RequestWatcher
 from fnserve.observability.logs import logger, request_keys
 

@@ -19,8 +19,8 @@ from fnserve.adapters.http.infer import InferenceRoute, V2Request
 from fnserve.adapters.http.middleware import RequestContext, install_error_handlers, json_response
 from fnserve.adapters.http.openai import EMBEDDINGS, MODELS, OpenAIRoutes
 from fnserve.adapters.http.sagemaker import SageMakerRoutes
-from fnserve.core.followups import ResultState
-from fnserve.core.tensors import JSON_HEADER, json_tensor
+from fnserve.core.codec.tensors import JSON_HEADER, json_tensor
+from fnserve.core.jobs.followups import ResultState
 from fnserve.observability.envelope import EXTENSIONS
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"

@@ -29,9 +29,9 @@ from fastapi.responses import Response
 
 from fnserve.adapters.http.infer import JSON, InferenceRoute, Receive, V2Request, encode_v2
 from fnserve.adapters.http.middleware import json_response
-from fnserve.core.dataplane import Answer
+from fnserve.core.codec.tensors import JSON_HEADER, InferenceRequest
 from fnserve.core.errors import BadRequest, InvalidInput
-from fnserve.core.tensors import JSON_HEADER, InferenceRequest
+from fnserve.core.serving.dataplane import Answer
 from fnserve.observability.envelope import RequestWatcher
 
 NPY = "application/x-npy"

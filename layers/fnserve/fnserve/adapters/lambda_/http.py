@@ -20,7 +20,7 @@ from fnserve.adapters.handler import lambda_handler, start_requests
 from fnserve.adapters.http.app import create_app
 from fnserve.adapters.lambda_ import asgi as lambda_asgi
 from fnserve.adapters.lambda_ import snapstart
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.service import InferenceService
 from fnserve.observability import logs
 from fnserve.settings import Settings
 

@@ -17,7 +17,7 @@ from fnserve.aws import clients
 from fnserve.observability import request_meta
 
 if TYPE_CHECKING:
-    from fnserve.core.registry import ModelRegistry
+    from fnserve.core.models.registry import ModelRegistry
 
 
 def register(registry: ModelRegistry) -> None:

@@ -1,7 +1,7 @@
 """The SQS handler (batch jobs and cascade follow-ups): records in, ``batchItemFailures`` out.
 
 Everything about jobs (parsing, stacking, running, storing, idempotency) is the job
-processor's (:mod:`fnserve.core.processor`), and its start and each invocation's end are the
+processor's (:mod:`fnserve.core.jobs.processor`), and its start and each invocation's end are the
 handler base's (:mod:`fnserve.adapters.handler`); this adapter only takes the records out of
 the event and puts the message ids to redeliver into the partial batch response. When every
 record fails, every record is reported (the handler does not raise): SQS retries them all
@@ -20,8 +20,8 @@ from aws_lambda_powertools.metrics import MetricUnit
 
 from fnserve.adapters.handler import lambda_handler, start_jobs
 from fnserve.adapters.lambda_ import snapstart
-from fnserve.core.results import ResultStore
-from fnserve.core.service import InferenceService
+from fnserve.core.execution.service import InferenceService
+from fnserve.core.jobs.results import ResultStore
 from fnserve.observability import tracing
 from fnserve.observability.logs import logger
 from fnserve.settings import Settings

@@ -18,18 +18,18 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from fnserve.core._rows import batch_size
-from fnserve.core.catalog import Catalog
-from fnserve.core.datatypes import Arrays
+from fnserve.core.codec.rows import batch_size
 from fnserve.core.errors import ClientGone, DeadlineExceeded, FnserveError, ResultNotFound, unknown_model
-from fnserve.core.providers import RAN_ON, RanOn
-from fnserve.core.service import InferenceService, Prediction, Prepared
-from fnserve.core.turns import TurnBatcher
+from fnserve.core.execution.service import InferenceService, Prediction, Prepared
+from fnserve.core.models.datatypes import Arrays
+from fnserve.core.models.providers import RAN_ON, RanOn
+from fnserve.core.serving.catalog import Catalog
+from fnserve.core.serving.turns import TurnBatcher
 
 if TYPE_CHECKING:
-    from fnserve.core.batching import AdaptiveBatcher, BatchObservers
-    from fnserve.core.cascade import CascadeRunner
-    from fnserve.core.followups import ResultLookup, ResultState
+    from fnserve.core.batching.scheduler import AdaptiveBatcher, BatchObservers
+    from fnserve.core.jobs.cascade import CascadeRunner
+    from fnserve.core.jobs.followups import ResultLookup, ResultState
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -120,7 +120,7 @@ class DataPlane:
     with up to ``max_concurrent_batches`` batches of a model running at once (one per worker
     process); the other models that run in this process on its CPU, and whose requests stack (every
     tensor batch-first, ``stack_requests``), run the requests that one turn of the event loop decodes as
-    one call (:class:`~fnserve.core.turns.TurnBatcher`: nothing waits for more). ``offload``:
+    one call (:class:`~fnserve.core.serving.turns.TurnBatcher`: nothing waits for more). ``offload``:
     blocking calls (inference in worker processes, the cache's remote tier, follow-up sends)
     wait in a thread, not on the event loop, which keeps answering (health checks included)
     while DynamoDB stalls; otherwise they run inline, fastest for in-process models with
@@ -128,7 +128,8 @@ class DataPlane:
     model's own requests are offloaded only when they may block (models in workers, a remote
     cache tier): a cascade's follow-up send does not send the models beside it to a thread (a thread
     hop costs more than a small model's run; docs/design/dataplane.md). ``observers``: each batched model's
-    (:class:`~fnserve.core.batching.BatchObservers`, a server's metrics), given to its batcher when it is built.
+    (:class:`~fnserve.core.batching.scheduler.BatchObservers`, a server's metrics), given to its batcher when it is
+    built.
     """
 
     def __init__(
@@ -151,7 +152,7 @@ class DataPlane:
         self._offload_models = self._offload_cache or (offload and not service.registry.in_process)
         self.batchers = {}
         if batching:  # a Lambda function never batches: its cold start does not import the batcher
-            from fnserve.core.batching import batchers_for
+            from fnserve.core.batching.scheduler import batchers_for
 
             self.batchers = batchers_for(service, max_concurrent_batches, observers)
         # The other models' requests that one turn of the loop decodes run as one call, where the model runs here.

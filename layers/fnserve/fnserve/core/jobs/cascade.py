@@ -4,7 +4,7 @@ The confidence rule reads one output of the fast model (probabilities, or logits
 probabilities) and asks, per row, whether the top class is probable enough (``top1``) or far
 enough ahead of the second (``margin``). A request skips the slow model only when every one
 of its rows is confident. The follow-up is an ordinary job for the slow model, under a signed
-id (:mod:`fnserve.core.followups`) that its result is looked up by.
+id (:mod:`fnserve.core.jobs.followups`) that its result is looked up by.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from fnserve.core.errors import InvalidInput
-from fnserve.core.followups import FollowupIds
-from fnserve.core.jobs import job_message
-from fnserve.core.manifest import CascadeSettings
-from fnserve.core.service import InferenceService, Prediction
+from fnserve.core.execution.service import InferenceService, Prediction
+from fnserve.core.jobs.followups import FollowupIds
+from fnserve.core.jobs.messages import job_message
+from fnserve.core.models.manifest import CascadeSettings
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """InferenceService: validated, cached inference of a served model or pipeline, one request or many jobs.
 
-Every method resolves its name to a :class:`~fnserve.core.servable.Servable` and asks it the same
+Every method resolves its name to a :class:`~fnserve.core.execution.servable.Servable` and asks it the same
 things, whether a model or a pipeline serves the name: there is one path for both.
 """
 
@@ -15,9 +15,8 @@ from typing import Any, overload
 
 import numpy as np
 
-from fnserve.core._rows import check_rows, slice_rows, split_rows, take_rows
-from fnserve.core.cache import ResultCache, cache_key
-from fnserve.core.datatypes import Arrays
+from fnserve.core.codec.rows import check_rows, slice_rows, split_rows, take_rows
+from fnserve.core.codec.tensors import pack_arrays, pack_rows, unpack_arrays
 from fnserve.core.errors import (
     ConfigError,
     FnserveError,
@@ -27,11 +26,12 @@ from fnserve.core.errors import (
     ModelNotReady,
     unknown_model,
 )
-from fnserve.core.manifest import load_manifest
-from fnserve.core.pipeline import Pipeline, Staged
-from fnserve.core.registry import Fetcher, ModelRegistry
-from fnserve.core.servable import PipelineServable, Servable
-from fnserve.core.tensors import pack_arrays, pack_rows, unpack_arrays
+from fnserve.core.execution.cache import ResultCache, cache_key
+from fnserve.core.execution.pipeline import Pipeline, Staged
+from fnserve.core.execution.servable import PipelineServable, Servable
+from fnserve.core.models.datatypes import Arrays
+from fnserve.core.models.manifest import load_manifest
+from fnserve.core.models.registry import Fetcher, ModelRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class Prediction:
     """A result with where it came from: the model version, and ``hit``/``miss``/``off`` for the cache.
 
     ``timings``: milliseconds in a pipeline's ``pre`` and ``post`` steps, when a pipeline served it.
-    ``packed``: its outputs packed for a result record (:func:`~fnserve.core.tensors.pack_arrays`), where the call
+    ``packed``: its outputs packed for a result record (:func:`~fnserve.core.codec.tensors.pack_arrays`), where the call
     that made it packed a whole stack's at once.
     """
 

@@ -35,13 +35,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fnserve.core.cascade import confidence, output
+from fnserve.core.codec.tensors import pack_arrays
 from fnserve.core.errors import FnserveError, unknown_model
-from fnserve.core.jobs import Job, JobGroup, PayloadLoader, job_identity, parse_jobs
-from fnserve.core.manifest import CascadeSettings
-from fnserve.core.results import ResultRecord, ResultStore, job_key, job_keys
-from fnserve.core.service import InferenceService, Packed, Prediction
-from fnserve.core.tensors import pack_arrays
+from fnserve.core.execution.service import InferenceService, Packed, Prediction
+from fnserve.core.jobs.cascade import confidence, output
+from fnserve.core.jobs.messages import Job, JobGroup, PayloadLoader, job_identity, parse_jobs
+from fnserve.core.jobs.results import ResultRecord, ResultStore, job_key, job_keys
+from fnserve.core.models.manifest import CascadeSettings
 
 logger = logging.getLogger(__name__)
 

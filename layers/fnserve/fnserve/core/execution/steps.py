@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from fnserve.core.datatypes import V2_TO_NUMPY, Arrays
-from fnserve.core.embeddings import TOKENS, TRUNCATED, TokenIds
 from fnserve.core.errors import ConfigError, FnserveError, InferenceError, InvalidInput
-from fnserve.core.manifest import (
+from fnserve.core.execution.embeddings import TOKENS, TRUNCATED, TokenIds
+from fnserve.core.models.datatypes import V2_TO_NUMPY, Arrays
+from fnserve.core.models.manifest import (
     CustomStep,
     ImageStep,
     MeanPoolStep,
@@ -38,10 +38,10 @@ from fnserve.core.manifest import (
     TokenizeStep,
     TopKStep,
 )
-from fnserve.core.manifest import (
+from fnserve.core.models.manifest import (
     Step as StepSettings,
 )
-from fnserve.core.registry import LoadedModel, TensorSpec
+from fnserve.core.models.registry import LoadedModel, TensorSpec
 
 logger = logging.getLogger(__name__)
 

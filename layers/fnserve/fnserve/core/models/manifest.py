@@ -20,7 +20,7 @@ import msgspec
 from msgspec import Meta
 
 from fnserve.core.errors import ConfigError
-from fnserve.core.names import check_name
+from fnserve.core.models.names import check_name
 
 ModelName = Annotated[str, Meta(min_length=1, max_length=128)]
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from fnserve.core.datatypes import Arrays, can_cast
 from fnserve.core.errors import InvalidInput
-from fnserve.core.registry import TensorSpec
+from fnserve.core.models.datatypes import Arrays, can_cast
+from fnserve.core.models.registry import TensorSpec
 
 _MISSING: Any = object()
 
@@ -38,7 +38,7 @@ def check(
         if len(shape) != len(spec.shape):
             if shape[1:] == (1,) and spec.shape == (-1,):
                 # [batch, 1] for a [batch] input: Triton's reshape of dims [1] to [], as the model configuration
-                # of such an input says (fnserve.core.model_config); clients written for Triton send that.
+                # of such an input says (fnserve.core.serving.model_config); clients written for Triton send that.
                 array = array.reshape(shape[0])
                 shape = array.shape
             else:

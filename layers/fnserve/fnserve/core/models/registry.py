@@ -15,13 +15,22 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import onnxruntime as ort
 
-from fnserve.core._cpus import available_cpus, default_intra_op_threads
-from fnserve.core.datatypes import ORT_TO_V2, V2_TO_NUMPY
 from fnserve.core.errors import InvalidInput, ModelLoadError, unknown_model
-from fnserve.core.manifest import Manifest, ModelSettings, TensorOverride
-from fnserve.core.providers import CPU, GPU_PROVIDERS, Placement, check, cuda_graphs, name_of, ort_providers, requested
-from fnserve.core.shaped import GraphSession, ShapeSessions, shape_key
-from fnserve.core.statistics import Executions
+from fnserve.core.host import available_cpus, default_intra_op_threads
+from fnserve.core.models.datatypes import ORT_TO_V2, V2_TO_NUMPY
+from fnserve.core.models.manifest import Manifest, ModelSettings, TensorOverride
+from fnserve.core.models.providers import (
+    CPU,
+    GPU_PROVIDERS,
+    Placement,
+    check,
+    cuda_graphs,
+    name_of,
+    ort_providers,
+    requested,
+)
+from fnserve.core.models.shape_sessions import GraphSession, ShapeSessions, shape_key
+from fnserve.core.models.statistics import Executions
 
 logger = logging.getLogger(__name__)
 

@@ -7,14 +7,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fnserve.core.errors import unknown_model
-from fnserve.core.manifest import CascadeSettings
-from fnserve.core.model_config import triton_config
-from fnserve.core.servable import PipelineServable
-from fnserve.core.service import InferenceService
-from fnserve.core.statistics import Statistics
+from fnserve.core.execution.servable import PipelineServable
+from fnserve.core.execution.service import InferenceService
+from fnserve.core.models.manifest import CascadeSettings
+from fnserve.core.models.statistics import Statistics
+from fnserve.core.serving.model_config import triton_config
 
 if TYPE_CHECKING:
-    from fnserve.core.cascade import CascadeRunner
+    from fnserve.core.jobs.cascade import CascadeRunner
 
 
 class Catalog:
@@ -53,7 +53,7 @@ class Catalog:
         return {**meta, "name": name, "versions": [], "platform": "fnserve_cascade"}
 
     def config(self, name: str, version: str | None = None) -> dict[str, Any]:
-        """Triton's model configuration of a served name (:mod:`fnserve.core.model_config`)."""
+        """Triton's model configuration of a served name (:mod:`fnserve.core.serving.model_config`)."""
         cascade = self._cascade(name, version)
         if cascade is not None:
             servable = self.service.servable(cascade.fast, cascade.fast_version)

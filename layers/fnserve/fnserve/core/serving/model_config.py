@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fnserve.core.admission import QUEUE_DELAY
-from fnserve.core.manifest import ModelSettings
-from fnserve.core.registry import TensorSpec
-from fnserve.core.servable import Servable
+from fnserve.core.batching.admission import QUEUE_DELAY
+from fnserve.core.execution.servable import Servable
+from fnserve.core.models.manifest import ModelSettings
+from fnserve.core.models.registry import TensorSpec
 
 
 def triton_config(name: str, servable: Servable, platform: str, instances: int, versions: list[str]) -> dict[str, Any]:

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
-from fnserve.core._rows import split_rows
-from fnserve.core.datatypes import Arrays
-from fnserve.core.embeddings import TokenBudget
+from fnserve.core.codec.rows import split_rows
 from fnserve.core.errors import FnserveError, InferenceError, ModelNotReady
+from fnserve.core.execution.embeddings import TokenBudget
+from fnserve.core.models.datatypes import Arrays
 
 if TYPE_CHECKING:
-    from fnserve.core.manifest import ModelSettings
+    from fnserve.core.models.manifest import ModelSettings
 
 QueueKey = tuple[int, tuple[tuple[str, tuple[int, ...]], ...]]  # length bucket, and each input's padded row shape
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from fnserve.core.datatypes import Arrays
 from fnserve.core.errors import InferenceError
+from fnserve.core.models.datatypes import Arrays
 
 
 def batch_size(inputs: Mapping[str, Any]) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from fnserve.core.manifest import Manifest, MeanPoolStep, ModelSettings, PipelineSettings, TokenizeStep
+from fnserve.core.models.manifest import Manifest, MeanPoolStep, ModelSettings, PipelineSettings, TokenizeStep
 
 TOKENS = "token_count"  # INT64 [-1]: the tokens each row ran, special tokens included
 # A batch of texts, cut by its padded tokens, holds at least this share of real ones: a padded token costs the

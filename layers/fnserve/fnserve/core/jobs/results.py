@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Literal, NamedTuple, Protocol
 
-from fnserve.core.datatypes import Arrays
-from fnserve.core.tensors import pack_arrays, unpack_arrays
+from fnserve.core.codec.tensors import pack_arrays, unpack_arrays
+from fnserve.core.models.datatypes import Arrays
 
 Status = Literal["done", "failed"]
 
@@ -45,7 +45,7 @@ class ResultRecord(NamedTuple):
     version: str | None
     created: int
     expires: int
-    payload: bytes | None = None  # the outputs, packed by fnserve.core.tensors.pack_arrays
+    payload: bytes | None = None  # the outputs, packed by fnserve.core.codec.tensors.pack_arrays
     error: str | None = None
     # The model that computed the outputs where it is not ``model``, the name the job called (a pipeline's model,
     # a cascade's fast or slow one); ``version`` is that model's.

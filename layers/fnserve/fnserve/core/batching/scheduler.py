@@ -1,6 +1,6 @@
 """Adaptive batching: concurrent requests to one model, run as one call (long-lived processes only).
 
-Requests queue per model and shape (:mod:`fnserve.core.stacking`; a shape's queue goes after ``IDLE_SECONDS``
+Requests queue per model and shape (:mod:`fnserve.core.batching.stacking`; a shape's queue goes after ``IDLE_SECONDS``
 unused). A batch forms when one of the model's ``max_concurrent`` slots is free (over all its length buckets: the
 bucket waiting longest goes next), and closes when it holds ``max_batch_size`` rows, when it holds the rows on their
 way (the most in flight at once lately, less those running), or ``max_batch_time`` after its first request or after
@@ -9,7 +9,8 @@ runs at once, paying no window, and a closed loop of N clients runs as batches o
 alternate for good. A batch waits for rows on their way only while the model's requests lately were all of its
 shape: texts come back in whichever length bucket their next text falls in, and waiting for them idles the model.
 A request whose caller has gone before its batch forms is not computed; one the model cannot serve in time is
-refused at once (:mod:`fnserve.core.admission`). asyncio objects are made inside the running loop, never at import.
+refused at once (:mod:`fnserve.core.batching.admission`). asyncio objects are made inside the running loop, never
+at import.
 What each choice was measured to gain, and how to measure it: docs/design/batching.md.
 """
 
@@ -24,18 +25,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fnserve.core._niced import run_niced
-from fnserve.core._queues import Flight, Pending, first_request, gather, gather_by_length, hurry, mixed
-from fnserve.core.admission import Admission
-from fnserve.core.datatypes import Arrays
+from fnserve.core.batching.admission import Admission
+from fnserve.core.batching.priority import run_niced
+from fnserve.core.batching.queues import Flight, Pending, first_request, gather, gather_by_length, hurry, mixed
+from fnserve.core.batching.stacking import Failed, QueueKey, Stacking, answers, isolating
 from fnserve.core.errors import InvalidInput
-from fnserve.core.providers import RAN_ON, RanOn
-from fnserve.core.stacking import Failed, QueueKey, Stacking, answers, isolating
+from fnserve.core.models.datatypes import Arrays
+from fnserve.core.models.providers import RAN_ON, RanOn
 
 if TYPE_CHECKING:
-    from fnserve.core.admission import Arriving
-    from fnserve.core.manifest import ModelSettings
-    from fnserve.core.service import InferenceService
+    from fnserve.core.batching.admission import Arriving
+    from fnserve.core.execution.service import InferenceService
+    from fnserve.core.models.manifest import ModelSettings
 
 Runner = Callable[[Arrays], Awaitable[Arrays]]
 # A batch's run, then ``after`` on its outputs, in one call where the run happens (one thread hop, not two).
@@ -138,7 +139,7 @@ class AdaptiveBatcher:
         as soon as its batch has run, where it ran (in ``run_then``'s thread, when the batcher has one), not on the
         event loop, which keeps reading, admitting and refusing requests meanwhile; what it raises is this request's
         error alone. ``within``: the seconds its caller waits for the answer, where it said
-        (:meth:`~fnserve.core.admission.Admission.refusal`)."""
+        (:meth:`~fnserve.core.batching.admission.Admission.refusal`)."""
         arrays = {name: np.asarray(value) for name, value in inputs.items()}
         rows = {a.shape[0] for a in arrays.values() if a.ndim}
         if len(rows) != 1:

@@ -20,9 +20,9 @@ import numpy as np
 import orjson
 import simdjson
 
-from fnserve.core._rows import slice_rows
-from fnserve.core.datatypes import V2_TO_NUMPY, v2_datatype
+from fnserve.core.codec.rows import slice_rows
 from fnserve.core.errors import BadRequest, InvalidInput
+from fnserve.core.models.datatypes import V2_TO_NUMPY, v2_datatype
 
 JSON_HEADER = "inference-header-content-length"
 _LE: Final = "<"

@@ -9,9 +9,9 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from fnserve.core.datatypes import Arrays
-from fnserve.core.embeddings import TokenBudget, filled
-from fnserve.core.providers import RanOn
+from fnserve.core.execution.embeddings import TokenBudget, filled
+from fnserve.core.models.datatypes import Arrays
+from fnserve.core.models.providers import RanOn
 
 PEAK_SECONDS = 1.0  # how long the most rows seen in flight at once is remembered: what a batch expects
 Key = TypeVar("Key", bound=Hashable)  # a queue's shape

@@ -1,7 +1,7 @@
 """Execution providers: the manifest's choice of CUDA, TensorRT or CPU, made into ONNX Runtime's, and checked.
 
 A model lists its providers in order of preference, each a name or a table of options
-(:class:`~fnserve.core.manifest.CudaProvider`, :class:`~fnserve.core.manifest.TensorrtProvider`).
+(:class:`~fnserve.core.models.manifest.CudaProvider`, :class:`~fnserve.core.models.manifest.TensorrtProvider`).
 ONNX Runtime quietly runs a session on the CPU when a GPU provider cannot be created (it
 prints "EP Error ... Falling back"): :func:`check` turns that into a :class:`ModelLoadError`
 with the reason, unless the model opts into ``cpu_fallback``, when it becomes a warning and
@@ -27,7 +27,7 @@ from typing import Any
 import onnxruntime as ort
 
 from fnserve.core.errors import ModelLoadError
-from fnserve.core.manifest import CudaProvider, ModelSettings, Provider, TensorrtProvider
+from fnserve.core.models.manifest import CudaProvider, ModelSettings, Provider, TensorrtProvider
 
 logger = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ def ort_provider(provider: Provider, where: str) -> OrtProvider:
             "arena_extend_strategy": "kSameAsRequested",
         }
         if provider.cuda_graph:
-            options["enable_cuda_graph"] = "1"  # the graphs themselves: core.shaped.GraphSession
+            options["enable_cuda_graph"] = "1"  # the graphs themselves: core.models.shape_sessions.GraphSession
         if provider.memory_limit_mb is not None:
             options["gpu_mem_limit"] = provider.memory_limit_mb * 2**20
         return CUDA, options

@@ -36,10 +36,8 @@ import numpy as np
 import orjson
 import simdjson
 
-from fnserve.core._rows import slice_rows, take_rows
-from fnserve.core.datatypes import V2_TO_NUMPY, v2_datatype
-from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
-from fnserve.core.tensors import (
+from fnserve.core.codec.rows import slice_rows, take_rows
+from fnserve.core.codec.tensors import (
     BUFFER_DTYPE,
     BUFFER_TYPE,
     SIMDJSON_ARRAY,
@@ -51,6 +49,8 @@ from fnserve.core.tensors import (
     keys_once,
     numbers_as,
 )
+from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
+from fnserve.core.models.datatypes import V2_TO_NUMPY, v2_datatype
 
 logger = logging.getLogger(__name__)
 

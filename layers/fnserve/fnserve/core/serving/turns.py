@@ -5,15 +5,15 @@ groups: the answers of one turn leave together (:mod:`fnserve.adapters.http.prot
 sends its next requests together, and one turn decodes several for the same model. Run one by one, each pays the
 runtime's fixed cost and, on the loop's core, evicts the envelope's code and data from the caches between them.
 Here each waits for the end of the turn (no timer: only what the loop already had), then the turn's requests to one
-model run as one vectorised call of the service (:meth:`~fnserve.core.service.InferenceService.infer_many`: each
-validated alone, the cache asked once, stacked by shape, a stack that fails run again one by one), and each gets
-its own rows back. A lone request is answered as before, one pass of the loop later; one whose caller left before
-its turn ran is not computed.
+model run as one vectorised call of the service
+(:meth:`~fnserve.core.execution.service.InferenceService.infer_many`: each validated alone, the cache asked once,
+stacked by shape, a stack that fails run again one by one), and each gets its own rows back. A lone request is
+answered as before, one pass of the loop later; one whose caller left before its turn ran is not computed.
 
-Unlike the adaptive batcher (:mod:`fnserve.core.batching`), nothing here waits for requests to come: no window, no
-queue, no thread; it is how a server runs the models on its CPU that do not ask for adaptive batching (on a GPU
-each new batch size is a new plan, so a GPU model's requests run as they come: ``Servable.joins_turns``). The
-figures behind it: docs/design/batching.md.
+Unlike the adaptive batcher (:mod:`fnserve.core.batching.scheduler`), nothing here waits for requests to come: no
+window, no queue, no thread; it is how a server runs the models on its CPU that do not ask for adaptive batching
+(on a GPU each new batch size is a new plan, so a GPU model's requests run as they come: ``Servable.joins_turns``).
+The figures behind it: docs/design/batching.md.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fnserve.core.providers import RAN_ON, RanOn
-from fnserve.core.service import InferenceService, Prediction
+from fnserve.core.execution.service import InferenceService, Prediction
+from fnserve.core.models.providers import RAN_ON, RanOn
 
 _Call = tuple[str, str | None, tuple[str, ...] | None]  # model, version, outputs asked for: what may share a run
 _Job = tuple[Mapping[str, Any], "asyncio.Future[Prediction] | None", RanOn | None]  # None: the turn's first request

@@ -22,8 +22,8 @@ from typing import Literal
 
 import numpy as np
 
-from fnserve.core.manifest import CascadeSettings
-from fnserve.core.results import ResultRecord, ResultStore, job_key
+from fnserve.core.jobs.results import ResultRecord, ResultStore, job_key
+from fnserve.core.models.manifest import CascadeSettings
 
 Status = Literal["pending", "skipped"]
 State = Literal["done", "failed", "pending", "skipped", "expired", "unknown"]

@@ -24,11 +24,11 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from fnserve.core.datatypes import Arrays
 from fnserve.core.errors import ConfigError, InferenceError
-from fnserve.core.manifest import PipelineSettings
-from fnserve.core.registry import LoadedModel, TensorSpec, requested_outputs
-from fnserve.core.steps import Step, Tokenize, build_step, run_step
+from fnserve.core.execution.steps import Step, Tokenize, build_step, run_step
+from fnserve.core.models.datatypes import Arrays
+from fnserve.core.models.manifest import PipelineSettings
+from fnserve.core.models.registry import LoadedModel, TensorSpec, requested_outputs
 
 
 @dataclass(slots=True)

@@ -6,7 +6,7 @@ model's feed (:meth:`Servable.stage`: a pipeline's pre steps), and turn the mode
 answer (:meth:`Servable.finish`: a pipeline's post steps); :meth:`Servable.run` does all of it for a
 whole batch, in chunks of the model's ``max_batch_size``. The adaptive batcher runs the model
 between ``stage`` and ``finish``, over the feeds of many requests. Cascades are routing between two
-servables, in :mod:`fnserve.core.cascade`.
+servables, in :mod:`fnserve.core.jobs.cascade`.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from typing import Any, ClassVar
 import numpy as np
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
 
-from fnserve.core._rows import batch_size
-from fnserve.core.datatypes import Arrays
-from fnserve.core.embeddings import TOKENS, TokenBudget, token_runs
+from fnserve.core.codec.rows import batch_size
+from fnserve.core.codec.validation import check
 from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
-from fnserve.core.pipeline import Pipeline, Staged, concatenate
-from fnserve.core.providers import note_device
-from fnserve.core.registry import LoadedModel, TensorSpec, requested_outputs
-from fnserve.core.validation import check
+from fnserve.core.execution.embeddings import TOKENS, TokenBudget, token_runs
+from fnserve.core.execution.pipeline import Pipeline, Staged, concatenate
+from fnserve.core.models.datatypes import Arrays
+from fnserve.core.models.providers import note_device
+from fnserve.core.models.registry import LoadedModel, TensorSpec, requested_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +62,8 @@ class Servable:
         # reduction over the batch, could not be split back by rows) and the model's manifest entry lets them.
         self.batch_first = all(spec.shape and spec.shape[0] == -1 for spec in (*inputs, *outputs))
         self.stackable = self.batch_first and self.model.settings.stack_requests
-        # A server runs the requests of one turn of its event loop together (core/turns.py) only on a CPU, where a
-        # batch of a new size costs no more than its rows. On a GPU each new input shape is a new plan (cuDNN's
+        # A server runs the requests of one turn of its event loop together (core/serving/turns.py) only on a CPU,
+        # where a batch of a new size costs no more than its rows. On a GPU each new input shape is a new plan (cuDNN's
         # algorithm search, a CUDA graph's capture), and joining turns there cuts throughput many times over
         # (docs/design/gpu-shapes.md). There only the adaptive batcher joins requests, into the batch sizes it warmed.
         self.joins_turns = self.stackable and self.model.placement.device == "cpu"

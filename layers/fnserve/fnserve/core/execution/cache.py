@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fnserve.core.datatypes import Arrays
-from fnserve.core.tensors import pack_arrays, unpack_arrays
+from fnserve.core.codec.tensors import pack_arrays, unpack_arrays
+from fnserve.core.models.datatypes import Arrays
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,2 @@
+"""A request run: a model or pipeline as a ``servable``, its ``pipeline`` of ``steps``, the texts ``embeddings``
+count and cut, the result ``cache``, and the ``service`` in front of them all."""
