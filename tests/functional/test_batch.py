@@ -59,6 +59,10 @@ class CountingService(InferenceService):
         CountingService.calls += 1
         return super().infer_stacked(*args, **kwargs)
 
+    def infer_packed(self, *args: Any, **kwargs: Any) -> Any:
+        CountingService.calls += 1
+        return super().infer_packed(*args, **kwargs)
+
 
 def count_calls(operation: str) -> list[int]:
     """Count a DynamoDB operation on fnserve's client from now on."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
@@ -54,8 +54,8 @@ class Prediction:
 
 
 class Packed(Sequence[Prediction]):
-    """The predictions of stacked jobs, by column, as :meth:`InferenceService.infer_stacked` gives them to a caller
-    that stores them (``pack``): each job's outputs packed for its result record (:attr:`Prediction.packed`),
+    """The predictions of stacked jobs, by column, as :meth:`InferenceService.infer_packed` gives them to a caller
+    that stores them: each job's outputs packed for its result record (:attr:`Prediction.packed`),
     and its :class:`Prediction` made only when asked for. A batch stores 10,000 jobs without making one: splitting
     the outputs per job and a prediction each cost a share of the model's run (docs/design/dataplane.md)."""
 
@@ -106,6 +106,21 @@ class Prepared:
         if self.hit is None:
             return None
         return Prediction(self.hit, self.servable.model.name, self.servable.model.version, "hit")
+
+
+@dataclass(slots=True)
+class _Stack:
+    """A stack of jobs once run: the cached hits by job, the misses run (their rows' counts, the run's outputs, and
+    each job's outputs when split)."""
+
+    model: str
+    version: str
+    state: str  # a fresh job's cache state: "miss", or "off"
+    hits: dict[int, Arrays]
+    misses: Sequence[int]
+    counts: Sequence[int] = ()
+    run: Arrays = field(default_factory=dict)
+    split: dict[int, Arrays] = field(default_factory=dict)
 
 
 class InferenceService:
@@ -207,11 +222,11 @@ class InferenceService:
         servable = self.servable(name, version)
         feed, batch = servable.validate(inputs)
         names = servable.requested(outputs)
-        key, hit = self._lookup(servable, feed, names)
+        key, hit = self._cached_one(servable, feed, names)
         if hit is not None:
             return Prediction(hit, servable.model.name, servable.model.version, "hit")
         timings: dict[str, float] | None = {} if servable.timed else None
-        return self._store(servable, key, servable.run(feed, batch, names, timings), timings)
+        return self._fresh(servable, key, servable.run(feed, batch, names, timings), timings)
 
     def prepare(
         self,
@@ -229,7 +244,7 @@ class InferenceService:
         servable = self.servable(name, version)
         feed, _ = servable.validate(inputs)
         names = servable.requested(outputs)
-        key, hit = self._lookup(servable, feed, names)
+        key, hit = self._cached_one(servable, feed, names)
         if hit is not None:
             return Prepared(servable, None, names, key, hit)
         timings: dict[str, float] | None = {} if servable.timed else None
@@ -240,7 +255,7 @@ class InferenceService:
         servable = prepared.servable
         assert prepared.staged is not None
         result = servable.finish(prepared.staged, outputs, prepared.names, prepared.timings)
-        return self._store(servable, prepared.key, result, prepared.timings)
+        return self._fresh(servable, prepared.key, result, prepared.timings)
 
     def output_names(self, name: str, outputs: Sequence[str] | None, *, version: str | None = None) -> tuple[str, ...]:
         """The outputs a request gets (all when it names none), or the 422 for names the servable lacks."""
@@ -262,22 +277,19 @@ class InferenceService:
         batch = next(iter(feed.values())).shape[0] if feed else 0
         return servable.run(dict(feed), batch, servable.requested(outputs))
 
-    def _lookup(self, servable: Servable, feed: Arrays, names: Sequence[str]) -> tuple[str | None, Arrays | None]:
-        """The cache key of a validated request and the cached result (None, None: the servable does not cache)."""
-        if servable.ttl is None or self.cache is None:
-            return None, None
-        key = cache_key(servable.name, servable.version_key, feed, names)
-        return key, self.cache.get_many([key], servable.name).get(key)
+    def _cached_one(self, servable: Servable, feed: Arrays, names: Sequence[str]) -> tuple[str | None, Arrays | None]:
+        """One validated request's cache key and its cached result (None, None: the servable does not cache)."""
+        keys, hits = self._cached(servable, ((0, feed),), names)
+        return keys.get(0), hits.get(0)
 
-    def _store(
+    def _fresh(
         self, servable: Servable, key: str | None, result: Arrays, timings: dict[str, float] | None = None
     ) -> Prediction:
         """A fresh result as an answer, remembered under ``key`` when the servable caches."""
         model = servable.model
-        if key is None:
-            return Prediction(result, model.name, model.version, "off", timings)
-        self._remember(servable.ttl, {key: result})
-        return Prediction(result, model.name, model.version, "miss", timings)
+        if key is not None:
+            self._remember(servable.ttl, {key: result})
+        return Prediction(result, model.name, model.version, "off" if key is None else "miss", timings)
 
     # -- many jobs -----------------------------------------------------------------------------
 
@@ -331,15 +343,54 @@ class InferenceService:
         *,
         version: str | None = None,
         outputs: Sequence[str] | None = None,
-        pack: bool = False,
-    ) -> Sequence[Prediction]:
-        """Requests already stacked along the batch axis (job ``j`` owns ``rows[j]`` rows), in one go.
+    ) -> list[Prediction]:
+        """Requests already stacked along the batch axis (job ``j`` owns ``rows[j]`` rows), in one go: a prediction
+        per job.
 
         Validated once as a whole, looked up in the cache per job, run in chunks, split back
         per job. Any error concerns the whole stack and is raised: the caller decides whether
-        to retry its jobs one by one (:meth:`infer_many`). ``pack``: for callers that store the outputs, every
-        job's packed in one pass over the stack, and the predictions by column (:class:`Packed`).
+        to retry its jobs one by one (:meth:`infer_many`).
         """
+        stack = self._run_stack(name, inputs, rows, version, outputs, split=True)
+        model, version_, state, hits, split = stack.model, stack.version, stack.state, stack.hits, stack.split
+        return [
+            Prediction(hits[j], model, version_, "hit") if j in hits else Prediction(split[j], model, version_, state)
+            for j in range(len(rows))
+        ]
+
+    def infer_packed(
+        self,
+        name: str,
+        inputs: Mapping[str, Any],
+        rows: Sequence[int],
+        *,
+        version: str | None = None,
+        outputs: Sequence[str] | None = None,
+    ) -> Packed:
+        """:meth:`infer_stacked` for callers that store the outputs: every job's packed in one pass over the stack,
+        the predictions by column (:class:`Packed`)."""
+        stack = self._run_stack(name, inputs, rows, version, outputs, split=False)
+        hits, misses = stack.hits, stack.misses
+        fresh = pack_rows(stack.run, stack.counts) if misses else []
+        if not hits:
+            return Packed(stack.model, stack.version, fresh, [stack.state] * len(rows), 0)
+        by_job = dict(zip(misses, fresh, strict=True))
+        packed = [by_job[j] if j in by_job else pack_arrays(hits[j]) for j in range(len(rows))]
+        states = ["hit" if j in hits else stack.state for j in range(len(rows))]
+        return Packed(stack.model, stack.version, packed, states, len(hits))
+
+    def _run_stack(
+        self,
+        name: str,
+        inputs: Mapping[str, Any],
+        rows: Sequence[int],
+        version: str | None,
+        outputs: Sequence[str] | None,
+        *,
+        split: bool,
+    ) -> _Stack:
+        """A stack validated, looked up per job, its misses run and remembered; ``split``: each job's outputs kept
+        apart for the caller (they are whenever the cache needs them)."""
         servable = self.servable(name, version)
         names = servable.requested(outputs)
         feed, batch = servable.validate(inputs)
@@ -348,31 +399,17 @@ class InferenceService:
         caching = servable.ttl is not None and self.cache is not None
         keys, hits = self._cached(servable, enumerate(slice_rows(feed, rows)), names) if caching else ({}, {})
         misses = [j for j in range(len(rows)) if j not in hits] if hits else range(len(rows))
-        split: dict[int, Arrays] = {}
-        counts: Sequence[int] = []
-        run: Arrays = {}
+        stack = _Stack(servable.model.name, servable.model.version, "miss" if keys else "off", hits, misses)
         if misses:
             if hits:  # run only the rows of the misses
                 feed = take_rows(feed, rows, misses)
-            counts = [rows[j] for j in misses] if hits else rows
-            run = servable.run(feed, int(sum(counts)), names)
-            check_rows(run, counts, servable.what)
-            if keys or not pack:  # each job's outputs, for the cache or for the caller
-                split = dict(zip(misses, slice_rows(run, counts), strict=True))
-                self._remember(servable.ttl, {keys[j]: split[j] for j in misses} if keys else {})
-        model, version_ = servable.model.name, servable.model.version
-        state = "miss" if keys else "off"
-        if pack:
-            fresh = pack_rows(run, counts) if misses else []
-            if not hits:
-                return Packed(model, version_, fresh, [state] * len(rows), 0)
-            by_job = dict(zip(misses, fresh, strict=True))
-            packed = [by_job[j] if j in by_job else pack_arrays(hits[j]) for j in range(len(rows))]
-            return Packed(model, version_, packed, ["hit" if j in hits else state for j in range(len(rows))], len(hits))
-        return [
-            Prediction(hits[j], model, version_, "hit") if j in hits else Prediction(split[j], model, version_, state)
-            for j in range(len(rows))
-        ]
+            stack.counts = [rows[j] for j in misses] if hits else rows
+            stack.run = servable.run(feed, int(sum(stack.counts)), names)
+            check_rows(stack.run, stack.counts, servable.what)
+            if keys or split:
+                stack.split = dict(zip(misses, slice_rows(stack.run, stack.counts), strict=True))
+                self._remember(servable.ttl, {keys[j]: stack.split[j] for j in misses} if keys else {})
+        return stack
 
     def _remember(self, ttl: int | None, fresh: Mapping[str, Arrays]) -> None:
         """Cache fresh results by key, when the model (or pipeline) opts in."""

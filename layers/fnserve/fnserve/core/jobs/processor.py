@@ -246,9 +246,8 @@ class JobProcessor:
                 group = unit.group
                 if service.servable(name, version).stackable:
                     try:
-                        return service.infer_stacked(
-                            name, group.inputs, group.rows, version=version, outputs=outputs, pack=pack
-                        )
+                        stacked = service.infer_packed if pack else service.infer_stacked
+                        return stacked(name, group.inputs, group.rows, version=version, outputs=outputs)
                     except FnserveError:  # find out which jobs are at fault: run them one by one
                         pass
                 jobs = [job.inputs for job in group.split()]
