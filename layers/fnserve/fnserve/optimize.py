@@ -54,11 +54,7 @@ class OptimizeReport:
             f"session creation  {self.start_before_ms:.1f} ms -> {self.start_after_ms:.1f} ms "
             f"(median of {self.starts} each, in turns)",
         ]
-        for lat in self.latencies:
-            out.append(
-                f"latency batch {lat.batch:<3} {lat.before_ms:.3f} ms -> {lat.after_ms:.3f} ms "
-                f"({lat.speedup:.2f}x speed-up, medians): {lat.verdict()}"
-            )
+        out += [lat.line() for lat in self.latencies]
         for name, diff in self.differences.items():
             verdict = "differs" if name in self.unequal else "equal"
             out.append(f"output {name}: max abs diff {diff:.3g} ({verdict} within rtol {RTOL:g}, atol {ATOL:g})")

@@ -56,6 +56,13 @@ class Latency:
         low = self.ratio_low if self.ratio_low is not None else self.after_ms / self.before_ms
         return low > 1 + MIN_EFFECT
 
+    def line(self) -> str:
+        """This batch size's report line: the medians before and after, and the verdict."""
+        return (
+            f"latency batch {self.batch:<3} {self.before_ms:.3f} ms -> {self.after_ms:.3f} ms "
+            f"({self.speedup:.2f}x speed-up, medians): {self.verdict()}"
+        )
+
     def verdict(self) -> str:
         """The decision and its basis, in words."""
         if self.ratio is None or self.ratio_low is None or self.ratio_high is None:
@@ -106,11 +113,7 @@ class QuantizeReport:
             f"size              {self.size_before / 1024:.1f} KiB -> {self.size_after / 1024:.1f} KiB "
             f"({self.size_after / self.size_before:.2f}x)",
         ]
-        for lat in self.latencies:
-            out.append(
-                f"latency batch {lat.batch:<3} {lat.before_ms:.3f} ms -> {lat.after_ms:.3f} ms "
-                f"({lat.speedup:.2f}x speed-up, medians): {lat.verdict()}"
-            )
+        out += [lat.line() for lat in self.latencies]
         if self.accuracy_before is not None and self.accuracy_after is not None:
             out.append(f"accuracy          {self.accuracy_before:.4f} -> {self.accuracy_after:.4f}")
         for name, text in self.agreement.items():
