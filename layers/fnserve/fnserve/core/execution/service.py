@@ -89,11 +89,13 @@ class Prepared:
     it with the model's outputs for its rows."""
 
     servable: Servable
-    staged: Staged | None  # None: a cache hit, nothing to run
+    staged: Staged | None  # None: a cache hit, nothing to run (or not staged: infer runs the request whole)
     names: tuple[str, ...]
     key: str | None  # None: not cached
     hit: Arrays | None
     timings: dict[str, float] | None = None
+    request: Arrays | None = None  # the validated inputs, before a pipeline's pre steps
+    rows: int = 0
 
     @property
     def feed(self) -> Arrays:
@@ -218,15 +220,15 @@ class InferenceService:
         version: str | None = None,
         outputs: Sequence[str] | None = None,
     ) -> Prediction:
-        """:meth:`predict`, through the result cache when the name opts in; says which version and cache."""
-        servable = self.servable(name, version)
-        feed, batch = servable.validate(inputs)
-        names = servable.requested(outputs)
-        key, hit = self._cached_one(servable, feed, names)
-        if hit is not None:
-            return Prediction(hit, servable.model.name, servable.model.version, "hit")
-        timings: dict[str, float] | None = {} if servable.timed else None
-        return self._fresh(servable, key, servable.run(feed, batch, names, timings), timings)
+        """:meth:`predict`, through the result cache when the name opts in; says which version and cache: the request
+        looked up as :meth:`prepare` does, then run whole (chunked, a pipeline's steps around its model) and stored."""
+        looked = self._looked_up(name, inputs, version, outputs)
+        if looked.hit is not None:
+            return Prediction(looked.hit, looked.servable.model.name, looked.servable.model.version, "hit")
+        servable, timings = looked.servable, looked.timings
+        assert looked.request is not None
+        result = servable.run(looked.request, looked.rows, looked.names, timings)
+        return self._fresh(servable, looked.key, result, timings)
 
     def prepare(
         self,
@@ -241,14 +243,25 @@ class InferenceService:
         For callers that run the model their own way (the adaptive batcher): a miss is run,
         then handed to :meth:`finish`, so every path caches alike.
         """
+        prepared = self._looked_up(name, inputs, version, outputs)
+        if prepared.hit is None:
+            assert prepared.request is not None
+            prepared.staged = prepared.servable.stage(prepared.request, prepared.timings)
+        return prepared
+
+    def _looked_up(
+        self, name: str, inputs: Mapping[str, Any], version: str | None, outputs: Sequence[str] | None
+    ) -> Prepared:
+        """A request validated and looked up in the cache, not staged yet: where :meth:`infer` and :meth:`prepare`
+        both start."""
         servable = self.servable(name, version)
-        feed, _ = servable.validate(inputs)
+        feed, rows = servable.validate(inputs)
         names = servable.requested(outputs)
         key, hit = self._cached_one(servable, feed, names)
         if hit is not None:
             return Prepared(servable, None, names, key, hit)
         timings: dict[str, float] | None = {} if servable.timed else None
-        return Prepared(servable, servable.stage(feed, timings), names, key, None, timings)
+        return Prepared(servable, None, names, key, None, timings, feed, rows)
 
     def finish(self, prepared: Prepared, outputs: Mapping[str, np.ndarray[Any, Any]]) -> Prediction:
         """The answer of a prepared request from its model's outputs (the requested ones kept), cached."""
