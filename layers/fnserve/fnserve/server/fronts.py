@@ -22,7 +22,7 @@ exiting. Each child logs its own error with its traceback, and sends it to the p
 
 A fast start (:func:`serve_first`) makes the parent the first front process: the first request then waits for one
 interpreter's start, not for a supervisor's and then a front process's; the others are supervised from a thread,
-and start once the first has answered (multiprocessing is not even imported before).
+and start once the first has answered (no multiprocessing object is made before).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class _OwnCount:
 
 @functools.cache
 def _spawn() -> SpawnContext:
-    import multiprocessing  # here: a fast start's first answer needs none of it
+    import multiprocessing  # here: what a fast start's first answer needs does not import it
 
     return multiprocessing.get_context("spawn")
 
