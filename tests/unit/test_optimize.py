@@ -56,6 +56,30 @@ def test_the_optimised_graph_is_saved_and_answers_as_the_original(tmp_path: Path
     assert np.array_equal(answer(out, x), answer(source, x))
 
 
+def test_a_model_with_a_string_output_is_compared_exactly(tmp_path: Path) -> None:
+    """A classifier's labels may be strings: compared for equality, with no distance to print."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Identity", ["x"], ["y"]),
+            helper.make_node(
+                "Constant", [], ["label"], value=helper.make_tensor("seven", TensorProto.STRING, [1], [b"seven"])
+            ),
+        ],
+        "labelled",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4]),
+            helper.make_tensor_value_info("label", TensorProto.STRING, [1]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    source, out = write(model, tmp_path / "model.onnx"), tmp_path / "out.onnx"
+    result = runner.invoke(app, ["optimize", str(source), "-o", str(out), "--rounds", "10", "--starts", "3"])
+    assert result.exit_code == 0, result.output
+    assert "output label: max abs diff 0 (equal" in result.output and out.exists()
+
+
 def test_a_graph_that_answers_otherwise_is_not_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     source, out = write(folded_model(), tmp_path / "model.onnx"), tmp_path / "out.onnx"
     monkeypatch.setattr(o, "optimize", lambda src, dst, level: write(folded_model(factor=3.01), dst))

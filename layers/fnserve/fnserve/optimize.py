@@ -10,6 +10,7 @@ its start and its runs timed against the original's, both in turns on the same i
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -85,9 +86,17 @@ def compare(before: ort.InferenceSession, after: ort.InferenceSession, data: Dat
     answers = zip(before.run(None, data.inputs), after.run(None, data.inputs), strict=True)
     for meta, (a, b) in zip(before.get_outputs(), answers, strict=True):
         a, b = np.asarray(a), np.asarray(b)
-        exact = a.dtype.kind not in "fc"
-        report.differences[meta.name] = float(np.max(np.abs(a.astype(np.float64) - b))) if a.size else 0.0
-        if a.shape != b.shape or not (np.array_equal(a, b) if exact else np.allclose(a, b, rtol=RTOL, atol=ATOL)):
+        if a.shape != b.shape:
+            equal = False
+        elif a.dtype.kind in "fc":
+            equal = bool(np.allclose(a, b, rtol=RTOL, atol=ATOL))
+        else:  # integers, booleans, strings (a classifier's labels): exactly
+            equal = bool(np.array_equal(a, b))
+        if a.shape == b.shape and a.size and a.dtype.kind in "biuf":
+            report.differences[meta.name] = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+        else:  # no distance between strings, or between arrays of different shapes
+            report.differences[meta.name] = 0.0 if equal else math.inf
+        if not equal:
             report.unequal.append(meta.name)
 
 
