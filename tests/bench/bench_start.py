@@ -44,7 +44,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import tomllib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,7 +58,7 @@ import yaml
 
 from tests.bench._starts import Start, Started, clock, http_start, lambda_start
 from tests.bench._timing import fresh_process_seconds
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO, manifest_of
 from tests.moto import aws_env, moto_server
 
 RUNS = int(os.environ.get("BENCH_START_RUNS", "11"))
@@ -102,25 +101,6 @@ def request_of(served: str) -> dict[str, Any]:
         return {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [TEXT]}]}
     row = np.load(DEMO_HOLDOUT)["input"][:1]
     return {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": row.ravel().tolist()}]}
-
-
-def manifest_of(models: str, base_dir: str, warmup: bool = True) -> str:
-    """A manifest holding one entry of the demo manifest (a model, or a pipeline and its model), ``base_dir`` where
-    the demo's files are; ``warmup = false`` on its model for the step-by-step start."""
-    demo = tomllib.loads(DEMO_MANIFEST.read_text())
-    pipeline = next((p for p in demo.get("pipelines", []) if p["name"] == models), None)
-    model = next(m for m in demo["models"] if m["name"] == (pipeline["model"] if pipeline else models))
-    lines = [f"base_dir = {json.dumps(base_dir)}", "", "[[models]]"]
-    lines += [f"{key} = {json.dumps(value)}" for key, value in model.items()]
-    lines += [] if warmup else ["warmup = false"]
-    if pipeline is not None:
-        lines += ["", "[[pipelines]]"] + [
-            f"{k} = {json.dumps(v)}" for k, v in pipeline.items() if k not in ("pre", "post")
-        ]
-        for kind in ("pre", "post"):
-            for step in pipeline.get(kind, []):
-                lines += [f"[[pipelines.{kind}]]"] + [f"{key} = {json.dumps(value)}" for key, value in step.items()]
-    return "\n".join(lines) + "\n"
 
 
 def cold_demo_manifest() -> str:

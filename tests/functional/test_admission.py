@@ -20,7 +20,7 @@ from fnserve.core.batching.scheduler import BatchObservers
 from fnserve.core.execution.service import InferenceService
 from fnserve.core.serving.dataplane import DataPlane
 from fnserve.settings import Settings
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, body_never_comes, post_scope
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, body_never_comes, manifest_of, post_scope
 from tests.servers import start_server
 
 
@@ -95,11 +95,8 @@ max_queue_delay_ms = {PATIENT}
 
 def minilm_manifest(directory: Path) -> Path:
     """The demo's minilm-l6 as it ships (its batch and token budgets), with the patient queue deadline."""
-    demo = next(m for m in tomllib.loads(DEMO_MANIFEST.read_text())["models"] if m["name"] == "minilm-l6")
-    lines = [f"base_dir = {json.dumps(str(DEMO_MANIFEST.parent))}", "", "[[models]]"]
-    lines += [f"{key} = {json.dumps(value)}" for key, value in demo.items()]
     path = directory / "manifest.toml"
-    path.write_text("\n".join([*lines, f"max_queue_delay_ms = {PATIENT}", ""]))
+    path.write_text(manifest_of("minilm-l6", str(DEMO_MANIFEST.parent)) + f"max_queue_delay_ms = {PATIENT}\n")
     return path
 
 

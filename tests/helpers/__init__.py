@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import re
 import sys
 import tomllib
@@ -192,6 +193,25 @@ class MemoryStore:
     def put(self, records: Sequence[ResultRecord]) -> set[str]:
         self.records.update((r.key, r) for r in records)
         return set()
+
+
+def manifest_of(models: str, base_dir: str, warmup: bool = True) -> str:
+    """A manifest holding one entry of the demo manifest (a model, or a pipeline and its model), ``base_dir`` where
+    the demo's files are; ``warmup = false`` on its model for the step-by-step start."""
+    demo = tomllib.loads(DEMO_MANIFEST.read_text())
+    pipeline = next((p for p in demo.get("pipelines", []) if p["name"] == models), None)
+    model = next(m for m in demo["models"] if m["name"] == (pipeline["model"] if pipeline else models))
+    lines = [f"base_dir = {json.dumps(base_dir)}", "", "[[models]]"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in model.items()]
+    lines += [] if warmup else ["warmup = false"]
+    if pipeline is not None:
+        lines += ["", "[[pipelines]]"] + [
+            f"{k} = {json.dumps(v)}" for k, v in pipeline.items() if k not in ("pre", "post")
+        ]
+        for kind in ("pre", "post"):
+            for step in pipeline.get(kind, []):
+                lines += [f"[[pipelines.{kind}]]"] + [f"{key} = {json.dumps(value)}" for key, value in step.items()]
+    return "\n".join(lines) + "\n"
 
 
 def digits_body(datatype: str, data: str) -> str:
