@@ -101,6 +101,7 @@ def compare(before: ort.InferenceSession, after: ort.InferenceSession, data: Dat
 
 
 def optimize_and_compare(
+    before: ort.InferenceSession,
     src: Path,
     dst: Path,
     level: Level,
@@ -110,11 +111,12 @@ def optimize_and_compare(
     threads: int | None,
     tick: Callable[[], None] | None = None,
 ) -> OptimizeReport:
-    """Optimise ``src`` into ``dst``, then compare the two: creation, runs at batch 1 and 16, and outputs."""
+    """Optimise ``src`` (``before``: a session on it, with ``threads``) into ``dst``, then compare the two: creation,
+    runs at batch 1 and 16, and outputs."""
     optimize(src, dst, level)
     before_ms, after_ms = creation_ms(src, dst, starts, threads)
     report = OptimizeReport(level, before_ms, after_ms, starts)
-    before, after = session(src, threads), session(dst, threads)
+    after = session(dst, threads)
     for batch in (1, 16):
         report.latencies.append(measure_latency(before, after, sample, batch, rounds, tick))
     compare(before, after, _rows_of(sample, 16), report)

@@ -102,7 +102,7 @@ def optimize(
     with tempfile.TemporaryDirectory() as tmp:
         candidate = Path(tmp) / "optimized.onnx"
         report = o.optimize_and_compare(
-            model, candidate, level, sample or q.synthetic_inputs(before), rounds, starts, threads
+            before, model, candidate, level, sample or q.synthetic_inputs(before), rounds, starts, threads
         )
         for line in report.lines():
             typer.echo(line)
