@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import logging
 from pathlib import Path
@@ -23,6 +24,7 @@ from fnserve.core.execution.service import InferenceService
 from fnserve.core.jobs.messages import job_message
 from fnserve.core.jobs.processor import JobProcessor
 from fnserve.core.jobs.results import ResultRecord, job_key
+from fnserve.observability.emf import EmfWriter
 from fnserve.settings import Settings
 from fnserve.stores.dynamodb import DynamoResultStore
 from tests.helpers import DEMO_MANIFEST, sample_arrays, write_test_manifest
@@ -96,6 +98,40 @@ def test_poison_records_fail_alone_and_good_results_are_stored(aws: Aws, manifes
     assert not reasons.done and not reasons.pending
     for body, reason in POISON.values():
         assert reason in reasons.failed[poison_id(body)]
+
+
+def test_a_delivery_writes_one_emf_line_of_its_counts(
+    aws: Aws, manifest: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("POWERTOOLS_SERVICE_NAME", raising=False)
+    monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
+    out = io.StringIO()
+    handler = create_handler(
+        settings=settings(aws, manifest), metrics=EmfWriter(out=out, default_service="fnserve-batch")
+    )
+    poison = [body for body, _ in POISON.values()]
+    bodies = [job("counted-0", slice(0, 2)), *ANONYMOUS_POISON.values(), *poison, job("counted-1", slice(2, 3))]
+    handler(sqs_event(bodies), LambdaContext())
+    [line] = out.getvalue().splitlines()
+    doc = json.loads(line)
+    directive = doc["_aws"]["CloudWatchMetrics"][0]
+    assert directive["Dimensions"] == [["service"]] and doc["service"] == "fnserve-batch"
+    assert all(m["Unit"] == "Count" and m["Name"] in doc for m in directive["Metrics"])
+    counts = {m["Name"]: doc[m["Name"]] for m in directive["Metrics"]}
+    assert counts == {
+        "JobsReceived": len(bodies),
+        "JobsDone": 2,
+        "JobsRefused": len(poison),
+        "JobsFailed": len(ANONYMOUS_POISON),
+        "JobsSkipped": 0,
+        "CacheHits": 0,
+    }
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
+    quiet = io.StringIO()
+    create_handler(settings=settings(aws, manifest), metrics=EmfWriter(out=quiet))(
+        sqs_event(bodies[:1]), LambdaContext()
+    )
+    assert quiet.getvalue() == ""
 
 
 @pytest.mark.parametrize("kind", list(POISON))

@@ -10,19 +10,16 @@ either way, and each reason is already logged.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
-
-from aws_lambda_powertools import Metrics
-from aws_lambda_powertools.metrics import MetricUnit
 
 from fnserve.adapters.handler import lambda_handler, start_jobs
 from fnserve.adapters.lambda_ import snapstart
 from fnserve.core.execution.service import InferenceService
 from fnserve.core.jobs.results import ResultStore
 from fnserve.observability import tracing
+from fnserve.observability.emf import EmfWriter
 from fnserve.observability.logs import logger
 from fnserve.settings import Settings
 
@@ -50,27 +47,27 @@ def create_handler(
     service: InferenceService | None = None,
     settings: Settings | None = None,
     store: ResultStore | None = None,
-    metrics: Metrics | None = None,
+    metrics: EmfWriter | None = None,
 ) -> SqsHandler:
     """The batch function's handler; build it once, at import."""
     _, processor = start_jobs(settings, service, store, ready=snapstart.register)
-    metrics = metrics or Metrics(  # what the template sets (Powertools' variables), else fnserve's names
-        namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "fnserve",
-        service=os.environ.get("POWERTOOLS_SERVICE_NAME") or "fnserve-batch",
-    )
+    metrics = metrics or EmfWriter(default_service="fnserve-batch")
 
     def jobs(event: dict[str, Any], context: Any) -> dict[str, Any]:
         started_ns = time.time_ns()
         records = records_of(event)
         outcome = processor.process(records)
         tracing.job_spans(event.get("Records") or (), started_ns, outcome.failures)
-        metrics.add_metric(name="JobsReceived", unit=MetricUnit.Count, value=len(records))
-        metrics.add_metric(name="JobsDone", unit=MetricUnit.Count, value=outcome.done)
-        metrics.add_metric(name="JobsRefused", unit=MetricUnit.Count, value=outcome.refused)
-        metrics.add_metric(name="JobsFailed", unit=MetricUnit.Count, value=len(outcome.failures))
-        metrics.add_metric(name="JobsSkipped", unit=MetricUnit.Count, value=outcome.skipped)
-        metrics.add_metric(name="CacheHits", unit=MetricUnit.Count, value=outcome.cache_hits)
-        metrics.flush_metrics()
+        if not metrics.disabled:
+            counts = {
+                "JobsReceived": len(records),
+                "JobsDone": outcome.done,
+                "JobsRefused": outcome.refused,
+                "JobsFailed": len(outcome.failures),
+                "JobsSkipped": outcome.skipped,
+                "CacheHits": outcome.cache_hits,
+            }
+            metrics.write(metrics.document({}, counts))
         logger.info("batch", extra={"records": len(records), **outcome.counts()})
         return {"batchItemFailures": [{"itemIdentifier": m} for m in outcome.failures]}
 
