@@ -8,26 +8,22 @@ core and the AWS stores; the core takes explicit arguments and reads no environm
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import tomllib
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fnserve.aws.clients import Budget
-from fnserve.core.errors import ConfigError, InvalidInput
+from fnserve.core.errors import ConfigError
 from fnserve.core.execution.cache import CircuitBreaker, ResultCache
 from fnserve.core.execution.service import InferenceService
-from fnserve.core.host import AFFINITY_DIR_ENV, pin_process
 from fnserve.core.jobs.results import ResultStore
-from fnserve.core.models.manifest import load_manifest, step_files
+from fnserve.core.models.manifest import load_manifest
 from fnserve.core.models.registry import ModelRegistry
 
 # Every process builds here: its fnserve loggers write through this one's handler, in its structured lines.
-from fnserve.observability.logs import logger
-from fnserve.settings import AwsSettings, InferenceSettings, Settings
+from fnserve.observability import logs  # noqa: F401
+from fnserve.settings import AwsSettings, Settings
 from fnserve.stores import objects
 from fnserve.stores.dynamodb import DynamoCacheBackend, DynamoResultStore
+from fnserve.stores.manifests import fetch_manifest
 from fnserve.stores.redis import RedisCacheBackend, RedisResultStore
 
 # Cascades, follow-ups and the job processor are imported where a process has them: an API function's cold start
@@ -162,54 +158,12 @@ def build_dataplane(
     )
 
 
-def pin_inference(settings: Settings) -> tuple[int, list[int]] | None:
-    """With ``cpu_affinity``, pin this process, which runs inference, to its share of the server's CPUs
-    (see :func:`fnserve.core.host.pin_process`); the slot and CPUs it got, or None when not pinned.
-
-    The server that started this process named the directory of slot locks its processes share.
-    """
-    directory = os.environ.get(AFFINITY_DIR_ENV)
-    if not settings.cpu_affinity or not directory:
-        return None
-    slots = settings.server_processes * max(1, settings.parallel_workers + settings.gpu_workers)
-    slot, cpus = pin_process(directory, slots, sorted(os.sched_getaffinity(0)))
-    logger.info(f"inference process {os.getpid()} pinned to CPUs {cpus} (slot {slot} of {slots})")
-    return slot, cpus
-
-
 def with_local_manifest(settings: Settings) -> Settings:
     """The settings with an s3:// or gs:// manifest fetched to a local file (its relative model paths made
     URIs in the same bucket)."""
     if not settings.manifest.startswith(tuple(f"{scheme}://" for scheme in objects.SCHEMES)):
         return settings
-    return settings.replace(manifest=str(_fetch_manifest(settings)))
-
-
-def _fetch_manifest(settings: InferenceSettings) -> Path:
-    where = settings.manifest.rpartition("/")[0]  # scheme://bucket[/prefix]
-    manifest = tomllib.loads(objects.get_bytes(settings.manifest).decode())
-    for model in manifest.get("models", []):
-        path = str(model.get("path", ""))
-        if "://" not in path and not path.startswith("/"):
-            model["path"] = f"{where}/{path}"
-    target = settings.model_cache_dir / "manifest.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # The files pipeline steps read (tokenizers, labels, custom steps' modules) come from beside it too. One
-    # missing makes its pipeline unservable (named when it is built), not the models: they load lazily too.
-    for relative, required in step_files(manifest):
-        if relative.startswith("/") or ".." in relative.split("/"):
-            raise ConfigError(f"{relative}: a step's file in a fetched manifest must be relative, below it")
-        local = target.parent / relative
-        try:
-            data = objects.get_bytes(f"{where}/{relative}")
-        except InvalidInput as exc:
-            if required:  # else a custom step's module that is installed, not shipped beside the manifest
-                logger.warning(f"a pipeline's file is missing beside the manifest: {exc.message}")
-            continue
-        local.parent.mkdir(parents=True, exist_ok=True)
-        local.write_bytes(data)
-    target.write_text(json.dumps(manifest))
-    return target
+    return settings.replace(manifest=str(fetch_manifest(settings.manifest, settings.model_cache_dir)))
 
 
 def followup_ids(settings: AwsSettings) -> FollowupIds:
@@ -227,22 +181,6 @@ def followup_ids(settings: AwsSettings) -> FollowupIds:
     return FollowupIds(hashlib.sha256(f"fnserve-result-ids:{where}".encode()).digest())
 
 
-class Followups:
-    """Sends cascade follow-ups to their destination: a Pub/Sub topic (``projects/P/topics/T``), else an SQS queue."""
-
-    def __init__(self, bucket: str | None) -> None:
-        from fnserve.stores.pubsub import PubsubFollowups  # the client library itself loads on first publish
-        from fnserve.stores.sqs import SqsFollowups
-
-        self.sqs = SqsFollowups(bucket)
-        self.pubsub = PubsubFollowups(bucket)
-
-    def send(self, destination: str, job: dict[str, Any]) -> None:
-        from fnserve.stores.pubsub import is_topic
-
-        (self.pubsub if is_topic(destination) else self.sqs).send(destination, job)
-
-
 def cascade_runner(
     settings: Settings, service: InferenceService, ids: FollowupIds | None = None
 ) -> CascadeRunner | None:
@@ -250,6 +188,7 @@ def cascade_runner(
     if not service.registry.manifest.cascades:
         return None
     from fnserve.core.jobs.cascade import CascadeRunner
+    from fnserve.stores.followups import Followups
 
     destination = settings.followup_topic or settings.followup_queue_url
     return CascadeRunner(service, ids or followup_ids(settings), Followups(settings.results_bucket), destination)

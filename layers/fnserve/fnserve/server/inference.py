@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fnserve.bootstrap import build_service, pin_inference
+from fnserve.bootstrap import build_service
 from fnserve.core.host import freeze_heap
+from fnserve.server.layout import pin_inference
 from fnserve.settings import Settings
 from fnserve.workers.messages import Describe, RunModel
 from fnserve.workers.remote import handle

@@ -17,6 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fnserve.core.host import AFFINITY_DIR_ENV, pin_process
+from fnserve.observability.logs import logger
+
+if TYPE_CHECKING:
+    from fnserve.settings import Settings
+
 if TYPE_CHECKING:  # a fast start lays out its processes before onnxruntime is imported (untimed_layout)
     from fnserve.core.execution.service import InferenceService
     from fnserve.core.models.registry import LoadedModel, Session
@@ -218,3 +224,18 @@ def run_ms(
     except Exception:  # a model may reject zeros (indices, say): it is not timed
         return math.inf
     return statistics.median(samples) * 1e3
+
+
+def pin_inference(settings: Settings) -> tuple[int, list[int]] | None:
+    """With ``cpu_affinity``, pin this process, which runs inference, to its share of the server's CPUs
+    (see :func:`fnserve.core.host.pin_process`); the slot and CPUs it got, or None when not pinned.
+
+    The server that started this process named the directory of slot locks its processes share.
+    """
+    directory = os.environ.get(AFFINITY_DIR_ENV)
+    if not settings.cpu_affinity or not directory:
+        return None
+    slots = settings.server_processes * max(1, settings.parallel_workers + settings.gpu_workers)
+    slot, cpus = pin_process(directory, slots, sorted(os.sched_getaffinity(0)))
+    logger.info(f"inference process {os.getpid()} pinned to CPUs {cpus} (slot {slot} of {slots})")
+    return slot, cpus

@@ -27,7 +27,7 @@ from fnserve.core.host import AFFINITY_DIR_ENV, available_cpus
 from fnserve.core.models.manifest import WorkerGroup, load_manifest
 from fnserve.observability.logs import logger
 from fnserve.server import fronts, rundirs
-from fnserve.server.layout import Layout, untimed_layout
+from fnserve.server.layout import Layout, pin_inference, untimed_layout
 from fnserve.server.starting import not_ready_until_loaded, refuse_taken
 from fnserve.settings import Settings
 
@@ -64,7 +64,7 @@ def serve(
     # Where several front processes add up each other's statistics (server_app shares them): files
     # replaced 10 times a second each, in memory where the system has a tmpfs for that (cheaper than a disk's).
     made.publish(fronts.STATISTICS_DIR_ENV, "fnserve-stats-", rundirs.memory_parent())
-    if settings.cpu_affinity:  # the slot locks of the processes pinned to CPUs (bootstrap.pin_inference)
+    if settings.cpu_affinity:  # the slot locks of the processes pinned to CPUs (pin_inference)
         made.publish(AFFINITY_DIR_ENV, "fnserve-cpus-")
     try:
         _serve(settings, host, port, on_ready)
@@ -234,7 +234,6 @@ def front(
     """A front process's app, with its inference workers started (none with ``parallel_workers = 0``);
     ``service``: one already loaded in this process, for inference here; ``groups``: the manifest's worker groups
     (a server with groups has this one front process)."""
-    from fnserve import bootstrap
     from fnserve.core.host import freeze_heap
     from fnserve.server.app import server_app
 
@@ -250,7 +249,7 @@ def front(
             pool.close()
         raise
     if pool is None:
-        bootstrap.pin_inference(settings)
+        pin_inference(settings)
     # Once the first request is answered (a full collection first, which a cold start's first answer need not wait
     # for); the app's FastAPI, built just before, is frozen with the rest.
     app.after_first_answer.append(freeze_heap)
