@@ -364,8 +364,8 @@ def lambda_api_way(tracer: Tracer, ground: Ground) -> Traced:
 def sqs_way(tracer: Tracer, ground: Ground) -> Traced:
     import numpy as np
 
-    from fnserve import jobsclient
     from fnserve.adapters.lambda_ import sqs as lambda_sqs
+    from fnserve.stores import job_client
 
     handler = lambda_sqs.create_handler(settings=aws_settings(ground))
     invocations = lambda_invocations(ground.sqs_event)
@@ -377,7 +377,7 @@ def sqs_way(tracer: Tracer, ground: Ground) -> Traced:
 
     def check(call: tuple[dict[str, Any], Any], response: dict[str, Any]) -> str:
         jobs = [json.loads(record["body"]) for record in call[0]["Records"]]
-        results = jobsclient.fetch_results(ground.table, [job["id"] for job in jobs])
+        results = job_client.fetch_results(ground.table, [job["id"] for job in jobs])
         done = {i: [int(x) for x in outputs["label"]] for i, outputs in results.done.items()}
         tensors = {job["id"]: job for job in jobs if isinstance(job["inputs"], list)}
         good = {

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fnserve import jobsclient
 from fnserve.aws import clients
 from fnserve.core.jobs.messages import job_identity, job_message
+from fnserve.stores import job_client
 from tests.e2e.emulator import running_local
 from tests.helpers import DEMO_HOLDOUT
 
@@ -59,12 +59,12 @@ def main() -> None:
         pending = ids
         while pending:
             time.sleep(1)
-            found = jobsclient.fetch_results(table, pending)
+            found = job_client.fetch_results(table, pending)
             assert not found.failed, list(found.failed.items())[:3]
             pending = found.pending
         drained = time.perf_counter() - start
         named = [str(json.loads(body)["id"]) for body in poison if job_identity(body) is not None]
-        refused = jobsclient.fetch_results(table, named)
+        refused = job_client.fetch_results(table, named)
         left = _in_queue(queue, len(poison) - len(named))
     print(f"make run's emulator (embedded moto, template defaults): {JOBS} digits jobs, {len(poison)} poison jobs")
     print(f"  sent in {sent:.1f} s; every good result stored {drained:.1f} s after the first send")

@@ -18,9 +18,9 @@ import onnxruntime as ort
 import openai
 import pytest
 
-from fnserve import jobsclient
 from fnserve.aws import clients
 from fnserve.core.jobs.messages import job_message
+from fnserve.stores import job_client
 from tests.e2e.emulator import running_local
 from tests.e2e.localstack import localstack
 from tests.embeddings import check_client
@@ -159,7 +159,7 @@ def test_good_jobs_are_stored_once_and_poison_ends_in_the_dead_letter_queue(loca
     queue, dlq = local["queues"]["JobsQueue"], local["queues"]["JobsDeadLetterQueue"]
     table = local["tables"]["ResultsTable"]
     good = [job_message(f"e2e-{i}", "digits-accurate", {"input": DIGITS[i : i + 1]}) for i in range(30)]
-    report = jobsclient.submit(queue, iter(good))
+    report = job_client.submit(queue, iter(good))
     assert len(report.ids) == 30
     sqs = clients.client("sqs")
     poison = ["{not json", json.dumps({"model": "digits-accurate", "inputs": []})]  # no id: no result to store
@@ -167,8 +167,8 @@ def test_good_jobs_are_stored_once_and_poison_ends_in_the_dead_letter_queue(loca
     for body in [*poison, refused]:
         sqs.send_message(QueueUrl=queue, MessageBody=body)
     ids = [f"e2e-{i}" for i in range(30)]
-    wait_for(lambda: not jobsclient.fetch_results(table, ids).pending, 60, "every good job's result")
-    found = jobsclient.fetch_results(table, ids)
+    wait_for(lambda: not job_client.fetch_results(table, ids).pending, 60, "every good job's result")
+    found = job_client.fetch_results(table, ids)
     got = [found.done[f"e2e-{i}"]["label"][0] for i in range(30)]
     assert got == labels("digits-accurate", DIGITS[:30])
 
@@ -184,8 +184,8 @@ def test_good_jobs_are_stored_once_and_poison_ends_in_the_dead_letter_queue(loca
         QueueUrl=queue, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
     )
     assert all(v == "0" for v in remaining["Attributes"].values())
-    assert sorted(jobsclient.fetch_results(table, ids).done) == sorted(ids)
-    assert "'inputs' must be a non-empty list" in jobsclient.fetch_results(table, ["e2e-bad"]).failed["e2e-bad"]
+    assert sorted(job_client.fetch_results(table, ids).done) == sorted(ids)
+    assert "'inputs' must be a non-empty list" in job_client.fetch_results(table, ["e2e-bad"]).failed["e2e-bad"]
 
 
 def test_a_worker_killed_mid_load_fails_no_request_silently_and_comes_back(local: dict[str, Any]) -> None:

@@ -11,9 +11,9 @@ import httpx
 import numpy as np
 import pytest
 
-from fnserve import jobsclient
 from fnserve.aws import clients
 from fnserve.core.jobs.messages import job_message
+from fnserve.stores import job_client
 from tests.e2e.emulator import running_local
 from tests.faults import FaultyProxy, faulty_proxy
 from tests.helpers import DEMO_HOLDOUT
@@ -57,9 +57,9 @@ def test_pollers_outlive_an_aws_outage_and_process_every_later_job(
     queue, table = local["queues"]["JobsQueue"], local["tables"]["ResultsTable"]
     ids = [f"after-{i}" for i in range(20)]
     jobs = (job_message(job_id, "digits-accurate", {"input": DIGITS[i : i + 1]}) for i, job_id in enumerate(ids))
-    assert jobsclient.submit(queue, jobs).ids == ids
-    wait_for(lambda: not jobsclient.fetch_results(table, ids).pending, 60, "every job after the outage")
-    assert sorted(jobsclient.fetch_results(table, ids).done) == sorted(ids)
+    assert job_client.submit(queue, jobs).ids == ids
+    wait_for(lambda: not job_client.fetch_results(table, ids).pending, 60, "every job after the outage")
+    assert sorted(job_client.fetch_results(table, ids).done) == sorted(ids)
 
     text = log.read_text()
     assert "Exception in thread" not in text and "Traceback" not in text

@@ -14,7 +14,6 @@ import onnxruntime as ort
 import pytest
 from typer.testing import CliRunner
 
-from fnserve import jobsclient
 from fnserve.adapters.lambda_.sqs import create_handler, records_of
 from fnserve.aws import clients
 from fnserve.aws.events import LambdaContext, sqs_event
@@ -26,6 +25,7 @@ from fnserve.core.jobs.processor import JobProcessor
 from fnserve.core.jobs.results import ResultRecord, job_key
 from fnserve.observability.emf import EmfWriter
 from fnserve.settings import Settings
+from fnserve.stores import job_client
 from fnserve.stores.dynamodb import DynamoResultStore
 from tests.helpers import DEMO_MANIFEST, sample_arrays, write_test_manifest
 from tests.helpers.asgi import AsgiClient
@@ -89,12 +89,12 @@ def test_poison_records_fail_alone_and_good_results_are_stored(aws: Aws, manifes
     response = handler(sqs_event(bodies), LambdaContext())
     failed = {f["itemIdentifier"] for f in response["batchItemFailures"]}
     assert failed == {f"msg-{i:05d}" for i in range(1, 1 + len(ANONYMOUS_POISON))}
-    found = jobsclient.fetch_results(aws.table, [f"good-{i}" for i in range(4)])
+    found = job_client.fetch_results(aws.table, [f"good-{i}" for i in range(4)])
     assert not found.pending and not found.failed
     for i in range(4):
         np.testing.assert_array_equal(found.done[f"good-{i}"]["label"], labels(DIGITS[i * 3 : i * 3 + 3]))
         assert found.done[f"good-{i}"]["probabilities"].shape == (3, 10)
-    reasons = jobsclient.fetch_results(aws.table, [poison_id(body) for body in poison])
+    reasons = job_client.fetch_results(aws.table, [poison_id(body) for body in poison])
     assert not reasons.done and not reasons.pending
     for body, reason in POISON.values():
         assert reason in reasons.failed[poison_id(body)]
@@ -140,7 +140,7 @@ def test_one_poison_job_beside_a_good_one_fails_only_itself(aws: Aws, manifest: 
     body, reason = POISON[kind]
     for bodies in ([job("neighbour", slice(5, 6)), body], [body, job("neighbour", slice(5, 6))]):
         assert handler(sqs_event(bodies), LambdaContext()) == {"batchItemFailures": []}
-        found = jobsclient.fetch_results(aws.table, ["neighbour", poison_id(body)])
+        found = job_client.fetch_results(aws.table, ["neighbour", poison_id(body)])
         np.testing.assert_array_equal(found.done["neighbour"]["label"], labels(DIGITS[5:6]))
         assert reason in found.failed[poison_id(body)]
 
@@ -166,7 +166,7 @@ def test_one_vectorised_call_per_model_and_results_written_once(aws: Aws, manife
     assert handler(sqs_event(bodies, [2] * len(bodies)), LambdaContext()) == {"batchItemFailures": []}
     assert CountingService.calls == 2 and writes[0] == 3
     assert reads[0] == 1  # 65 redelivered keys: one BatchGetItem
-    found = jobsclient.fetch_results(aws.table, [f"j-{i}" for i in range(60)])
+    found = job_client.fetch_results(aws.table, [f"j-{i}" for i in range(60)])
     got = np.concatenate([found.done[f"j-{i}"]["label"] for i in range(60)])
     np.testing.assert_array_equal(got, labels(DIGITS[:60]))
 
@@ -182,14 +182,14 @@ def test_big_inputs_and_outputs_travel_through_s3(aws: Aws, manifest: Path, tmp_
     rows = 40_000  # identity model: the FP64 output alone is 640 KB, over a DynamoDB item
     arrays = {f"in_{k}": np.resize(v, (rows, 2)) for k, v in sample_arrays().items()}
     jobs = iter([job_message("big-000000", "identity", arrays)])
-    report = jobsclient.submit(aws.queue_url, jobs, bucket=aws.bucket)
+    report = job_client.submit(aws.queue_url, jobs, bucket=aws.bucket)
     assert report.ids == ["big-000000"] and report.by_reference == 1
     event = received_event(aws, 1)
     handler = create_handler(settings=settings(aws, manifest))
     assert handler(event, LambdaContext()) == {"batchItemFailures": []}
     item = clients.client("dynamodb").get_item(TableName=aws.table, Key={"pk": {"S": job_key("big-000000")}})["Item"]
     assert "payload" not in item and item["payload_s3"]["S"].startswith("s3://fnserve-payloads/")
-    out = jobsclient.fetch_results(aws.table, ["big-000000"]).done["big-000000"]
+    out = job_client.fetch_results(aws.table, ["big-000000"]).done["big-000000"]
     for datatype, array in sample_arrays().items():
         got = out[f"out_{datatype}"]
         if datatype == "BYTES":
@@ -293,7 +293,7 @@ def test_cache_on_the_sqs_path_infers_only_misses(aws: Aws, tmp_path: Path) -> N
     second = JobProcessor(build_service(cached, store), store, ttl_seconds=3600).process(records_of(sqs_event(again)))
     assert (second.done, second.cache_hits) == (7, 6)
     assert gets[0] == 1  # all seven cache keys in one BatchGetItem
-    found = jobsclient.fetch_results(aws.table, [f"b-{i}" for i in range(6)] + ["b-new"])
+    found = job_client.fetch_results(aws.table, [f"b-{i}" for i in range(6)] + ["b-new"])
     np.testing.assert_array_equal(found.done["b-new"]["label"], labels(DIGITS[20:21]))
 
 
@@ -313,9 +313,9 @@ def test_the_job_functions_handle_their_sample_events(
     assert response == {"batchItemFailures": []}  # the poisoned fifth job is stored as failed instead
     ids = [json.loads(r["body"])["id"] for r in event["Records"][:4]]
     poison = json.loads(event["Records"][4]["body"])["id"]
-    assert "'inputs' must be a non-empty list" in jobsclient.fetch_results(aws.table, [poison]).failed[poison]
+    assert "'inputs' must be a non-empty list" in job_client.fetch_results(aws.table, [poison]).failed[poison]
     models = [json.loads(r["body"])["model"] for r in event["Records"][:4]]
-    found = jobsclient.fetch_results(aws.table, ids)
+    found = job_client.fetch_results(aws.table, ids)
     for i, (job_id, model) in enumerate(zip(ids, models, strict=True)):
         session = ort.InferenceSession(str(DEMO_MANIFEST.parent / model / "1" / "model.onnx"))
         expected = session.run(["label"], {"input": DIGITS[i * 2 : i * 2 + 2]})[0]
@@ -367,7 +367,7 @@ def test_a_bad_value_inside_a_uniform_group_fails_only_its_job(aws: Aws, manifes
     short["inputs"][0]["data"] = short["inputs"][0]["data"][:63]  # same declared shape, 63 values
     bodies[2], bodies[4] = json.dumps(bad_value), json.dumps(short)
     assert handler(sqs_event(bodies), LambdaContext()) == {"batchItemFailures": []}
-    found = jobsclient.fetch_results(aws.table, [f"u-{i}" for i in range(6)])
+    found = job_client.fetch_results(aws.table, [f"u-{i}" for i in range(6)])
     assert sorted(found.done) == ["u-0", "u-1", "u-3", "u-5"]
     assert "FP32 data must be numbers, got strings" in found.failed["u-2"]
     assert "needs 64 elements, data has 63" in found.failed["u-4"]
@@ -381,7 +381,7 @@ def test_bad_binary_jobs_inside_a_uniform_binary_group_fail_only_themselves(aws:
     messages[3]["binary_data"] = base64.b64encode(DIGITS[3:4].astype(np.float32).tobytes()[:252]).decode()
     messages[4]["binary_data"] = base64.b64encode(DIGITS[4:5].astype(np.float32).tobytes() + bytes(4)).decode()
     assert handler(sqs_event([json.dumps(m) for m in messages]), LambdaContext()) == {"batchItemFailures": []}
-    found = jobsclient.fetch_results(aws.table, [f"b-{i}" for i in range(6)])
+    found = job_client.fetch_results(aws.table, [f"b-{i}" for i in range(6)])
     assert sorted(found.done) == ["b-0", "b-1", "b-2", "b-5"]
     assert "claims 256 binary bytes but only 252 remain" in found.failed["b-3"]
     assert "4 bytes of binary data follow the JSON" in found.failed["b-4"]
@@ -397,7 +397,7 @@ def test_binary_and_json_jobs_give_the_same_results(aws: Aws, manifest: Path) ->
         json.dumps(job_message("as-binary", "digits-accurate", x, binary=True)),
     ]
     assert handler(sqs_event(bodies), LambdaContext()) == {"batchItemFailures": []}
-    found = jobsclient.fetch_results(aws.table, ["as-json", "as-binary"])
+    found = job_client.fetch_results(aws.table, ["as-json", "as-binary"])
     for name in ("label", "probabilities"):
         np.testing.assert_array_equal(found.done["as-json"][name], found.done["as-binary"][name])
 
@@ -411,7 +411,7 @@ def test_a_partly_stored_redelivered_group_runs_only_the_rest(aws: Aws, manifest
     more = first + [job(f"r-{i}", slice(i, i + 1)) for i in range(10, 15)]
     assert handler(sqs_event(more, [2] * 15), LambdaContext()) == {"batchItemFailures": []}
     assert writes[0] == 1  # the five new results only
-    found = jobsclient.fetch_results(aws.table, [f"r-{i}" for i in range(15)])
+    found = job_client.fetch_results(aws.table, [f"r-{i}" for i in range(15)])
     got = np.concatenate([found.done[f"r-{i}"]["label"] for i in range(15)])
     np.testing.assert_array_equal(got, labels(DIGITS[:15]))
 
@@ -433,7 +433,7 @@ def test_the_same_job_twice_in_one_batch_is_stored_once_and_fails_nothing(aws: A
     handler = create_handler(settings=settings(aws, manifest))
     bodies = [job("twice", slice(0, 1)), job("other", slice(1, 2)), job("twice", slice(0, 1))]
     assert handler(sqs_event(bodies), LambdaContext()) == {"batchItemFailures": []}
-    found = jobsclient.fetch_results(aws.table, ["twice", "other"])
+    found = job_client.fetch_results(aws.table, ["twice", "other"])
     np.testing.assert_array_equal(found.done["twice"]["label"], labels(DIGITS[0:1]))
     assert sorted(found.done) == ["other", "twice"]
 
@@ -455,7 +455,7 @@ def test_s3_errors_fail_only_the_job_that_references_the_object(
         with Stubber(clients.client("s3")) as s3:
             s3.add_client_error("get_object", service_error_code=code, http_status_code=status)
             response = handler(sqs_event([job("beside", slice(0, 1)), body], [receive_count] * 2), LambdaContext())
-        found = jobsclient.fetch_results(aws.table, ["beside", "by-ref"])
+        found = job_client.fetch_results(aws.table, ["beside", "by-ref"])
         np.testing.assert_array_equal(found.done["beside"]["label"], labels(DIGITS[0:1]))
         if own_fault or receive_count == 5:  # 5: the queues' maxReceiveCount, the last delivery
             assert "by-ref.json cannot be read" in found.failed["by-ref"]

@@ -331,7 +331,7 @@ def test_serving_a_model_file_instead_of_a_manifest_says_how_to_write_one(tmp_pa
 
 
 def test_results_of_bytes_outputs_are_written_as_text_to_jsonl(tmp_path: Path) -> None:
-    from fnserve.jobsclient import Results, write_results
+    from fnserve.stores.job_client import Results, write_results
 
     labels = np.array([b"seven", b"\xff"], dtype=object)  # a pipeline's label names; the second is no UTF-8
     results = Results(done={"j1": {"labels": labels, "scores": np.array([0.9, 0.1], np.float32)}}, failed={"j2": "x"})

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from fnserve.core.codec.datafiles import read_data
 from fnserve.core.execution.service import InferenceService
-from fnserve.datafiles import read_data
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
 
 MODELS = ["digits-fast", "digits-accurate", "digits-accurate-int8"]

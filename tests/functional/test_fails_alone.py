@@ -21,11 +21,11 @@ import pytest
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
-from fnserve import jobsclient
 from fnserve.adapters.lambda_.sqs import create_handler
 from fnserve.aws.events import LambdaContext, sqs_event
 from fnserve.core.jobs.messages import job_message
 from fnserve.settings import Settings
+from fnserve.stores import job_client
 from tests.helpers import DEMO_MANIFEST
 from tests.helpers.clouds import Aws
 from tests.helpers.serving import Served
@@ -159,7 +159,7 @@ def test_in_an_sqs_batch_the_bad_job_fails_alone_and_is_not_redelivered(aws: Aws
     )
     bodies = [json.dumps(job_message(f"job-{seed}", "minilm-l6", feed(seed, bad))) for seed, bad in trial(3)]
     assert handler(sqs_event(bodies), LambdaContext()) == {"batchItemFailures": []}  # nothing to redeliver
-    found = jobsclient.fetch_results(aws.table, [f"job-{seed}" for seed in range(9)])
+    found = job_client.fetch_results(aws.table, [f"job-{seed}" for seed in range(9)])
     assert set(found.failed) == {"job-3"} and REASON in found.failed["job-3"]
     assert not found.pending
     for seed in (0, 1, 2, 4, 5, 6, 7, 8):

@@ -32,12 +32,12 @@ from packaging.requirements import Requirement
 from tritonclient.utils import InferenceServerException
 
 import fnserve
-from fnserve import bootstrap, jobsclient
+from fnserve import bootstrap
 from fnserve.core.execution.service import InferenceService
 from fnserve.core.jobs.messages import job_message
 from fnserve.settings import Settings
 from fnserve.stores import gcs as gcs_storage
-from fnserve.stores import pubsub
+from fnserve.stores import job_client, pubsub
 from tests.embeddings import SENTENCES, check_client
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
 from tests.helpers.cascade import CORRECTED, LABELS, SLOW_LABEL
@@ -245,7 +245,7 @@ def test_500_jobs_with_poison_good_ones_stored_once_poison_failed_and_nothing_lo
 ) -> None:
     rows = [DIGITS[i % 300 : i % 300 + 1 + i % 3] for i in range(494)]
     good = [job_message(f"good-{i:03d}", "digits-accurate", {"input": x}) for i, x in enumerate(rows)]
-    report = jobsclient.publish(JOBS_TOPIC, iter(good))
+    report = job_client.publish(JOBS_TOPIC, iter(good))
     assert len(report.ids) == 494 and not report.failed and topics.calls < 494  # batched publishes
     for body in poison_jobs():
         pubsub.publisher(0.05).publish(JOBS_TOPIC, body).result()
@@ -264,12 +264,12 @@ def test_500_jobs_with_poison_good_ones_stored_once_poison_failed_and_nothing_lo
     writes = redis_calls(client).get("set", 0)
     # One SET per job with an id: 494 done, 4 failed (a failed job pushed again after a lost answer: once more).
     assert 498 <= writes <= 498 + delivery.lost, (writes, delivery.lost)
-    found = jobsclient.fetch_results(results_url, report.ids)
+    found = job_client.fetch_results(results_url, report.ids)
     assert not found.failed and not found.pending and len(found.done) == 494
     for x, job in zip(rows, good, strict=True):
         expected = service.predict("digits-accurate", {"input": x})
         np.testing.assert_array_equal(found.done[job["id"]]["label"], expected["label"])
-    poison = jobsclient.fetch_results(results_url, ["poison-shape", "poison-model", "poison-empty", "poison-gone"])
+    poison = job_client.fetch_results(results_url, ["poison-shape", "poison-model", "poison-empty", "poison-gone"])
     assert "must have 64 at axis 1" in poison.failed["poison-shape"]
     assert poison.failed["poison-model"] == "Request for unknown model: 'no-such-model' is not found"
     assert "'inputs' must be a non-empty list" in poison.failed["poison-empty"]
@@ -286,7 +286,7 @@ def test_500_jobs_with_poison_good_ones_stored_once_poison_failed_and_nothing_lo
     assert all(redelivered.answers(m.id) == [200] for m in again)
     rewrites = redis_calls(client).get("set", 0) - writes
     assert 4 <= rewrites <= 4 + redelivered.lost  # only the failed ones are run (and refused) again
-    assert jobsclient.fetch_results(results_url, report.ids).done.keys() == found.done.keys()
+    assert job_client.fetch_results(results_url, report.ids).done.keys() == found.done.keys()
 
 
 def test_a_fault_that_may_heal_is_redelivered_then_stored_failed_and_dead_lettered(
@@ -299,7 +299,7 @@ def test_a_fault_that_may_heal_is_redelivered_then_stored_failed_and_dead_letter
     # As on SQS: the last delivery stores the reason and still fails, so the message reaches the dead-letter topic.
     assert set(delivery.answers(message.id)) == {503} and delivery.dead_lettered == [message]
     assert len(delivery.statuses[message.id]) == MAX_ATTEMPTS
-    failed = jobsclient.fetch_results(results_url, ["s3-outage"]).failed["s3-outage"]
+    failed = job_client.fetch_results(results_url, ["s3-outage"]).failed["s3-outage"]
     assert "s3://inputs/job.json cannot be read" in failed
 
 
@@ -307,12 +307,12 @@ def test_inputs_by_reference_to_cloud_storage(jobs_function: str, topics: Topics
     rows = DIGITS[:300]
     job = job_message("by-gcs", "digits-accurate", {"input": rows})
     big = {**job, "padding": "x" * (pubsub.MAX_MESSAGE_BYTES + 1)}  # over Pub/Sub's limit: sent by reference
-    report = jobsclient.publish(JOBS_TOPIC, iter([big]), bucket="gs://payloads")
+    report = job_client.publish(JOBS_TOPIC, iter([big]), bucket="gs://payloads")
     assert report.by_reference == 1 and report.ids == ["by-gcs"]
     [message] = topics.take(JOBS_TOPIC)
     assert orjson.loads(message.data)["payload"]["uri"] == "gs://payloads/fnserve/jobs/by-gcs.json"
     assert deliver(jobs_function, [message]).answers(message.id) == [200]
-    assert jobsclient.fetch_results(results_url, ["by-gcs"]).done["by-gcs"]["label"].shape == (300,)
+    assert job_client.fetch_results(results_url, ["by-gcs"]).done["by-gcs"]["label"].shape == (300,)
 
 
 def test_events_that_are_not_pubsub_messages(jobs_function: str) -> None:

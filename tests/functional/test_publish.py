@@ -102,7 +102,7 @@ def test_add_refuses_clearly_and_changes_nothing(demo: Path, args: list[str], re
 
 def test_add_names_the_field_the_manifest_refuses(tmp_path: Path) -> None:
     from fnserve.core.errors import ConfigError
-    from fnserve.publish import add_model
+    from fnserve.core.models.writing import add_model
 
     manifest = tmp_path / "manifest.toml"
     with pytest.raises(ConfigError, match="cannot be added: max_batch_size: Expected `int` >= 1$"):

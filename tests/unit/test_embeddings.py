@@ -197,13 +197,13 @@ def test_texts_that_arrive_together_without_a_budget_run_by_length_not_padded_to
 
 
 def test_texts_become_jobs_of_rows_per_job_texts(tmp_path: Path) -> None:
-    from fnserve import jobsclient
     from fnserve.core.jobs.messages import parse_job
+    from fnserve.stores import job_client
 
     def jobs(name: str, content: str, rows_per_job: int = 2) -> list[dict[str, object]]:
         path = tmp_path / name
         path.write_text(content)
-        found = jobsclient.jobs_from_file(
+        found = job_client.jobs_from_file(
             path, "minilm-embed", input_name=None, rows_per_job=rows_per_job, version=None, prefix="t"
         )
         return list(found)

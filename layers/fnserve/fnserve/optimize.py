@@ -21,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 import onnxruntime as ort
 
-from fnserve.datafiles import DataFile
+from fnserve.core.codec.datafiles import DataFile
 from fnserve.quantize import Latency, measure_latency, session
 
 Level = Literal["basic", "extended"]

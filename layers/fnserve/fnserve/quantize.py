@@ -24,7 +24,7 @@ from typing import Any, Literal
 import numpy as np
 import onnxruntime as ort
 
-from fnserve.datafiles import DataFile
+from fnserve.core.codec.datafiles import DataFile
 
 Mode = Literal["dynamic", "static"]
 # The smallest slow-down worth refusing a model for (2%), once it is statistically certain.

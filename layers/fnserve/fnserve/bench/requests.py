@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from fnserve.core.codec.datafiles import read_data
 from fnserve.core.codec.tensors import binary_tensor
 from fnserve.core.errors import InvalidInput
 from fnserve.core.execution.pipeline import Pipeline
 from fnserve.core.models.datatypes import V2_TO_NUMPY
 from fnserve.core.models.manifest import ImageStep
 from fnserve.core.models.registry import LoadedModel, TensorSpec
-from fnserve.datafiles import read_data
 
 Arrays = dict[str, np.ndarray[Any, Any]]
 

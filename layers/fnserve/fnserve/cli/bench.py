@@ -188,9 +188,9 @@ def cascade_tune(
     plot: Annotated[Path | None, typer.Option(help="Write a PNG of accuracy against slow-model share.")] = None,
 ) -> None:
     """Score thresholds on labelled data: slow-model share skipped, and combined accuracy."""
-    from fnserve import tune as tuning
+    from fnserve.core.codec.datafiles import read_data
     from fnserve.core.execution.service import InferenceService
-    from fnserve.datafiles import read_data
+    from fnserve.core.jobs import tuning
 
     try:
         service = InferenceService.from_manifest(manifest)

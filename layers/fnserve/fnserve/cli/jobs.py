@@ -55,19 +55,19 @@ def submit(
     """Enqueue inference jobs (SQS: 10 per SendMessageBatch; Pub/Sub: batched publishes) and list their ids."""
     from rich.progress import Progress
 
-    from fnserve import jobsclient
+    from fnserve.stores import job_client
 
     if (queue is None) == (topic is None):
         raise fail("give the jobs' queue (--queue, an SQS queue URL) or topic (--topic, a Pub/Sub topic), not both")
 
     jobs = list(
-        jobsclient.jobs_from_file(
+        job_client.jobs_from_file(
             data,
             model,
             input_name=input_name,
             rows_per_job=rows_per_job,
             version=version,
-            prefix=prefix or jobsclient.new_prefix(),
+            prefix=prefix or job_client.new_prefix(),
             binary=not json_data,
         )
     )
@@ -76,9 +76,9 @@ def submit(
             task = progress.add_task("submitting", total=len(jobs))
             advance = functools.partial(progress.advance, task)
             if topic is not None:
-                report = jobsclient.publish(topic, iter(jobs), bucket=bucket, progress=advance)
+                report = job_client.publish(topic, iter(jobs), bucket=bucket, progress=advance)
             else:
-                report = jobsclient.submit(queue or "", iter(jobs), bucket=bucket, progress=advance)
+                report = job_client.submit(queue or "", iter(jobs), bucket=bucket, progress=advance)
     except FnserveError as exc:
         raise fail(exc.message) from None
     if ids_file:
@@ -109,7 +109,7 @@ def results(
     ] = None,
 ) -> None:
     """Fetch stored results of jobs; say which are done, failed or still pending."""
-    from fnserve import jobsclient
+    from fnserve.stores import job_client
 
     if table is not None and results_url is not None:
         raise fail("give where the results are: --table (DynamoDB) or --results (a Redis URL), not both")
@@ -119,15 +119,15 @@ def results(
             "(a Redis URL, or FNSERVE_RESULTS); `make run` prints the line for its table"
         )
     ids = [line.strip() for line in ids_file.read_text().splitlines() if line.strip()]
-    found = jobsclient.fetch_results(table or results_url or "", ids)
+    found = job_client.fetch_results(table or results_url or "", ids)
     counts = f"done {len(found.done)}, failed {len(found.failed)}, pending {len(found.pending)}"
     if output is None:
-        for line in jobsclient.jsonl_lines(found, ids):
+        for line in job_client.jsonl_lines(found, ids):
             typer.echo(line)
         typer.echo(counts, err=True)
         return
     try:
-        jobsclient.write_results(found, ids, output)
+        job_client.write_results(found, ids, output)
     except FnserveError as exc:
         raise fail(exc.message) from None
     typer.echo(f"{counts} -> {output}")

@@ -61,7 +61,7 @@ def models_push(
     Files already there with the same sha256 are not sent again. Serve it with FNSERVE_MANIFEST set to
     the printed URI (on SAM: the ModelBucket and ModelManifestKey parameters).
     """
-    from fnserve.publish import push
+    from fnserve.stores.manifests import push
 
     try:
         pushed = push(manifest, destination)
@@ -98,7 +98,7 @@ def manifest_add(
     ] = True,
 ) -> None:
     """Add a model to a manifest (created if missing): its sha256 computed, its graph loaded and shown."""
-    from fnserve.publish import add_model
+    from fnserve.core.models.writing import add_model
 
     try:
         added = add_model(
@@ -132,9 +132,9 @@ def predict(
 
     A cascade answers each row as its own request would once its follow-up is done: the fast
     model's answer where it is confident, the slow model's elsewhere."""
+    from fnserve.core.codec.datafiles import read_data
     from fnserve.core.execution.service import InferenceService
     from fnserve.core.jobs.cascade import settle
-    from fnserve.datafiles import read_data
 
     try:
         service = InferenceService.from_manifest(manifest)

@@ -16,7 +16,7 @@ from fnserve.core.errors import FnserveError
 if TYPE_CHECKING:
     import onnxruntime as ort
 
-    from fnserve.datafiles import DataFile
+    from fnserve.core.codec.datafiles import DataFile
     from fnserve.quantize import Mode, QuantizeReport
 
 
@@ -38,7 +38,7 @@ def quantize(
 ) -> None:
     """Quantize a model to int8 and report size, latency and accuracy before and after."""
     from fnserve import quantize as q
-    from fnserve.datafiles import read_data
+    from fnserve.core.codec.datafiles import read_data
 
     if mode not in ("dynamic", "static"):
         raise fail(f"--mode must be dynamic or static, not {mode!r}")
@@ -67,7 +67,7 @@ def quantize(
             )
         output.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(candidate, output)
-    from fnserve.publish import file_sha256
+    from fnserve.core.models.writing import file_sha256
 
     typer.echo(f"wrote {output} (sha256 {file_sha256(output)}: the manifest's sha256 for it)")
 
@@ -90,7 +90,7 @@ def optimize(
     """Optimise a model's graph once, so that every start creates its session sooner; its answers are checked equal."""
     from fnserve import optimize as o
     from fnserve import quantize as q
-    from fnserve.datafiles import read_data
+    from fnserve.core.codec.datafiles import read_data
 
     if level not in o.LEVELS:
         raise fail(f"--level must be basic or extended, not {level!r} (all adds layouts for this machine's CPU)")
@@ -113,7 +113,7 @@ def optimize(
             raise fail(f"{' and '.join(refused)} (see above); not writing {output} (use --force to write it anyway)")
         output.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(candidate, output)
-    from fnserve.publish import file_sha256
+    from fnserve.core.models.writing import file_sha256
 
     typer.echo(f"wrote {output} (sha256 {file_sha256(output)}: the manifest's sha256 for it)")
 

@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import orjson
 
+from fnserve.core.codec.datafiles import LABEL_KEYS
 from fnserve.core.errors import InvalidInput
 from fnserve.core.jobs.messages import SubmitReport, job_message
 from fnserve.core.jobs.results import ResultStore, job_key
-from fnserve.datafiles import LABEL_KEYS
 from fnserve.stores import sqs
 
 
