@@ -379,7 +379,7 @@ def test_a_restart_against_the_same_endpoint_reuses_its_resources_and_their_data
 def test_the_banner_offers_the_templates_own_routes_not_the_demos(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from fnserve.cli.local import banner
+    from fnserve.emulator.local import banner
 
     with echo_emulator(tmp_path) as (emulator, local, port):
         capsys.readouterr()

@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING
 
 from fnserve.bench import cost, prices, sizing, targets
 from fnserve.bench import requests as made
-from fnserve.bench.load import wrk_script
+from fnserve.bench.load import have_wrk, wrk_script
+from fnserve.bench.perf_analyzer import have as have_perf_analyzer
 from fnserve.bench.profile import profile
 from fnserve.bench.report import summary, table, write
 from fnserve.bench.sweep import Config, LoadOptions
-from fnserve.bench.tuner import Plan, resolve
+from fnserve.bench.tuner import STAGES, Plan, resolve
 from fnserve.bench.tuner import run as run_sweep
-from fnserve.core.errors import InvalidInput
+from fnserve.core.errors import ConfigError, InvalidInput
 from fnserve.core.execution.service import InferenceService
 from fnserve.core.host import available_cpus
 
@@ -47,9 +48,29 @@ class Options:
     price_per_million: float = prices.LAMBDA_PER_MILLION
     targets: cost.Traffic | None = None  # --targets: every target costed at this traffic
 
+    def check(self) -> None:
+        """The ConfigError of an option this machine or bench cannot honour, before anything runs."""
+        if unknown := [s for s in self.stages if s not in STAGES]:
+            raise ConfigError(f"unknown --stages {unknown}; they are {', '.join(STAGES)}")
+        generator = self.load.generator
+        if generator not in ("auto", "perf_analyzer", "wrk", "built-in"):
+            raise ConfigError(f"--generator is auto, perf_analyzer, wrk or built-in, not {generator!r}")
+        if generator == "wrk" and not have_wrk():
+            raise ConfigError("--generator wrk: wrk is not installed")
+        if generator == "perf_analyzer" and not have_perf_analyzer():
+            raise ConfigError(
+                "--generator perf_analyzer: perf_analyzer is not installed (make perf-analyzer sets it up)"
+            )
+        if any(not 128 <= m <= 10240 for m in self.lambda_sizes):
+            raise ConfigError("Lambda memory sizes are 128 to 10240 MB")
+        traffic = self.targets
+        if traffic is not None and traffic.peak_rps is not None and traffic.peak_rps < traffic.rps:
+            raise ConfigError(f"--peak-rps {traffic.peak_rps:g} is below the mean, --rps {traffic.rps:g}")
+
 
 def bench(options: Options) -> list[Path]:
     """Run what ``options`` asks for, print it, and write its files; the files written."""
+    options.check()
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
