@@ -104,8 +104,10 @@ $(LOCALSTACK_VENV)/.installed: tests/e2e/localstack.txt
 	$(LOCALSTACK_VENV)/bin/pip install -q -r tests/e2e/localstack.txt
 	@touch $@
 
+# Two workers, a module each at a time (--dist loadfile), so a module's fixtures and servers start once: most
+# tests wait on a subprocess or a socket, and the other worker has the core meanwhile.
 test: lint sam-check test-servers perf-analyzer $(LOCALSTACK_VENV)/.installed
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadfile
 
 # What pip may choose for a user: each extra set installed fresh at its floors and at its latest, beside the newest
 # tritonclient, and each supported Python (tests/install, a few minutes from uv's cache). CI runs it after make test.
