@@ -20,12 +20,10 @@ from typing import TYPE_CHECKING, Any
 from fnserve.core.host import AFFINITY_DIR_ENV, pin_process
 from fnserve.observability.logs import logger
 
-if TYPE_CHECKING:
-    from fnserve.settings import Settings
-
 if TYPE_CHECKING:  # a fast start lays out its processes before onnxruntime is imported (untimed_layout)
     from fnserve.core.execution.service import InferenceService
     from fnserve.core.models.registry import LoadedModel, Session
+    from fnserve.settings import Settings
 
 # A request's round trip to an inference worker (pipe, pickling, the worker's wake-up): a model whose batch-1
 # run is a small part of it is served faster by the front processes themselves. Heavier models gave the same
