@@ -223,6 +223,36 @@ def test_push_to_cloud_storage_then_served_from_there(gcs: Gcs, demo: Path, tmp_
     np.testing.assert_array_equal(service.predict("digits-accurate", {"input": DIGITS})["label"], expected)
 
 
+def test_a_read_that_cloud_storage_refuses_is_taken_as_absent_and_the_upload_decides(
+    gcs: Gcs, demo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pusher with roles/storage.objectCreator may create objects but not read them: Cloud Storage answers its
+    read with a 403 (the emulator has no IAM, so the answer is injected), and push uploads everything. Any other
+    failure of the read is still an error."""
+    from google.api_core import exceptions as api
+    from google.cloud.storage import Bucket
+
+    from fnserve.stores import gcs as storage
+
+    bucket = storage.client().create_bucket(f"models-{uuid.uuid4().hex[:8]}").name
+
+    def refused(self: Bucket, name: str, *args: object, **kwargs: object) -> None:
+        raise api.Forbidden(f"caller does not have storage.objects.get access to {name}")
+
+    monkeypatch.setattr(Bucket, "get_blob", refused)
+    for _ in range(2):  # nothing is known to be there, so everything is sent each time
+        output = fnserve("models", "push", f"gs://{bucket}", "-m", str(demo))
+        assert "unchanged" not in output and f"uploaded   gs://{bucket}/digits-labels.txt" in output
+
+    def down(self: Bucket, name: str, *args: object, **kwargs: object) -> None:
+        raise api.ServiceUnavailable("backend unavailable")
+
+    monkeypatch.setattr(Bucket, "get_blob", down)
+    result = runner.invoke(app, ["models", "push", f"gs://{bucket}", "-m", str(demo)])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert f"gs://{bucket}/" in result.output and "cannot be read" in result.output, result.output
+
+
 def test_push_needs_only_the_documented_permissions_not_list_bucket(
     pushers: dict[str, dict[str, str]], demo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -69,10 +69,15 @@ def upload_file(path: Path, uri: str, sha256: str) -> None:
 
 
 def stored_sha256(uri: str) -> str | None:
-    """The sha256 :func:`upload_file` recorded for ``uri``, or None when the object does not exist."""
+    """The sha256 :func:`upload_file` recorded for ``uri``, or None when the object is not known to be there:
+    missing, or not readable by a caller that may only create objects (``roles/storage.objectCreator``)."""
+    from google.api_core.exceptions import Forbidden
+
     bucket, key = split_uri(uri, "gs")
     try:
         blob = client().bucket(bucket).get_blob(key)
+    except Forbidden:
+        return None  # safe: push then uploads, which is its aim; a caller that may not create objects fails there
     except Exception as exc:
         raise storage_error(exc, f"{uri} cannot be read") from exc
     return None if blob is None else (blob.metadata or {}).get("sha256")
