@@ -335,6 +335,11 @@ def knative_checks(service: dict[str, Any], runtimes: dict[str, dict[str, Any]])
     # KServe sets from `timeout`): the wait covers a start as long as the runtime's startup probe allows.
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] <= predictor["timeout"] <= KNATIVE_MAX_TIMEOUT
+    # The queue-proxy probes readiness every 50 ms only at periodSeconds 0 (knative/serving's
+    # pkg/queue/readiness/probe.go, IsAggressive); at any other period it waits that long between probes, added to
+    # the start. Beside a 0 its webhook refuses failureThreshold and timeoutSeconds (validateReadinessProbe).
+    readiness = container["readinessProbe"]
+    assert readiness["periodSeconds"] == 0 and not {"failureThreshold", "timeoutSeconds"} & set(readiness)
 
 
 def knative_services() -> list[dict[str, Any]]:
@@ -377,6 +382,8 @@ def runtime_of(service: dict[str, Any], runtimes: dict[str, dict[str, Any]]) -> 
         lambda s, r: runtime_of(s, r)["ports"].append({"name": "h2c", "containerPort": 8081}),
         lambda s, r: runtime_of(s, r)["env"].append({"name": "PORT", "value": "8080"}),
         lambda s, r: s["spec"]["predictor"]["model"].pop("env"),  # gRPC on, and a start that times layouts
+        lambda s, r: runtime_of(s, r)["readinessProbe"].update(periodSeconds=5),  # probed every 5 s
+        lambda s, r: runtime_of(s, r)["readinessProbe"].update(failureThreshold=3),  # refused by Knative
     ],
 )
 def test_a_mistake_in_a_knative_mode_service_fails_its_checks(mistake: Any) -> None:
