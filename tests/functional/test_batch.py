@@ -101,19 +101,16 @@ def test_poison_records_fail_alone_and_good_results_are_stored(aws: Aws, manifes
 
 
 def test_a_delivery_writes_one_emf_line_of_its_counts(
-    aws: Aws, manifest: Path, monkeypatch: pytest.MonkeyPatch
+    aws: Aws, manifest: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("POWERTOOLS_SERVICE_NAME", raising=False)
     monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
-    out = io.StringIO()
-    handler = create_handler(
-        settings=settings(aws, manifest), metrics=EmfWriter(out=out, default_service="fnserve-batch")
-    )
+    handler = create_handler(settings=settings(aws, manifest))  # its own writer, on stdout as Lambda reads it
     poison = [body for body, _ in POISON.values()]
     bodies = [job("counted-0", slice(0, 2)), *ANONYMOUS_POISON.values(), *poison, job("counted-1", slice(2, 3))]
+    capsys.readouterr()
     handler(sqs_event(bodies), LambdaContext())
-    [line] = out.getvalue().splitlines()
-    doc = json.loads(line)
+    [doc] = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
     directive = doc["_aws"]["CloudWatchMetrics"][0]
     assert directive["Dimensions"] == [["service"]] and doc["service"] == "fnserve-batch"
     assert all(m["Unit"] == "Count" and m["Name"] in doc for m in directive["Metrics"])
