@@ -335,7 +335,7 @@ def knative_checks(service: dict[str, Any], runtimes: dict[str, dict[str, Any]])
     # KServe sets from `timeout`): the wait covers a start as long as the runtime's startup probe allows.
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] <= predictor["timeout"] <= KNATIVE_MAX_TIMEOUT
-    # The queue-proxy probes readiness every 50 ms only at periodSeconds 0 (knative/serving's
+    # The queue-proxy retries its readiness probe until ready only at periodSeconds 0 (knative/serving's
     # pkg/queue/readiness/probe.go, IsAggressive); at any other period it waits that long between probes, added to
     # the start. Beside a 0 its webhook refuses failureThreshold and timeoutSeconds (validateReadinessProbe).
     readiness = container["readinessProbe"]
