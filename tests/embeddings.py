@@ -25,6 +25,9 @@ MAX_TOKENS = 256  # the demo pipeline's max_length
 TOKENIZER = Tokenizer.from_file(str(DEMO_MANIFEST.parent / "minilm-l6" / "tokenizer.json"))
 TOKENIZER.no_padding()
 TOKENIZER.enable_truncation(MAX_TOKENS)  # as the pipeline cuts them (the file itself says 128, padded)
+UNCUT = Tokenizer.from_file(str(DEMO_MANIFEST.parent / "minilm-l6" / "tokenizer.json"))
+UNCUT.no_padding()
+UNCUT.no_truncation()
 
 # A batch of mixed lengths: a few words, sentences, and the one far past the model's 256 tokens.
 LONGEST = max(range(len(SENTENCES)), key=lambda i: len(SENTENCES[i]))
@@ -73,8 +76,18 @@ def check_client(client: openai.OpenAI, http: httpx.Client) -> None:
     ids = client.embeddings.create(model="minilm-embed", input=tokens(texts[1]), encoding_format="float")
     assert cosine(vectors(ids), vectors(one))[0] >= 0.9999
     many = client.embeddings.create(model="minilm-embed", input=[tokens(t) for t in texts[:3]])
-    same = client.embeddings.create(model="minilm-embed", input=texts[:3])  # int8 scales by the batch: the same one
+    same = client.embeddings.create(model="minilm-embed", input=texts[:3])
     assert cosine(vectors(many), vectors(same)).min() >= 0.9999
+    # Ids past the model's length are cut as its text is, the closing [SEP] kept.
+    whole = UNCUT.encode(SENTENCES[LONGEST]).ids
+    assert len(whole) > MAX_TOKENS
+    cut = client.embeddings.create(model="minilm-embed", input=[whole], encoding_format="float")
+    text = client.embeddings.create(model="minilm-embed", input=SENTENCES[LONGEST], encoding_format="float")
+    assert cosine(vectors(cut), vectors(text))[0] >= 0.9999
+    # OpenAI's own tokenizer's ids of "hello world", as LangChain's OpenAIEmbeddings sends them by default.
+    with pytest.raises(openai.BadRequestError, match="check_embedding_ctx_length=False") as refused:
+        client.with_options(max_retries=0).embeddings.create(model="minilm-embed", input=[[15339, 1917]])
+    assert refused.value.response.json()["error"]["param"] == "input"
     assert len(vectors(client.embeddings.create(model="minilm-embed", input=texts[0], dimensions=384))[0]) == 384
     refusals(client)
     assert "minilm-embed" in [m.id for m in client.models.list()]

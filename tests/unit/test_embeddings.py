@@ -100,10 +100,23 @@ def test_token_ids_run_as_given_checked_against_the_vocabulary(minilm: object) -
 
 def test_long_texts_are_cut_and_say_so_or_refused(minilm: object) -> None:
     long = "one two three four five six seven eight nine ten"
-    out = tokenize(minilm)(dict(text=rows("short", long, TokenIds(tuple(range(100, 120))))))
+    out = tokenize(minilm)(dict(text=rows("short", long, TokenIds((101, *range(1000, 1018), 102)))))
     assert out[TOKENS].tolist() == [3, 8, 8] and out[TRUNCATED].tolist() == [False, True, True]
+    assert out["input_ids"][2].tolist() == [101, *range(1000, 1006), 102]  # cut as a text is: [SEP] kept
     with pytest.raises(InvalidInput, match="row 1: the text is longer than the model's 8 tokens"):
         tokenize(minilm, truncate=False)(dict(text=rows("short", long)))
+
+
+def test_token_ids_of_another_tokenizer_are_refused_with_the_langchain_setting(minilm: object) -> None:
+    step = tokenize(minilm)
+    assert step(dict(text=rows(TokenIds((101, 7592, 2088, 102)))))[TOKENS].tolist() == [4]  # its own: "hello world"
+    for ids in ((15339, 1917), (101, 15339, 1917), (15339, 1917, 102)):  # tiktoken's, with one end or none
+        with pytest.raises(
+            InvalidInput,
+            match=r"start with \[CLS\] \(101\) and end with \[SEP\] \(102\).*"
+            "check_embedding_ctx_length=False",
+        ):
+            step(dict(text=rows(TokenIds(ids))))
 
 
 def test_token_ids_and_a_text_that_reads_like_them_have_other_cache_keys() -> None:

@@ -26,9 +26,12 @@ import onnxruntime as ort
 
 from fnserve.core.codec.datafiles import DataFile
 
-Mode = Literal["dynamic", "static"]
+Mode = Literal["per-token", "dynamic", "static"]
+MODES: tuple[Mode, ...] = ("per-token", "dynamic", "static")
 # The smallest slow-down worth refusing a model for (2%), once it is statistically certain.
 MIN_EFFECT = 0.02
+# A row alone and in a batch that differ by no more than this are the same answer (float sums in another order).
+INVARIANT_ATOL = 1e-5
 CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 2000
 
@@ -101,6 +104,10 @@ class QuantizeReport:
     accuracy_after: float | None = None
     agreement: dict[str, str] = field(default_factory=dict)
     unquantized_ops: list[str] | None = None  # set when nothing was quantized: the graph's operators
+    # Largest difference of a row's outputs alone and in a batch, before and after (None: not measured).
+    batch_drift: tuple[float, float] | None = None
+    drift_rows: int = 0
+    drift_batch: int = 0
 
     def slower_at(self) -> list[int]:
         """Batch sizes at which the quantized model is confidently slower (see :attr:`Latency.slower`)."""
@@ -118,6 +125,14 @@ class QuantizeReport:
             out.append(f"accuracy          {self.accuracy_before:.4f} -> {self.accuracy_after:.4f}")
         for name, text in self.agreement.items():
             out.append(f"output {name}: {text}")
+        if self.batch_drift is not None:
+            before, after = self.batch_drift
+            basis = (
+                f"{self.drift_rows} rows alone and in a batch of {self.drift_batch}: "
+                f"max abs diff {before:.3g} before, {after:.3g} after"
+            )
+            verdict = "yes" if after <= INVARIANT_ATOL else "no, a row's answer moves with its batch"
+            out.append(f"batch-invariant   {verdict} ({basis})")
         if self.unquantized_ops is not None:
             out.append(
                 f"nothing quantized: none of this graph's operators ({', '.join(self.unquantized_ops)}) is one "
@@ -149,7 +164,12 @@ def quantize(
     per_channel: bool = False,
     calibration: DataFile | None = None,
 ) -> None:
-    """Write the quantized form of ``src`` to ``dst`` (static mode needs calibration data)."""
+    """Write the quantized form of ``src`` to ``dst`` (static mode needs calibration data; per-token uses it)."""
+    if mode == "per-token":
+        from fnserve.per_token import quantize_per_token
+
+        quantize_per_token(src, dst, calibration)
+        return
     from onnxruntime.quantization import (
         QuantFormat,
         QuantType,
@@ -309,6 +329,23 @@ def compare_outputs(
         report.accuracy_after = _accuracy(out_after, data.labels)
 
 
+def batch_drift(sess: ort.InferenceSession, data: DataFile, rows: int = 8, batch: int = 64) -> float:
+    """Largest difference between a row's outputs run alone and run in a batch of ``data``'s first rows (inf
+    where an integer output differs): 0 for a model whose every row depends on that row alone."""
+    feed = {k: v[:batch] for k, v in data.inputs.items()}
+    together = sess.run(None, feed)
+    worst = 0.0
+    for row in range(min(rows, data.rows)):
+        alone = sess.run(None, {k: v[row : row + 1] for k, v in feed.items()})
+        for a, b in zip(alone, together, strict=True):
+            a, b = np.asarray(a), np.asarray(b)[row : row + 1]
+            if a.dtype.kind == "f":
+                worst = max(worst, float(np.max(np.abs(a - b), initial=0.0)))
+            elif a.dtype.kind in "iub" and not np.array_equal(a, b):
+                worst = float("inf")
+    return worst
+
+
 def _accuracy(outputs: list[Any], labels: np.ndarray[Any, Any]) -> float | None:
     # A classifier's label output (integers, one per row) if it has one, else argmax of scores.
     for out in outputs:
@@ -342,3 +379,12 @@ def synthetic_inputs(sess: ort.InferenceSession, seed: int = 0) -> DataFile:
 
 def file_size(path: Path) -> int:
     return os.stat(path).st_size
+
+
+def auto_mode(path: Path) -> Mode:
+    """per-token for a transformer (its rows must not move with their batch-mates), dynamic otherwise."""
+    import onnx
+
+    from fnserve.per_token import applies
+
+    return "per-token" if applies(onnx.load(str(path), load_external_data=False)) else "dynamic"

@@ -24,10 +24,22 @@ if TYPE_CHECKING:
 def quantize(
     model: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="ONNX model to quantize.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the quantized model.")],
-    mode: Annotated[str, typer.Option(help="dynamic or static.")] = "dynamic",
-    per_channel: Annotated[bool, typer.Option("--per-channel", help="Per-channel weight scales.")] = False,
+    mode: Annotated[
+        str,
+        typer.Option(
+            help="per-token (each row's activations by its own range: a row's answer never depends on its batch), "
+            "dynamic (one range a batch: onnxruntime's), static (ranges fixed by calibration); "
+            "auto: per-token for a transformer, dynamic otherwise."
+        ),
+    ] = "auto",
+    per_channel: Annotated[
+        bool, typer.Option("--per-channel", help="Per-channel weight scales (dynamic and static; per-token always is).")
+    ] = False,
     calibration: Annotated[
-        Path | None, typer.Option(help="Calibration inputs (.npy/.npz); required for static.")
+        Path | None,
+        typer.Option(
+            help="Calibration inputs (.npy/.npz); required for static; per-token uses them, else --validation."
+        ),
     ] = None,
     validation: Annotated[
         Path | None, typer.Option(help="Validation inputs (.npz, labels optional) for accuracy/agreement.")
@@ -40,8 +52,8 @@ def quantize(
     from fnserve import quantize as q
     from fnserve.core.codec.datafiles import read_data
 
-    if mode not in ("dynamic", "static"):
-        raise fail(f"--mode must be dynamic or static, not {mode!r}")
+    if mode not in (*q.MODES, "auto"):
+        raise fail(f"--mode must be auto, {', '.join(q.MODES)}, not {mode!r}")
     if mode == "static" and calibration is None:
         raise fail("static quantization needs --calibration")
     before = q.session(model, threads)
@@ -51,6 +63,10 @@ def quantize(
         valid = read_data(validation, names) if validation else None
     except FnserveError as exc:
         raise fail(exc.message) from None
+    if mode == "auto":
+        mode = q.auto_mode(model)
+    if mode == "per-token" and calib is None:
+        calib = valid  # its ranges and activations: what zero points, smoothing and rounding are fitted to
     sample = valid or calib or q.synthetic_inputs(before)
     with tempfile.TemporaryDirectory() as tmp:
         candidate = Path(tmp) / "quantized.onnx"
@@ -141,7 +157,7 @@ def _quantize_and_compare(
         progress.update(step, total=1, completed=1)
         after = q.session(candidate, threads)
         report = q.QuantizeReport(
-            mode=mode + (" per-channel" if per_channel else " per-tensor"),
+            mode=mode + ("" if mode == "per-token" else " per-channel" if per_channel else " per-tensor"),
             size_before=q.file_size(model),
             size_after=q.file_size(candidate),
             unquantized_ops=q.unquantized_ops(candidate),
@@ -153,4 +169,7 @@ def _quantize_and_compare(
             )
         if valid is not None:
             q.compare_outputs(before, after, valid, report)
+        rows = valid or sample
+        report.drift_rows, report.drift_batch = min(8, rows.rows), min(64, rows.rows)
+        report.batch_drift = (q.batch_drift(before, rows), q.batch_drift(after, rows))
     return report

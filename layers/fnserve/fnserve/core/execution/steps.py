@@ -146,6 +146,7 @@ class Tokenize(Step):
         self.tokenizer.no_padding()  # padded here, to the longest or to a bucket, straight into arrays
         self.tokenizer.enable_truncation(settings.max_length)
         self.vocabulary = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        self.opening, self.closing = _special_ends(self.tokenizer)
         self.digest = _sha256(path)
         self.name = "tokenize"
         self.input = settings.input
@@ -212,7 +213,23 @@ class Tokenize(Step):
             raise InvalidInput(
                 f"input {self.input!r} row {row}: token id {bad} is outside the vocabulary (0 to {self.vocabulary - 1})"
             )
-        return ids[: self.max_length]
+        opening, closing = self.opening, self.closing
+        if tuple(ids[: len(opening)]) != opening or (closing and tuple(ids[-len(closing) :]) != closing):
+            # Another tokenizer's ids read as this one's are words of nonsense: LangChain's OpenAIEmbeddings sends
+            # OpenAI's tiktoken ids unless told otherwise, and nothing else about them is wrong.
+            ends = " and ".join(
+                f"{where} with {' '.join(f'{self.tokenizer.id_to_token(i)} ({i})' for i in marks)}"
+                for where, marks in (("start", opening), ("end", closing))
+                if marks
+            )
+            raise InvalidInput(
+                f"input {self.input!r} row {row}: token ids must be this model's own, as its tokenizer's "
+                f"encode(text).ids gives them, which {ends}; LangChain's OpenAIEmbeddings sends OpenAI's tiktoken "
+                "ids unless made with check_embedding_ctx_length=False"
+            )
+        if len(ids) <= self.max_length:
+            return ids
+        return (*ids[: self.max_length - len(closing)], *closing)  # cut as a text is: its closing token kept
 
     def sort_key(self, tensors: Mapping[str, np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
         """Each row's text length (characters or bytes; token ids count as a word's length each): about its token
@@ -224,6 +241,16 @@ class Tokenize(Step):
             ),
             np.int64,
         )
+
+
+def _special_ends(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ids the tokenizer puts before and after every text (BERT's [CLS] and [SEP]); none where it adds none."""
+    plain = tuple(tokenizer.encode("a", add_special_tokens=False).ids)
+    marked = tuple(tokenizer.encode("a").ids)
+    for start in range(len(marked) - len(plain) + 1):
+        if marked[start : start + len(plain)] == plain:
+            return marked[:start], marked[start + len(plain) :]
+    return (), ()
 
 
 class MeanPool(Step):
