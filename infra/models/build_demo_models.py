@@ -223,7 +223,7 @@ def minilm_entries(sha: str) -> list[str]:
         'version = "1"',
         'path = "minilm-l6/1/model.onnx"',
         f'sha256 = "{sha}"',
-        'description = "all-MiniLM-L6-v2 encoder (token embeddings), per-token int8 (a text\'s vector never depends '
+        'description = "all-MiniLM-L6-v2 encoder (token embeddings), per-token int8 (a text vector never depends '
         'on its batch), its graph optimised ahead"',
         "max_batch_size = 64",
         "max_batch_time_ms = 2.0",
