@@ -110,5 +110,7 @@ def test_the_command_chooses_per_token_for_a_transformer_and_reports_invariance(
     dynamic = runner.invoke(app, [*args, "-o", str(tmp_path / "dyn.onnx"), "--mode", "dynamic", "--per-channel"])
     assert dynamic.exit_code == 0, dynamic.output
     assert "batch-invariant   no, a row's answer moves with its batch" in dynamic.output, dynamic.output
+    alone = runner.invoke(app, ["quantize", str(src), "-o", str(tmp_path / "r.onnx"), "--rounds", "10", "--force"])
+    assert "batch-invariant   not measured" in alone.output, alone.output  # one synthetic row: no batch to compare
     wrong = runner.invoke(app, [*args, "-o", str(tmp_path / "x.onnx"), "--mode", "fp8"])
     assert wrong.exit_code != 0 and "--mode must be auto, per-token, dynamic, static" in wrong.output

@@ -133,6 +133,8 @@ class QuantizeReport:
             )
             verdict = "yes" if after <= INVARIANT_ATOL else "no, a row's answer moves with its batch"
             out.append(f"batch-invariant   {verdict} ({basis})")
+        else:
+            out.append("batch-invariant   not measured: it takes more than one row of --validation or --calibration")
         if self.unquantized_ops is not None:
             out.append(
                 f"nothing quantized: none of this graph's operators ({', '.join(self.unquantized_ops)}) is one "
