@@ -76,8 +76,9 @@ def embed(session: ort.InferenceSession, texts: Sequence[str]) -> np.ndarray[Any
 
 
 def cut(texts: Sequence[str], budget: TokenBudget | None, max_rows: int = MAX_ROWS) -> list[list[str]]:
-    ordered = sorted(texts, key=lambda t: len(TOKENIZER.encode(t).ids))
-    lengths = [len(TOKENIZER.encode(t).ids) for t in ordered]
+    count = {t: len(TOKENIZER.encode(t).ids) for t in texts}  # each text tokenized once
+    ordered = sorted(texts, key=count.__getitem__)
+    lengths = [count[t] for t in ordered]
     ends = token_runs(lengths, budget, max_rows)
     return [ordered[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 

@@ -79,6 +79,7 @@ def test_a_row_alone_and_in_any_batch_gives_the_same_answer(tmp_path: Path, opse
     float_out = run(src, data)
     error = np.linalg.norm(together - float_out) / np.linalg.norm(float_out)
     assert error < 0.02, error
+    onnx.checker.check_model(onnx.load(str(dst)))  # a valid graph: no initializer named twice
     ops = {node.op_type for node in onnx.load(str(dst)).graph.node}
     assert "MatMulIntegerToFloat" in ops and "MatMul" not in ops and "DynamicQuantizeLinear" not in ops
     assert batch_drift(ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]), data) == 0

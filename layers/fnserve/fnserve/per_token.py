@@ -199,11 +199,12 @@ class _Writer:
         return base
 
 
-def _reduce(op: str, source: str, out: str, opset: int, writer: _Writer, p: str) -> onnx.NodeProto:
+def _reduce(op: str, source: str, out: str, axes: str | None) -> onnx.NodeProto:
+    """``op`` over the last axis: named by the initializer ``axes`` from opset 18, by an attribute before."""
     from onnx import helper
 
-    if opset >= 18:
-        return helper.make_node(op, [source, writer.const(p + "axes", np.array([-1], np.int64))], [out], keepdims=1)
+    if axes is not None:
+        return helper.make_node(op, [source, axes], [out], keepdims=1)
     return helper.make_node(op, [source], [out], axes=[-1], keepdims=1)
 
 
@@ -223,9 +224,10 @@ def _rewrite(model: onnx.ModelProto, groups: list[_Group], opset: int) -> None:
             source = p + "x"
             weights = [(i, node, w * group.smooth[:, None]) for i, node, w in weights]
         channels = weights[0][2].shape[0]
+        axes = writer.const(p + "axes", np.array([-1], np.int64)) if opset >= 18 else None  # one for both reduces
         nodes += [
-            _reduce("ReduceMax", source, p + "max", opset, writer, p),
-            _reduce("ReduceMin", source, p + "min", opset, writer, p),
+            _reduce("ReduceMax", source, p + "max", axes),
+            _reduce("ReduceMin", source, p + "min", axes),
             helper.make_node("Mul", [p + "max", writer.const(p + "up", np.float32(1 / (255 - zp)))], [p + "s_up"]),
             helper.make_node("Mul", [p + "min", writer.const(p + "down", np.float32(-1 / zp))], [p + "s_down"]),
             helper.make_node("Max", [p + "s_up", p + "s_down", writer.const(p + "tiny", _TINY)], [p + "scale"]),

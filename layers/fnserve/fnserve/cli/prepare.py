@@ -169,8 +169,7 @@ def _quantize_and_compare(
             )
         if valid is not None:
             q.compare_outputs(before, after, valid, report)
-        rows = valid or sample
-        if rows.rows > 1:  # a batch of one proves nothing
-            report.drift_rows, report.drift_batch = min(8, rows.rows), min(64, rows.rows)
-            report.batch_drift = (q.batch_drift(before, rows), q.batch_drift(after, rows))
+        if sample.rows > 1:  # a batch of one proves nothing
+            report.drift_rows, report.drift_batch = min(8, sample.rows), min(64, sample.rows)
+            report.batch_drift = (q.batch_drift(before, sample), q.batch_drift(after, sample))
     return report
