@@ -126,9 +126,18 @@ class LambdaTransport(httpx.BaseTransport):
     """Each request an API Gateway event (HTTP API's payload 2.0, or the REST API's 1.0) given to ``handler``, its
     answer the response: the openai client's own requests, as API Gateway hands them to the function."""
 
-    def __init__(self, handler: Callable[[dict[str, Any], Any], dict[str, Any]], version: str) -> None:
+    def __init__(
+        self,
+        handler: Callable[[dict[str, Any], Any], dict[str, Any]],
+        version: str,
+        *,
+        domain: str = "localhost",
+        timeout: float = 30.0,
+    ) -> None:
         self.handler = handler
         self.version = version
+        self.domain = domain  # a function URL's (*.lambda-url.*): no API Gateway, no 29 s
+        self.timeout = timeout  # the function's, for each invocation's context
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         body = request.read() or None
@@ -136,12 +145,14 @@ class LambdaTransport(httpx.BaseTransport):
         headers = {k.lower(): v for k, v in request.headers.items()}
         if self.version == "2.0":
             route = "ANY /v1/{proxy+}" if path.startswith("/v1/") else "ANY /v2/{proxy+}"
-            event = http_api_event(request.method, path, route_key=route, headers=headers, body=body)
+            event = http_api_event(
+                request.method, path, route_key=route, headers=headers, body=body, domain=self.domain
+            )
         else:
             resource = "/v1/{proxy+}" if path.startswith("/v1/") else "/v2/{proxy+}"
             multi = {k: [v] for k, v in headers.items()}
             event = rest_api_event(request.method, path, resource=resource, headers=multi, body=body)
-        answer = self.handler(event, LambdaContext())
+        answer = self.handler(event, LambdaContext(timeout=self.timeout))
         content = answer.get("body") or ""
         raw = base64.b64decode(content) if answer.get("isBase64Encoded") else content.encode()
         headers = dict(answer.get("headers") or {})

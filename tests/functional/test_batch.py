@@ -14,6 +14,7 @@ import onnxruntime as ort
 import pytest
 from typer.testing import CliRunner
 
+from fnserve.adapters.handler import INVOCATION_RESERVE_SECONDS
 from fnserve.adapters.lambda_.sqs import create_handler, records_of
 from fnserve.aws import clients
 from fnserve.aws.events import LambdaContext, sqs_event
@@ -21,12 +22,13 @@ from fnserve.bootstrap import build_dataplane, build_service
 from fnserve.cli import app, explain
 from fnserve.core.execution.service import InferenceService
 from fnserve.core.jobs.messages import job_message
-from fnserve.core.jobs.processor import JobProcessor
+from fnserve.core.jobs.processor import STORE_RESERVE_SECONDS, JobProcessor
 from fnserve.core.jobs.results import ResultRecord, job_key
 from fnserve.observability.emf import EmfWriter
 from fnserve.settings import Settings
 from fnserve.stores import job_client
 from fnserve.stores.dynamodb import DynamoResultStore
+from tests.embeddings import SENTENCES
 from tests.helpers import DEMO_MANIFEST, sample_arrays, write_test_manifest
 from tests.helpers.asgi import AsgiClient
 from tests.helpers.clouds import Aws, received_event
@@ -120,6 +122,7 @@ def test_a_delivery_writes_one_emf_line_of_its_counts(
         "JobsDone": 2,
         "JobsRefused": len(poison),
         "JobsFailed": len(ANONYMOUS_POISON),
+        "JobsHandedBack": 0,
         "JobsSkipped": 0,
         "CacheHits": 0,
     }
@@ -492,3 +495,46 @@ def test_jobs_naming_a_cascade_get_the_slow_models_answer_only_where_the_fast_on
     assert list(records[job_key("c-label")].outputs()) == ["label"]
     assert records[job_key("c-version")].status == "failed"
     assert "a cascade has no versions" in (records[job_key("c-version")].error or "")
+
+
+class Invocation(LambdaContext):
+    """A Lambda context of ``seconds`` left: Lambda's own clock, counting down from its invocation."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(timeout=seconds)
+
+
+def test_a_batch_out_of_time_stores_what_ran_and_hands_back_the_rest_most_delivered_first(aws: Aws) -> None:
+    # Text jobs of about 80 tokens (MiniLM, some 20 ms each here): 300 need several seconds more than the
+    # invocation has once its store's reserve (STORE_RESERVE_SECONDS) and the answer's are kept.
+    words = " ".join(SENTENCES).split()
+    texts = {f"t-{i}": " ".join(words[i * 7 : i * 7 + 60]) for i in range(400)}
+    bodies = {
+        job_id: json.dumps(job_message(job_id, "minilm-embed", {"text": np.array([text], dtype=object)}))
+        for job_id, text in texts.items()
+    }
+    ids = list(bodies)
+    handler = create_handler(settings=settings(aws, DEMO_MANIFEST))
+    short = INVOCATION_RESERVE_SECONDS + STORE_RESERVE_SECONDS + 2.0
+
+    def deliver(batch: list[str], counts: list[int], seconds: float) -> set[str]:
+        event = sqs_event([bodies[j] for j in batch], counts, id_prefix="m-")
+        message = {r["messageId"]: j for r, j in zip(event["Records"], batch, strict=True)}
+        answer = handler(event, Invocation(seconds))
+        return {message[f["itemIdentifier"]] for f in answer["batchItemFailures"]}
+
+    first = ids[:300]
+    handed = deliver(first, [1] * 300, short)
+    done = set(first) - handed
+    assert done and len(handed) > 100, f"{len(done)} done, {len(handed)} handed back"
+    found = job_client.fetch_results(aws.table, first)
+    assert set(found.done) == done and not found.failed  # what ran is stored; what did not is not failed
+    # Redelivered beside fresh jobs, again short of time: the handed-back ones run first.
+    fresh = ids[300:]
+    again = deliver([*handed, *fresh], [2] * len(handed) + [1] * len(fresh), short)
+    assert set(fresh) <= again or not (set(handed) & again), "a fresh job ran while a handed-back one waited"
+    # With time enough, the rest: every job done once, none failed, nothing handed back.
+    rest = sorted(again)
+    assert deliver(rest, [3 if j in handed else 2 for j in rest], 120.0) == set()
+    found = job_client.fetch_results(aws.table, ids)
+    assert set(found.done) == set(ids) and not found.failed and not found.pending

@@ -139,6 +139,10 @@ def test_batching_settings_are_checked_when_they_load() -> None:
     base = {"name": "m", "path": "m.onnx", "sha256": "a" * 64}
     with pytest.raises(ValidationError, match="only apply with max_batch_time_ms"):
         ModelSettings.validate({**base, "length_buckets": [8]})
+    with pytest.raises(ValidationError, match="pad_inputs only apply with max_batch_time_ms"):
+        ModelSettings.validate({**base, "pad_inputs": ["ids"]})
+    # A token budget bounds every road's runs, batched or not: it counts the lengths of pad_inputs.
+    ModelSettings.validate({**base, "pad_inputs": ["ids"], "max_batch_attention": 4096})
     with pytest.raises(
         ValidationError, match="max_queue_delay_ms and max_queue_size only apply with max_batch_time_ms"
     ):

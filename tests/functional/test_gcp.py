@@ -42,6 +42,7 @@ from tests.embeddings import SENTENCES, check_client
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
 from tests.helpers.cascade import CORRECTED, LABELS, SLOW_LABEL
 from tests.helpers.clouds import Gcs
+from tests.helpers.functions import FUNCTIONS_FRAMEWORK
 from tests.moto import free_port
 from tests.pubsub import Message, Topics, cloud_event, deliver
 from tests.servers import start_http
@@ -51,7 +52,6 @@ PROJECT = "fnserve-test"
 JOBS_TOPIC = f"projects/{PROJECT}/topics/jobs"
 FOLLOWUP_TOPIC = f"projects/{PROJECT}/topics/followups"
 MAX_ATTEMPTS = 3  # the subscriptions' dead-letter policy, and FNSERVE_MAX_RECEIVE_COUNT
-FUNCTIONS_FRAMEWORK = str(Path(sys.executable).parent / "functions-framework")
 LOGS: dict[str, Path] = {}  # each function's output, by its URL
 
 

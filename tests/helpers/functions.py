@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -11,3 +12,7 @@ from tests.helpers import load_module
 def load_function(path: Path) -> ModuleType:
     """Import a function's app.py as Lambda does: a fresh module, built at import."""
     return load_module(path, f"fn_{path.parent.name}")
+
+
+# The functions-framework server of this interpreter's environment: Google Cloud's own, serving functions/gcp_*.
+FUNCTIONS_FRAMEWORK = str(Path(sys.executable).parent / "functions-framework")

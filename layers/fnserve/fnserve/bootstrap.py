@@ -155,6 +155,7 @@ def build_dataplane(
         max_concurrent_batches=max(1, settings.parallel_workers),
         offload=offload,
         observers=observers,
+        request_timeout=settings.request_timeout_seconds,
     )
 
 

@@ -301,6 +301,19 @@ class ServerSettings(EnvSettings):
             "and the request answered with 504 (and the grace a gRPC call in flight gets at shutdown).",
         ),
     ] = 60.0
+    request_timeout_seconds: (
+        Annotated[
+            float,
+            Meta(
+                gt=0,
+                description="The longest a caller waits for an answer from this server (Cloud Run's request "
+                "timeout, a load balancer's idle timeout): a request whose texts cannot be run in that time at the "
+                "model's pace is refused at once (413) instead of computed for nobody. Unset: only a caller's own "
+                "timeout bounds it.",
+            ),
+        ]
+        | None
+    ) = None
     metrics: Annotated[
         bool,
         Meta(

@@ -15,10 +15,12 @@ exporter's thread with it (docs/design/handlers.md).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fnserve import bootstrap
+from fnserve.core.execution.deadline import DEADLINE, Deadline
 from fnserve.observability import logs, tracing
 from fnserve.observability.logs import logger
 from fnserve.settings import Settings
@@ -81,17 +83,43 @@ def _ready(registry: ModelRegistry, ready: Callable[[ModelRegistry], None] | Non
     tracing.configure()
 
 
+# What an invocation keeps of its remaining time: its answer written out, its buffers flushed.
+INVOCATION_RESERVE_SECONDS = 1.0
+# API Gateway's integration timeout (REST APIs: 29 s; HTTP APIs: 30 s): past it the caller has a 504 and nobody
+# reads the answer, however long the function may still run.
+API_GATEWAY_SECONDS = 29.0
+
+
+def invocation_deadline(event: Any, context: Any) -> Deadline | None:
+    """When an invocation's answer stops being of use: its remaining time (less what writing it out takes), or
+    API Gateway's timeout for an event it sent, if sooner; None where the context does not say."""
+    remaining = getattr(context, "get_remaining_time_in_millis", None)
+    if remaining is None:
+        return None
+    deadline = Deadline(
+        time.monotonic() + remaining() / 1000 - INVOCATION_RESERVE_SECONDS, "the function's remaining time"
+    )
+    request = event.get("requestContext") if isinstance(event, dict) else None
+    if isinstance(request, dict) and "apiId" in request and "lambda-url" not in str(request.get("domainName", "")):
+        gateway = Deadline(time.monotonic() + API_GATEWAY_SECONDS, f"API Gateway's {API_GATEWAY_SECONDS:g} s")
+        deadline = min(deadline, gateway, key=lambda d: d.at)
+    return deadline
+
+
 def lambda_handler(translate: Translate[Answer], *buffers: Callable[[], None]) -> Translate[Answer]:
     """The Lambda handler around ``translate`` (an event and its context in, the answer out): each invocation's log
-    lines carry its context and none of the last one's keys (Powertools), and as it ends, raising or not, what it
-    buffered is written out (``buffers``, then the spans)."""
+    lines carry its context and none of the last one's keys (Powertools), its deadline is what its runs foresee
+    against (:func:`invocation_deadline`), and as it ends, raising or not, what it buffered is written out
+    (``buffers``, then the spans)."""
     flushes = (*buffers, tracing.flush)
 
     @logger.inject_lambda_context(clear_state=True)
     def handler(event: dict[str, Any], context: Any) -> Answer:
+        token = DEADLINE.set(invocation_deadline(event, context))
         try:
             return translate(event, context)
         finally:
+            DEADLINE.reset(token)
             for flush in flushes:
                 flush()
 

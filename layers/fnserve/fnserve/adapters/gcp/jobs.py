@@ -29,6 +29,7 @@ import asyncio
 import base64
 import binascii
 import itertools
+import time
 from collections.abc import Awaitable, Callable
 
 import orjson
@@ -36,7 +37,8 @@ from cloudevents.abstract import CloudEvent
 from starlette.exceptions import HTTPException
 
 from fnserve.adapters.gcp.logs import use_cloud_logging
-from fnserve.adapters.handler import start_jobs
+from fnserve.adapters.handler import INVOCATION_RESERVE_SECONDS, start_jobs
+from fnserve.core.execution.deadline import DEADLINE, Deadline
 from fnserve.core.execution.service import InferenceService
 from fnserve.core.jobs.processor import JobProcessor
 from fnserve.core.jobs.results import ResultStore
@@ -79,11 +81,13 @@ class Gatherer:
     tens of jobs, one vectorised runtime call and one store round trip each.)
     """
 
-    def __init__(self, processor: JobProcessor, *, window: float, max_jobs: int) -> None:
+    def __init__(self, processor: JobProcessor, *, window: float, max_jobs: int, timeout: float | None = None) -> None:
         self.processor = processor
         self.window = window
         self.max_jobs = max_jobs
+        self.timeout = timeout  # how long Pub/Sub's push waits for an event's answer (the function's timeout)
         self._waiting: list[tuple[Record, asyncio.Future[bool]]] = []
+        self._arrived: dict[str, float] = {}  # when each waiting event came: its batch's deadline counts from it
         self._timer: asyncio.TimerHandle | None = None
         self._due = False
         self._running: asyncio.Task[None] | None = None
@@ -94,7 +98,9 @@ class Gatherer:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bool] = loop.create_future()
         # A message id may come twice at once (a redelivery while the first is still here): keep them apart.
-        self._waiting.append(((f"{record[0]}#{next(self._serial)}", record[1], record[2]), future))
+        key = f"{record[0]}#{next(self._serial)}"
+        self._waiting.append(((key, record[1], record[2]), future))
+        self._arrived[key] = time.monotonic()
         if len(self._waiting) >= self.max_jobs:
             self._due = True
             self._start()
@@ -118,6 +124,10 @@ class Gatherer:
         self._running = asyncio.get_running_loop().create_task(self._run(batch))
 
     async def _run(self, batch: list[tuple[Record, asyncio.Future[bool]]]) -> None:
+        first = min(self._arrived.pop(record[0]) for record, _ in batch)
+        if self.timeout is not None:  # in this task, and the thread it runs the batch in: the jobs not reached by
+            # their push's timeout are handed back (503) rather than computed for a delivery Pub/Sub gave up on
+            DEADLINE.set(Deadline(first + self.timeout - INVOCATION_RESERVE_SECONDS, "the function's timeout"))
         try:
             outcome = await asyncio.to_thread(self.processor.process, [record for record, _ in batch])
         except Exception as exc:  # a bug, not a job's fault: every message of the batch is redelivered
@@ -141,7 +151,12 @@ def create_function(
 ) -> Callable[[CloudEvent], Awaitable[None]]:
     """The CloudEvent function; build it once per instance, at import (warm globals)."""
     settings, processor = start_jobs(settings, service, store, prepare=use_cloud_logging)
-    gatherer = Gatherer(processor, window=settings.jobs_gather_ms / 1000, max_jobs=settings.jobs_max_batch)
+    gatherer = Gatherer(
+        processor,
+        window=settings.jobs_gather_ms / 1000,
+        max_jobs=settings.jobs_max_batch,
+        timeout=settings.request_timeout_seconds,
+    )
 
     async def jobs(event: CloudEvent) -> None:
         record = record_of(event)

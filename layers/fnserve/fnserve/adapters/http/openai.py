@@ -22,6 +22,7 @@ import orjson
 from fnserve.adapters.http.infer import JSON, ASGIMessage, InferenceRoute, Receive, Send, read_body, respond
 from fnserve.adapters.http.wire import header_request_id, unnamed_request_id
 from fnserve.core.errors import ClientGone, FnserveError
+from fnserve.core.execution.deadline import RequestTooLong
 from fnserve.core.execution.embeddings import TOKENS, TRUNCATED, Embedder, TokenIds, embedders, shorten
 from fnserve.core.serving.dataplane import Answer
 from fnserve.observability.envelope import RequestWatcher
@@ -57,6 +58,8 @@ def error_parts(error: FnserveError) -> tuple[int, bytes, dict[str, str]]:
     code = None
     if isinstance(error, OpenAIError):
         param, code = error.param, error.code
+    elif isinstance(error, RequestTooLong):  # the limit it is over, as OpenAI names its own
+        code = error.code
     elif status == 404:
         param, code = "model", "model_not_found"
     elif status >= 500:

@@ -64,6 +64,7 @@ def create_handler(
                 "JobsDone": outcome.done,
                 "JobsRefused": outcome.refused,
                 "JobsFailed": len(outcome.failures),
+                "JobsHandedBack": outcome.handed_back,
                 "JobsSkipped": outcome.skipped,
                 "CacheHits": outcome.cache_hits,
             }

@@ -30,6 +30,7 @@ class Pending:
     expiry: asyncio.TimerHandle | None = None  # refuses it at its queue deadline, unless a batch takes it first
     left: bool = False  # answered (or gone): no longer in its flight's rows
     finish: Callable[[Arrays], Any] | None = None  # what its outputs become, where its batch ran (predict's)
+    bulk: bool = False  # a run of a request cut into several: a request of its own goes first (fresh_first)
 
 
 def taken(pending: Pending) -> None:
@@ -115,6 +116,22 @@ async def gather_by_length(
         if id(item) not in chosen:
             queue.put_nowait(item)
     return batch, rows
+
+
+def fresh_first(queue: asyncio.Queue[Pending], first: Pending) -> Pending:
+    """The request that starts the next batch, given the queue's oldest (``first``, taken from it): the oldest that
+    is not a run of a request cut into several (a query before an ingest's texts), else ``first``. The others
+    stay in the queue in the order they came."""
+    if not first.bulk or queue.empty():
+        return first
+    waiting = [first]
+    while not queue.empty():
+        waiting.append(queue.get_nowait())
+    chosen = next((p for p in waiting if not p.bulk and not p.future.done()), first)
+    for item in waiting:  # nothing was awaited since the queue was emptied
+        if item is not chosen:
+            queue.put_nowait(item)
+    return chosen
 
 
 async def first_request(queue: asyncio.Queue[Pending], idle: float) -> Pending | None:

@@ -27,7 +27,16 @@ import numpy as np
 
 from fnserve.core.batching.admission import Admission
 from fnserve.core.batching.priority import run_niced
-from fnserve.core.batching.queues import Flight, Pending, first_request, gather, gather_by_length, hurry, mixed
+from fnserve.core.batching.queues import (
+    Flight,
+    Pending,
+    first_request,
+    fresh_first,
+    gather,
+    gather_by_length,
+    hurry,
+    mixed,
+)
 from fnserve.core.batching.stacking import Failed, QueueKey, Stacking, answers, isolating
 from fnserve.core.errors import InvalidInput
 from fnserve.core.models.datatypes import Arrays
@@ -132,6 +141,9 @@ class AdaptiveBatcher:
         inputs: Mapping[str, np.ndarray[Any, Any]],
         finish: Callable[[Arrays], Any] | None = None,
         within: float | None = None,
+        *,
+        bulk: bool = False,
+        admitted: bool = False,
     ) -> tuple[Any, float]:
         """This request's outputs (or what ``finish`` made of them), and the seconds it waited in the queue.
 
@@ -139,7 +151,9 @@ class AdaptiveBatcher:
         as soon as its batch has run, where it ran (in ``run_then``'s thread, when the batcher has one), not on the
         event loop, which keeps reading, admitting and refusing requests meanwhile; what it raises is this request's
         error alone. ``within``: the seconds its caller waits for the answer, where it said
-        (:meth:`~fnserve.core.batching.admission.Admission.refusal`)."""
+        (:meth:`~fnserve.core.batching.admission.Admission.refusal`). ``bulk``: a run of a request cut into several,
+        which a request of its own goes before; ``admitted``: a later run of such a request, which its first run
+        was admitted for (neither refused nor expired: its caller's deadline bounds it)."""
         arrays = {name: np.asarray(value) for name, value in inputs.items()}
         rows = {a.shape[0] for a in arrays.values() if a.ndim}
         if len(rows) != 1:
@@ -156,13 +170,15 @@ class AdaptiveBatcher:
             self._tasks[key] = asyncio.get_running_loop().create_task(self._loop(queue, key, flight))
         else:
             flight = self._flights[key]
-        admission.admit(max(rows), read=True, within=within)
-        admission.came(max(rows))
+        if not admitted:
+            admission.admit(max(rows), read=True, within=within)
+            admission.came(max(rows))
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[Any, float]] = loop.create_future()
-        pending = Pending(arrays, rows.pop(), future, RAN_ON.get(), length, finish=finish)
-        delay = admission.queue_delay()
-        pending.expiry = loop.call_later(delay, self._expire, pending, flight, delay)
+        pending = Pending(arrays, rows.pop(), future, RAN_ON.get(), length, finish=finish, bulk=bulk)
+        if not admitted:
+            delay = admission.queue_delay()
+            pending.expiry = loop.call_later(delay, self._expire, pending, flight, delay)
         flight.arrive(pending.rows)
         try:
             queue.put_nowait(pending)
@@ -217,6 +233,7 @@ class AdaptiveBatcher:
                 del self._queues[key], self._tasks[key], self._flights[key]
                 return
             await slots.acquire()  # a batch is formed only when it can run at once (the slots are the model's)
+            first = fresh_first(queue, first)  # what came while the slot was busy: a query before an ingest's runs
             ready = time.monotonic()
             if first.future.done():  # its caller went away (a deadline, a disconnect): not computed
                 carried = None

@@ -22,6 +22,7 @@ TOKENS = "token_count"  # INT64 [-1]: the tokens each row ran, special tokens in
 # model as much as a real one (the adaptive batcher's rule, and a stacked batch's).
 MIN_FILL = 0.8
 TRUNCATED = "truncated"  # BOOL [-1]: whether the row was cut to max_length
+MAX_REQUEST_TOKENS = 300_000  # OpenAI's own bound on the tokens of one embeddings request, on every route here
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,15 @@ class TokenBudget:
         if settings.max_batch_tokens is None and settings.max_batch_attention is None:
             return None
         return cls(settings.max_batch_tokens, settings.max_batch_attention)
+
+    def rows(self, limit: int, longest: int) -> int:
+        """The most rows padded to ``longest`` that a run holds, at least one and at most ``limit``."""
+        fits = limit
+        if self.tokens is not None and longest:
+            fits = min(fits, self.tokens // longest)
+        if self.attention is not None and longest:
+            fits = min(fits, self.attention // (longest * longest))
+        return max(1, fits)
 
     def holds(self, rows: int, longest: int) -> bool:
         """Whether a run of ``rows`` padded to ``longest`` is within the budget."""

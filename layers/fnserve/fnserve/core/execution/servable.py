@@ -23,7 +23,8 @@ from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, R
 from fnserve.core.codec.rows import batch_size
 from fnserve.core.codec.validation import check
 from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
-from fnserve.core.execution.embeddings import TOKENS, TokenBudget, token_runs
+from fnserve.core.execution.deadline import Foresight, TokenPace, TooManyTokens
+from fnserve.core.execution.embeddings import MAX_REQUEST_TOKENS, TOKENS, TokenBudget, token_runs
 from fnserve.core.execution.pipeline import Pipeline, Staged, concatenate
 from fnserve.core.models.datatypes import Arrays
 from fnserve.core.models.providers import note_device
@@ -67,6 +68,8 @@ class Servable:
         # algorithm search, a CUDA graph's capture), and joining turns there cuts throughput many times over
         # (docs/design/gpu-shapes.md). There only the adaptive batcher joins requests, into the batch sizes it warmed.
         self.joins_turns = self.stackable and self.model.placement.device == "cpu"
+        self._padded = frozenset(self.model.settings.pad_inputs)
+        self.pace = TokenPace()  # seconds a padded token of this servable's runs (a deadline's foresight)
 
     @property
     def what(self) -> str:
@@ -97,6 +100,9 @@ class Servable:
         """A validated batch end to end, in chunks of at most the model's ``max_batch_size`` rows."""
         model = self.model
         limit = model.settings.max_batch_size
+        budget = TokenBudget.of(model.settings)
+        if budget is not None:  # rows padded alike: as many a chunk as the budget holds at their length
+            limit = budget.rows(limit, max((a.shape[1] for n, a in feed.items() if n in self._padded), default=0))
         if batch <= limit:
             results = run_model(model, names, feed)
         else:
@@ -155,7 +161,7 @@ class PipelineServable(Servable):
         tokenizes (:meth:`_run_by_tokens`)."""
         pipeline = self.pipeline
         if batch > 1 and pipeline.tokenizes:
-            return self._run_by_tokens(feed, TokenBudget.of(self.model.settings), names, timings)
+            return self._run_by_tokens(feed, names, timings)
         order = pipeline.order(feed, batch)
         if order is not None:
             feed = {name: array[order] for name, array in feed.items()}
@@ -167,31 +173,40 @@ class PipelineServable(Servable):
         result = concatenate(parts, self.what)
         return result if order is None else in_order(result, order)
 
-    def _run_by_tokens(
-        self, feed: Arrays, budget: TokenBudget | None, names: Sequence[str], timings: dict[str, float] | None
-    ) -> Arrays:
-        """A batch of texts tokenized in one call, run sorted by token count in chunks that ``budget`` holds (None:
-        no bound but the rows) of at most ``max_batch_size`` rows, of which at least ``MIN_FILL`` of the padded
-        tokens are real, each padded only to its own longest text, then put back in order. Padded to the whole
-        batch's longest, a query beside a passage would cost the passage's run."""
+    def _run_by_tokens(self, feed: Arrays, names: Sequence[str], timings: dict[str, float] | None) -> Arrays:
+        """A batch of texts tokenized in one call, run in the :meth:`runs` its tokens are cut into, then put back
+        in order; refused as soon as what is left cannot end before the request's deadline."""
         pipeline, model = self.pipeline, self.model
-        staged = self.stage(feed, timings)
-        counts = staged.context[TOKENS]
-        order = np.argsort(counts, kind="stable")
-        padded = set(pipeline.token_inputs)
-        parts, start = [], 0
-        for end in token_runs(counts[order].tolist(), budget, model.settings.max_batch_size):
-            chunk = order[start:end]
-            longest = max(int(counts[chunk[-1]]), 1)  # the rows are sorted: a chunk's longest is its last
-            cut = {
-                name: array[chunk][:, :longest] if name in padded and array.ndim >= 2 else array[chunk]
-                for name, array in {**staged.context, **staged.feed}.items()  # the feed as checked for the model
-            }
-            part = Staged({name: cut[name] for name in staged.feed}, cut)
+        runs = self.runs(self.stage(feed, timings))
+        foresight = Foresight(runs.total, self.pace)
+        parts = []
+        for i in range(len(runs)):
+            foresight.check()
+            part = runs.part(i)
+            started = time.perf_counter()
             run = run_model(model, pipeline.model_outputs, part.feed)
+            self.pace.add(runs.tokens[i], time.perf_counter() - started)
+            foresight.ran(runs.tokens[i])
             parts.append(pipeline.finish(part, dict(zip(pipeline.model_outputs, run, strict=True)), names, timings))
-            start = end
-        return in_order(concatenate(parts, self.what), order)
+        return in_order(concatenate(parts, self.what), runs.order)
+
+    def runs(self, staged: Staged) -> TokenRuns:
+        """A tokenized batch cut into runs: sorted by token count, chunks that the model's budget holds (None: no
+        bound but the rows) of at most ``max_batch_size`` rows, of which at least ``MIN_FILL`` of the padded tokens
+        are real, each padded only to its own longest text. So a process's working memory is bounded by the budget,
+        whatever a request holds; padded to the whole batch's longest, a query beside a passage would cost the
+        passage's run. More real tokens than a request may hold (``MAX_REQUEST_TOKENS``) are refused."""
+        counts = staged.context[TOKENS]
+        total = int(counts.sum())
+        if total > MAX_REQUEST_TOKENS:
+            raise TooManyTokens(
+                f"this request holds {total} tokens, more than the {MAX_REQUEST_TOKENS} a request may; send its "
+                "texts in several requests, or submit them as batch jobs (fnserve submit)"
+            )
+        order = np.argsort(counts, kind="stable")
+        settings = self.model.settings
+        ends = token_runs(counts[order].tolist(), TokenBudget.of(settings), settings.max_batch_size)
+        return TokenRuns(staged, order, ends, frozenset(self.pipeline.token_inputs))
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -200,6 +215,39 @@ class PipelineServable(Servable):
             "inputs": [input_metadata(spec) for spec in self.inputs],
             "outputs": [spec.to_metadata() for spec in self.outputs],
         }
+
+
+class TokenRuns:
+    """A tokenized batch cut into runs (:meth:`PipelineServable.runs`): the order its rows run in, and each run's
+    padded tokens; :meth:`part` makes a run's feed when it is about to run, so a request's runs are never all held
+    padded at once."""
+
+    __slots__ = ("staged", "order", "ends", "tokens", "total", "_padded", "_longest")
+
+    def __init__(self, staged: Staged, order: np.ndarray[Any, Any], ends: Sequence[int], padded: frozenset[str]):
+        self.staged = staged
+        self.order = order
+        self.ends = ends
+        self._padded = padded
+        counts = staged.context[TOKENS][order]
+        starts = [0, *ends[:-1]]
+        # The rows are sorted: a run's longest is its last.
+        self._longest = [max(int(counts[end - 1]), 1) for end in ends]
+        self.tokens = [longest * (end - start) for start, end, longest in zip(starts, ends, self._longest, strict=True)]
+        self.total = sum(self.tokens)
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def part(self, i: int) -> Staged:
+        """Run ``i``'s rows, its padded inputs cut to its own longest text."""
+        chunk = self.order[self.ends[i - 1] if i else 0 : self.ends[i]]
+        longest, staged = self._longest[i], self.staged
+        cut = {
+            name: array[chunk][:, :longest] if name in self._padded and array.ndim >= 2 else array[chunk]
+            for name, array in {**staged.context, **staged.feed}.items()  # the feed as checked for the model
+        }
+        return Staged({name: cut[name] for name in staged.feed}, cut)
 
 
 def in_order(result: Arrays, order: np.ndarray[Any, Any]) -> Arrays:

@@ -27,8 +27,8 @@ from fnserve.core.errors import (
     unknown_model,
 )
 from fnserve.core.execution.cache import ResultCache, cache_key
-from fnserve.core.execution.pipeline import Pipeline, Staged
-from fnserve.core.execution.servable import PipelineServable, Servable
+from fnserve.core.execution.pipeline import Pipeline, Staged, concatenate
+from fnserve.core.execution.servable import PipelineServable, Servable, in_order
 from fnserve.core.models.datatypes import Arrays
 from fnserve.core.models.manifest import load_manifest
 from fnserve.core.models.registry import Fetcher, ModelRegistry
@@ -268,6 +268,13 @@ class InferenceService:
         servable = prepared.servable
         assert prepared.staged is not None
         result = servable.finish(prepared.staged, outputs, prepared.names, prepared.timings)
+        return self._fresh(servable, prepared.key, result, prepared.timings)
+
+    def finish_runs(self, prepared: Prepared, parts: Sequence[Arrays], order: np.ndarray[Any, Any]) -> Prediction:
+        """The answer of a prepared request run in parts (its :meth:`PipelineServable.runs`, each finished on its
+        own), put back in the request's order and cached."""
+        servable = prepared.servable
+        result = in_order(concatenate(parts, servable.what), order)
         return self._fresh(servable, prepared.key, result, prepared.timings)
 
     def output_names(self, name: str, outputs: Sequence[str] | None, *, version: str | None = None) -> tuple[str, ...]:

@@ -17,6 +17,13 @@ fast model; the ones it is unsure of run on the slow one too (stacked again); ea
 the final answer, stored under the model that gave it. No follow-up: the batch pays for the
 accurate answer where it is needed, and only there.
 
+Time: where the invocation's deadline is known (:data:`~fnserve.core.execution.deadline.DEADLINE`: Lambda's remaining
+time, a Cloud Function's timeout), the jobs run in slices sized from the pace of the slices before, and before
+each the processor asks whether it still fits with the time to store the results; when it does not, what ran is
+stored and the jobs not reached are handed back (reported as failures, never stored as failed), so no batch
+fails whole for want of time. The most delivered jobs run first: a job handed back runs early in its next batch,
+and hand-backs do not march a good job into the dead-letter queue.
+
 Idempotency: queues deliver at least once. A redelivered job (receive count above 1, or 0:
 not known, as from a Pub/Sub subscription without a dead-letter policy) whose result is
 already stored is neither recomputed nor written again; the check is one batched read per
@@ -30,13 +37,14 @@ import dataclasses
 import gc
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from fnserve.core.codec.tensors import pack_arrays
 from fnserve.core.errors import FnserveError, unknown_model
+from fnserve.core.execution.deadline import DEADLINE, Deadline
 from fnserve.core.execution.service import InferenceService, Packed, Prediction
 from fnserve.core.jobs.cascade import confidence, output
 from fnserve.core.jobs.messages import Job, JobGroup, PayloadLoader, job_identity, parse_jobs
@@ -51,6 +59,7 @@ class Outcome:
     """What happened to one batch: the message ids to report, and counts for metrics."""
 
     failures: list[str]
+    handed_back: int = 0  # jobs not reached in the invocation's time: among the failures, redelivered as they are
     done: int = 0
     refused: int = 0  # the job's own fault, stored as failed (not redelivered)
     skipped: int = 0
@@ -58,7 +67,13 @@ class Outcome:
 
     def counts(self) -> dict[str, int]:
         """What the batch log line reports of it."""
-        return {"done": self.done, "refused": self.refused, "failed": len(self.failures), "skipped": self.skipped}
+        return {
+            "done": self.done,
+            "refused": self.refused,
+            "failed": len(self.failures),
+            "handed_back": self.handed_back,
+            "skipped": self.skipped,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +166,70 @@ class _Results:
         self.outcome.refused = len(self.owners) - self.outcome.done
 
 
+# What a batch keeps of its deadline to store its results (a DynamoDB write of a few thousand records, retried).
+STORE_RESERVE_SECONDS = 3.0
+FIRST_SLICE_ROWS = 64  # a batch's first slice, run before any pace is known
+SLICE_SHARE = 0.25  # each later slice is foreseen to take at most this share of the time left
+
+
+class _Slices:
+    """The work of a batch in slices that fit its ``deadline`` (None: all of it at once): sized from the pace of
+    the slices before, each foreseen within a share of the time left less the store's reserve. When the next
+    slice of even one job no longer fits, the jobs not reached are handed back (``outcome``'s failures)."""
+
+    def __init__(self, work: list[_Work], deadline: Deadline | None, outcome: Outcome) -> None:
+        self.work = work
+        self.deadline = deadline
+        self.outcome = outcome
+        self.per_row: float | None = None  # seconds a row took in this batch's slices so far
+        self.rows = self.seconds = 0.0
+
+    def __iter__(self) -> Iterator[_Work]:
+        deadline = self.deadline
+        if deadline is None:
+            yield from self.work
+            return
+        for n, unit in enumerate(self.work):
+            rows = unit.group.rows if unit.group is not None else [1] * len(unit.job_ids)
+            start = 0
+            while start < len(rows):
+                end = self._fits(rows, start, deadline.left() - STORE_RESERVE_SECONDS)
+                if end == start:
+                    self._hand_back(unit, start, self.work[n + 1 :])
+                    return
+                started = time.monotonic()
+                yield unit if start == 0 and end == len(rows) else unit.select(range(start, end))
+                self.rows += sum(rows[start:end])
+                self.seconds += time.monotonic() - started
+                start = end
+
+    def _fits(self, rows: Sequence[int], start: int, left: float) -> int:
+        """Where the next slice from ``start`` ends: the jobs foreseen within a share of ``left``."""
+        if left <= 0:
+            return start
+        if not self.rows:  # no pace yet: a small first slice tells it
+            budget = FIRST_SLICE_ROWS
+        else:
+            per_row = self.seconds / self.rows
+            if per_row * rows[start] > left:  # not even its next job
+                return start
+            budget = max(rows[start], int(SLICE_SHARE * left / per_row)) if per_row > 0 else sum(rows)
+        end, taken = start, 0
+        while end < len(rows) and (end == start or taken + rows[end] <= budget):
+            taken += rows[end]
+            end += 1
+        return end
+
+    def _hand_back(self, unit: _Work, start: int, rest: list[_Work]) -> None:
+        handed = [*unit.message_ids[start:], *(m for later in rest for m in later.message_ids)]
+        self.outcome.failures += handed
+        self.outcome.handed_back += len(handed)
+        logger.warning(
+            "batch out of time: jobs handed back",
+            extra={"handed_back": len(handed), "seconds_left": round(self.deadline.left(), 3) if self.deadline else 0},
+        )
+
+
 class JobProcessor:
     """Runs the jobs of one batch (an SQS or Pub/Sub delivery) against a service and stores their results."""
 
@@ -186,6 +265,9 @@ class JobProcessor:
     def _process(self, records: Sequence[tuple[str, str | bytes, int]]) -> Outcome:
         outcome = Outcome(failures=[])
         out = _Results(self, outcome)
+        position = {record[0]: i for i, record in enumerate(records)}
+        # The most delivered first (a count of 0 is not known): a job handed back for time runs early next time.
+        records = sorted(records, key=lambda record: -record[2])
         groups, singles = parse_jobs([body for _, body, _ in records], self.load_payload)
         work: list[_Work] = []
         for group in groups:
@@ -209,7 +291,7 @@ class JobProcessor:
         redelivered = {message_id for message_id, _, count in records if count != 1}
         work = self._without_stored(work, redelivered, outcome)
         receive_counts: dict[str, int] = {}  # made for the first failure
-        for unit in work:
+        for unit in _Slices(work, DEADLINE.get(), outcome):
             results = self._run(unit)
             if isinstance(results, Packed) or not any(isinstance(result, FnserveError) for result in results):
                 out.done(unit.message_ids, unit.job_ids, unit.model, results)  # type: ignore[arg-type]
@@ -222,7 +304,6 @@ class JobProcessor:
                     out.done((message_id,), (job_id,), unit.model, (result,))
         out.store()
         if len(outcome.failures) > 1:
-            position = {record[0]: i for i, record in enumerate(records)}
             outcome.failures.sort(key=position.__getitem__)  # in record order
         return outcome
 

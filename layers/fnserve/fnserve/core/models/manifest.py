@@ -253,17 +253,21 @@ class ModelSettings(Entry, frozen=True, kw_only=True):
             "shapes, each warmed at start (cuDNN's algorithm search, TensorRT's engine)."
         ),
     ] = []
-    pad_inputs: Annotated[list[str], Meta(description="Inputs padded along axis 1 to their bucket.")] = []
+    pad_inputs: Annotated[
+        list[str],
+        Meta(description="Inputs padded along axis 1 (to their bucket, when batched): the lengths a budget counts."),
+    ] = []
     max_batch_tokens: (
         Annotated[
             int,
             Meta(
                 ge=1,
-                description="Adaptive batching of variable-length inputs (pad_inputs): a batch holds at most this "
-                "many padded tokens (its longest request's length, or that length's bucket, times its rows). "
-                "Requests of every length then wait in one queue (as with max_batch_attention): a batch takes the "
-                "oldest, then those nearest its length. Unset (both): a queue a length bucket, a batch cut by "
-                "max_batch_size alone.",
+                description="A run of variable-length inputs (pad_inputs) holds at most this many padded tokens "
+                "(its longest text's length, or that length's bucket, times its rows), on every road: a request's "
+                "texts are cut into runs it holds, so a process's memory is bounded by it, never by a request. "
+                "With adaptive batching, requests of every length then wait in one queue (as with "
+                "max_batch_attention): a batch takes the oldest, then those nearest its length. Unset (both): a "
+                "queue a length bucket, a batch cut by max_batch_size alone.",
             ),
         ]
         | None
@@ -273,10 +277,10 @@ class ModelSettings(Entry, frozen=True, kw_only=True):
             int,
             Meta(
                 ge=1,
-                description="Adaptive batching of variable-length inputs (pad_inputs), with or without "
-                "max_batch_tokens: a batch holds at most this many rows times its longest length squared (the "
-                "scores each attention head computes). Past the CPU's cache a bigger batch of long texts costs more "
-                "a text than runs of fewer; short texts still batch by the dozen.",
+                description="With or without max_batch_tokens: a run of variable-length inputs (pad_inputs) holds "
+                "at most this many rows times its longest length squared (the scores each attention head "
+                "computes), on every road, adaptive batches included. Past the CPU's cache a bigger batch of long "
+                "texts costs more a text than runs of fewer; short texts still batch by the dozen.",
             ),
         ]
         | None
@@ -330,7 +334,7 @@ class ModelSettings(Entry, frozen=True, kw_only=True):
     def _check_batching(self) -> None:
         if any(b < 1 for b in self.length_buckets) or self.length_buckets != sorted(set(self.length_buckets)):
             raise ValueError(f"length_buckets must be positive and ascending, got {self.length_buckets}")
-        if self.pad_inputs and not self.length_buckets:
+        if self.pad_inputs and not self.length_buckets and self.max_batch_time_ms is not None:
             raise ValueError("pad_inputs needs length_buckets to pad up to")
         if any(b < 1 for b in self.batch_buckets) or self.batch_buckets != sorted(set(self.batch_buckets)):
             raise ValueError(f"batch_buckets must be positive and ascending, got {self.batch_buckets}")
@@ -344,9 +348,13 @@ class ModelSettings(Entry, frozen=True, kw_only=True):
                 raise ValueError(f"{what} needs batch_buckets: the fixed batch shapes it keeps one of each for")
         if self.session_per_shape and graphs:
             raise ValueError("cuda_graph already keeps one graph per shape: leave session_per_shape out")
-        if (self.length_buckets or self.pad_inputs or self.batch_buckets) and self.max_batch_time_ms is None:
+        budgeted = self.max_batch_tokens is not None or self.max_batch_attention is not None
+        if (self.length_buckets or self.batch_buckets) and self.max_batch_time_ms is None:
+            raise ValueError("length_buckets and batch_buckets only apply with max_batch_time_ms (adaptive batching)")
+        if self.pad_inputs and self.max_batch_time_ms is None and not budgeted:
             raise ValueError(
-                "length_buckets, batch_buckets and pad_inputs only apply with max_batch_time_ms (adaptive batching)"
+                "pad_inputs only apply with max_batch_time_ms (adaptive batching) or a token budget "
+                "(max_batch_tokens, max_batch_attention)"
             )
         for budget in ("max_batch_tokens", "max_batch_attention"):
             if getattr(self, budget) is not None and not self.pad_inputs:

@@ -11,6 +11,7 @@ metrics: a transport's :class:`Watcher`). Every route gives one :class:`Answer`;
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -20,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from fnserve.core.codec.rows import batch_size
 from fnserve.core.errors import ClientGone, DeadlineExceeded, FnserveError, ResultNotFound, unknown_model
+from fnserve.core.execution.deadline import DEADLINE, Foresight, within
+from fnserve.core.execution.servable import PipelineServable, TokenRuns
 from fnserve.core.execution.service import InferenceService, Prediction, Prepared
 from fnserve.core.models.datatypes import Arrays
 from fnserve.core.models.providers import RAN_ON, RanOn
@@ -129,7 +132,8 @@ class DataPlane:
     cache tier): a cascade's follow-up send does not send the models beside it to a thread (a thread
     hop costs more than a small model's run; docs/design/dataplane.md). ``observers``: each batched model's
     (:class:`~fnserve.core.batching.scheduler.BatchObservers`, a server's metrics), given to its batcher when it is
-    built.
+    built. ``request_timeout``: the seconds a caller waits here (Cloud Run's request timeout), against which a
+    request of many texts is refused at once when its runs cannot end in time (a caller's own shorter one wins).
     """
 
     def __init__(
@@ -142,8 +146,10 @@ class DataPlane:
         max_concurrent_batches: int = 1,
         offload: bool = False,
         observers: Callable[[str], BatchObservers] | None = None,
+        request_timeout: float | None = None,
     ) -> None:
         self.service = service
+        self.request_timeout = request_timeout  # the longest a caller waits here (a platform's), where known
         self.cascades = cascades
         self.results = results
         self.offload = offload
@@ -210,6 +216,11 @@ class DataPlane:
             t1 = time.perf_counter()
             if decoded.timeout is not None:
                 deadline = decoded.timeout if deadline is None else min(deadline, decoded.timeout)
+            # What the runs of its texts foresee against: the caller's wait, the server's, the platform's, the soonest.
+            if deadline is not None:
+                DEADLINE.set(within(deadline - (t1 - t0), "the request's timeout"))
+            if self.request_timeout is not None:
+                DEADLINE.set(within(self.request_timeout - (t1 - t0), "the server's request timeout"))
             if deadline is None:
                 answer = await self.infer(
                     name, decoded.inputs, version=version, outputs=decoded.outputs, encode=request.encode
@@ -340,6 +351,11 @@ class DataPlane:
         cached = prepared.cached()
         if cached is not None:
             return _answer(name, cached)
+        servable = prepared.servable
+        if isinstance(servable, PipelineServable) and prepared.rows > 1 and servable.pipeline.tokenizes:
+            runs = servable.runs(prepared.staged)  # type: ignore[arg-type]
+            if len(runs) > 1:
+                return await self._batched_runs(batcher, name, prepared, runs, encode, within)
         if self._offload_cache:  # its store leaves the process: in a thread of its own, not the batch's
             everything, waited = await batcher.predict(prepared.feed, within=within)
             answer = _answer(name, await asyncio.to_thread(self.service.finish, prepared, everything))
@@ -348,6 +364,68 @@ class DataPlane:
             # the batch's answers in turn while requests wait to be read.
             answer, waited = await batcher.predict(prepared.feed, Finish(self.service, name, prepared, encode), within)
         answer.timings["queue"] = round(waited * 1e3, 3)
+        return answer
+
+    async def _batched_runs(
+        self,
+        batcher: AdaptiveBatcher,
+        name: str,
+        prepared: Prepared,
+        runs: TokenRuns,
+        encode: Callable[[Answer], Any] | None,
+        within: float | None,
+    ) -> Answer:
+        """A request of many texts through its model's batcher in the runs its tokens are cut into, so that its size
+        never decides the process's memory: as many at once as the model runs batches at once, each finished where
+        it ran, and the requests of their own that come meanwhile first (an ingest's runs never queue a query
+        behind them). Refused as soon as what is left cannot end before the request's deadline."""
+        servable = prepared.servable
+        assert isinstance(servable, PipelineServable)
+        window = batcher.policy.max_concurrent
+        foresight = Foresight(runs.total, servable.pace, window)
+        parts: list[Arrays | None] = [None] * len(runs)
+        running: dict[asyncio.Task[tuple[Any, float]], int] = {}
+        waited = 0.0
+        started = time.monotonic()
+        try:
+            ahead = 0
+            while ahead < len(runs) or running:
+                while ahead < len(runs) and len(running) < window:
+                    foresight.check()
+                    part = runs.part(ahead)
+                    then = functools.partial(servable.finish, part, names=prepared.names, timings=prepared.timings)
+                    call = batcher.predict(part.feed, then, within, bulk=True, admitted=ahead > 0)
+                    running[asyncio.ensure_future(call)] = ahead
+                    ahead += 1
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    i = running.pop(task)
+                    parts[i], queued = task.result()
+                    waited = waited or queued  # the wait before its first run: what a caller sees as queueing
+                    foresight.ran(runs.tokens[i])
+        finally:
+            for task in running:
+                task.cancel()
+        servable.pace.add(runs.total, (time.monotonic() - started) * window)
+        answer = await asyncio.to_thread(self._assembled, name, prepared, parts, runs, encode)
+        answer.timings["queue"] = round(waited * 1e3, 3)
+        return answer
+
+    def _assembled(
+        self,
+        name: str,
+        prepared: Prepared,
+        parts: list[Arrays | None],
+        runs: TokenRuns,
+        encode: Callable[[Answer], Any] | None,
+    ) -> Answer:
+        """A request's finished runs as one answer, cached and encoded (off the event loop: a large answer takes
+        a while to write)."""
+        answer = _answer(name, self.service.finish_runs(prepared, parts, runs.order))  # type: ignore[arg-type]
+        if encode is not None:
+            started = time.perf_counter()
+            payload = encode(answer)
+            answer.encoded = (payload, round((time.perf_counter() - started) * 1e3, 3))
         return answer
 
     def _version_of(self, name: str, version: str | None) -> str:

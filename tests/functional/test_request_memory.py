@@ -1,0 +1,144 @@
+"""A request's size never decides a process's memory, nor outlives its deadline: 128 texts of 256 tokens through
+``fnserve serve`` (its batched and unbatched layouts), the Lambda API function and the Cloud Function, each
+process's peak RSS read from /proc; then 1,000 such texts, which no deadline here fits (the caller's timeout, API
+Gateway's 29 s), refused at once in OpenAI's shape. Padded into one feed of their longest, 128 such texts take a
+process past 1.9 GB (the attention scores of every row at once)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.embeddings import SENTENCES, LambdaTransport
+from tests.helpers import DEMO_MANIFEST, REPO
+from tests.helpers.functions import FUNCTIONS_FRAMEWORK, load_function
+from tests.servers import free_port, start_http, start_server
+
+# What the demo MiniLM's token budget (1,024 tokens, 32,768 attention scores a run) may add to a process, with the
+# request's own body and answer: docs/design/memory.md gives the figures.
+MAX_GROWTH_MB = 300
+WORDS = " ".join(SENTENCES).split()
+# Texts of the model's whole 256 tokens (about 190 words of the demo's prose each, cut at 256).
+TEXTS = [" ".join(WORDS[(i * 37) % 2000 : (i * 37) % 2000 + 230]) for i in range(1000)]
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and every process under it."""
+    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [pid, *(p for child in children for p in tree(int(child)))]
+
+
+def status(pid: int, field: str) -> int:
+    """A /proc/PID/status field in MB (VmRSS: now; VmHWM: the peak since the last reset)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) // 1024
+    raise AssertionError(f"no {field} for {pid}")
+
+
+class Peaks:
+    """Each process's RSS now, its peak reset to it (``clear_refs`` 5), and later how far above it each peaked."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self.before = {pid: status(pid, "VmRSS") for pid in pids}
+        for pid in pids:
+            Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+    def growth(self) -> dict[int, int]:
+        return {pid: status(pid, "VmHWM") - self.before[pid] for pid in self.pids}
+
+
+def embed_checked(client: openai.OpenAI, pids: list[int], where: str, refusing: openai.OpenAI | None = None) -> str:
+    """128 texts of 256 tokens answered whole, no process growing past the budget's memory; then 1,000 refused at
+    once, naming the deadline and what to do instead: by ``refusing`` (its deadline its own), else by ``client``
+    waiting three times what 128 texts took."""
+    client.embeddings.create(model="minilm-embed", input=TEXTS[:4])  # warm: the pace the refusal foresees by
+    peaks = Peaks(pids)
+    started = time.monotonic()
+    answer = client.embeddings.create(model="minilm-embed", input=TEXTS[:128])
+    took = time.monotonic() - started
+    assert len(answer.data) == 128 and answer.usage.prompt_tokens == 128 * 256
+    grown = peaks.growth()
+    assert max(grown.values()) <= MAX_GROWTH_MB, f"{where}: peak RSS rose by {grown} MB for 128 texts"
+    # The client waits three times what 128 texts took (its timeout, which it sends): 1,000 need nearly eight.
+    refusing = refusing or client.with_options(timeout=3 * took)
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as refused:
+        refusing.embeddings.create(model="minilm-embed", input=TEXTS)
+    took = time.monotonic() - started
+    error = refused.value.body
+    assert refused.value.status_code == 413, error
+    assert isinstance(error, dict) and error["type"] == "invalid_request_error", error
+    assert error["code"] == "request_too_long" and "deadline" in error["message"], error
+    assert "fnserve submit" in error["message"], error
+    assert took < 5, f"{where}: refused after {took:.1f} s, not at once"
+    return str(error["message"])
+
+
+def variant(directory: Path, batched: bool) -> Path:
+    """The demo manifest where it lies, with or without its adaptive batching (its token budget kept)."""
+    text = DEMO_MANIFEST.read_text()
+    if not batched:
+        text = re.sub(r"\n(max_batch_time_ms|length_buckets) = .*", "", text)
+    path = directory / "manifest.toml"
+    path.write_text(f'base_dir = "{DEMO_MANIFEST.parent}"\n{text}')
+    return path
+
+
+@pytest.mark.parametrize("layout", ["batched", "unbatched"])
+def test_the_server_keeps_its_memory_and_refuses_past_its_callers_timeout(layout: str, tmp_path: Path) -> None:
+    options = ["-m", str(variant(tmp_path, layout == "batched")), "--processes", "1"]
+    proc, url = start_server(options, tmp_path / "serve.log", env=dict(os.environ), new_session=True)
+    try:
+        with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0) as client:
+            embed_checked(client, tree(proc.pid), f"fnserve serve ({layout})")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture
+def api_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FNSERVE_MANIFEST", str(DEMO_MANIFEST))
+    for name in ("FNSERVE_RESULTS", "FNSERVE_RESULTS_TABLE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_the_lambda_api_function_keeps_its_memory_and_refuses_past_api_gateway(api_env: None) -> None:
+    handler = load_function(REPO / "functions" / "api" / "app.py").handler
+    # 128 texts through a function URL (no API Gateway: the function's own timeout bounds them, here 120 s, however
+    # the other tests load the CPU), then 1,000 through API Gateway's HTTP API, whose 29 s no CPU here fits them in.
+    url = LambdaTransport(handler, "2.0", domain="abc.lambda-url.us-east-1.on.aws", timeout=120.0)
+    gateway = LambdaTransport(handler, "2.0", timeout=60.0)  # the function may run longer than API Gateway waits
+    with (
+        httpx.Client(transport=url, base_url="https://fn.example") as http,
+        httpx.Client(transport=gateway, base_url="https://api.example") as via_gateway,
+    ):
+        with openai.OpenAI(base_url="https://fn.example/v1", api_key="unused", http_client=http) as client:
+            refusing = openai.OpenAI(base_url="https://api.example/v1", api_key="unused", http_client=via_gateway)
+            said = embed_checked(client, [os.getpid()], "the Lambda API function", refusing)
+    assert "API Gateway's 29 s" in said, said
+
+
+def test_the_cloud_function_keeps_its_memory_and_refuses_past_its_timeout(tmp_path: Path) -> None:
+    port = free_port()
+    source = REPO / "functions" / "gcp_api" / "main.py"
+    command = [FUNCTIONS_FRAMEWORK, "--target", "infer", "--source", str(source), "--signature-type", "http"]
+    command += ["--asgi", "--port", str(port), "--host", "127.0.0.1"]
+    env = {**os.environ, "FNSERVE_MANIFEST": str(DEMO_MANIFEST)}
+    env.pop("FNSERVE_RESULTS", None)
+    proc, url = start_http(command, port, tmp_path / "function.log", env=env)
+    try:
+        with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0) as client:
+            embed_checked(client, tree(proc.pid), "the Cloud Function")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
