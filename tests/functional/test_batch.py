@@ -14,7 +14,6 @@ import onnxruntime as ort
 import pytest
 from typer.testing import CliRunner
 
-from fnserve.adapters.handler import INVOCATION_RESERVE_SECONDS
 from fnserve.adapters.lambda_.sqs import create_handler, records_of
 from fnserve.aws import clients
 from fnserve.aws.events import LambdaContext, sqs_event
@@ -22,7 +21,7 @@ from fnserve.bootstrap import build_dataplane, build_service
 from fnserve.cli import app, explain
 from fnserve.core.execution.service import InferenceService
 from fnserve.core.jobs.messages import job_message
-from fnserve.core.jobs.processor import STORE_RESERVE_SECONDS, JobProcessor
+from fnserve.core.jobs.processor import JobProcessor
 from fnserve.core.jobs.results import ResultRecord, job_key
 from fnserve.observability.emf import EmfWriter
 from fnserve.settings import Settings
@@ -505,8 +504,7 @@ class Invocation(LambdaContext):
 
 
 def test_a_batch_out_of_time_stores_what_ran_and_hands_back_the_rest_most_delivered_first(aws: Aws) -> None:
-    # Text jobs of about 80 tokens (MiniLM, some 20 ms each here): 300 need several seconds more than the
-    # invocation has once its store's reserve (STORE_RESERVE_SECONDS) and the answer's are kept.
+    # Text jobs of about 80 tokens (MiniLM, some 20 ms each here): 300 need seconds more than the invocation has.
     words = " ".join(SENTENCES).split()
     texts = {f"t-{i}": " ".join(words[i * 7 : i * 7 + 60]) for i in range(400)}
     bodies = {
@@ -515,7 +513,7 @@ def test_a_batch_out_of_time_stores_what_ran_and_hands_back_the_rest_most_delive
     }
     ids = list(bodies)
     handler = create_handler(settings=settings(aws, DEMO_MANIFEST))
-    short = INVOCATION_RESERVE_SECONDS + STORE_RESERVE_SECONDS + 2.0
+    short = 4.0  # less its reserves for the answer and the store (a share of it, this short), under 3 s of work
 
     def deliver(batch: list[str], counts: list[int], seconds: float) -> set[str]:
         event = sqs_event([bodies[j] for j in batch], counts, id_prefix="m-")
@@ -526,7 +524,7 @@ def test_a_batch_out_of_time_stores_what_ran_and_hands_back_the_rest_most_delive
     first = ids[:300]
     handed = deliver(first, [1] * 300, short)
     done = set(first) - handed
-    assert done and len(handed) > 100, f"{len(done)} done, {len(handed)} handed back"
+    assert len(done) >= 64 and len(handed) > 50, f"{len(done)} done, {len(handed)} handed back"
     found = job_client.fetch_results(aws.table, first)
     assert set(found.done) == done and not found.failed  # what ran is stored; what did not is not failed
     # Redelivered beside fresh jobs, again short of time: the handed-back ones run first.

@@ -306,10 +306,11 @@ class ServerSettings(EnvSettings):
             float,
             Meta(
                 gt=0,
-                description="The longest a caller waits for an answer from this server (Cloud Run's request "
-                "timeout, a load balancer's idle timeout): a request whose texts cannot be run in that time at the "
-                "model's pace is refused at once (413) instead of computed for nobody. Unset: only a caller's own "
-                "timeout bounds it.",
+                description="The longest a caller waits for an answer from this server or function (Cloud Run's "
+                "request timeout, a Cloud Function's timeout): a request whose texts cannot be run in that time at "
+                "the model's pace is refused at once (413) instead of computed for nobody, and the Pub/Sub jobs "
+                "function hands back (503) the jobs a push cannot reach in it. Unset: only a caller's own timeout "
+                "bounds a request.",
             ),
         ]
         | None

@@ -83,8 +83,10 @@ def _ready(registry: ModelRegistry, ready: Callable[[ModelRegistry], None] | Non
     tracing.configure()
 
 
-# What an invocation keeps of its remaining time: its answer written out, its buffers flushed.
+# What an invocation keeps of its remaining time (its answer written out, its buffers flushed), or this share of it
+# where that is less.
 INVOCATION_RESERVE_SECONDS = 1.0
+INVOCATION_RESERVE_SHARE = 0.1
 # API Gateway's integration timeout (REST APIs: 29 s; HTTP APIs: 30 s): past it the caller has a 504 and nobody
 # reads the answer, however long the function may still run.
 API_GATEWAY_SECONDS = 29.0
@@ -96,9 +98,9 @@ def invocation_deadline(event: Any, context: Any) -> Deadline | None:
     remaining = getattr(context, "get_remaining_time_in_millis", None)
     if remaining is None:
         return None
-    deadline = Deadline(
-        time.monotonic() + remaining() / 1000 - INVOCATION_RESERVE_SECONDS, "the function's remaining time"
-    )
+    seconds = remaining() / 1000
+    reserve = min(INVOCATION_RESERVE_SECONDS, INVOCATION_RESERVE_SHARE * seconds)
+    deadline = Deadline(time.monotonic() + seconds - reserve, "the function's remaining time")
     request = event.get("requestContext") if isinstance(event, dict) else None
     if isinstance(request, dict) and "apiId" in request and "lambda-url" not in str(request.get("domainName", "")):
         gateway = Deadline(time.monotonic() + API_GATEWAY_SECONDS, f"API Gateway's {API_GATEWAY_SECONDS:g} s")

@@ -166,9 +166,11 @@ class _Results:
         self.outcome.refused = len(self.owners) - self.outcome.done
 
 
-# What a batch keeps of its deadline to store its results (a DynamoDB write of a few thousand records, retried).
+# What a batch keeps of its deadline to store its results (a DynamoDB write of a few thousand records, retried), or
+# this share of its time where that is less: a function of a few seconds still runs most of its batch.
 STORE_RESERVE_SECONDS = 3.0
-FIRST_SLICE_ROWS = 64  # a batch's first slice, run before any pace is known
+STORE_RESERVE_SHARE = 0.2
+FIRST_SLICE_ROWS = 64  # a batch's first slice, run before any pace is known, whatever the time: a batch progresses
 SLICE_SHARE = 0.25  # each later slice is foreseen to take at most this share of the time left
 
 
@@ -189,11 +191,12 @@ class _Slices:
         if deadline is None:
             yield from self.work
             return
+        reserve = min(STORE_RESERVE_SECONDS, STORE_RESERVE_SHARE * max(deadline.left(), 0.0))
         for n, unit in enumerate(self.work):
             rows = unit.group.rows if unit.group is not None else [1] * len(unit.job_ids)
             start = 0
             while start < len(rows):
-                end = self._fits(rows, start, deadline.left() - STORE_RESERVE_SECONDS)
+                end = self._fits(rows, start, deadline.left() - reserve)
                 if end == start:
                     self._hand_back(unit, start, self.work[n + 1 :])
                     return
@@ -205,10 +208,10 @@ class _Slices:
 
     def _fits(self, rows: Sequence[int], start: int, left: float) -> int:
         """Where the next slice from ``start`` ends: the jobs foreseen within a share of ``left``."""
-        if left <= 0:
-            return start
-        if not self.rows:  # no pace yet: a small first slice tells it
+        if not self.rows:  # no pace yet: a small first slice tells it, however little time is left
             budget = FIRST_SLICE_ROWS
+        elif left <= 0:
+            return start
         else:
             per_row = self.seconds / self.rows
             if per_row * rows[start] > left:  # not even its next job
