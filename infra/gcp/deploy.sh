@@ -23,6 +23,8 @@ CPU=${CPU:-2}
 MIN_INSTANCES=${MIN_INSTANCES:-0}          # 1+ keeps a warm instance (no cold start), billed when idle
 MAX_INSTANCES=${MAX_INSTANCES:-20}
 CONCURRENCY=${CONCURRENCY:-16}             # requests an HTTP instance takes at once
+API_TIMEOUT=${API_TIMEOUT:-60}              # seconds an HTTP request may take (gcloud's default)
+JOBS_TIMEOUT=${JOBS_TIMEOUT:-540}           # seconds a push of jobs may take (the most an event function has)
 JOBS_CONCURRENCY=${JOBS_CONCURRENCY:-80}   # events a job instance takes at once: they are run as batches
 MAX_DELIVERY_ATTEMPTS=${MAX_DELIVERY_ATTEMPTS:-5}
 REDIS=${REDIS:-}
@@ -168,13 +170,16 @@ ENV="$ENV,FNSERVE_MAX_RECEIVE_COUNT=$MAX_DELIVERY_ATTEMPTS,GOOGLE_CLOUD_PROJECT=
 [ -z "$BUCKET" ] || ENV="$ENV,FNSERVE_RESULTS_BUCKET=$BUCKET"
 COMMON=(--project "$PROJECT" --region "$REGION" --gen2 --runtime "$RUNTIME" --memory "$MEMORY" --cpu "$CPU"
     --min-instances "$MIN_INSTANCES" --max-instances "$MAX_INSTANCES" --service-account "$SA"
-    --set-env-vars "$ENV" --set-secrets "FNSERVE_RESULT_ID_KEY=$SECRET:latest")
+    --set-secrets "FNSERVE_RESULT_ID_KEY=$SECRET:latest")
 [ -z "$VPC_CONNECTOR" ] || COMMON+=(--vpc-connector "$VPC_CONNECTOR" --egress-settings private-ranges-only)
 
 AUTH=(--no-allow-unauthenticated)
 [ "$PUBLIC" = 1 ] && AUTH=(--allow-unauthenticated)
+# Each function's timeout is what its work is foreseen against (FNSERVE_REQUEST_TIMEOUT_SECONDS): a request past it
+# is refused at once instead of cut off, a push of jobs hands back (503) the jobs it cannot reach in it.
 run gcloud functions deploy "$NAME-api" "${COMMON[@]}" --source "$BUILD/api" --entry-point infer \
-    --trigger-http "${AUTH[@]}" --concurrency "$CONCURRENCY"
+    --trigger-http "${AUTH[@]}" --concurrency "$CONCURRENCY" --timeout "$API_TIMEOUT" \
+    --set-env-vars "$ENV,FNSERVE_REQUEST_TIMEOUT_SECONDS=$API_TIMEOUT"
 
 # Pub/Sub's own agent forwards undeliverable messages: it publishes to the dead-letter topic and
 # acknowledges on the functions' subscriptions (bound on each, below).
@@ -192,7 +197,8 @@ for fn in jobs followups; do
     topic=$JOBS_TOPIC
     [ "$fn" = followups ] && topic=$FOLLOWUP_TOPIC
     run gcloud functions deploy "$NAME-$fn" "${COMMON[@]}" --source "$BUILD/jobs" --entry-point jobs \
-        --trigger-topic "$topic" --trigger-service-account "$SA" --retry --concurrency "$JOBS_CONCURRENCY"
+        --trigger-topic "$topic" --trigger-service-account "$SA" --retry --concurrency "$JOBS_CONCURRENCY" \
+        --timeout "$JOBS_TIMEOUT" --set-env-vars "$ENV,FNSERVE_REQUEST_TIMEOUT_SECONDS=$JOBS_TIMEOUT"
     run gcloud run services add-iam-policy-binding "$NAME-$fn" --project "$PROJECT" --region "$REGION" \
         --member "serviceAccount:$SA" --role roles/run.invoker
     if [ "$DRY_RUN" = 1 ]; then

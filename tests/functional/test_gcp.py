@@ -445,6 +445,9 @@ def test_the_deploy_script_stages_sources_that_serve_and_deploys_least_privilege
     assert [line.split()[3] for line in deploys] == ["fnserve-api", "fnserve-jobs", "fnserve-followups"]
     assert all("--retry" in line and "--trigger-topic" in line for line in deploys[1:])
     assert all("--vpc-connector fnserve" in line and "FNSERVE_RESULT_ID_KEY=" in line for line in deploys)
+    # Each function's timeout is what its work is foreseen against.
+    assert "--timeout 60" in deploys[0] and "FNSERVE_REQUEST_TIMEOUT_SECONDS=60" in deploys[0]
+    assert all("--timeout 540" in d and "FNSERVE_REQUEST_TIMEOUT_SECONDS=540" in d for d in deploys[1:])
     assert any(
         "subscriptions update SUBSCRIPTION-OF-fnserve-jobs --dead-letter-topic fnserve-dead-letter" in line
         and "--max-delivery-attempts 5" in line

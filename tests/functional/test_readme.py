@@ -134,6 +134,8 @@ ELSEWHERE = {  # a block's first command -> why it does not run here, and what p
     ".venv/bin/fnserve quantize": "a usage line; the transcript below it runs in test_readme_transcripts_run",
     ".venv/bin/fnserve optimize": "a usage line; tests/unit/test_optimize.py runs the command, its refusals too",
     ".venv/bin/fnserve bench": "minutes of load: tests/functional/test_bench_cli.py runs a short sweep",
+    ".venv/bin/python -m tests.bench.bench_memory": "a benchmark (its figures: docs/design/memory.md); "
+    "tests/functional/test_request_memory.py holds every target's processes to the bound it measures",
     "make perf-analyzer": "make test sets perf_analyzer up; tests/functional/test_perf_analyzer.py runs it against "
     "fnserve serve over HTTP and gRPC, on digits-accurate and on minilm-embed with --input-data",
 }

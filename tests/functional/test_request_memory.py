@@ -1,5 +1,5 @@
 """A request's size never decides a process's memory, nor outlives its deadline: 128 texts of 256 tokens through
-``fnserve serve`` (its batched and unbatched layouts), the Lambda API function and the Cloud Function, each
+``fnserve serve`` (batched; unbatched it runs the functions' road), the Lambda API function and the Cloud Function, each
 process's peak RSS read from /proc; then 1,000 such texts, which no deadline here fits (the caller's timeout, API
 Gateway's 29 s), refused at once in OpenAI's shape. Padded into one feed of their longest, 128 such texts take a
 process past 1.9 GB (the attention scores of every row at once)."""
@@ -7,7 +7,6 @@ process past 1.9 GB (the attention scores of every row at once)."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import time
 from pathlib import Path
@@ -83,23 +82,12 @@ def embed_checked(client: openai.OpenAI, pids: list[int], where: str, refusing: 
     return str(error["message"])
 
 
-def variant(directory: Path, batched: bool) -> Path:
-    """The demo manifest where it lies, with or without its adaptive batching (its token budget kept)."""
-    text = DEMO_MANIFEST.read_text()
-    if not batched:
-        text = re.sub(r"\n(max_batch_time_ms|length_buckets) = .*", "", text)
-    path = directory / "manifest.toml"
-    path.write_text(f'base_dir = "{DEMO_MANIFEST.parent}"\n{text}')
-    return path
-
-
-@pytest.mark.parametrize("layout", ["batched", "unbatched"])
-def test_the_server_keeps_its_memory_and_refuses_past_its_callers_timeout(layout: str, tmp_path: Path) -> None:
-    options = ["-m", str(variant(tmp_path, layout == "batched")), "--processes", "1"]
+def test_the_batched_server_keeps_its_memory_and_refuses_past_its_callers_timeout(tmp_path: Path) -> None:
+    options = ["-m", str(DEMO_MANIFEST), "--processes", "1"]
     proc, url = start_server(options, tmp_path / "serve.log", env=dict(os.environ), new_session=True)
     try:
         with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0) as client:
-            embed_checked(client, tree(proc.pid), f"fnserve serve ({layout})")
+            embed_checked(client, tree(proc.pid), "fnserve serve (batched)")
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -84,7 +84,9 @@ def test_a_budget_says_how_many_rows_of_a_length_a_run_holds() -> None:
     assert TokenBudget(tokens=1000).rows(64, 100) == 10
 
 
-def test_a_request_of_its_own_goes_before_the_runs_of_one_cut_into_many() -> None:
+def order_of_runs(latest: float) -> list[str]:
+    """The order a batcher of one row a batch runs an ingest's four runs (each to start by ``latest``) and a query
+    that comes while the first runs."""
     order: list[str] = []
 
     async def model(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -94,9 +96,10 @@ def test_a_request_of_its_own_goes_before_the_runs_of_one_cut_into_many() -> Non
 
     async def main() -> None:
         batcher = AdaptiveBatcher(model, BatchPolicy(max_batch_size=1, max_batch_time=0.0))
+        runs = [{"x": np.full((1, 1), 100 + i)} for i in range(4)]
         ingest = [
-            asyncio.ensure_future(batcher.predict({"x": np.full((1, 1), 100 + i)}, bulk=True, admitted=i > 0))
-            for i in range(4)
+            asyncio.ensure_future(batcher.predict(run, bulk=True, admitted=i > 0, latest=latest))
+            for i, run in enumerate(runs)
         ]
         while not order:  # the ingest's first run has started: the rest wait
             await asyncio.sleep(0)
@@ -105,4 +108,23 @@ def test_a_request_of_its_own_goes_before_the_runs_of_one_cut_into_many() -> Non
         await batcher.close()
 
     asyncio.run(main())
-    assert order == ["100", "1", "101", "102", "103"], order
+    return order
+
+
+def test_a_request_of_its_own_goes_before_the_runs_of_one_cut_into_many() -> None:
+    assert order_of_runs(float("inf")) == ["100", "1", "101", "102", "103"]
+
+
+def test_a_run_that_must_start_for_its_deadline_goes_before_a_request_of_its_own() -> None:
+    # Each run had to start by now: its request's deadline leaves it no room to wait.
+    assert order_of_runs(time.monotonic()) == ["100", "101", "102", "103", "1"]
+
+
+def test_a_request_s_runs_must_start_by_what_its_deadline_leaves() -> None:
+    assert Foresight(1000, paced(0.001)).latest_start() == float("inf")  # no deadline: never urgent
+    token = DEADLINE.set(within(10.0, "the request's timeout"))
+    try:
+        latest = Foresight(1000, paced(0.001)).latest_start()  # 1 s of work, 10 s left: start within 9 s
+        assert latest - time.monotonic() == pytest.approx(9.0, abs=0.2)
+    finally:
+        DEADLINE.reset(token)

@@ -4,6 +4,7 @@ and how a batch gathers from a queue (:func:`gather`)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ class Pending:
     left: bool = False  # answered (or gone): no longer in its flight's rows
     finish: Callable[[Arrays], Any] | None = None  # what its outputs become, where its batch ran (predict's)
     bulk: bool = False  # a run of a request cut into several: a request of its own goes first (fresh_first)
+    latest: float = math.inf  # a bulk run's latest start for its request to end by its deadline (time.monotonic)
 
 
 def taken(pending: Pending) -> None:
@@ -120,9 +122,10 @@ async def gather_by_length(
 
 def fresh_first(queue: asyncio.Queue[Pending], first: Pending) -> Pending:
     """The request that starts the next batch, given the queue's oldest (``first``, taken from it): the oldest that
-    is not a run of a request cut into several (a query before an ingest's texts), else ``first``. The others
-    stay in the queue in the order they came."""
-    if not first.bulk or queue.empty():
+    is not a run of a request cut into several (a query before an ingest's texts), unless ``first`` must start now
+    for its request to end by its deadline (its ``latest``); else ``first``. The others stay in the queue in the
+    order they came."""
+    if not first.bulk or queue.empty() or time.monotonic() >= first.latest:
         return first
     waiting = [first]
     while not queue.empty():

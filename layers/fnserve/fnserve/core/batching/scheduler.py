@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -144,6 +145,7 @@ class AdaptiveBatcher:
         *,
         bulk: bool = False,
         admitted: bool = False,
+        latest: float = math.inf,
     ) -> tuple[Any, float]:
         """This request's outputs (or what ``finish`` made of them), and the seconds it waited in the queue.
 
@@ -153,7 +155,8 @@ class AdaptiveBatcher:
         error alone. ``within``: the seconds its caller waits for the answer, where it said
         (:meth:`~fnserve.core.batching.admission.Admission.refusal`). ``bulk``: a run of a request cut into several,
         which a request of its own goes before; ``admitted``: a later run of such a request, which its first run
-        was admitted for (neither refused nor expired: its caller's deadline bounds it)."""
+        was admitted for (neither refused nor expired: its caller's deadline bounds it); ``latest``: when such a run
+        must start at the latest for its request to end by its deadline (until then requests of their own go first)."""
         arrays = {name: np.asarray(value) for name, value in inputs.items()}
         rows = {a.shape[0] for a in arrays.values() if a.ndim}
         if len(rows) != 1:
@@ -175,7 +178,7 @@ class AdaptiveBatcher:
             admission.came(max(rows))
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[Any, float]] = loop.create_future()
-        pending = Pending(arrays, rows.pop(), future, RAN_ON.get(), length, finish=finish, bulk=bulk)
+        pending = Pending(arrays, rows.pop(), future, RAN_ON.get(), length, finish=finish, bulk=bulk, latest=latest)
         if not admitted:
             delay = admission.queue_delay()
             pending.expiry = loop.call_later(delay, self._expire, pending, flight, delay)

@@ -11,6 +11,7 @@ padded token took in its latest runs in this process.
 
 from __future__ import annotations
 
+import math
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -96,17 +97,31 @@ class Foresight:
             self._since = time.monotonic()
         self.done += tokens
 
+    def _per_token(self, now: float) -> float | None:
+        """Seconds a token not run yet is foreseen to take: the model's pace, then the request's own."""
+        per_token = self.pace.per_token()
+        if per_token is not None:
+            per_token /= self.parallel
+        if self._timed and (per_token is None or self.done * 8 >= self.tokens):
+            per_token = (now - self._since) / self._timed
+        return per_token
+
+    def latest_start(self) -> float:
+        """The latest its next run may start (``time.monotonic``) for what is left to end by the deadline: until
+        then a request of its own may go before it (infinite without a deadline or a pace)."""
+        now = time.monotonic()
+        per_token = self._per_token(now)
+        if self.deadline is None or per_token is None:
+            return math.inf
+        return self.deadline.at - (self.tokens - self.done) * per_token
+
     def check(self) -> None:
         """Raise :class:`RequestTooLong` where the tokens not run yet cannot be run before the deadline."""
         deadline = self.deadline
         if deadline is None or self.done >= self.tokens:
             return
         now = time.monotonic()
-        per_token = self.pace.per_token()
-        if per_token is not None:
-            per_token /= self.parallel
-        if self._timed and (per_token is None or self.done * 8 >= self.tokens):
-            per_token = (now - self._since) / self._timed
+        per_token = self._per_token(now)
         if per_token is None:
             return  # nothing to foresee by yet: its own runs tell
         left = deadline.at - now

@@ -394,7 +394,8 @@ class DataPlane:
                     foresight.check()
                     part = runs.part(ahead)
                     then = functools.partial(servable.finish, part, names=prepared.names, timings=prepared.timings)
-                    call = batcher.predict(part.feed, then, within, bulk=True, admitted=ahead > 0)
+                    latest = foresight.latest_start()
+                    call = batcher.predict(part.feed, then, within, bulk=True, admitted=ahead > 0, latest=latest)
                     running[asyncio.ensure_future(call)] = ahead
                     ahead += 1
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
@@ -422,11 +423,7 @@ class DataPlane:
         """A request's finished runs as one answer, cached and encoded (off the event loop: a large answer takes
         a while to write)."""
         answer = _answer(name, self.service.finish_runs(prepared, parts, runs.order))  # type: ignore[arg-type]
-        if encode is not None:
-            started = time.perf_counter()
-            payload = encode(answer)
-            answer.encoded = (payload, round((time.perf_counter() - started) * 1e3, 3))
-        return answer
+        return _encoded(answer, encode)
 
     def _version_of(self, name: str, version: str | None) -> str:
         """The version a request to ``name`` is counted under (:attr:`Catalog.counted` when it names none)."""
@@ -481,12 +478,16 @@ class Finish:
         self._encode = encode
 
     def __call__(self, outputs: Arrays) -> Answer:
-        answer = _answer(self._name, self._service.finish(self._prepared, outputs))
-        if self._encode is not None:
-            started = time.perf_counter()
-            payload = self._encode(answer)
-            answer.encoded = (payload, round((time.perf_counter() - started) * 1e3, 3))
-        return answer
+        return _encoded(_answer(self._name, self._service.finish(self._prepared, outputs)), self._encode)
+
+
+def _encoded(answer: Answer, encode: Callable[[Answer], Any] | None) -> Answer:
+    """``answer`` with its transport's encoding of it, timed, in its ``encoded`` (where the transport gave one)."""
+    if encode is not None:
+        started = time.perf_counter()
+        payload = encode(answer)
+        answer.encoded = (payload, round((time.perf_counter() - started) * 1e3, 3))
+    return answer
 
 
 def _answer(name: str, prediction: Prediction) -> Answer:
