@@ -23,7 +23,7 @@ from tests.servers import wait_for
 
 # Lines of 3 to 220 words of the demo's prose, PER_JOB a job, each text's embedding checked in the file's order; the
 # embeddings page's corpus at 10,000 with FNSERVE_CORPUS_TEXTS=10000 (some five minutes on two cores).
-TEXTS = int(os.environ.get("FNSERVE_CORPUS_TEXTS", "400"))
+TEXTS = int(os.environ.get("FNSERVE_CORPUS_TEXTS", "300"))
 PER_JOB = 10
 WORDS = " ".join(SENTENCES).split()
 

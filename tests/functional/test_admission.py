@@ -103,7 +103,7 @@ def minilm_manifest(directory: Path) -> Path:
 @pytest.mark.parametrize(
     ("model", "batch", "clients", "calls"),
     [
-        ("minilm-l6", 64, 192, 16),  # the demo's, one text of 16 tokens a request: 64 rows, its 1,024-token budget
+        ("minilm-l6", 64, 192, 8),  # the demo's, one text of 16 tokens a request: 64 rows, its 1,024-token budget
         ("digits-accurate", 16, 64, 50),  # one client in eight sends 4 rows
     ],
 )
