@@ -183,8 +183,7 @@ class _Slices:
         self.work = work
         self.deadline = deadline
         self.outcome = outcome
-        self.per_row: float | None = None  # seconds a row took in this batch's slices so far
-        self.rows = self.seconds = 0.0
+        self.rows = self.seconds = 0.0  # rows run in this batch's slices so far, and the seconds they took
 
     def __iter__(self) -> Iterator[_Work]:
         deadline = self.deadline
