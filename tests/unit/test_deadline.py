@@ -14,8 +14,19 @@ from fnserve.adapters.handler import API_GATEWAY_SECONDS, INVOCATION_RESERVE_SEC
 from fnserve.aws.events import LambdaContext, http_api_event, sqs_event
 from fnserve.core.batching.scheduler import AdaptiveBatcher, BatchPolicy
 from fnserve.core.errors import grpc_code
-from fnserve.core.execution.deadline import DEADLINE, Foresight, RequestTooLong, TokenPace, within
+from fnserve.core.execution import servable
+from fnserve.core.execution.deadline import (
+    A_REQUEST,
+    DEADLINE,
+    Foresight,
+    RequestTooLong,
+    TokenPace,
+    TooManyTokens,
+    within,
+)
 from fnserve.core.execution.embeddings import TokenBudget
+from fnserve.core.execution.service import InferenceService
+from tests.helpers import DEMO_MANIFEST
 
 
 def paced(per_token: float) -> TokenPace:
@@ -126,5 +137,33 @@ def test_a_request_s_runs_must_start_by_what_its_deadline_leaves() -> None:
     try:
         latest = Foresight(1000, paced(0.001)).latest_start()  # 1 s of work, 10 s left: start within 9 s
         assert latest - time.monotonic() == pytest.approx(9.0, abs=0.2)
+    finally:
+        DEADLINE.reset(token)
+
+
+def test_a_request_is_bound_by_its_tokens_and_deadline_and_a_batch_of_jobs_by_neither(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    service = InferenceService.from_manifest(DEMO_MANIFEST)
+    texts = {"text": np.array([b"a short text", b"another short text, a little longer"], dtype=object)}
+    monkeypatch.setattr(servable, "MAX_REQUEST_TOKENS", 10)  # these two hold 14
+    with pytest.raises(TooManyTokens, match="holds 14 tokens, more than the 10"):
+        service.predict("minilm-embed", texts)
+    jobs = A_REQUEST.set(False)  # as the job processor runs a batch: a request's bound is not a batch's
+    try:
+        assert service.predict("minilm-embed", texts)["embedding"].shape == (2, 384)
+    finally:
+        A_REQUEST.reset(jobs)
+    monkeypatch.undo()
+    service.servable("minilm-embed").pace.add(1, 10.0)  # ten seconds a token: no deadline of a second fits
+    token = DEADLINE.set(within(1.0, "the function's remaining time"))
+    try:
+        with pytest.raises(RequestTooLong, match="past its deadline"):
+            service.predict("minilm-embed", texts)
+        jobs = A_REQUEST.set(False)  # as the job processor runs a batch: sliced by its own time instead
+        try:
+            assert service.predict("minilm-embed", texts)["embedding"].shape == (2, 384)
+        finally:
+            A_REQUEST.reset(jobs)
     finally:
         DEADLINE.reset(token)

@@ -33,6 +33,9 @@ class Deadline:
 
 
 DEADLINE: ContextVar[Deadline | None] = ContextVar("fnserve_deadline", default=None)
+# Whether what runs is a caller's request, bound by the tokens a request may hold and by its deadline; a batch of
+# jobs is not: it is sliced by its own time (the job processor), and a job must never be refused as a request is.
+A_REQUEST: ContextVar[bool] = ContextVar("fnserve_a_request", default=True)
 
 
 def within(seconds: float, why: str) -> Deadline:
@@ -82,7 +85,7 @@ class Foresight:
     __slots__ = ("deadline", "tokens", "pace", "parallel", "done", "_since", "_timed")
 
     def __init__(self, tokens: int, pace: TokenPace, parallel: int = 1) -> None:
-        self.deadline = DEADLINE.get()
+        self.deadline = DEADLINE.get() if A_REQUEST.get() else None
         self.tokens = tokens
         self.pace = pace
         self.parallel = max(1, parallel)

@@ -23,7 +23,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, R
 from fnserve.core.codec.rows import batch_size
 from fnserve.core.codec.validation import check
 from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
-from fnserve.core.execution.deadline import Foresight, TokenPace, TooManyTokens
+from fnserve.core.execution.deadline import A_REQUEST, Foresight, TokenPace, TooManyTokens
 from fnserve.core.execution.embeddings import MAX_REQUEST_TOKENS, TOKENS, TokenBudget, token_runs
 from fnserve.core.execution.pipeline import Pipeline, Staged, concatenate
 from fnserve.core.models.datatypes import Arrays
@@ -198,7 +198,7 @@ class PipelineServable(Servable):
         passage's run. More real tokens than a request may hold (``MAX_REQUEST_TOKENS``) are refused."""
         counts = staged.context[TOKENS]
         total = int(counts.sum())
-        if total > MAX_REQUEST_TOKENS:
+        if total > MAX_REQUEST_TOKENS and A_REQUEST.get():  # a request's bound, not a batch of jobs
             raise TooManyTokens(
                 f"this request holds {total} tokens, more than the {MAX_REQUEST_TOKENS} a request may; send its "
                 "texts in several requests, or submit them as batch jobs (fnserve submit)"

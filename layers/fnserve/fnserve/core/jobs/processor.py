@@ -44,7 +44,7 @@ import numpy as np
 
 from fnserve.core.codec.tensors import pack_arrays
 from fnserve.core.errors import FnserveError, unknown_model
-from fnserve.core.execution.deadline import DEADLINE, Deadline
+from fnserve.core.execution.deadline import A_REQUEST, DEADLINE, Deadline
 from fnserve.core.execution.service import InferenceService, Packed, Prediction
 from fnserve.core.jobs.cascade import confidence, output
 from fnserve.core.jobs.messages import Job, JobGroup, PayloadLoader, job_identity, parse_jobs
@@ -258,9 +258,12 @@ class JobProcessor:
         # runs over them again and again, for nothing.
         paused = gc.isenabled()
         gc.disable()
+        # Its runs are jobs, not a caller's request: sliced by the batch's own deadline, never refused as a request.
+        jobs = A_REQUEST.set(False)
         try:
             return self._process(records)
         finally:
+            A_REQUEST.reset(jobs)
             if paused:
                 gc.enable()
 
