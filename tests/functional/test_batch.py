@@ -504,7 +504,7 @@ class Invocation(LambdaContext):
 
 
 def test_a_batch_out_of_time_stores_what_ran_and_hands_back_the_rest_most_delivered_first(aws: Aws) -> None:
-    # Text jobs of about 80 tokens (MiniLM, some 20 ms each here): 200 need seconds more than the invocation has.
+    # Text jobs of 60 words each: 200 of them need more time than the invocation has left after its reserves.
     words = " ".join(SENTENCES).split()
     texts = {f"t-{i}": " ".join(words[i * 7 : i * 7 + 60]) for i in range(300)}
     bodies = {

@@ -69,6 +69,7 @@ class Servable:
         # (docs/design/gpu-shapes.md). There only the adaptive batcher joins requests, into the batch sizes it warmed.
         self.joins_turns = self.stackable and self.model.placement.device == "cpu"
         self._padded = frozenset(self.model.settings.pad_inputs)
+        self.budget = TokenBudget.of(self.model.settings)  # what one run may hold (None: its rows alone)
         self.pace = TokenPace()  # seconds a padded token of this servable's runs (a deadline's foresight)
 
     @property
@@ -100,7 +101,7 @@ class Servable:
         """A validated batch end to end, in chunks of at most the model's ``max_batch_size`` rows."""
         model = self.model
         limit = model.settings.max_batch_size
-        budget = TokenBudget.of(model.settings)
+        budget = self.budget
         if budget is not None:  # rows padded alike: as many a chunk as the budget holds at their length
             limit = budget.rows(limit, max((a.shape[1] for n, a in feed.items() if n in self._padded), default=0))
         if batch <= limit:
@@ -136,6 +137,7 @@ class PipelineServable(Servable):
         settings = pipeline.settings
         self._serve(pipeline.name, pipeline.inputs, pipeline.outputs, pipeline.version_key, settings.cache_ttl_seconds)
         self.output_set = pipeline.output_set  # its outputs, and what its pre steps made, when asked by name
+        self._token_inputs = frozenset(pipeline.token_inputs)  # what a run of its texts cuts to its own longest
 
     def validate(self, inputs: Mapping[str, Any]) -> tuple[Arrays, int]:
         # BYTES stay as sent (text or image bytes): the steps decide what they are.
@@ -204,9 +206,8 @@ class PipelineServable(Servable):
                 "texts in several requests, or submit them as batch jobs (fnserve submit)"
             )
         order = np.argsort(counts, kind="stable")
-        settings = self.model.settings
-        ends = token_runs(counts[order].tolist(), TokenBudget.of(settings), settings.max_batch_size)
-        return TokenRuns(staged, order, ends, frozenset(self.pipeline.token_inputs))
+        ends = token_runs(counts[order].tolist(), self.budget, self.model.settings.max_batch_size)
+        return TokenRuns(staged, order, ends, self._token_inputs)
 
     def metadata(self) -> dict[str, Any]:
         return {
