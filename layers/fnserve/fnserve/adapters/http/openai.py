@@ -21,9 +21,9 @@ import orjson
 
 from fnserve.adapters.http.infer import JSON, ASGIMessage, InferenceRoute, Receive, Send, read_body, respond
 from fnserve.adapters.http.wire import header_request_id, unnamed_request_id
-from fnserve.core.errors import ClientGone, FnserveError
+from fnserve.core.errors import ClientGone, FnserveError, InvalidInput
 from fnserve.core.execution.deadline import RequestTooLong
-from fnserve.core.execution.embeddings import TOKENS, TRUNCATED, Embedder, TokenIds, embedders, shorten
+from fnserve.core.execution.embeddings import TOKENS, TRUNCATED, Embedder, TokenIds, embedders, prompted, shorten
 from fnserve.core.serving.dataplane import Answer
 from fnserve.observability.envelope import RequestWatcher
 from fnserve.observability.logs import logger, request_keys
@@ -114,6 +114,10 @@ class EmbeddingsRequest:
             raise unknown(doc["model"])
         embedder = self._embedder = self._routes.embedders[self.name]
         texts = texts_of(doc.get("input", _MISSING))
+        try:  # prompt_name is not OpenAI's: TEI's and sentence-transformers' name for it
+            texts = prompted(texts, embedder.prompts, doc.get("prompt_name"), self.name)
+        except InvalidInput as exc:
+            raise OpenAIError(exc.message, param="prompt_name") from None
         self.inputs = {embedder.text: texts}
         self.outputs = embedder.outputs
         fmt = doc.get("encoding_format", "float")

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from fnserve.core.codec.tensors import pack_arrays, unpack_arrays
+from fnserve.core.execution.embeddings import Prompted
 from fnserve.core.models.datatypes import Arrays
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,8 @@ def cache_key(
                     h.update(b"\xff\xff\xff\xff")
                     data = np.asarray(item, dtype=np.int64).tobytes()
                 else:
+                    if type(item) is Prompted:  # its prompt named, never the default put before it
+                        h.update(b"\xfe\xff\xff\xff")
                     data = item if isinstance(item, bytes) else str(item).encode()
                 h.update(len(data).to_bytes(4, "little"))
                 h.update(data)

@@ -1,21 +1,29 @@
 """Text embeddings as OpenAI's embeddings API asks for them: which pipelines embed text, a text given as its
 token ids, the tokens each text ran, and an embedding cut to fewer dimensions (Matryoshka).
 
-A pipeline embeds text when its first step is ``tokenize`` and its last ``mean_pool`` (or its manifest entry has
-an ``embedding`` table naming the output). The tokenize step writes, beside the model's feed, how many tokens each
-row ran (:data:`TOKENS`) and whether it was cut to the tokenizer's ``max_length`` (:data:`TRUNCATED`): a request
-may ask a pipeline for them as outputs, so usage is counted by the tokenizer that ran, in the same call.
+A pipeline embeds text when its first step is ``tokenize`` and its last ``mean_pool`` or ``pool`` (or its manifest entry
+has an ``embedding`` table naming the output). The tokenize step writes, beside the model's feed, how many tokens each
+row ran (:data:`TOKENS`) and whether it was cut to the tokenizer's ``max_length`` (:data:`TRUNCATED`): a request may ask
+a pipeline for them as outputs, so usage is counted by the tokenizer that ran, in the same call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from fnserve.core.models.manifest import Manifest, MeanPoolStep, ModelSettings, PipelineSettings, TokenizeStep
+from fnserve.core.errors import InvalidInput
+from fnserve.core.models.manifest import (
+    Manifest,
+    MeanPoolStep,
+    ModelSettings,
+    PipelineSettings,
+    PoolStep,
+    TokenizeStep,
+)
 
 TOKENS = "token_count"  # INT64 [-1]: the tokens each row ran, special tokens included
 # A batch of texts, cut by its padded tokens, holds at least this share of real ones: a padded token costs the
@@ -88,15 +96,42 @@ class TokenIds(tuple[int, ...]):
     __slots__ = ()
 
 
+class Prompted(str):
+    """A text with the prompt a request named already put before it: the tokenize step puts its default prompt
+    before every other text, never before this one."""
+
+    __slots__ = ()
+
+
+def prompted(texts: np.ndarray[Any, Any], prompts: dict[str, str], name: object, what: str) -> np.ndarray[Any, Any]:
+    """``texts`` with the prompt called ``name`` put before each (token ids run as they are); None: as they are,
+    for the tokenize step's default prompt. An unknown name is the client's 4xx, naming ``what`` is asked."""
+    if name is None:
+        return texts
+    if not isinstance(name, str) or name not in prompts:
+        known = ", ".join(map(repr, sorted(prompts))) or "none"
+        raise InvalidInput(f"prompt_name {name!r} is not one of {what}'s prompts ({known})")
+    prompt = prompts[name]
+    out = np.empty(len(texts), dtype=object)
+    for i, text in enumerate(texts.tolist()):
+        out[i] = (
+            text
+            if isinstance(text, TokenIds)
+            else Prompted(prompt + (text.decode() if isinstance(text, bytes) else text))
+        )
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Embedder:
     """A pipeline served as an embedding model: the input that takes texts, the output of one embedding a text,
-    and the shorter lengths it may be cut to."""
+    the shorter lengths it may be cut to, and the prompts a request may name."""
 
     name: str
     text: str
     output: str
     dimensions: tuple[int, ...]
+    prompts: dict[str, str] = field(default_factory=dict)
 
     @property
     def outputs(self) -> tuple[str, str, str]:
@@ -111,7 +146,7 @@ def embedding_output(pipeline: PipelineSettings) -> str | None:
     table = pipeline.embedding
     if table is not None and table.output is not None:
         return table.output
-    if pipeline.post and isinstance(pipeline.post[-1], MeanPoolStep):
+    if pipeline.post and isinstance(pipeline.post[-1], MeanPoolStep | PoolStep):
         return pipeline.post[-1].output
     if table is not None and pipeline.outputs is not None and len(pipeline.outputs) == 1:
         return pipeline.outputs[0]
@@ -128,7 +163,7 @@ def embedders(manifest: Manifest) -> dict[str, Embedder]:
         tokenize = pipeline.pre[0]
         assert isinstance(tokenize, TokenizeStep)
         lengths = tuple(pipeline.embedding.dimensions) if pipeline.embedding is not None else ()
-        found[pipeline.name] = Embedder(pipeline.name, tokenize.input, output, lengths)
+        found[pipeline.name] = Embedder(pipeline.name, tokenize.input, output, lengths, dict(tokenize.prompts))
     return found
 
 

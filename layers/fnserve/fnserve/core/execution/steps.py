@@ -6,8 +6,8 @@ Rows are independent: a step maps ``n`` rows in to ``n`` rows out, so a pipeline
 slice of a batch through it. A problem with the input is an :class:`InvalidInput` naming the
 row; anything else a step raises is a bug of the step.
 
-Built in: ``tokenize`` (Hugging Face ``tokenizers``), ``image`` (Pillow), ``softmax``,
-``topk`` and ``mean_pool``; ``custom`` calls a function of the user's. The third-party
+Built in: ``tokenize`` (Hugging Face ``tokenizers``: texts, prompts, text pairs), ``image`` (Pillow), ``softmax``,
+``sigmoid``, ``topk``, ``pool`` (and ``mean_pool``); ``custom`` calls a function of the user's. The third-party
 libraries are imported when a pipeline that needs them is built, not before (cold start).
 """
 
@@ -33,6 +33,8 @@ from fnserve.core.models.manifest import (
     CustomStep,
     ImageStep,
     MeanPoolStep,
+    PoolStep,
+    SigmoidStep,
     SoftmaxStep,
     StepTensor,
     TokenizeStep,
@@ -75,12 +77,12 @@ def build_step(settings: StepSettings, model: LoadedModel, base_dir: Path) -> St
         return Tokenize(settings, model, base_dir)
     if isinstance(settings, ImageStep):
         return DecodeImage(settings)
-    if isinstance(settings, SoftmaxStep):
-        return Softmax(settings)
+    if isinstance(settings, SoftmaxStep | SigmoidStep):
+        return Softmax(settings) if isinstance(settings, SoftmaxStep) else Sigmoid(settings)
     if isinstance(settings, TopKStep):
         return TopK(settings, base_dir)
-    if isinstance(settings, MeanPoolStep):
-        return MeanPool(settings, model)
+    if isinstance(settings, MeanPoolStep | PoolStep):
+        return Pool(settings, model)
     return Custom(settings, base_dir)
 
 
@@ -124,12 +126,13 @@ def _texts(name: str, array: np.ndarray[Any, Any]) -> list[Any]:
 class Tokenize(Step):
     """Texts -> token ids, attention mask and token type ids (those of them the model takes).
 
-    Truncated to ``max_length`` tokens (or refused, where the manifest says so) and padded to the longest text of
-    the call; an adaptive batcher in front of the model pads further, to the model's length buckets. A row may
-    also be given as its token ids (:class:`TokenIds`), checked against the vocabulary and run as they are. Beside
-    the model's inputs it writes the tokens each row ran and whether it was cut (:data:`TOKENS`,
-    :data:`TRUNCATED`), which the model never sees. Its :meth:`sort_key` (a text's length) lets a pipeline put
-    texts of like lengths in one chunk.
+    A text gets the default prompt put before it unless a request named its own (:class:`Prompted`); with a ``pair``
+    input each row is two texts tokenized as one sequence, the second cut first. Truncated to ``max_length`` tokens (or
+    refused, where the manifest says so) and padded to the longest text of the call; an adaptive batcher in front of the
+    model pads further, to the model's length buckets. A row may also be given as its token ids (:class:`TokenIds`),
+    checked against the vocabulary and run as they are. Beside the model's inputs it writes the tokens each row ran and
+    whether it was cut (:data:`TOKENS`, :data:`TRUNCATED`), which the model never sees. Its :meth:`sort_key` (a text's
+    length) lets a pipeline put texts of like lengths in one chunk.
     """
 
     def __init__(self, settings: TokenizeStep, model: LoadedModel, base_dir: Path) -> None:
@@ -152,6 +155,8 @@ class Tokenize(Step):
         self.input = settings.input
         self.max_length = settings.max_length
         self.truncate = settings.truncate
+        self.pair = settings.pair
+        self.prompt = settings.prompts[settings.default_prompt] if settings.default_prompt is not None else ""
         taken = {s.name: s for s in model.inputs}
         wanted = (settings.ids, settings.attention_mask, settings.token_type_ids)
         self.outputs = [name for name in wanted if name in taken]
@@ -159,7 +164,7 @@ class Tokenize(Step):
             raise ConfigError(f"tokenize: model {model.name!r} has no input {settings.ids!r} for the token ids")
         self.ids, self.mask, self.types = wanted
         self.dtypes = {name: taken[name].dtype for name in self.outputs}
-        self.reads = (spec(settings.input, "BYTES", [-1]),)
+        self.reads = tuple(spec(name, "BYTES", [-1]) for name in (settings.input, settings.pair) if name is not None)
         self.writes = (
             *(spec(n, "INT64", [-1, -1]) for n in self.outputs),
             spec(TOKENS, "INT64", [-1]),
@@ -168,19 +173,23 @@ class Tokenize(Step):
 
     def __call__(self, tensors: Mapping[str, np.ndarray[Any, Any]]) -> Arrays:
         rows = _texts(self.input, tensors[self.input])
-        texts = [row for row in rows if type(row) is str]
-        encodings = iter(self.tokenizer.encode_batch_fast(texts) if texts else ())
         n = len(rows)
         sequences: list[tuple[Sequence[int], Sequence[int] | None]] = []
         truncated = np.zeros(n, dtype=np.bool_)
-        for row, value in enumerate(rows):
-            if type(value) is str:
-                encoding = next(encodings)
-                truncated[row] = bool(encoding.overflowing)
-                sequences.append((encoding.ids, encoding.type_ids))
-            else:
-                sequences.append((self._given(row, value), None))
-                truncated[row] = len(value) > self.max_length
+        if self.pair is not None:
+            sequences = self._pairs(rows, _texts(self.pair, tensors[self.pair]), truncated)
+        else:
+            prompt = self.prompt
+            texts = [row if type(row) is not str else prompt + row for row in rows if isinstance(row, str)]
+            encodings = iter(self.tokenizer.encode_batch_fast(texts) if texts else ())
+            for row, value in enumerate(rows):
+                if isinstance(value, str):
+                    encoding = next(encodings)
+                    truncated[row] = bool(encoding.overflowing)
+                    sequences.append((encoding.ids, encoding.type_ids))
+                else:
+                    sequences.append((self._given(row, value), None))
+                    truncated[row] = len(value) > self.max_length
         if not self.truncate and truncated.any():
             row = int(np.argmax(truncated))
             raise InvalidInput(
@@ -202,6 +211,34 @@ class Tokenize(Step):
         out[TOKENS] = counts
         out[TRUNCATED] = truncated
         return out
+
+    def _pairs(
+        self, firsts: list[Any], seconds: list[Any], truncated: np.ndarray[Any, Any]
+    ) -> list[tuple[Sequence[int], Sequence[int] | None]]:
+        """Each row's two texts as one sequence with its type ids (a cross-encoder's query and document): past
+        ``max_length`` the second is cut first, and the first only where it is over half the length."""
+        for name, texts in ((self.input, firsts), (self.pair, seconds)):
+            given = next((i for i, text in enumerate(texts) if not isinstance(text, str)), None)
+            if given is not None:
+                raise InvalidInput(f"input {name!r} row {given}: a text pair is tokenized from text, not token ids")
+        if len(firsts) != len(seconds):
+            raise InvalidInput(f"inputs {self.input!r} and {self.pair!r} must have as many rows")
+        tokenizer = self.tokenizer
+        room = self.max_length - tokenizer.num_special_tokens_to_add(True)
+        first = tokenizer.encode_batch_fast(firsts, add_special_tokens=False) if firsts else []
+        second = tokenizer.encode_batch_fast(seconds, add_special_tokens=False) if seconds else []
+        sequences: list[tuple[Sequence[int], Sequence[int] | None]] = []
+        for row, (a, b) in enumerate(zip(first, second, strict=True)):
+            # Each side was cut to max_length already when encoded: overflowing says it was longer still.
+            over = bool(a.overflowing or b.overflowing) or len(a) + len(b) > room
+            if len(a) + len(b) > room:
+                keep = min(len(a), max(room - len(b), room // 2))
+                a.truncate(keep)
+                b.truncate(room - keep)
+            truncated[row] = over
+            merged = tokenizer.post_process(a, b, add_special_tokens=True)
+            sequences.append((merged.ids, merged.type_ids))
+        return sequences
 
     def _given(self, row: int, ids: TokenIds) -> Sequence[int]:
         """A row's token ids, checked against the vocabulary, cut to ``max_length``."""
@@ -232,15 +269,17 @@ class Tokenize(Step):
         return (*ids[: self.max_length - len(closing)], *closing)  # cut as a text is: its closing token kept
 
     def sort_key(self, tensors: Mapping[str, np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
-        """Each row's text length (characters or bytes; token ids count as a word's length each): about its token
-        count, without tokenizing."""
-        return np.fromiter(
-            (
-                len(v) if isinstance(v, str | bytes) else 4 * len(v) if type(v) is TokenIds else 0
-                for v in tensors[self.input].ravel()
-            ),
-            np.int64,
-        )
+        """Each row's text length (characters or bytes, both texts of a pair; token ids count as a word's length
+        each): about its token count, without tokenizing."""
+        key = _lengths(tensors[self.input])
+        return key if self.pair is None else key + _lengths(tensors[self.pair])
+
+
+def _lengths(texts: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return np.fromiter(
+        (len(v) if isinstance(v, str | bytes) else 4 * len(v) if type(v) is TokenIds else 0 for v in texts.ravel()),
+        np.int64,
+    )
 
 
 def _special_ends(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -253,11 +292,13 @@ def _special_ends(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (), ()
 
 
-class MeanPool(Step):
-    """Token embeddings -> their mean over the attention mask (sentence-transformers' pooling), L2-normalised."""
+class Pool(Step):
+    """Token embeddings -> one a row, as sentence-transformers' Pooling module makes it (mean over the attention
+    mask, the first token's, the largest of each dimension, or the last real token's), L2-normalised if asked."""
 
-    def __init__(self, settings: MeanPoolStep, model: LoadedModel) -> None:
-        self.name = "mean_pool"
+    def __init__(self, settings: MeanPoolStep | PoolStep, model: LoadedModel) -> None:
+        self.name = settings.step
+        self.mode = settings.mode if isinstance(settings, PoolStep) else "mean"
         self.input, self.mask, self.output, self.normalize = (
             settings.input,
             settings.mask,
@@ -273,14 +314,23 @@ class MeanPool(Step):
         tokens, mask = tensors[self.input], tensors[self.mask]
         if tokens.ndim != 3 or mask.ndim != 2 or tokens.shape[0] != mask.shape[0]:
             raise InferenceError(
-                f"mean_pool: {self.input!r} must be [rows, tokens, dim] and {self.mask!r} [rows, tokens], "
+                f"{self.name}: {self.input!r} must be [rows, tokens, dim] and {self.mask!r} [rows, tokens], "
                 f"got {list(tokens.shape)} and {list(mask.shape)}"
             )
         # A batcher may have padded the tokens further than this request's mask: the padding is masked anyway.
-        tokens = tokens[:, : mask.shape[1]]
-        weights = mask[:, : tokens.shape[1], None].astype(np.float32)
-        pooled = np.einsum("rtd,rtx->rd", tokens.astype(np.float32, copy=False), weights)
-        pooled /= np.maximum(weights.sum(axis=1), 1e-9)
+        tokens = tokens[:, : mask.shape[1]].astype(np.float32, copy=False)
+        mask = mask[:, : tokens.shape[1]]
+        if self.mode == "mean":
+            weights = mask[:, :, None].astype(np.float32)
+            pooled = np.einsum("rtd,rtx->rd", tokens, weights)
+            pooled /= np.maximum(weights.sum(axis=1), 1e-9)
+        elif self.mode == "cls":
+            pooled = tokens[:, 0].copy()
+        elif self.mode == "max":
+            pooled = np.where(mask[:, :, None] > 0, tokens, np.float32(-1e9)).max(axis=1)
+        else:  # padded on the right: a row's last real token is its mask's count less one
+            last = np.maximum(mask.sum(axis=1) - 1, 0)
+            pooled = tokens[np.arange(len(tokens)), last].copy()
         if self.normalize:
             pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
         return {self.output: pooled}
@@ -443,6 +493,21 @@ class Softmax(Step):
         logits = tensors[self.input].astype(np.float32, copy=False)
         shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
         return {self.output: shifted / shifted.sum(axis=-1, keepdims=True)}
+
+
+class Sigmoid(Step):
+    """Logits -> each one's probability on its own (a reranker's one logit, a multi-label classifier's)."""
+
+    def __init__(self, settings: SigmoidStep) -> None:
+        self.name = "sigmoid"
+        self.input = settings.input
+        self.output = settings.output or settings.input
+        self.reads = (spec(self.input, "FP32", [-1, -1]),)
+        self.writes = (spec(self.output, "FP32", [-1, -1]),)
+
+    def __call__(self, tensors: Mapping[str, np.ndarray[Any, Any]]) -> Arrays:
+        logits = tensors[self.input].astype(np.float32, copy=False)
+        return {self.output: np.exp(-np.logaddexp(np.float32(0), -logits))}  # 1 / (1 + e^-x), never overflowing
 
 
 class TopK(Step):

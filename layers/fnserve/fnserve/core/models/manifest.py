@@ -407,6 +407,36 @@ class TokenizeStep(_Step, tag="tokenize", frozen=True, kw_only=True):
     ids: Annotated[str, Meta(description="The model input that takes the token ids.")] = "input_ids"
     attention_mask: Annotated[str, Meta(description="The model input that takes the mask.")] = "attention_mask"
     token_type_ids: Annotated[str, Meta(description="The model input that takes the type ids.")] = "token_type_ids"
+    pair: (
+        Annotated[
+            str,
+            Meta(
+                description="The pipeline input holding each row's second text (BYTES [-1]), tokenized with the "
+                "first as one sequence, as a cross-encoder reads a query and a document; past max_length the second "
+                "is cut first, the first only beyond half the length."
+            ),
+        ]
+        | None
+    ) = None
+    prompts: Annotated[
+        dict[str, str],
+        Meta(
+            description="Named prompts, put before a text before it is tokenized, as sentence-transformers' prompts "
+            '(e5: {query = "query: ", passage = "passage: "}); a request names one (OpenAI\'s and TEI\'s '
+            "prompt_name)."
+        ),
+    ] = {}
+    default_prompt: (
+        Annotated[str, Meta(description="The prompt put before every text a request names none for.")] | None
+    ) = None
+
+    def __post_init__(self) -> None:
+        if self.default_prompt is not None and self.default_prompt not in self.prompts:
+            raise ValueError(f"default_prompt {self.default_prompt!r} is not one of the prompts {sorted(self.prompts)}")
+        if self.pair is not None and self.prompts:
+            raise ValueError("prompts are for embedders' single texts, not text pairs")
+        if self.pair == self.input:
+            raise ValueError("pair must name another input than the first text's")
 
 
 class ImageStep(_Step, tag="image", frozen=True, kw_only=True):
@@ -492,6 +522,29 @@ class MeanPoolStep(_Step, tag="mean_pool", frozen=True, kw_only=True):
     normalize: Annotated[bool, Meta(description="Scale each embedding to unit length.")] = True
 
 
+class PoolStep(_Step, tag="pool", frozen=True, kw_only=True):
+    """Token embeddings -> one embedding per row, as sentence-transformers' Pooling module makes it."""
+
+    mode: Annotated[
+        Literal["mean", "cls", "max", "last_token"],
+        Meta(
+            description="mean: over the attention mask; cls: the first token's; max: each dimension's largest over "
+            "the mask; last_token: the last unmasked token's (decoder embedders)."
+        ),
+    ] = "mean"
+    input: Annotated[str, Meta(description="The tensor of token embeddings: [rows, tokens, dim].")] = "token_embeddings"
+    mask: Annotated[str, Meta(description="The mask the tokenize step made: [rows, tokens].")] = "attention_mask"
+    output: Annotated[str, Meta(description="Output name: FP32 [rows, dim].")] = "embedding"
+    normalize: Annotated[bool, Meta(description="Scale each embedding to unit length.")] = True
+
+
+class SigmoidStep(_Step, tag="sigmoid", frozen=True, kw_only=True):
+    """Logits -> each one's own probability (a reranker's one logit, a multi-label classifier's)."""
+
+    input: Annotated[str, Meta(description="The tensor holding the logits.")]
+    output: Annotated[str, Meta(description="Where the probabilities go (default: in place).")] | None = None
+
+
 class CustomStep(_Step, tag="custom", frozen=True, kw_only=True):
     """A Python function of the user's: a dict of arrays in (the tensors it reads), a dict of arrays out."""
 
@@ -505,7 +558,9 @@ class CustomStep(_Step, tag="custom", frozen=True, kw_only=True):
             raise ValueError(f"function must be module:function, got {self.function!r}")
 
 
-Step = TokenizeStep | ImageStep | SoftmaxStep | TopKStep | MeanPoolStep | CustomStep  # told apart by `step`
+Step = (
+    TokenizeStep | ImageStep | SoftmaxStep | SigmoidStep | TopKStep | MeanPoolStep | PoolStep | CustomStep
+)  # told apart by `step`
 
 
 class EmbeddingSettings(Entry, frozen=True, kw_only=True):
@@ -562,7 +617,8 @@ class PipelineSettings(Entry, frozen=True, kw_only=True):
             EmbeddingSettings,
             Meta(
                 description="Served by OpenAI's embeddings API too. A pipeline whose first step is tokenize and whose "
-                "last is mean_pool is, without this table; the table names another output, or the Matryoshka lengths."
+                "last is mean_pool or pool is, without this table; the table names another output, or the "
+                "Matryoshka lengths."
             ),
         ]
         | None
@@ -576,7 +632,7 @@ class PipelineSettings(Entry, frozen=True, kw_only=True):
         if self.embedding is not None:
             if not isinstance(self.pre[0] if self.pre else None, TokenizeStep):
                 raise ValueError(f"pipeline {self.name!r}: an embedding pipeline's first step must be tokenize")
-            ends_pooled = bool(self.post) and isinstance(self.post[-1], MeanPoolStep)
+            ends_pooled = bool(self.post) and isinstance(self.post[-1], MeanPoolStep | PoolStep)
             one_output = self.outputs is not None and len(self.outputs) == 1
             if self.embedding.output is None and not ends_pooled and not one_output:
                 raise ValueError(f"pipeline {self.name!r}: name the embedding's output (embedding.output)")

@@ -95,7 +95,7 @@ def add_model(
         shutil.copyfile(source, target)
     separator = "" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n"
     try:
-        _write_checked(manifest, text + separator + tomli_w.dumps({"models": [entry]}))
+        write_checked(manifest, text + separator + tomli_w.dumps({"models": [entry]}))
     except ConfigError:
         if made is not None:
             shutil.rmtree(made) if made.is_dir() else made.unlink()
@@ -147,7 +147,7 @@ def parse(text: str, manifest: Path) -> dict[str, Any]:
         raise ConfigError(f"manifest {manifest} cannot be read: {exc}") from exc
 
 
-def _write_checked(manifest: Path, text: str) -> None:
+def write_checked(manifest: Path, text: str) -> None:
     """Write ``text`` over ``manifest`` only if the loader accepts it (the temporary file sits beside it,
     so relative paths resolve as they will)."""
     candidate = manifest.with_name(f".{manifest.name}.new.toml")
