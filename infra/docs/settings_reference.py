@@ -45,6 +45,11 @@ OTHERS: dict[str, tuple[Variable, ...]] = {
         Variable("FNSERVE_JOBS_QUEUE", "`fnserve submit --queue`'s default: the SQS queue jobs are sent to."),
         Variable("FNSERVE_JOBS_TOPIC", "`fnserve submit --topic`'s default: a Pub/Sub topic, instead."),
         Variable(
+            "FNSERVE_EXPORT_PYTHON",
+            "`fnserve import --export-python`'s default: the Python with optimum and torch that exports a Hugging "
+            "Face folder shipping no ONNX file.",
+        ),
+        Variable(
             "FNSERVE_LOG_FORMAT",
             "How `fnserve serve` writes log lines: `auto` (unset: `console` at a terminal, else `json`), `json` "
             "or `console`; its front processes and workers follow its choice.",

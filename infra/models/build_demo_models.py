@@ -163,6 +163,11 @@ def main(out: Path) -> None:
         manifest += minilm_entries(sha256(minilm))
     else:
         print(f"({minilm} is missing: minilm-embed left out of the manifest; `make minilm` builds it)")
+    reranker = out / "minilm-rerank" / "1" / "model.onnx"
+    if reranker.exists():
+        manifest += reranker_entries(sha256(reranker))
+    else:
+        print(f"({reranker} is missing: minilm-rerank left out of the manifest; `make reranker` builds it)")
     (out / "manifest.toml").write_text("\n".join(manifest))
 
 
@@ -244,6 +249,45 @@ def minilm_entries(sha: str) -> list[str]:
         "",
         "[[pipelines.post]]",
         'step = "mean_pool"',
+        "",
+    ]
+
+
+def reranker_entries(sha: str) -> list[str]:
+    """The demo cross-encoder (make reranker: MiniLM fine-tuned on the shipped sentences, by fnserve import)."""
+    return [
+        "# A cross-encoder from all-MiniLM-L6-v2's weights, fine-tuned on pairs of the shipped sentences and imported",
+        "# by `fnserve import` (`make reranker`): a query and a document in, their relevance out.",
+        "[[models]]",
+        'name = "minilm-l6-rerank"',
+        'version = "1"',
+        'path = "minilm-rerank/1/model.onnx"',
+        f'sha256 = "{sha}"',
+        'description = "MiniLM-L6 cross-encoder (one logit a pair), per-token int8, its graph optimised ahead"',
+        "max_batch_size = 64",
+        "max_batch_time_ms = 2.0",
+        "length_buckets = [16, 32, 64, 128, 256, 512]",
+        "max_batch_tokens = 1024",
+        "max_batch_attention = 262144  # one pair of the full 512 tokens",
+        'pad_inputs = ["input_ids", "attention_mask", "token_type_ids"]',
+        "",
+        "[[pipelines]]",
+        'name = "minilm-rerank"',
+        'model = "minilm-l6-rerank"',
+        'description = "a query and a document in; their relevance score (sigmoid of the logit) out"',
+        'outputs = ["score", "logits"]',
+        "",
+        "[[pipelines.pre]]",
+        'step = "tokenize"',
+        'tokenizer = "minilm-l6/tokenizer.json"',
+        'input = "query"',
+        'pair = "document"',
+        "max_length = 512",
+        "",
+        "[[pipelines.post]]",
+        'step = "sigmoid"',
+        'input = "logits"',
+        'output = "score"',
         "",
     ]
 

@@ -26,6 +26,7 @@ from tests.e2e.localstack import localstack
 from tests.embeddings import check_client
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
 from tests.moto import free_port, moto_server
+from tests.reranking import queries, v2_scores
 from tests.servers import wait_for
 
 HOLDOUT = np.load(DEMO_HOLDOUT)
@@ -121,6 +122,14 @@ def test_http_inference_through_the_gateway(local: dict[str, Any]) -> None:
     assert "infer;dur=" in response.headers["server-timing"]
     assert httpx.get(f"{local['url']}/v2/models/nope", timeout=10).status_code == 404
     assert httpx.get(f"{local['url']}/elsewhere", timeout=10).json() == {"message": "Not Found"}
+
+
+def test_the_demo_reranker_puts_the_passage_a_query_came_from_first(local: dict[str, Any]) -> None:
+    """make run's minilm-rerank, through the gateway: queries of held-out sentences, the source first."""
+    asked = queries()
+    with httpx.Client(base_url=local["url"], timeout=60) as http:
+        firsts = [int(np.argmax(v2_scores(http, query, passages))) == 0 for query, passages in asked]
+    assert sum(firsts) >= 0.9 * len(asked), f"{sum(firsts)} of {len(asked)} queries ranked their passage first"
 
 
 def test_the_console_reads_like_sam_local_and_the_raw_lines_go_to_the_log_file(local: dict[str, Any]) -> None:
@@ -227,7 +236,7 @@ def test_the_lines_fnserve_local_prints_work_verbatim_in_a_shell_without_aws_con
     tries = [line.removeprefix("  try ").strip() for line in banner if line.startswith("  try ")]
     submit = next(line.removeprefix("  jobs ").strip() for line in banner if line.startswith("  jobs "))
     results = next(line.strip() for line in banner if line.startswith("        AWS_ENDPOINT_URL"))
-    curl, text_curl = tries  # the cascade, then the pipeline that takes text
+    curl, text_curl, rerank_curl = tries  # the cascade, then the pipelines that take text: an embedder, a reranker
     for name in ("layers", ".venv"):  # a directory that looks like the repository: the lines' relative paths hold
         (tmp_path / name).symlink_to(REPO / name)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # no AWS_* variables, no ~/.aws
@@ -239,6 +248,8 @@ def test_the_lines_fnserve_local_prints_work_verbatim_in_a_shell_without_aws_con
     assert answer.returncode == 0 and json.loads(answer.stdout)["model_name"] == "digits"
     embedded = shell(text_curl)
     assert embedded.returncode == 0 and json.loads(embedded.stdout)["outputs"][0]["shape"] == [1, 384]
+    ranked = shell(rerank_curl)
+    assert ranked.returncode == 0 and json.loads(ranked.stdout)["outputs"][0]["name"] == "score", ranked.stdout
     sent = shell(submit)
     assert sent.returncode == 0, sent.stderr
     assert "submitted 360 jobs" in sent.stderr and "Traceback" not in sent.stderr

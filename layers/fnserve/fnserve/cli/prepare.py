@@ -1,4 +1,5 @@
-"""``fnserve quantize`` and ``fnserve optimize``: a model made ready for serving, each change measured and checked."""
+"""``fnserve import``, ``fnserve quantize`` and ``fnserve optimize``: a model made ready for serving, each change
+measured and checked."""
 
 from __future__ import annotations
 
@@ -10,14 +11,92 @@ from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
-from fnserve.cli.root import app, fail
+from fnserve.cli.root import ManifestOpt, app, fail
 from fnserve.core.errors import FnserveError
+from fnserve.server.command import DEFAULT_MANIFEST
 
 if TYPE_CHECKING:
     import onnxruntime as ort
 
     from fnserve.core.codec.datafiles import DataFile
     from fnserve.quantize import Mode, QuantizeReport
+
+
+@app.command("import")
+def import_model(
+    folder: Annotated[
+        Path, typer.Argument(help="A Hugging Face model folder (as the Hub lays it out: config.json, tokenizer.json).")
+    ],
+    name: Annotated[
+        str | None, typer.Option(help="The name clients call it by; default: the folder's name, lower case.")
+    ] = None,
+    manifest: ManifestOpt = DEFAULT_MANIFEST,
+    kind: Annotated[
+        str | None,
+        typer.Option(
+            help="embed, rerank or classify; default: what config.json says (a classifier of one label reranks)."
+        ),
+    ] = None,
+    precision: Annotated[
+        str,
+        typer.Option(
+            help="auto: int8 per token where it keeps to the bound on the sample texts and is not slower, else "
+            "float; int8: refuse rather than keep float; float: never quantize."
+        ),
+    ] = "auto",
+    export_python: Annotated[
+        str | None,
+        typer.Option(
+            help="The Python with optimum and torch that exports a folder shipping no ONNX file (default: "
+            "FNSERVE_EXPORT_PYTHON, else this one if it has them)."
+        ),
+    ] = None,
+    texts: Annotated[
+        Path | None, typer.Option(help="Sample texts to check the model on, one a line; default: fnserve's own.")
+    ] = None,
+) -> None:
+    """Serve a Hugging Face embedder, cross-encoder reranker or text classifier: its ONNX graph (shipped, or
+    exported by optimum), int8 where that keeps its answers, and its model and pipeline added to the manifest."""
+    from fnserve.hub.build import import_folder, sample_texts
+    from fnserve.hub.folder import read_folder
+
+    if kind not in (None, "embed", "rerank", "classify"):
+        raise fail(f"--kind must be embed, rerank or classify, not {kind!r}")
+    if precision not in ("auto", "int8", "float"):
+        raise fail(f"--precision must be auto, int8 or float, not {precision!r}")
+    chosen = name or folder.resolve().name.lower()
+    try:
+        found = read_folder(folder, kind)  # type: ignore[arg-type]
+        typer.echo(f"{folder}: {found.architecture} ({found.model_type}), served as {found.kind}")
+        for note in found.notes:
+            typer.echo(f"  {note}")
+        if found.labels:
+            typer.echo(f"  labels {', '.join(found.labels)}: config.json id2label")
+        imported = import_folder(
+            found,
+            manifest,
+            chosen,
+            precision=precision,  # type: ignore[arg-type]
+            python=export_python,
+            texts=sample_texts(texts) if texts else None,
+            say=lambda line: typer.echo(f"  {line}"),
+        )
+    except FnserveError as exc:
+        raise fail(exc.message) from None
+    typer.echo(
+        f"added model {imported.model!r} ({imported.precision}) and pipeline {imported.pipeline!r} to {manifest}"
+    )
+    body = {
+        "embed": '{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a sentence"]}]}',
+        "rerank": '{"inputs": [{"name": "query", "shape": [1], "datatype": "BYTES", "data": ["a question"]}, '
+        '{"name": "document", "shape": [1], "datatype": "BYTES", "data": ["a passage"]}]}',
+        "classify": '{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a sentence"]}]}',
+    }[imported.kind]
+    typer.echo(f"serve it: fnserve serve -m {manifest}, then")
+    typer.echo(f"  curl -s localhost:8080/v2/models/{imported.pipeline}/infer -d '{body}'")
+    if imported.kind == "embed":
+        body = f'{{"model": "{imported.pipeline}", "input": ["a sentence"]}}'
+        typer.echo(f"  curl -s localhost:8080/v1/embeddings -d '{body}'")
 
 
 @app.command()

@@ -91,9 +91,13 @@ def banner(emulator: Emulator, local_: Local, url: str, workers: int, echo: Call
             echo(f"  try   curl -s -X {route.method if route.method != 'ANY' else 'GET'} {url}{route.path}")
         return
     echo(f"  try   curl -s {url}/v2/models/{example.name}/infer -d '{example.request}'")
-    for name, tensor in example.text_pipelines:
-        text = {"inputs": [{"name": tensor, "shape": [1], "datatype": "BYTES", "data": ["A warm container answers."]}]}
-        echo(f"  try   curl -s {url}/v2/models/{name}/infer -d '{json.dumps(text)}'")
+    for name, tensors in example.text_pipelines:  # a text, or a query and a document
+        texts = ("A warm container answers.", "Warm containers answer requests at once.")
+        inputs = [
+            {"name": t, "shape": [1], "datatype": "BYTES", "data": [text]}
+            for t, text in zip(tensors, texts, strict=False)
+        ]
+        echo(f"  try   curl -s {url}/v2/models/{name}/infer -d '{json.dumps({'inputs': inputs})}'")
     jobs = next((s.queue_url for s in emulator.sources if s.function == "BatchFunction"), None)
     table = next(iter(local_.tables.values()), None)
     if jobs and table and example.data is not None:
@@ -113,7 +117,7 @@ class _Example:
     request: str
     batch_model: str  # what the jobs lines submit to (the cascade's slow model, else the first model)
     data: str | None  # a data file beside the manifest, for the jobs lines
-    text_pipelines: tuple[tuple[str, str], ...] = ()  # (pipeline, input) of those whose first step tokenizes
+    text_pipelines: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (pipeline, its text inputs): those that tokenize
 
 
 def _served_example(local_: Local) -> _Example | None:
@@ -135,7 +139,7 @@ def _served_example(local_: Local) -> _Example | None:
         name, fast, batch_model = (cascades[0].name, cascades[0].fast, cascades[0].slow) if cascades else (first,) * 3
         request = example_request(service.model_metadata(fast))
         texts = tuple(
-            (p.name, p.pre[0].input)
+            (p.name, tuple(n for n in (p.pre[0].input, p.pre[0].pair) if n is not None))
             for p in service.registry.manifest.pipelines
             if p.pre and isinstance(p.pre[0], TokenizeStep)
         )
