@@ -78,7 +78,8 @@ def imported(hub: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path,
     # Each as its import decides (tiny models run no faster in int8: float), and one held to int8 whatever its speed.
     runs = [*((folder, name, "auto") for folder, name in MODELS.items()), ("all-minilm-l6-v2", "minilm-test", "auto")]
     for folder, name, chosen in [*runs, ("bert-cls-query", "bge-int8", "int8")]:
-        done = fnserve_import(hub / folder, manifest, "--name", name, "--precision", chosen)
+        cut = ["--dimensions", "32,16"] if name == "e5-test" else []
+        done = fnserve_import(hub / folder, manifest, "--name", name, "--precision", chosen, *cut)
         assert done.returncode == 0, done.stdout + done.stderr
         said[name] = done.stdout
     return manifest, said
@@ -161,6 +162,11 @@ def test_embedders_answer_as_sentence_transformers_with_their_prompts(
         answer = client.embeddings.create(model=name, input=texts, extra_body={"prompt_name": prompt})
         got = np.array([d.embedding for d in answer.data], dtype=np.float32)
         assert cosine(got, ref[f"prompt_{prompt}"]).min() >= bound, prompt
+    if name == "e5-test":  # imported with its Matryoshka lengths: cut, then unit length again
+        short = client.embeddings.create(model=name, input=texts, dimensions=16)
+        got = np.array([d.embedding for d in short.data], dtype=np.float32)
+        expected = ref["plain"][:, :16] / np.linalg.norm(ref["plain"][:, :16], axis=1, keepdims=True)
+        assert cosine(got, expected).min() >= bound
     with pytest.raises(openai.BadRequestError, match="'nope' is not one of"):
         client.embeddings.create(model=name, input=texts[:1], extra_body={"prompt_name": "nope"})
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+import fnserve.adapters.handler as handler_module
 from tests.embeddings import SENTENCES, LambdaTransport
 from tests.helpers import DEMO_MANIFEST, REPO
 from tests.helpers.functions import FUNCTIONS_FRAMEWORK, load_function
@@ -57,11 +59,16 @@ class Peaks:
 
 
 def embed_checked(
-    client: openai.OpenAI, pids: list[int], where: str, refusing: openai.OpenAI | None = None, many: int = 64
+    client: openai.OpenAI,
+    pids: list[int],
+    where: str,
+    refusing: openai.OpenAI | None = None,
+    many: int = 64,
+    paced: Callable[[float], None] | None = None,
 ) -> str:
     """``many`` texts of 256 tokens answered whole, no process growing past the budget's memory; then 1,000 refused
     at once, naming the deadline and what to do instead: by ``refusing`` (its deadline its own), else by ``client``
-    waiting three times what the ``many`` took."""
+    waiting three times what the ``many`` took. ``paced`` learns what they took, before the refusal."""
     client.embeddings.create(model="minilm-embed", input=TEXTS[:4])  # warm: the pace the refusal foresees by
     peaks = Peaks(pids)
     started = time.monotonic()
@@ -72,6 +79,8 @@ def embed_checked(
     assert max(grown.values()) <= MAX_GROWTH_MB, f"{where}: peak RSS rose by {grown} MB for {many} texts"
     # The client waits three times what the texts took (its timeout, which it sends): 1,000 need many times more.
     refusing = refusing or client.with_options(timeout=3 * took)
+    if paced is not None:
+        paced(took)
     started = time.monotonic()
     with pytest.raises(openai.APIStatusError) as refused:
         refusing.embeddings.create(model="minilm-embed", input=TEXTS)
@@ -108,10 +117,17 @@ def api_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-def test_the_lambda_api_function_keeps_its_memory_and_refuses_past_api_gateway(api_env: None) -> None:
+def test_the_lambda_api_function_keeps_its_memory_and_refuses_past_api_gateway(
+    api_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     handler = load_function(REPO / "functions" / "api" / "app.py").handler
+
     # 64 texts through a function URL (no API Gateway: the function's own timeout bounds them, here 120 s, however
-    # the other tests load the CPU), then 1,000 through API Gateway's HTTP API, whose 29 s no CPU here fits them in.
+    # the other tests load the CPU), then 1,000 through API Gateway's HTTP API, its 29 s scaled to this CPU: three
+    # times what the 64 took, which a fast CPU's 1,000 would fit in unscaled.
+    def scaled(took: float) -> None:
+        monkeypatch.setattr(handler_module, "API_GATEWAY_SECONDS", round(3 * took, 1))
+
     url = LambdaTransport(handler, "2.0", domain="abc.lambda-url.us-east-1.on.aws", timeout=120.0)
     gateway = LambdaTransport(handler, "2.0", timeout=60.0)  # the function may run longer than API Gateway waits
     with (
@@ -120,8 +136,8 @@ def test_the_lambda_api_function_keeps_its_memory_and_refuses_past_api_gateway(a
     ):
         with openai.OpenAI(base_url="https://fn.example/v1", api_key="unused", http_client=http) as client:
             refusing = openai.OpenAI(base_url="https://api.example/v1", api_key="unused", http_client=via_gateway)
-            said = embed_checked(client, [os.getpid()], "the Lambda API function", refusing)
-    assert "API Gateway's 29 s" in said, said
+            said = embed_checked(client, [os.getpid()], "the Lambda API function", refusing, paced=scaled)
+    assert "API Gateway's" in said, said
 
 
 def test_the_cloud_function_keeps_its_memory_and_refuses_past_its_timeout(tmp_path: Path) -> None:

@@ -54,6 +54,13 @@ def import_model(
     texts: Annotated[
         Path | None, typer.Option(help="Sample texts to check the model on, one a line; default: fnserve's own.")
     ] = None,
+    dimensions: Annotated[
+        str | None,
+        typer.Option(
+            help="An embedder's Matryoshka lengths, comma-separated (64,128,256): what a request's dimensions may "
+            "ask for; no file declares them."
+        ),
+    ] = None,
 ) -> None:
     """Serve a Hugging Face embedder, cross-encoder reranker or text classifier: its ONNX graph (shipped, or
     exported by optimum), int8 where that keeps its answers, and its model and pipeline added to the manifest."""
@@ -67,6 +74,10 @@ def import_model(
     chosen = name or folder.resolve().name.lower()
     try:
         found = read_folder(folder, kind)  # type: ignore[arg-type]
+        if dimensions:
+            if found.kind != "embed" or not all(d.strip().isdigit() and int(d) > 0 for d in dimensions.split(",")):
+                raise fail("--dimensions: positive lengths, comma-separated, for an embedder")
+            found.dimensions = sorted({int(d) for d in dimensions.split(",")})
         typer.echo(f"{folder}: {found.architecture} ({found.model_type}), served as {found.kind}")
         for note in found.notes:
             typer.echo(f"  {note}")

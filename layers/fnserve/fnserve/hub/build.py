@@ -137,6 +137,8 @@ def entries(folder: Folder, name: str, model_path: str, graph: Any) -> dict[str,
             raise ConfigError(f"the model of {folder.path} has no token embeddings output ([rows, tokens, dim])")
         pool = {"step": "pool", "mode": folder.pooling, "input": tokens, "normalize": folder.normalize}
         pipeline["post"] = [pool]
+        if folder.dimensions:
+            pipeline["embedding"] = {"dimensions": folder.dimensions}
     else:
         if outputs.get("logits") != 2:
             raise ConfigError(f"the model of {folder.path} has no logits output ([rows, labels]): {sorted(outputs)}")

@@ -51,6 +51,7 @@ class Folder:
     labels: list[str] = field(default_factory=list)
     multi_label: bool = False
     sigmoid: bool = True  # a reranker's score: the logit's sigmoid, or the logit itself
+    dimensions: list[int] = field(default_factory=list)  # Matryoshka lengths, which no file declares: the user's
     notes: list[str] = field(default_factory=list)
 
     @property
