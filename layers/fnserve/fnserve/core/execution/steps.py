@@ -77,8 +77,10 @@ def build_step(settings: StepSettings, model: LoadedModel, base_dir: Path) -> St
         return Tokenize(settings, model, base_dir)
     if isinstance(settings, ImageStep):
         return DecodeImage(settings)
-    if isinstance(settings, SoftmaxStep | SigmoidStep):
-        return Softmax(settings) if isinstance(settings, SoftmaxStep) else Sigmoid(settings)
+    if isinstance(settings, SoftmaxStep):
+        return Softmax(settings)
+    if isinstance(settings, SigmoidStep):
+        return Sigmoid(settings)
     if isinstance(settings, TopKStep):
         return TopK(settings, base_dir)
     if isinstance(settings, MeanPoolStep | PoolStep):
@@ -479,15 +481,19 @@ def _image_bytes(where: str, value: Any) -> bytes:
 # -- scores ----------------------------------------------------------------------------------------
 
 
-class Softmax(Step):
-    """Logits -> probabilities along the last axis."""
+class _Activation(Step):
+    """Logits -> scores of the same shape, in place or under another name."""
 
-    def __init__(self, settings: SoftmaxStep) -> None:
-        self.name = "softmax"
+    def __init__(self, settings: SoftmaxStep | SigmoidStep) -> None:
+        self.name = settings.step
         self.input = settings.input
         self.output = settings.output or settings.input
         self.reads = (spec(self.input, "FP32", [-1, -1]),)
         self.writes = (spec(self.output, "FP32", [-1, -1]),)
+
+
+class Softmax(_Activation):
+    """Logits -> probabilities along the last axis."""
 
     def __call__(self, tensors: Mapping[str, np.ndarray[Any, Any]]) -> Arrays:
         logits = tensors[self.input].astype(np.float32, copy=False)
@@ -495,15 +501,8 @@ class Softmax(Step):
         return {self.output: shifted / shifted.sum(axis=-1, keepdims=True)}
 
 
-class Sigmoid(Step):
+class Sigmoid(_Activation):
     """Logits -> each one's probability on its own (a reranker's one logit, a multi-label classifier's)."""
-
-    def __init__(self, settings: SigmoidStep) -> None:
-        self.name = "sigmoid"
-        self.input = settings.input
-        self.output = settings.output or settings.input
-        self.reads = (spec(self.input, "FP32", [-1, -1]),)
-        self.writes = (spec(self.output, "FP32", [-1, -1]),)
 
     def __call__(self, tensors: Mapping[str, np.ndarray[Any, Any]]) -> Arrays:
         logits = tensors[self.input].astype(np.float32, copy=False)
