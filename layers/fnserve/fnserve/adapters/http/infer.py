@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any, Protocol
 
 from fnserve.adapters.http import compression
+from fnserve.adapters.http.table import FAST_PATHS, FAST_PREFIXES
 from fnserve.adapters.http.wire import (
     answered,
     error_parts,
@@ -58,8 +59,8 @@ class Companion(Protocol):
 
 
 # Health checks answered here too: a load balancer's or a platform's probes come often, and the first of a
-# server's start should not wait for FastAPI. Each path's answer: the live one always, the others once ready.
-HEALTH = {"/v2/health/live": False, "/v2/health/ready": True, "/ping": True}
+# server's start should not wait for FastAPI. Each endpoint's answer: the live one always, the others once ready.
+HEALTH = {"v2.live": False, "v2.ready": True, "sagemaker.ping": True}
 
 
 class V2App:
@@ -100,9 +101,9 @@ class V2App:
     async def __call__(self, scope: ASGIMessage, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http" and not scope.get("root_path"):
-            method = scope["method"]
+            method, path = scope["method"], scope["path"]
             if method == "POST":
-                parts = scope["path"].split("/")
+                parts = path.split("/")
                 # ["", "v2", "models", name, "infer"] or [..., name, "versions", version, "infer"]
                 if parts[-1] == "infer" and parts[1:3] == ["v2", "models"] and all(parts[3:-1]):
                     if len(parts) == 5:
@@ -111,21 +112,29 @@ class V2App:
                     if len(parts) == 7 and parts[4] == "versions":
                         await self.inference.infer_asgi(scope, receive, send, parts[3], parts[5])
                         return self._answered()
-                elif scope["path"] == "/v1/embeddings" and self.openai is not None:
-                    await self.openai().embeddings(scope, receive, send)
-                    return self._answered()
-            elif method == "GET":
-                path = scope["path"]
-                if path in HEALTH:
-                    await self._health(scope, send, HEALTH[path])
-                    return
-                if (path == "/v1/models" or path.startswith("/v1/models/")) and self.openai is not None:
-                    await self.openai().models(scope, send, path)
-                    return
+            route = FAST_PATHS.get((method, path))
+            if route is None:
+                route = next((r for m, prefix, r in FAST_PREFIXES if m == method and path.startswith(prefix)), None)
+            if route is not None and await self._fast(route.endpoint, scope, receive, send):
+                return
         elif kind == "lifespan":
             await self._lifespan(receive, send)
             return
         await (self._fastapi or self.fastapi())(scope, receive, send)
+
+    async def _fast(self, endpoint: str, scope: ASGIMessage, receive: Receive, send: Send) -> bool:
+        """A fast route of the table answered here (False: FastAPI answers it)."""
+        if endpoint in HEALTH:
+            await self._health(scope, send, HEALTH[endpoint])
+            return True
+        if self.openai is None:
+            return False
+        if endpoint == "openai.embeddings":
+            await self.openai().embeddings(scope, receive, send)
+            self._answered()
+        else:  # openai.models
+            await self.openai().models(scope, send, scope["path"])
+        return True
 
     def _answered(self) -> None:
         # FastAPI's imports take the GIL for a quarter of a second: built while a cold start's first request is

@@ -316,3 +316,7 @@ INVOCATIONS: dict[str, Any] = {
         }
     },
 }
+
+
+INFER = infer(versioned=False)
+INFER_VERSIONED = infer(versioned=True)

@@ -1,4 +1,5 @@
-"""The V2 API's routes on FastAPI: health, metadata, results, inference's documented road, OpenAPI.
+"""The V2 API's routes on FastAPI: health, metadata, results, inference's documented road, OpenAPI; each added from
+the route table (:mod:`fnserve.adapters.http.table`) with its OpenAPI parts, its handler found here by name.
 
 Built by :class:`~fnserve.adapters.http.infer.V2App` when a request first needs it (or in a thread, once a
 server answers), so neither a Lambda container's first inference nor a server's first answer waits for FastAPI.
@@ -7,7 +8,9 @@ server answers), so neither a Lambda container's first inference nor a server's 
 from __future__ import annotations
 
 import functools
+import types
 from collections.abc import Callable
+from enum import Enum
 from typing import Annotated
 
 from fastapi import FastAPI, Query, Request
@@ -17,8 +20,9 @@ from fnserve import __version__
 from fnserve.adapters.http import openapi
 from fnserve.adapters.http.infer import InferenceRoute, V2Request
 from fnserve.adapters.http.middleware import RequestContext, install_error_handlers, json_response
-from fnserve.adapters.http.openai import EMBEDDINGS, MODELS, OpenAIRoutes
+from fnserve.adapters.http.openai import OpenAIRoutes
 from fnserve.adapters.http.sagemaker import SageMakerRoutes
+from fnserve.adapters.http.table import ROUTES
 from fnserve.core.codec.tensors import JSON_HEADER, json_tensor
 from fnserve.core.jobs.followups import ResultState
 from fnserve.observability.envelope import EXTENSIONS
@@ -42,26 +46,7 @@ def build(
     )
     app.add_middleware(RequestContext)
     install_error_handlers(app)
-    routes = V2Routes(inference)
-    app.post("/v2/models/{name}/infer", tags=["inference"], **openapi.infer(versioned=False))(routes.infer)
-    app.post("/v2/models/{name}/versions/{version}/infer", tags=["inference"], **openapi.infer(versioned=True))(
-        routes.infer
-    )
-    app.get("/v2/health/live", tags=["health"], responses=openapi.LIVE)(routes.live)
-    app.get("/v2/health/ready", tags=["health"], responses=openapi.READY)(routes.ready)
-    app.get("/v2", tags=["metadata"], responses=openapi.SERVER_METADATA)(routes.server_metadata)
-    app.get("/v2/", include_in_schema=False)(routes.server_metadata)
-    app.get("/v2/models/stats", tags=["statistics"], responses=openapi.STATISTICS)(routes.statistics)
-    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
-        app.get(prefix, tags=["metadata"], responses=openapi.MODEL_METADATA)(routes.model_metadata)
-        app.get(f"{prefix}/ready", tags=["health"], responses=openapi.MODEL_READY)(routes.model_ready)
-        app.get(f"{prefix}/config", tags=["metadata"], responses=openapi.MODEL_CONFIG)(routes.model_config)
-        app.get(f"{prefix}/stats", tags=["statistics"], responses=openapi.STATISTICS)(routes.statistics)
-    app.get("/v2/results/{result_id}", tags=["results"], responses=openapi.RESULT)(routes.result)
-    sagemaker = SageMakerRoutes(inference)  # SageMaker's hosting contract, beside the V2 routes
-    app.get("/ping", tags=["sagemaker"], responses=openapi.PING)(sagemaker.ping)
-    app.post("/invocations", tags=["sagemaker"], **openapi.INVOCATIONS)(sagemaker.invocations)
-    # OpenAI's embeddings routes, for an app under a root_path (V2App answers them itself otherwise).
+    # OpenAI's routes, for an app under a root_path (V2App answers them itself otherwise).
     openai_routes = openai or functools.cache(functools.partial(OpenAIRoutes, inference))
 
     async def embeddings(request: Request) -> Response:
@@ -70,15 +55,29 @@ def build(
     async def models(request: Request) -> Response:
         return await openai_routes().models_endpoint(request)
 
-    app.router.add_route(EMBEDDINGS, embeddings, methods=["POST"], include_in_schema=False)
-    app.router.add_route(MODELS, models, methods=["GET"], include_in_schema=False)
-    app.router.add_route(MODELS + "/{model:path}", models, methods=["GET"], include_in_schema=False)
-    if metrics is not None:
+    async def scrape() -> Response:
+        assert metrics is not None
+        return Response(metrics(), media_type=PROMETHEUS_TEXT)
 
-        async def scrape() -> Response:
-            return Response(metrics(), media_type=PROMETHEUS_TEXT)
-
-        app.get("/metrics", include_in_schema=False)(scrape)
+    groups: dict[str, object] = {
+        "v2": V2Routes(inference),
+        "sagemaker": SageMakerRoutes(inference),
+        "openai": types.SimpleNamespace(embeddings=embeddings, models=models),
+        "metrics": types.SimpleNamespace(scrape=scrape),
+    }
+    for route in ROUTES:
+        if route.group == "metrics" and metrics is None:
+            continue
+        spec = getattr(openapi, route.spec) if route.spec else {}
+        arguments = spec if "responses" in spec else {"responses": spec} if spec else {}
+        endpoint = getattr(groups[route.group], route.attribute)
+        tags: list[str | Enum] = list(route.tags)
+        if route.group == "openai":  # raw Starlette endpoints: the request itself, no parameters parsed
+            app.router.add_route(route.path, endpoint, methods=[route.method], include_in_schema=route.schema)
+        else:
+            app.add_api_route(
+                route.path, endpoint, methods=[route.method], tags=tags, include_in_schema=route.schema, **arguments
+            )
     return app
 
 
