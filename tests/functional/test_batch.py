@@ -521,16 +521,21 @@ def test_a_batch_out_of_time_stores_what_ran_and_hands_back_the_rest_most_delive
         answer = handler(event, Invocation(seconds))
         return {message[f["itemIdentifier"]] for f in answer["batchItemFailures"]}
 
-    # The invocation's time scaled to this CPU: some 100 jobs' work once its reserves for the answer and the store
-    # (shares of it, this short) are set aside, paced by 64 other jobs first.
-    warm = [" ".join(words[i * 11 + 5 : i * 11 + 65]) for i in range(64)]  # texts of their own: no cache hits
-    warm_bodies = [
-        json.dumps(job_message(f"w-{i}", "minilm-embed", {"text": np.array([t], dtype=object)}))
-        for i, t in enumerate(warm)
-    ]
-    started = time.perf_counter()
-    assert handler(sqs_event(warm_bodies, [1] * 64, id_prefix="w-"), Invocation(120.0))["batchItemFailures"] == []
-    short = max(1.0, 100 * (time.perf_counter() - started) / 64 / 0.7)
+    # The invocation's time scaled to this CPU: some 80 jobs' work once its reserves for the answer and the store
+    # (shares of it, this short) are set aside, at the pace of 64 other jobs (the faster of two runs: a cold first
+    # run of the shapes, or another test's load, would leave time for more).
+    def paced(round_: int) -> float:
+        texts = [" ".join(words[i * 11 + round_ : i * 11 + round_ + 60]) for i in range(64)]  # never cache hits
+        bodies = [
+            json.dumps(job_message(f"w{round_}-{i}", "minilm-embed", {"text": np.array([t], dtype=object)}))
+            for i, t in enumerate(texts)
+        ]
+        started = time.perf_counter()
+        event = sqs_event(bodies, [1] * 64, id_prefix=f"w{round_}-")
+        assert handler(event, Invocation(120.0))["batchItemFailures"] == []
+        return (time.perf_counter() - started) / 64
+
+    short = max(1.0, 80 * min(paced(5), paced(6)) / 0.7)
 
     first = ids[:200]
     handed = deliver(first, [1] * 200, short)

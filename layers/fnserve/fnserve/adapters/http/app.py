@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from fnserve.adapters.http.infer import Companion
     from fnserve.adapters.http.openai import OpenAIRoutes
+    from fnserve.adapters.http.rerank import RerankRoutes
 
 
 def create_app(
@@ -47,7 +48,7 @@ def create_app(
     def routes() -> FastAPI:
         from fnserve.adapters.http import routes  # FastAPI: not on a Lambda container's first inference
 
-        return routes.build(inference, metrics, openai)
+        return routes.build(inference, metrics, openai, rerank)
 
     @functools.cache
     def openai() -> OpenAIRoutes:
@@ -55,4 +56,10 @@ def create_app(
 
         return OpenAIRoutes(inference)
 
-    return V2App(inference, routes, companions, on_shutdown, openai)
+    @functools.cache
+    def rerank() -> RerankRoutes:
+        from fnserve.adapters.http.rerank import RerankRoutes  # made when a reranking is first asked for
+
+        return RerankRoutes(inference)
+
+    return V2App(inference, routes, companions, on_shutdown, openai, rerank)

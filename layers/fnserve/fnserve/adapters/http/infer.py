@@ -50,6 +50,12 @@ class EmbeddingRoutes(Protocol):
     async def models(self, scope: ASGIMessage, send: Send, path: str) -> None: ...
 
 
+class RerankingRoutes(Protocol):
+    """Cohere's rerank routes (:class:`fnserve.adapters.http.rerank.RerankRoutes`)."""
+
+    async def rerank(self, scope: ASGIMessage, receive: Receive, send: Send) -> None: ...
+
+
 class Companion(Protocol):
     """A server that lives as long as the app, on its event loop (the gRPC server beside HTTP)."""
 
@@ -75,6 +81,7 @@ class V2App:
         companions: Sequence[Companion] = (),
         on_shutdown: Callable[[], None] | None = None,
         openai: Callable[[], EmbeddingRoutes] | None = None,
+        rerank: Callable[[], RerankingRoutes] | None = None,
     ) -> None:
         self.inference = inference
         self.routes = routes  # builds the app of the other routes
@@ -82,6 +89,7 @@ class V2App:
         self._companions, self._on_shutdown = companions, on_shutdown
         self._fastapi: ASGIApp | None = None
         self.openai = openai  # OpenAI's routes, made when first called
+        self.rerank = rerank  # Cohere's rerank routes, likewise
         self._building = threading.Lock()
         self._build_ahead = False  # a server's: build FastAPI in a thread once the first answer is out
         # What else a server leaves until then: run at once, in the event loop (quick: the other front processes
@@ -126,6 +134,12 @@ class V2App:
         """A fast route of the table answered here (False: FastAPI answers it)."""
         if endpoint in HEALTH:
             await self._health(scope, send, HEALTH[endpoint])
+            return True
+        if endpoint == "rerank.rerank":
+            if self.rerank is None:
+                return False
+            await self.rerank().rerank(scope, receive, send)
+            self._answered()
             return True
         if self.openai is None:
             return False

@@ -21,6 +21,7 @@ from fnserve.adapters.http import openapi
 from fnserve.adapters.http.infer import InferenceRoute, V2Request
 from fnserve.adapters.http.middleware import RequestContext, install_error_handlers, json_response
 from fnserve.adapters.http.openai import OpenAIRoutes
+from fnserve.adapters.http.rerank import RerankRoutes
 from fnserve.adapters.http.sagemaker import SageMakerRoutes
 from fnserve.adapters.http.table import ROUTES
 from fnserve.core.codec.tensors import JSON_HEADER, json_tensor
@@ -34,9 +35,10 @@ def build(
     inference: InferenceRoute,
     metrics: Callable[[], bytes] | None = None,
     openai: Callable[[], OpenAIRoutes] | None = None,
+    rerank: Callable[[], RerankRoutes] | None = None,
 ) -> FastAPI:
     """The FastAPI app over ``inference``'s data plane (its lifespan is :class:`V2App`'s); ``metrics``: ``GET
-    /metrics``; ``openai``: the OpenAI routes (:meth:`V2App.openai`), else made here when first called."""
+    /metrics``; ``openai`` and ``rerank``: the OpenAI and rerank routes (V2App's), else made here when first called."""
     app = FastAPI(
         title="fnserve",
         version=__version__,
@@ -55,6 +57,11 @@ def build(
     async def models(request: Request) -> Response:
         return await openai_routes().models_endpoint(request)
 
+    rerank_routes = rerank or functools.cache(functools.partial(RerankRoutes, inference))
+
+    async def reranked(request: Request) -> Response:
+        return await rerank_routes().rerank_endpoint(request)
+
     async def scrape() -> Response:
         assert metrics is not None
         return Response(metrics(), media_type=PROMETHEUS_TEXT)
@@ -63,6 +70,7 @@ def build(
         "v2": V2Routes(inference),
         "sagemaker": SageMakerRoutes(inference),
         "openai": types.SimpleNamespace(embeddings=embeddings, models=models),
+        "rerank": types.SimpleNamespace(rerank=reranked),
         "metrics": types.SimpleNamespace(scrape=scrape),
     }
     for route in ROUTES:
@@ -72,7 +80,7 @@ def build(
         arguments = spec if "responses" in spec else {"responses": spec} if spec else {}
         endpoint = getattr(groups[route.group], route.attribute)
         tags: list[str | Enum] = list(route.tags)
-        if route.group == "openai":  # raw Starlette endpoints: the request itself, no parameters parsed
+        if route.group in ("openai", "rerank"):  # raw Starlette endpoints: the request itself, no parameters parsed
             app.router.add_route(route.path, endpoint, methods=[route.method], include_in_schema=route.schema)
         else:
             app.add_api_route(

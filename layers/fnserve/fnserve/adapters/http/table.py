@@ -69,6 +69,9 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/embeddings", "openai.embeddings", schema=False, fast=True),
     Route("GET", "/v1/models", "openai.models", schema=False, fast=True),
     Route("GET", "/v1/models/{model:path}", "openai.models", schema=False, fast=True),
+    # Cohere's rerank API (v1 and v2: the cohere client's Client and ClientV2), on its own page likewise.
+    Route("POST", "/v1/rerank", "rerank.rerank", schema=False, fast=True),
+    Route("POST", "/v2/rerank", "rerank.rerank", schema=False, fast=True),
     Route("GET", "/metrics", "metrics.scrape", schema=False, gateway=False),
 )
 
