@@ -348,6 +348,43 @@ async def respond(
     answered(scope, status)
 
 
+def request_headers(scope: ASGIMessage, wanted: frozenset[bytes]) -> tuple[str, dict[bytes, str]]:
+    """A JSON API request's id (its X-Request-Id, else the Lambda request's or a new one; set on its log lines) and
+    those of the ``wanted`` headers it brought."""
+    rid = None
+    found: dict[bytes, str] = {}
+    for key, value in scope["headers"]:
+        if key in wanted:
+            found[key] = value.decode("latin-1")
+        elif key == b"x-request-id" and value and rid is None:
+            rid = header_request_id(value)
+    rid = rid or unnamed_request_id(scope)
+    request_keys(request_id=rid)
+    return rid, found
+
+
+async def respond_json(
+    scope: ASGIMessage,
+    send: Send,
+    rid: str,
+    answer: Callable[[], Awaitable[tuple[bytes, dict[str, str]]]],
+    errors: Callable[[FnserveError], tuple[int, bytes, dict[str, str]]],
+) -> None:
+    """A JSON API's ``answer`` (its body and headers), or its error in the API's own shape (``errors``); a client
+    that left gets nothing."""
+    try:
+        payload, headers = await answer()
+        status = 200
+    except FnserveError as exc:
+        status, payload, headers = errors(exc)
+    except ClientGone:
+        return
+    except Exception:  # reading the body failed in a way no error of fnserve's says
+        logger.exception("unhandled error", extra={"path": scope.get("path")})
+        status, payload, headers = errors(FnserveError("internal server error"))
+    await respond(scope, send, status, payload, JSON, headers, rid)
+
+
 async def read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
     """A request's whole body from its ASGI messages, refused past ``limit`` bytes (``declared``: its
     Content-Length); :class:`ClientGone` if the client leaves first. A loop over ``receive``, not an async

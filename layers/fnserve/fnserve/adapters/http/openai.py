@@ -19,14 +19,23 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from fnserve.adapters.http.infer import JSON, ASGIMessage, InferenceRoute, Receive, Send, read_body, respond
+from fnserve.adapters.http.infer import (
+    JSON,
+    ASGIMessage,
+    InferenceRoute,
+    Receive,
+    Send,
+    read_body,
+    request_headers,
+    respond,
+    respond_json,
+)
 from fnserve.adapters.http.wire import header_request_id, unnamed_request_id
-from fnserve.core.errors import ClientGone, FnserveError, InvalidInput
+from fnserve.core.errors import FnserveError, InvalidInput
 from fnserve.core.execution.deadline import RequestTooLong
 from fnserve.core.execution.embeddings import TOKENS, TRUNCATED, Embedder, TokenIds, embedders, prompted, shorten
 from fnserve.core.serving.dataplane import Answer
 from fnserve.observability.envelope import RequestWatcher
-from fnserve.observability.logs import logger, request_keys
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -161,6 +170,7 @@ class EmbeddingsRequest:
 
 
 _MISSING: Any = object()
+_HEADERS = frozenset({b"content-length", b"traceparent", b"accept-encoding", b"x-stainless-read-timeout"})
 
 
 def parse(raw: bytes) -> dict[str, Any]:
@@ -247,24 +257,12 @@ class OpenAIRoutes:
 
     async def embeddings(self, scope: ASGIMessage, receive: Receive, send: Send) -> None:
         """``POST /v1/embeddings``."""
-        rid = declared = traceparent = accept = None
-        deadline: float | None = None
-        for key, value in scope["headers"]:
-            if key == b"content-length":
-                declared = value.decode("latin-1")
-            elif key == b"traceparent":
-                traceparent = value.decode("latin-1")
-            elif key == b"accept-encoding":
-                accept = value.decode("latin-1")
-            elif key == b"x-stainless-read-timeout":  # the openai client's own wait: past it, nobody reads
-                deadline = _seconds(value)
-            elif key == b"x-request-id" and value and rid is None:
-                rid = header_request_id(value)
-        if rid is None:
-            rid = unnamed_request_id(scope)
-        request_keys(request_id=rid)
-        headers: dict[str, str] = {}
-        try:
+        rid, found = request_headers(scope, _HEADERS)
+        declared, traceparent = found.get(b"content-length"), found.get(b"traceparent")
+        stainless = found.get(b"x-stainless-read-timeout")  # the openai client's own wait: past it, nobody reads
+        deadline = _seconds(stainless) if stainless is not None else None
+
+        async def answer() -> tuple[bytes, dict[str, str]]:
             name, doc = self.only, None
             if name is None:  # the body says which model: read it first
                 doc = parse(await read_body(receive, declared, self.limit))
@@ -273,16 +271,10 @@ class OpenAIRoutes:
                     raise unknown(name)
             request = EmbeddingsRequest(self, name, doc, receive, declared, traceparent, deadline)
             served = await self.plane.serve(self.watcher, request)
-            payload, _, headers = self.inference.written(served, accept)  # Server-Timing, the cache, compression
-            status = 200
-        except FnserveError as exc:
-            status, payload, headers = error_parts(exc)
-        except ClientGone:
-            return
-        except Exception:  # reading the body failed in a way no error of fnserve's says
-            logger.exception("unhandled error", extra={"path": scope.get("path")})
-            status, payload, headers = error_parts(FnserveError("internal server error"))
-        await respond(scope, send, status, payload, JSON, headers, rid)
+            payload, _, headers = self.inference.written(served, found.get(b"accept-encoding"))
+            return payload, headers  # Server-Timing, the cache, compression
+
+        await respond_json(scope, send, rid, answer, error_parts)
 
     async def models(self, scope: ASGIMessage, send: Send, path: str) -> None:
         """``GET /v1/models`` and ``GET /v1/models/{model}``."""
@@ -330,7 +322,7 @@ async def _responded(request: Request, route: Callable[[Send], Awaitable[None]])
     return Response(sent.get("body", b""), sent.get("status", 500), headers, media_type=None)
 
 
-def _seconds(value: bytes) -> float | None:
+def _seconds(value: str) -> float | None:
     try:
         seconds = float(value)
     except ValueError:

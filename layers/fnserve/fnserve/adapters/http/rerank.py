@@ -16,14 +16,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from fnserve.adapters.http.infer import JSON, ASGIMessage, InferenceRoute, Receive, Send, read_body, respond
+from fnserve.adapters.http.infer import (
+    JSON,
+    ASGIMessage,
+    InferenceRoute,
+    Receive,
+    Send,
+    read_body,
+    request_headers,
+    respond_json,
+)
 from fnserve.adapters.http.openai import _responded
-from fnserve.adapters.http.wire import header_request_id, unnamed_request_id
-from fnserve.core.errors import ClientGone, FnserveError
+from fnserve.core.errors import FnserveError
 from fnserve.core.models.manifest import Manifest, TokenizeStep
 from fnserve.core.serving.dataplane import Answer
 from fnserve.observability.envelope import RequestWatcher
-from fnserve.observability.logs import logger, request_keys
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -32,6 +39,7 @@ if TYPE_CHECKING:
 RERANK = ("/v1/rerank", "/v2/rerank")
 MAX_DOCUMENTS = 10_000  # Cohere's own hard cap on a request's documents
 SCORE = "score"  # the output a reranking pipeline answers with: sigmoid of its logit, 0 to 1
+_HEADERS = frozenset({b"content-length", b"traceparent", b"accept-encoding"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,22 +173,11 @@ class RerankRoutes:
 
     async def rerank(self, scope: ASGIMessage, receive: Receive, send: Send) -> None:
         """``POST /v1/rerank`` and ``POST /v2/rerank``."""
-        rid = declared = traceparent = accept = None
-        for key, value in scope["headers"]:
-            if key == b"content-length":
-                declared = value.decode("latin-1")
-            elif key == b"traceparent":
-                traceparent = value.decode("latin-1")
-            elif key == b"accept-encoding":
-                accept = value.decode("latin-1")
-            elif key == b"x-request-id" and value and rid is None:
-                rid = header_request_id(value)
-        if rid is None:
-            rid = unnamed_request_id(scope)
-        request_keys(request_id=rid)
-        headers: dict[str, str] = {}
+        rid, found = request_headers(scope, _HEADERS)
+        declared = found.get(b"content-length")
         version = "2" if scope["path"].endswith("/v2/rerank") else "1"
-        try:
+
+        async def answer() -> tuple[bytes, dict[str, str]]:
             name, doc = self.only, None
             if name is None:  # the body says which model: read it first
                 doc = _parse(await read_body(receive, declared, self.limit))
@@ -189,18 +186,12 @@ class RerankRoutes:
                     raise RerankError(f"invalid request: model is required, one of {sorted(self.rerankers)}")
                 if name not in self.rerankers:
                     raise _unknown(name, self)
-            request = RerankRequest(self, name, doc, receive, declared, traceparent, version)
+            request = RerankRequest(self, name, doc, receive, declared, found.get(b"traceparent"), version)
             served = await self.plane.serve(self.watcher, request)
-            payload, _, headers = self.inference.written(served, accept)
-            status = 200
-        except FnserveError as exc:
-            status, payload, headers = error_parts(exc)
-        except ClientGone:
-            return
-        except Exception:
-            logger.exception("unhandled error", extra={"path": scope.get("path")})
-            status, payload, headers = error_parts(FnserveError("internal server error"))
-        await respond(scope, send, status, payload, JSON, headers, rid)
+            payload, _, headers = self.inference.written(served, found.get(b"accept-encoding"))
+            return payload, headers
+
+        await respond_json(scope, send, rid, answer, error_parts)
 
     async def rerank_endpoint(self, request: Request) -> Response:
         return await _responded(request, lambda send: self.rerank(request.scope, request.receive, send))
