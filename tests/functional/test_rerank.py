@@ -113,6 +113,8 @@ def check_refusals(v2: cohere.ClientV2, http: httpx.Client) -> None:
         response = http.post("/v1/rerank", json=body)
         assert response.status_code == 400, (body, response.text)
         assert set(response.json()) == {"message"}
+    named = http.post("/v1/rerank", json={"model": [MODEL], "query": "q", "documents": ["a"]})
+    assert named.status_code == 404 and "not found" in named.json()["message"]  # a model that is not a name
     broken = http.post("/v2/rerank", content=b"{not json", headers={"content-type": "application/json"})
     assert broken.status_code == 400 and "not valid JSON" in broken.json()["message"]
 

@@ -60,19 +60,13 @@ def sample_inputs(folder: Folder, texts: list[str]) -> dict[str, np.ndarray[Any,
     """The pipeline's inputs for the check: the texts, or for a reranker queries (a text's first words) each against
     its own text and three others."""
     if folder.kind != "rerank":
-        return {"text": _column(texts)}
+        return {"text": np.array(texts, dtype=object)}
     queries = len(texts) // RERANK_DOCUMENTS
     pairs = [(q, q + d * queries) for q in range(queries) for d in range(RERANK_DOCUMENTS)]
     return {
-        "query": _column([" ".join(texts[q].split()[:6]) for q, _ in pairs]),
-        "document": _column([texts[d] for _, d in pairs]),
+        "query": np.array([" ".join(texts[q].split()[:6]) for q, _ in pairs], dtype=object),
+        "document": np.array([texts[d] for _, d in pairs], dtype=object),
     }
-
-
-def _column(values: list[str]) -> np.ndarray[Any, Any]:
-    array = np.empty(len(values), dtype=object)
-    array[:] = values
-    return array
 
 
 def export_python(given: str | None) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import types
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fnserve.adapters.http import compression
 from fnserve.adapters.http.table import FAST_PATHS, FAST_PREFIXES
@@ -31,6 +31,10 @@ from fnserve.observability.envelope import RequestWatcher, Telemetry
 from fnserve.observability.logs import logger, request_keys
 from fnserve.observability.request_meta import server_timing
 from fnserve.settings import Settings
+
+if TYPE_CHECKING:  # the routes under a root_path: FastAPI's, never on a cold start's road
+    from starlette.requests import Request
+    from starlette.responses import Response
 
 ASGIMessage = MutableMapping[str, Any]  # as Starlette and Mangum type them
 Receive = Callable[[], Awaitable[ASGIMessage]]
@@ -383,6 +387,21 @@ async def respond_json(
         logger.exception("unhandled error", extra={"path": scope.get("path")})
         status, payload, headers = errors(FnserveError("internal server error"))
     await respond(scope, send, status, payload, JSON, headers, rid)
+
+
+async def responded(request: Request, route: Callable[[Send], Awaitable[None]]) -> Response:
+    """What a route sends, as one Starlette response."""
+    from starlette.responses import Response
+
+    sent: dict[str, Any] = {}
+
+    async def send(message: ASGIMessage) -> None:
+        sent.update(message)
+
+    await route(send)
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in sent.get("headers", ())}
+    headers.pop("content-length", None)
+    return Response(sent.get("body", b""), sent.get("status", 500), headers, media_type=None)
 
 
 async def read_body(receive: Receive, declared: str | None, limit: int) -> bytes:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import math
 import os
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,6 +28,7 @@ from fnserve.adapters.http.infer import (
     request_headers,
     respond,
     respond_json,
+    responded,
 )
 from fnserve.adapters.http.wire import header_request_id, unnamed_request_id
 from fnserve.core.errors import FnserveError, InvalidInput
@@ -296,30 +296,15 @@ class OpenAIRoutes:
     # -- the same, as Starlette endpoints (under a root_path, where FastAPI routes every request) ----
 
     async def embeddings_endpoint(self, request: Request) -> Response:
-        return await _responded(request, lambda send: self.embeddings(request.scope, request.receive, send))
+        return await responded(request, lambda send: self.embeddings(request.scope, request.receive, send))
 
     async def models_endpoint(self, request: Request) -> Response:
         model = request.path_params.get("model")
         path = MODELS if model is None else f"{MODELS}/{model}"
-        return await _responded(request, lambda send: self.models(request.scope, send, path))
+        return await responded(request, lambda send: self.models(request.scope, send, path))
 
     def _model(self, name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": self.created[name], "owned_by": "fnserve"}
-
-
-async def _responded(request: Request, route: Callable[[Send], Awaitable[None]]) -> Response:
-    """What a route sends, as one Starlette response."""
-    from starlette.responses import Response
-
-    sent: dict[str, Any] = {}
-
-    async def send(message: ASGIMessage) -> None:
-        sent.update(message)
-
-    await route(send)
-    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in sent.get("headers", ())}
-    headers.pop("content-length", None)
-    return Response(sent.get("body", b""), sent.get("status", 500), headers, media_type=None)
 
 
 def _seconds(value: str) -> float | None:

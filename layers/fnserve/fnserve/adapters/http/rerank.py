@@ -25,8 +25,8 @@ from fnserve.adapters.http.infer import (
     read_body,
     request_headers,
     respond_json,
+    responded,
 )
-from fnserve.adapters.http.openai import _responded
 from fnserve.core.errors import FnserveError
 from fnserve.core.models.manifest import Manifest, TokenizeStep
 from fnserve.core.serving.dataplane import Answer
@@ -73,12 +73,6 @@ def error_parts(error: FnserveError) -> tuple[int, bytes, dict[str, str]]:
     status = 400 if error.status_code == 422 else error.status_code
     headers = {"retry-after": str(error.retry_after)} if error.retry_after is not None else {}
     return status, orjson.dumps({"message": error.message}), headers
-
-
-def _column(values: list[str]) -> np.ndarray[Any, Any]:
-    array = np.empty(len(values), dtype=object)
-    array[:] = values
-    return array
 
 
 class RerankRequest:
@@ -136,7 +130,10 @@ class RerankRequest:
             raise RerankError(f"invalid request: top_n must be a positive integer, got {top_n!r}")
         self._top_n, self._return = top_n, bool(doc.get("return_documents"))
         reranker = self._routes.rerankers[self.name]
-        self.inputs = {reranker.query: _column([query] * len(self._texts)), reranker.document: _column(self._texts)}
+        self.inputs = {
+            reranker.query: np.array([query] * len(self._texts), dtype=object),
+            reranker.document: np.array(self._texts, dtype=object),
+        }
         return self
 
     def encode(self, answer: Answer) -> tuple[bytes, str, dict[str, str]]:
@@ -182,7 +179,7 @@ class RerankRoutes:
             if name is None:  # the body says which model: read it first
                 doc = _parse(await read_body(receive, declared, self.limit))
                 name = doc.get("model")
-                if name is None:
+                if not isinstance(name, str):
                     raise RerankError(f"invalid request: model is required, one of {sorted(self.rerankers)}")
                 if name not in self.rerankers:
                     raise _unknown(name, self)
@@ -194,7 +191,7 @@ class RerankRoutes:
         await respond_json(scope, send, rid, answer, error_parts)
 
     async def rerank_endpoint(self, request: Request) -> Response:
-        return await _responded(request, lambda send: self.rerank(request.scope, request.receive, send))
+        return await responded(request, lambda send: self.rerank(request.scope, request.receive, send))
 
 
 def _unknown(model: object, routes: RerankRoutes) -> RerankError:

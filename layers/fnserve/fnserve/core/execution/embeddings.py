@@ -114,11 +114,7 @@ def prompted(texts: np.ndarray[Any, Any], prompts: dict[str, str], name: object,
     prompt = prompts[name]
     out = np.empty(len(texts), dtype=object)
     for i, text in enumerate(texts.tolist()):
-        out[i] = (
-            text
-            if isinstance(text, TokenIds)
-            else Prompted(prompt + (text.decode() if isinstance(text, bytes) else text))
-        )
+        out[i] = text if isinstance(text, TokenIds) else Prompted(prompt + text)
     return out
 
 
