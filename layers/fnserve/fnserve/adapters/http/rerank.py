@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import orjson
@@ -25,16 +25,11 @@ from fnserve.adapters.http.infer import (
     read_body,
     request_headers,
     respond_json,
-    responded,
 )
 from fnserve.core.errors import FnserveError
-from fnserve.core.models.manifest import Manifest, TokenizeStep
+from fnserve.core.models.manifest import Manifest, SigmoidStep, TokenizeStep
 from fnserve.core.serving.dataplane import Answer
 from fnserve.observability.envelope import RequestWatcher
-
-if TYPE_CHECKING:
-    from starlette.requests import Request
-    from starlette.responses import Response
 
 RERANK = ("/v1/rerank", "/v2/rerank")
 MAX_DOCUMENTS = 10_000  # Cohere's own hard cap on a request's documents
@@ -49,6 +44,7 @@ class Reranker:
     name: str
     query: str
     document: str
+    logits: str | None = None  # the raw score the sigmoid reads, where the pipeline answers it (TEI's raw_scores)
 
 
 def rerankers(manifest: Manifest) -> dict[str, Reranker]:
@@ -58,7 +54,9 @@ def rerankers(manifest: Manifest) -> dict[str, Reranker]:
         first = pipeline.pre[0] if pipeline.pre else None
         scores = pipeline.outputs is not None and SCORE in pipeline.outputs
         if isinstance(first, TokenizeStep) and first.pair is not None and scores:
-            found[pipeline.name] = Reranker(pipeline.name, first.input, first.pair)
+            sigmoid = next((s for s in pipeline.post if isinstance(s, SigmoidStep) and s.output == SCORE), None)
+            logits = sigmoid.input if sigmoid is not None and sigmoid.input in (pipeline.outputs or ()) else None
+            found[pipeline.name] = Reranker(pipeline.name, first.input, first.pair, logits)
     return found
 
 
@@ -189,9 +187,6 @@ class RerankRoutes:
             return payload, headers
 
         await respond_json(scope, send, rid, answer, error_parts)
-
-    async def rerank_endpoint(self, request: Request) -> Response:
-        return await responded(request, lambda send: self.rerank(request.scope, request.receive, send))
 
 
 def _unknown(model: object, routes: RerankRoutes) -> RerankError:

@@ -7,9 +7,8 @@ server answers), so neither a Lambda container's first inference nor a server's 
 
 from __future__ import annotations
 
-import functools
 import types
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from enum import Enum
 from typing import Annotated
 
@@ -18,10 +17,8 @@ from fastapi.responses import Response
 
 from fnserve import __version__
 from fnserve.adapters.http import openapi
-from fnserve.adapters.http.infer import InferenceRoute, V2Request
+from fnserve.adapters.http.infer import InferenceRoute, JSONRoutes, V2Request, json_apis, responded
 from fnserve.adapters.http.middleware import RequestContext, install_error_handlers, json_response
-from fnserve.adapters.http.openai import OpenAIRoutes
-from fnserve.adapters.http.rerank import RerankRoutes
 from fnserve.adapters.http.sagemaker import SageMakerRoutes
 from fnserve.adapters.http.table import ROUTES
 from fnserve.core.codec.tensors import JSON_HEADER, json_tensor
@@ -34,11 +31,10 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 def build(
     inference: InferenceRoute,
     metrics: Callable[[], bytes] | None = None,
-    openai: Callable[[], OpenAIRoutes] | None = None,
-    rerank: Callable[[], RerankRoutes] | None = None,
+    apis: Mapping[str, Callable[[], JSONRoutes]] | None = None,
 ) -> FastAPI:
     """The FastAPI app over ``inference``'s data plane (its lifespan is :class:`V2App`'s); ``metrics``: ``GET
-    /metrics``; ``openai`` and ``rerank``: the OpenAI and rerank routes (V2App's), else made here when first called."""
+    /metrics``; ``apis``: the JSON APIs' routes by the table's group (V2App's), each made when first called."""
     app = FastAPI(
         title="fnserve",
         version=__version__,
@@ -48,19 +44,7 @@ def build(
     )
     app.add_middleware(RequestContext)
     install_error_handlers(app)
-    # OpenAI's routes, for an app under a root_path (V2App answers them itself otherwise).
-    openai_routes = openai or functools.cache(functools.partial(OpenAIRoutes, inference))
-
-    async def embeddings(request: Request) -> Response:
-        return await openai_routes().embeddings_endpoint(request)
-
-    async def models(request: Request) -> Response:
-        return await openai_routes().models_endpoint(request)
-
-    rerank_routes = rerank or functools.cache(functools.partial(RerankRoutes, inference))
-
-    async def reranked(request: Request) -> Response:
-        return await rerank_routes().rerank_endpoint(request)
+    apis = apis or json_apis(inference)
 
     async def scrape() -> Response:
         assert metrics is not None
@@ -69,8 +53,6 @@ def build(
     groups: dict[str, object] = {
         "v2": V2Routes(inference),
         "sagemaker": SageMakerRoutes(inference),
-        "openai": types.SimpleNamespace(embeddings=embeddings, models=models),
-        "rerank": types.SimpleNamespace(rerank=reranked),
         "metrics": types.SimpleNamespace(scrape=scrape),
     }
     for route in ROUTES:
@@ -78,15 +60,26 @@ def build(
             continue
         spec = getattr(openapi, route.spec) if route.spec else {}
         arguments = spec if "responses" in spec else {"responses": spec} if spec else {}
-        endpoint = getattr(groups[route.group], route.attribute)
         tags: list[str | Enum] = list(route.tags)
-        if route.group in ("openai", "rerank"):  # raw Starlette endpoints: the request itself, no parameters parsed
+        if route.group in apis:  # raw Starlette endpoints: the request itself, no parameters parsed
+            endpoint = _json_endpoint(apis[route.group], route.attribute)
             app.router.add_route(route.path, endpoint, methods=[route.method], include_in_schema=route.schema)
         else:
+            endpoint = getattr(groups[route.group], route.attribute)
             app.add_api_route(
                 route.path, endpoint, methods=[route.method], tags=tags, include_in_schema=route.schema, **arguments
             )
     return app
+
+
+def _json_endpoint(api: Callable[[], JSONRoutes], attribute: str) -> Callable[[Request], Awaitable[Response]]:
+    """A JSON API's route as a Starlette endpoint (under a root_path, where FastAPI routes every request)."""
+
+    async def endpoint(request: Request) -> Response:
+        route = getattr(api(), attribute)
+        return await responded(request, lambda send: route(request.scope, request.receive, send, **request.path_params))
+
+    return endpoint
 
 
 class V2Routes:

@@ -44,6 +44,17 @@ def _model_routes(prefix: str) -> tuple[Route, ...]:
     )
 
 
+def _tei_routes(prefix: str) -> tuple[Route, ...]:
+    posts = ("embed", "rerank", "predict", "tokenize")
+    roots = (f"{prefix}", f"{prefix}/") if prefix else ("/",)  # a base URL given with its slash or without
+    return (
+        *(Route("POST", root, "tei.root", schema=False, fast=True) for root in roots),
+        *(Route("POST", f"{prefix}/{name}", f"tei.{name}", schema=False, fast=True) for name in posts),
+        Route("GET", f"{prefix}/info", "tei.info", schema=False, fast=True),
+        Route("GET", f"{prefix}/health", "tei.health", schema=False, fast=True),
+    )
+
+
 ROUTES: tuple[Route, ...] = (
     Route("POST", "/v2/models/{name}/infer", "v2.infer", ("inference",), "INFER", fast=True),
     Route(
@@ -72,12 +83,57 @@ ROUTES: tuple[Route, ...] = (
     # Cohere's rerank API (v1 and v2: the cohere client's Client and ClientV2), on its own page likewise.
     Route("POST", "/v1/rerank", "rerank.rerank", schema=False, fast=True),
     Route("POST", "/v2/rerank", "rerank.rerank", schema=False, fast=True),
+    # text-embeddings-inference's own API: the server's TEI model at the root, as a TEI server serves its one
+    # model, and every pipeline of a kind TEI serves under /tei/{model}.
+    *_tei_routes(""),
+    *_tei_routes("/tei/{model}"),
     Route("GET", "/metrics", "metrics.scrape", schema=False, gateway=False),
 )
 
-# What V2App answers before FastAPI: the routes without parameters by (method, path), then those that end in a
-# ``{...:path}`` parameter by their prefix; inference's two patterns are read from the path itself (the hot road).
-FAST_PATHS: dict[tuple[str, str], Route] = {(r.method, r.path): r for r in ROUTES if r.fast and "{" not in r.path}
-FAST_PREFIXES: tuple[tuple[str, str, Route], ...] = tuple(
-    (r.method, r.path.partition("{")[0], r) for r in ROUTES if r.fast and r.path.endswith(":path}")
+# The JSON APIs' groups: the module and class of each one's routes, made when one is first called.
+JSON_APIS: dict[str, tuple[str, str]] = {
+    "openai": ("fnserve.adapters.http.openai", "OpenAIRoutes"),
+    "rerank": ("fnserve.adapters.http.rerank", "RerankRoutes"),
+    "tei": ("fnserve.adapters.http.tei", "TEIRoutes"),
+}
+
+# What V2App answers before FastAPI: the routes without parameters by (method, path), then the others by their
+# segments; inference's two patterns are read from the path itself first (the hot road).
+_FAST_PATHS: dict[tuple[str, str], Route] = {(r.method, r.path): r for r in ROUTES if r.fast and "{" not in r.path}
+_FAST_PATTERNS: tuple[tuple[str, tuple[str, ...], Route], ...] = tuple(
+    (r.method, tuple(r.path.split("/")), r) for r in ROUTES if r.fast and "{" in r.path and r.endpoint != "v2.infer"
 )
+
+
+def fast_route(method: str, path: str) -> tuple[Route, dict[str, str]] | None:
+    """The fast route that answers ``method`` on ``path``, and its path parameters; None: FastAPI answers."""
+    route = _FAST_PATHS.get((method, path))
+    if route is not None:
+        return route, {}
+    parts = path.split("/")
+    for wanted, segments, route in _FAST_PATTERNS:
+        if wanted == method:
+            found = _matched(segments, parts)
+            if found is not None:
+                return route, found
+    return None
+
+
+def _matched(segments: tuple[str, ...], parts: list[str]) -> dict[str, str] | None:
+    found: dict[str, str] = {}
+    for i, segment in enumerate(segments):
+        if segment.endswith(":path}"):  # the rest of the path, slashes and all
+            rest = "/".join(parts[i:])
+            if not rest:
+                return None
+            found[segment[1:].partition(":")[0]] = rest
+            return found
+        if i >= len(parts):
+            return None
+        if segment.startswith("{"):
+            if not parts[i]:
+                return None
+            found[segment[1:-1]] = parts[i]
+        elif segment != parts[i]:
+            return None
+    return found if len(parts) == len(segments) else None

@@ -163,6 +163,19 @@ def embedders(manifest: Manifest) -> dict[str, Embedder]:
     return found
 
 
+def cut_length(embedder: Embedder, service: Any, asked: Any) -> int:
+    """A request's ``dimensions`` for ``embedder`` (served by ``service``): its full length, or one the model was
+    trained to be cut to (Matryoshka); any other is the client's :class:`InvalidInput`."""
+    if type(asked) is not int or asked < 1:
+        raise InvalidInput(f"dimensions must be a positive integer, got {asked!r}")
+    spec = next(s for s in service.servable(embedder.name).outputs if s.name == embedder.output)
+    full = spec.shape[-1]
+    if asked == full or asked in embedder.dimensions:
+        return int(asked)
+    lengths = ", ".join(map(str, [*embedder.dimensions, full]))
+    raise InvalidInput(f"model {embedder.name!r} does not support dimensions={asked}: it gives {lengths}")
+
+
 def shorten(vectors: np.ndarray[Any, Any], size: int) -> np.ndarray[Any, Any]:
     """The first ``size`` values of each embedding, scaled back to unit length, as Matryoshka models are used."""
     cut: np.ndarray[Any, Any] = vectors[:, :size]
