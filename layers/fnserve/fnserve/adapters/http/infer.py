@@ -17,6 +17,8 @@ import types
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+import orjson
+
 from fnserve.adapters.http import compression
 from fnserve.adapters.http.table import JSON_APIS, Route, fast_route
 from fnserve.adapters.http.wire import (
@@ -403,6 +405,17 @@ async def responded(request: Request, route: Callable[[Send], Awaitable[None]]) 
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in sent.get("headers", ())}
     headers.pop("content-length", None)
     return Response(sent.get("body", b""), sent.get("status", 500), headers, media_type=None)
+
+
+def json_object(raw: bytes, refuse: Callable[[str], FnserveError]) -> dict[str, Any]:
+    """A JSON API's body as the object it must be; else ``refuse``'s error (the API's own shape) saying what it is."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise refuse(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise refuse("the body must be a JSON object")
+    return doc
 
 
 async def read_body(receive: Receive, declared: str | None, limit: int) -> bytes:

@@ -24,6 +24,7 @@ from fnserve.adapters.http.infer import (
     InferenceRoute,
     Receive,
     Send,
+    json_object,
     read_body,
     request_headers,
     respond,
@@ -179,12 +180,7 @@ _HEADERS = frozenset({b"content-length", b"traceparent", b"accept-encoding", b"x
 
 def parse(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object naming its model, or the 400 saying what it is not."""
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise OpenAIError(f"the body is not valid JSON: {exc}", param=None) from None
-    if not isinstance(doc, dict):
-        raise OpenAIError("the body must be a JSON object", param=None)
+    doc = json_object(raw, lambda message: OpenAIError(message, param=None))
     model = doc.get("model")
     if not isinstance(model, str):
         raise OpenAIError("model is required: the id of an embedding model (GET /v1/models)", param="model")

@@ -22,6 +22,7 @@ from fnserve.adapters.http.infer import (
     InferenceRoute,
     Receive,
     Send,
+    json_object,
     read_body,
     request_headers,
     respond_json,
@@ -194,10 +195,4 @@ def _unknown(model: object, routes: RerankRoutes) -> RerankError:
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise RerankError(f"invalid request: the body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise RerankError("invalid request: the body must be a JSON object")
-    return doc
+    return json_object(raw, lambda message: RerankError(f"invalid request: {message}"))

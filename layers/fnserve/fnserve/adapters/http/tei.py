@@ -25,6 +25,7 @@ from fnserve.adapters.http.infer import (
     InferenceRoute,
     Receive,
     Send,
+    json_object,
     read_body,
     request_headers,
     respond,
@@ -132,15 +133,13 @@ def _answers(pipeline: PipelineSettings, *names: str) -> bool:
 
 def _truncating(doc: dict[str, Any]) -> bool:
     """A request's ``truncate`` (TEI's ``auto_truncate`` where unset) and ``truncation_direction``, checked."""
-    truncate = doc.get("truncate")
-    if truncate is not None and not isinstance(truncate, bool):
-        raise TEIError(f"truncate must be a boolean, got {truncate!r}")
+    truncate = _flag(doc, "truncate", default=True)
     direction = doc.get("truncation_direction")
     if direction is not None and direction not in ("Right", "right"):
         if direction in ("Left", "left"):
             raise TEIError("truncation_direction Left is not served: fnserve cuts a text's end (Right)")
         raise TEIError(f"truncation_direction must be Right or Left, got {direction!r}")
-    return truncate is not False
+    return truncate
 
 
 def _flag(doc: dict[str, Any], name: str, default: bool = False) -> bool:
@@ -153,13 +152,7 @@ def _flag(doc: dict[str, Any], name: str, default: bool = False) -> bool:
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise TEIError(f"the body is not valid JSON: {exc}", 400) from None
-    if not isinstance(doc, dict):
-        raise TEIError("the body must be a JSON object", 400)
-    return doc
+    return json_object(raw, lambda message: TEIError(message, 400))
 
 
 def _empty(name: str) -> TEIError:
@@ -223,14 +216,7 @@ class EmbedRequest(TEIRequest):
             raise _empty("inputs")
         texts = texts_of(value, "inputs", MAX_CLIENT_BATCH)
         texts = prompted(texts, embedder.prompts, doc.get("prompt_name"), self.name)
-        rows = texts.tolist()
-        self._untruncated(doc, [t for t in rows if not isinstance(t, TokenIds)])
-        longest = self._routes.max_length[self.name]
-        given = next((i for i, t in enumerate(rows) if isinstance(t, TokenIds) and len(t) > longest), None)
-        if given is not None and not _truncating(doc):
-            raise TEIError(
-                f"`inputs` must have less than {longest} tokens. Given: {len(rows[given])} (inputs[{given}])"
-            )
+        self._untruncated(doc, texts.tolist())  # every row counted, text or token ids, by its place
         self._normalize = _flag(doc, "normalize", default=True)
         dimensions = doc.get("dimensions")
         self._dimensions = None if dimensions is None else cut_length(embedder, self._routes.plane.service, dimensions)
@@ -377,7 +363,7 @@ class TEIRoutes:
         }
         pipelines = {p.name: p for p in manifest.pipelines}
         self.pipelines = {n: pipelines[n] for n in self.kinds}
-        self.normalized = {n: _pool(p) is not None and _pool(p).normalize for n, p in self.pipelines.items()}  # type: ignore[union-attr]
+        self.normalized = {n: (pool := _pool(p)) is not None and pool.normalize for n, p in self.pipelines.items()}
         self.max_length = {n: _tokenize(p).max_length for n, p in self.pipelines.items()}
         self.label_index = {n: {label: i for i, label in enumerate(c.labels)} for n, c in self.classifiers.items()}
         self.default = inference.tei_model or next(iter(self.embedders), None) or next(iter(self.kinds), None)
@@ -422,14 +408,16 @@ class TEIRoutes:
             self._tokenizers[(name, cut)] = found
         return found
 
-    def lengths(self, name: str, texts: list[str], pairs: list[str] | None = None) -> list[int]:
-        """The tokens each text (or text pair) is, special tokens included, before any cut."""
+    def lengths(self, name: str, texts: list[Any], pairs: list[str] | None = None) -> list[int]:
+        """The tokens each text (or text pair) is, special tokens included, before any cut; a text given as its
+        token ids is as many as it has."""
         tokenizer = self.tokenizer(name)
-        prompt = _default_prompt(self.pipelines[name])
         if pairs is not None:
             return [len(e) for e in tokenizer.encode_batch_fast(list(zip(texts, pairs, strict=True)))]
-        texts = [t if type(t) is not str else prompt + t for t in texts]  # a named prompt is there already
-        return [len(e) for e in tokenizer.encode_batch_fast(texts)]
+        prompt = _default_prompt(self.pipelines[name])
+        words = [t if type(t) is not str else prompt + t for t in texts if not isinstance(t, TokenIds)]
+        counted = iter(tokenizer.encode_batch_fast(words) if words else ())  # a named prompt is there already
+        return [len(t) if isinstance(t, TokenIds) else len(next(counted)) for t in texts]
 
     # -- routes (ASGI) ---------------------------------------------------------------------------
 
