@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from fnserve.adapters.keys import api_keys, key_id
 from fnserve.aws import clients
 from fnserve.aws.secrets import rotating_keys
 from fnserve.bootstrap import followup_ids
@@ -42,3 +43,22 @@ def test_a_secrets_manager_outage_keeps_the_keys_read_before(aws: Aws, monkeypat
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens: every read fails
     clients.reset()
     assert list(keys()) == [b"steady"]
+
+
+def test_api_keys_from_a_secret_survive_its_rotation(aws: Aws) -> None:
+    sm = clients.client("secretsmanager")
+    first, second = "fns-secret-one-0123456789", "fns-secret-two-0123456789"
+    arn = sm.create_secret(Name="fnserve-api-keys", SecretString=f"{first}\n")["ARN"]
+    keys = api_keys(Settings(api_keys_secret=arn))
+    assert keys is not None and keys.caller(f"Bearer {first}") == key_id(first)
+    assert keys.caller(f"Bearer {second}") is None
+
+    sm.put_secret_value(SecretId=arn, SecretString=second)  # rotated: the first is now AWSPREVIOUS
+    fresh = api_keys(Settings(api_keys_secret=arn))  # a process started after the rotation (or 5 minutes on)
+    assert fresh is not None and fresh.caller(f"Bearer {second}") == key_id(second)
+    assert fresh.caller(f"Bearer {first}") == key_id(first)  # clients still on the previous key get in
+
+
+def test_an_unreadable_api_key_secret_stops_the_start(aws: Aws) -> None:
+    with pytest.raises(ConfigError, match="cannot read the API keys from secret nope"):
+        api_keys(Settings(api_keys_secret="nope"))

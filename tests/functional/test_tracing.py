@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from fnserve.adapters.keys import key_id
 from fnserve.adapters.lambda_ import http as lambda_http
 from fnserve.adapters.lambda_ import sqs as lambda_sqs
 from fnserve.aws.events import LambdaContext, sqs_event
@@ -141,6 +142,7 @@ def collector() -> Iterator[Collector]:
     received.close()
 
 
+KEY = "fns-traced-0123456789abcdef"
 HTTP_SPAN = "POST /v2/models/{model_name}/infer"  # OpenTelemetry's "{method} {route}"
 GRPC_SPAN = "inference.GRPCInferenceService/ModelInfer"  # and "{rpc.service}/{rpc.method}"
 SERVER, CONSUMER = 2, 5  # OTLP's span kinds
@@ -152,6 +154,7 @@ def test_the_server_exports_http_and_grpc_spans_to_an_otlp_collector(
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint)  # its processes inherit it
     monkeypatch.setenv("OTEL_SERVICE_NAME", "fnserve-test")
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    monkeypatch.setenv("FNSERVE_API_KEYS", KEY)  # each span names the caller's key by its id
     served = serve_with_grpc(tmp_path, ("--processes", "1", "--workers", "0"))
     try:
         import httpx
@@ -159,11 +162,14 @@ def test_the_server_exports_http_and_grpc_spans_to_an_otlp_collector(
         x = np.load(DEMO_HOLDOUT)["input"][:1]
         body = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": x.ravel().tolist()}]}
         grpc_trace = "0af7651916cd43dd8448eb211c80319c"
-        httpx.post(f"{served.url}/v2/models/digits-accurate/infer", json=body, headers={"traceparent": TRACEPARENT})
+        keyed = {"authorization": f"Bearer {KEY}"}
+        httpx.post(
+            f"{served.url}/v2/models/digits-accurate/infer", json=body, headers={"traceparent": TRACEPARENT, **keyed}
+        )
         client = triton.InferenceServerClient(served.address)
         inp = triton.InferInput("input", [1, 64], "FP32")
         inp.set_data_from_numpy(x)
-        client.infer("digits-accurate", [inp], headers={"traceparent": f"00-{grpc_trace}-b7ad6b7169203331-01"})
+        client.infer("digits-accurate", [inp], headers={"traceparent": f"00-{grpc_trace}-b7ad6b7169203331-01", **keyed})
         client.close()
 
         def traces() -> dict[str, set[str]]:
@@ -192,6 +198,7 @@ def test_the_server_exports_http_and_grpc_spans_to_an_otlp_collector(
         "http.response.status_code": 200,
         "fnserve.model": "digits-accurate",
         "fnserve.transport": "http",
+        "fnserve.api_key_id": key_id(KEY),
     }
     [rpc] = collector.named(GRPC_SPAN)
     assert (rpc.trace_id, rpc.parent_span_id, rpc.kind) == (grpc_trace, "b7ad6b7169203331", SERVER)
@@ -202,6 +209,7 @@ def test_the_server_exports_http_and_grpc_spans_to_an_otlp_collector(
         "rpc.grpc.status_code": 0,
         "fnserve.model": "digits-accurate",
         "fnserve.transport": "grpc",
+        "fnserve.api_key_id": key_id(KEY),
     }
     for span in (http, rpc):
         assert span.resource["service.name"] == "fnserve-test" and span.resource["telemetry.sdk.language"] == "python"

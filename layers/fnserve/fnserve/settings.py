@@ -215,6 +215,45 @@ class HttpSettings(EnvSettings):
         ]
         | None
     ) = None
+    api_keys: (
+        Annotated[
+            SecretStr,
+            Meta(
+                description="API keys a caller must send (HTTP: Authorization: Bearer KEY; gRPC: the authorization "
+                "metadata), separated by commas or newlines; several at once to rotate them. Unset, with no "
+                "api_keys_file or api_keys_secret: anyone who reaches the port is answered."
+            ),
+        ]
+        | None
+    ) = None
+    api_keys_file: (
+        Annotated[
+            str,
+            Meta(
+                description="A file of API keys, one per line (a mounted Kubernetes or Cloud Run secret), read again "
+                "when it changes: keys rotate with no restart."
+            ),
+        ]
+        | None
+    ) = None
+    api_keys_secret: (
+        Annotated[
+            str,
+            Meta(
+                description="Secrets Manager secret (name or ARN) holding the API keys (one per line, or comma-"
+                "separated), read at run time and cached for 5 minutes; after a rotation its previous version's "
+                "keys stay valid."
+            ),
+        ]
+        | None
+    ) = None
+    metrics_need_key: Annotated[
+        bool,
+        Meta(
+            description="GET /metrics asks for an API key too, where keys are set; off, it stays open to the "
+            "scrape, as the health checks do."
+        ),
+    ] = False
     access_log: Annotated[
         bool, Meta(description="One structured log line per inference request, with stage timings.")
     ] = True

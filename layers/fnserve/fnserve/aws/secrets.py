@@ -1,9 +1,9 @@
 """Secrets read at run time from Secrets Manager (Powertools Parameters, cached), never from the environment.
 
-The follow-up id signing key lives in a secret the template generates; a function holds
-only the secret's ARN (``FNSERVE_RESULT_ID_KEY_SECRET``), so the key shows neither in the
-function's configuration nor in its environment, and rotating it needs no stack update:
-each container reads it again once its cached copy is ``max_age`` seconds old.
+The follow-up id signing key and the API keys live in secrets the template generates; a function holds only a
+secret's ARN (``FNSERVE_RESULT_ID_KEY_SECRET``, ``FNSERVE_API_KEYS_SECRET``), so a key shows neither in the
+function's configuration nor in its environment, and rotating it needs no stack update: each container reads it
+again once its cached copy is ``max_age`` seconds old.
 """
 
 from __future__ import annotations
@@ -19,8 +19,11 @@ logger = logging.getLogger(__name__)
 MAX_AGE_SECONDS = 300
 
 
-def rotating_keys(secret: str, max_age: int = MAX_AGE_SECONDS) -> Callable[[], Sequence[bytes]]:
-    """The secret's current value, then its previous one (AWSPREVIOUS, after a rotation), as keys.
+def rotating_keys(
+    secret: str, max_age: int = MAX_AGE_SECONDS, what: str = "the follow-up id key"
+) -> Callable[[], Sequence[bytes]]:
+    """The secret's current value, then its previous one (AWSPREVIOUS, after a rotation), as keys; ``what`` they
+    are, for the error that stops a start.
 
     Read once now: a secret that cannot be read stops the start with the reason. Later reads
     come from Powertools' cache, refreshed every ``max_age`` seconds; a refresh that fails keeps
@@ -37,7 +40,7 @@ def rotating_keys(secret: str, max_age: int = MAX_AGE_SECONDS) -> Callable[[], S
     try:
         known: list[bytes] = [_bytes(current.get(secret, max_age=max_age))]
     except GetParameterError as exc:
-        raise ConfigError(f"cannot read the follow-up id key from secret {secret}: {exc}") from None
+        raise ConfigError(f"cannot read {what} from secret {secret}: {exc}") from None
 
     def keys() -> Sequence[bytes]:
         nonlocal known

@@ -34,6 +34,12 @@ class BadRequest(FnserveError):
     status_code = 400
 
 
+class Unauthorized(FnserveError):
+    """The caller brought no API key, or one the server does not hold."""
+
+    status_code = 401
+
+
 class ModelNotFound(FnserveError):
     """No model, or no such version of a model, is in the manifest."""
 
@@ -137,6 +143,7 @@ class ClientGone(Exception):  # noqa: N818 - not an error anyone answers: there 
 # UNKNOWN or INTERNAL. A server-side fault (500, 502) is INTERNAL.
 GRPC_CODES = {
     400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
     404: "NOT_FOUND",
     413: "RESOURCE_EXHAUSTED",
     415: "INVALID_ARGUMENT",

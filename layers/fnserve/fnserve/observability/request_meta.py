@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import Mapping
+from contextvars import ContextVar
 
 # Request ids made here: unique per process (random prefix) and cheap (a counter, no uuid4 per request).
 _ID_PREFIX = uuid.uuid4().hex[:12]
@@ -28,3 +29,7 @@ def server_timing(timings: Mapping[str, float], device: str | None = None) -> st
     ``device;desc=cuda:0`` where a device is named."""
     value = ", ".join([f"{stage};dur={ms}" for stage, ms in timings.items()])
     return f'{value}, device;desc="{device}"' if device else value
+
+
+# The id of the API key the request in this task came with (fnserve.adapters.keys), for its span; None: no key asked.
+CALLER: ContextVar[str | None] = ContextVar("fnserve_caller", default=None)

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fnserve.observability.logs import logger
+from fnserve.observability.request_meta import CALLER
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -214,6 +215,9 @@ def start_request(
         attributes |= {"http.request.method": "POST", "http.route": route, "url.path": path}
     if version:
         attributes["fnserve.model_version"] = version
+    caller = CALLER.get()
+    if caller is not None:
+        attributes["fnserve.api_key_id"] = caller
     span = _tracer.start_span(title, context=parent, kind=SpanKind.SERVER, start_time=started, attributes=attributes)
     token = context.attach(trace.set_span_in_context(span))
     return RequestSpan(span, token, started, grpc)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from fnserve import bootstrap
 from fnserve.adapters.http.app import create_app
+from fnserve.adapters.keys import ApiKeys, api_keys
 from fnserve.core.errors import ConfigError
 from fnserve.observability import tracing
 from fnserve.observability.periodic import Every
@@ -23,8 +24,10 @@ if TYPE_CHECKING:
     from fnserve.workers.remote import Overflow, Pools
 
 
-def grpc_server(settings: Settings, plane: DataPlane, telemetry: Telemetry | None = None) -> Companion:
-    """The OIP gRPC service on ``settings.grpc_port``, over the HTTP app's data plane."""
+def grpc_server(
+    settings: Settings, plane: DataPlane, telemetry: Telemetry | None = None, keys: ApiKeys | None = None
+) -> Companion:
+    """The OIP gRPC service on ``settings.grpc_port``, over the HTTP app's data plane (asking for ``keys``)."""
     try:
         from fnserve.adapters.grpc.server import GrpcServer
     except ImportError as exc:
@@ -39,6 +42,7 @@ def grpc_server(settings: Settings, plane: DataPlane, telemetry: Telemetry | Non
         access_log=settings.access_log,
         shared_port=settings.server_processes > 1,
         telemetry=telemetry,
+        keys=keys,
     )
 
 
@@ -48,6 +52,7 @@ def server_app(
     """A ``fnserve serve`` front process's app: models in ``pool``'s workers, or in this process when there is no
     pool (``service``, when they are loaded already); metrics, gRPC and the readiness of its sibling processes."""
 
+    keys = api_keys(settings)
     store = bootstrap.result_store(settings, for_requests=True)
     service = service or bootstrap.build_service(settings, store, pool)
     # Blocking calls wait in threads when there are any: models in workers, DynamoDB, SQS follow-ups.
@@ -77,7 +82,8 @@ def server_app(
 
         companions.append(AccessLines())  # stopped after gRPC: the last lines of its requests leave too
     if settings.grpc_port is not None:
-        companions.append(grpc_server(settings, plane, metrics.telemetry("grpc") if metrics is not None else None))
+        telemetry = metrics.telemetry("grpc") if metrics is not None else None
+        companions.append(grpc_server(settings, plane, telemetry, keys))
     listening = fronts.all_listening()  # one of several front processes: ready once all of them listen
     if listening is not None:  # counted in last, once its gRPC server (if any) is up too
         plane.catalog.ready_when(listening)
@@ -92,6 +98,7 @@ def server_app(
         on_shutdown=pool.close if pool is not None else None,
         companions=companions,
         metrics=metrics.render if metrics is not None else None,
+        keys=keys,
     )
     app.state.plane = plane
     app.state.pool = pool

@@ -117,6 +117,8 @@ def banner(host: str, port: int, service: InferenceService | None, settings: Set
     """What ``fnserve serve`` prints once it listens: where, how, and lines to try (without a request to try where
     the front processes of a fast start load the models, and this process has none to describe)."""
     url = f"http://{host}:{port}"
+    keyed = bool(settings.api_keys or settings.api_keys_file or settings.api_keys_secret)
+    curl = "curl -s -H 'authorization: Bearer KEY'" if keyed else "curl -s"
     where = f"{settings.parallel_workers} inference worker(s)" if settings.parallel_workers else "in-process"
     if settings.gpu_workers:
         where = f"{settings.gpu_workers} GPU worker(s)" + (
@@ -131,7 +133,8 @@ def banner(host: str, port: int, service: InferenceService | None, settings: Set
         return [
             f"fnserve: {len(names)} models on {url}, {where}, loading; Ctrl-C stops.",
             f"  ready     curl -s {url}/v2/health/ready",
-            f"  metadata  curl -s {url}/v2/models/{names[0]}",
+            f"  metadata  {curl} {url}/v2/models/{names[0]}",
+            *_keys_line(keyed),
         ]
     name = service.registry.names()[0]
     meta = service.model_metadata(name)
@@ -140,14 +143,20 @@ def banner(host: str, port: int, service: InferenceService | None, settings: Set
         where = "the models in no group in-process; " + ", ".join(f"{g.name} in {g.workers} worker(s)" for g in groups)
     lines = [
         f"fnserve: {len(service.registry.names())} models on {url}, {where}; Ctrl-C stops.",
-        f"  metadata  curl -s {url}/v2/models/{name}",
-        f"  infer     curl -s {url}/v2/models/{name}/infer -d '{example_request(meta)}'",
-        "  python    " + _triton_lines("tritonclient.http", f"{host}:{port}", name, meta, "binary_data=True"),
+        f"  metadata  {curl} {url}/v2/models/{name}",
+        f"  infer     {curl} {url}/v2/models/{name}/infer -d '{example_request(meta)}'",
+        "  python    " + _triton_lines("tritonclient.http", f"{host}:{port}", name, meta, "binary_data=True", keyed),
     ]
     if settings.grpc_port is not None:
         address = f"{settings.grpc_host}:{settings.grpc_port}"
-        lines.append(f"  gRPC      {address}: " + _triton_lines("tritonclient.grpc", address, name, meta, ""))
-    return lines
+        lines.append(f"  gRPC      {address}: " + _triton_lines("tritonclient.grpc", address, name, meta, "", keyed))
+    return lines + _keys_line(keyed)
+
+
+def _keys_line(keyed: bool) -> list[str]:
+    return (
+        ["  keys      every route but the health checks needs one of the API keys: put yours for KEY"] if keyed else []
+    )
 
 
 def example_request(meta: dict[str, Any]) -> str:
@@ -161,8 +170,9 @@ def example_request(meta: dict[str, Any]) -> str:
     return json.dumps({"inputs": inputs}, separators=(",", ":"))
 
 
-def _triton_lines(module: str, address: str, name: str, meta: dict[str, Any], options: str) -> str:
-    """One line of Python that sends ``name`` a request of zeros with tritonclient's ``module``."""
+def _triton_lines(module: str, address: str, name: str, meta: dict[str, Any], options: str, keyed: bool = False) -> str:
+    """One line of Python that sends ``name`` a request of zeros with tritonclient's ``module`` (and an API key)."""
+    key = ", headers={'authorization': 'Bearer KEY'}" if keyed else ""
     inputs = "; ".join(
         f"i{n} = t.InferInput('{spec['name']}', {_one_row(spec['shape'])}, '{spec['datatype']}'); "
         f"i{n}.set_data_from_numpy(np.zeros({_one_row(spec['shape'])}, '{_numpy_name(spec['datatype'])}')"
@@ -171,7 +181,8 @@ def _triton_lines(module: str, address: str, name: str, meta: dict[str, Any], op
     )
     return (
         f"import numpy as np, {module} as t; c = t.InferenceServerClient('{address}'); "
-        f"{inputs}; r = c.infer('{name}', [{', '.join(f'i{n}' for n in range(len(meta['inputs'])))}]); "
+        f"{inputs}; r = c.infer('{name}', [{', '.join(f'i{n}' for n in range(len(meta['inputs'])))}]"
+        f"{key}); "
         "print(r.get_response())"
     )
 

@@ -87,6 +87,7 @@ def _serve(
     }
     if "grpc_host" not in settings.fields_set:
         settings = settings.replace(grpc_host=host)  # gRPC listens where HTTP does, unless told
+    _say_who_may_call(settings, host)
     if settings.grpc_port is not None:  # refused here, before any model loads, not shared through SO_REUSEPORT
         refuse_taken(settings.grpc_host, settings.grpc_port, "gRPC")
     with not_ready_until_loaded(host, port, settings.answer_while_loading) as starting:
@@ -124,6 +125,25 @@ def _serve(
     finally:
         if app.state.pool is not None:  # the lifespan closed it already, unless uvicorn never started
             app.state.pool.close()
+
+
+def _say_who_may_call(settings: Settings, host: str) -> None:
+    """The start log's line on callers: the keys' source and ids, or that anyone who reaches the port is answered.
+    Keys that cannot be read stop the start here, before any model loads."""
+    from fnserve.adapters.keys import api_keys
+
+    keys = api_keys(settings)
+    if keys is None:
+        logger.warning(
+            f"no API key set (FNSERVE_API_KEYS, FNSERVE_API_KEYS_FILE or FNSERVE_API_KEYS_SECRET): this server "
+            f"answers anyone who can reach {host}",
+            extra={"api_keys": 0},
+        )
+        return
+    logger.info(
+        f"API keys required on every route but the health checks; {len(keys.ids)} key(s) from {keys.source}",
+        extra={"api_keys": len(keys.ids), "api_key_ids": keys.ids},
+    )
 
 
 def _load(

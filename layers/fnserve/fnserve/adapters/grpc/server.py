@@ -14,8 +14,10 @@ from google.protobuf import descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
+from fnserve.adapters.grpc.gate import KeyInterceptor
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
 from fnserve.adapters.grpc.service import SERVICE, InferenceServicer, method_handlers
+from fnserve.adapters.keys import ApiKeys
 from fnserve.core.errors import ConfigError
 from fnserve.core.serving.dataplane import DataPlane
 from fnserve.observability.envelope import Telemetry
@@ -28,7 +30,7 @@ class GrpcServer:
     ``max_message_bytes``: the largest request accepted (larger ones get RESOURCE_EXHAUSTED from
     gRPC itself, before any parsing); responses are not bounded. ``grace_seconds``: how long calls
     in flight may finish at shutdown. ``shared_port``: other processes serve the same port
-    (SO_REUSEPORT).
+    (SO_REUSEPORT). ``keys``: the API keys a call must carry (:mod:`~fnserve.adapters.grpc.gate`).
     """
 
     def __init__(
@@ -42,8 +44,10 @@ class GrpcServer:
         access_log: bool = True,
         shared_port: bool = False,
         telemetry: Telemetry | None = None,
+        keys: ApiKeys | None = None,
     ) -> None:
         self.plane = plane
+        self.keys = keys
         self.address = f"{host}:{port}"
         self.options = [
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -60,7 +64,8 @@ class GrpcServer:
     async def start(self) -> None:
         """Listen (inside the running loop: gRPC's asyncio server binds to it), and report SERVING for the
         server ("") and the inference service when every model can serve."""
-        server = grpc.aio.server(options=self.options)
+        interceptors = [KeyInterceptor(self.keys, self.access_log)] if self.keys is not None else []
+        server = grpc.aio.server(options=self.options, interceptors=interceptors)
         handlers = method_handlers(InferenceServicer(self.plane, access_log=self.access_log, telemetry=self.telemetry))
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         server.add_registered_method_handlers(SERVICE, handlers)  # looked up once, not per call

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from fnserve.adapters.http.infer import Companion
+    from fnserve.adapters.keys import ApiKeys
 
 
 def create_app(
@@ -35,18 +36,25 @@ def create_app(
     on_shutdown: Callable[[], None] | None = None,
     companions: Sequence[Companion] = (),
     metrics: Callable[[], bytes] | None = None,
+    keys: ApiKeys | None = None,
 ) -> V2App:
     """The ASGI application serving ``plane``; ``companions`` start with the server and stop first when it
-    stops, then the batchers, then ``on_shutdown`` runs; ``metrics`` renders ``GET /metrics`` (Prometheus)."""
+    stops, then the batchers, then ``on_shutdown`` runs; ``metrics`` renders ``GET /metrics`` (Prometheus); with
+    ``keys`` (a server's), only callers with one of them are answered."""
     settings = settings or Settings()
     logger.setLevel(logs.level(settings.log_level if "log_level" in settings.fields_set else None))
     inference = InferenceRoute(plane, settings, telemetry or NoTelemetry())
 
     apis = json_apis(inference)
+    gate = None
+    if keys is not None:
+        from fnserve.adapters.http.gate import Gate
+
+        gate = Gate(keys, settings.metrics_need_key, settings.access_log)
 
     def routes() -> FastAPI:
         from fnserve.adapters.http import routes  # FastAPI: not on a Lambda container's first inference
 
         return routes.build(inference, metrics, apis)
 
-    return V2App(inference, routes, companions, on_shutdown, apis)
+    return V2App(inference, routes, companions, on_shutdown, apis, gate)

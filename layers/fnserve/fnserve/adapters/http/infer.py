@@ -40,6 +40,8 @@ if TYPE_CHECKING:  # the routes under a root_path: FastAPI's, never on a cold st
     from starlette.requests import Request
     from starlette.responses import Response
 
+    from fnserve.adapters.http.gate import Gate
+
 ASGIMessage = MutableMapping[str, Any]  # as Starlette and Mangum type them
 Receive = Callable[[], Awaitable[ASGIMessage]]
 Send = Callable[[ASGIMessage], Awaitable[None]]
@@ -82,8 +84,10 @@ class V2App:
         companions: Sequence[Companion] = (),
         on_shutdown: Callable[[], None] | None = None,
         apis: Mapping[str, Callable[[], JSONRoutes]] | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self.inference = inference
+        self.gate = gate  # the API keys' check before any route, where keys are set
         self.routes = routes  # builds the app of the other routes
         self.state = types.SimpleNamespace()  # what the process keeps beside the app (the server's pool)
         self._companions, self._on_shutdown = companions, on_shutdown
@@ -107,6 +111,8 @@ class V2App:
 
     async def __call__(self, scope: ASGIMessage, receive: Receive, send: Send) -> None:
         kind = scope["type"]
+        if kind == "http" and self.gate is not None and not await self.gate.admitted(scope, send):
+            return
         if kind == "http" and not scope.get("root_path"):
             method, path = scope["method"], scope["path"]
             if method == "POST":

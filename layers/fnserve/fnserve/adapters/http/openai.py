@@ -74,6 +74,8 @@ def error_parts(error: FnserveError) -> tuple[int, bytes, dict[str, str]]:
         param, code = error.param, error.code
     elif isinstance(error, RequestTooLong):  # the limit it is over, as OpenAI names its own
         code = error.code
+    elif status == 401:  # OpenAI's own answer to a wrong key
+        param, code = None, "invalid_api_key"
     elif status == 404:
         param, code = "model", "model_not_found"
     elif status >= 500:

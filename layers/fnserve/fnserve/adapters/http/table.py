@@ -105,6 +105,22 @@ _FAST_PATTERNS: tuple[tuple[str, tuple[str, ...], Route], ...] = tuple(
 )
 
 
+_PATHS: dict[tuple[str, str], Route] = {(r.method, r.path): r for r in reversed(ROUTES) if "{" not in r.path}
+_PATTERNS: tuple[tuple[str, tuple[str, ...], Route], ...] = tuple(
+    (r.method, tuple(r.path.split("/")), r) for r in ROUTES if "{" in r.path
+)
+
+
+def route_of(method: str, path: str) -> Route | None:
+    """The route of the table that answers ``method`` on ``path`` (HEAD as GET), fast or not; None: no route."""
+    method = "GET" if method == "HEAD" else method
+    route = _PATHS.get((method, path))
+    if route is not None:
+        return route
+    parts = path.split("/")
+    return next((r for m, segments, r in _PATTERNS if m == method and _matched(segments, parts) is not None), None)
+
+
 def fast_route(method: str, path: str) -> tuple[Route, dict[str, str]] | None:
     """The fast route that answers ``method`` on ``path``, and its path parameters; None: FastAPI answers."""
     route = _FAST_PATHS.get((method, path))

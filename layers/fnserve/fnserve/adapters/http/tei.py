@@ -81,6 +81,8 @@ def error_parts(error: FnserveError) -> tuple[int, bytes, dict[str, str]]:
         kind = "Overloaded"
     elif status == 404:
         kind = "NotFound"
+    elif status == 401:
+        kind = "Unauthorized"
     else:
         kind = "Validation" if status < 500 else "Backend"
     headers = {"retry-after": str(error.retry_after)} if error.retry_after is not None else {}

@@ -1,0 +1,74 @@
+"""Who may call the HTTP API: a caller without one of the server's API keys is answered 401 from its headers alone,
+its body never read, in the error shape of the API it called (V2's, OpenAI's, Cohere's, TEI's); the health checks
+stay open for the platform's probes, and ``/metrics`` for the scrape unless a setting keys it."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from fnserve.adapters.http.table import JSON_APIS, route_of
+from fnserve.adapters.http.wire import error_parts, request_id
+from fnserve.adapters.keys import ApiKeys
+from fnserve.core.errors import FnserveError, Unauthorized
+from fnserve.observability import logs
+from fnserve.observability.request_meta import CALLER
+
+ASGIMessage = MutableMapping[str, Any]
+Send = Callable[[ASGIMessage], Awaitable[None]]
+
+# What a platform probes without credentials: liveness and readiness, SageMaker's and TEI's own.
+OPEN = frozenset({"v2.live", "v2.ready", "sagemaker.ping", "tei.health"})
+MISSING = "this server needs an API key: send it as Authorization: Bearer KEY"
+NOT_HELD = "the API key sent is not one this server holds"
+
+
+class Gate:
+    """The check in front of every HTTP route (:class:`~fnserve.adapters.http.infer.V2App` runs it first)."""
+
+    def __init__(self, keys: ApiKeys, metrics_need_key: bool = False, access_log: bool = True) -> None:
+        self.keys = keys
+        self.access_log = access_log  # a refusal's line, as every request's: with the access log
+        self.open = OPEN if metrics_need_key else OPEN | {"metrics.scrape"}
+
+    async def admitted(self, scope: ASGIMessage, send: Send) -> bool:
+        """Whether the request may go on; if not, its 401 is sent. The key's id joins every log line of the
+        request and its span."""
+        path: str = scope["path"]
+        root = scope.get("root_path") or ""
+        if root and path.startswith(root):
+            path = path[len(root) :] or "/"
+        route = route_of(scope["method"], path)
+        if route is not None and route.endpoint in self.open:
+            return True
+        header = next((value for name, value in scope.get("headers", ()) if name == b"authorization"), None)
+        caller = self.keys.caller(header)
+        if caller is not None:
+            logs.request_keys(api_key_id=caller)
+            CALLER.set(caller)
+            return True
+        error = Unauthorized(MISSING if header is None else NOT_HELD)
+        status, body, headers = _parts(route.group if route is not None else "v2", error)
+        if self.access_log:
+            logs.access("refused", {"status": status, "method": scope["method"], "path": path, "error": error.message})
+        answer = [(name.encode(), value.encode()) for name, value in headers.items()]
+        answer += [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"www-authenticate", b"Bearer"),
+            (b"x-request-id", request_id(scope).encode("latin-1")),
+        ]
+        await send({"type": "http.response.start", "status": status, "headers": answer})
+        await send({"type": "http.response.body", "body": body})
+        return False
+
+
+def _parts(group: str, error: FnserveError) -> tuple[int, bytes, dict[str, str]]:
+    """The refusal in the shape of the API ``group`` belongs to (V2's for the others)."""
+    if group in JSON_APIS:
+        parts: Callable[[FnserveError], tuple[int, bytes, dict[str, str]]] = importlib.import_module(
+            JSON_APIS[group][0]
+        ).error_parts
+        return parts(error)
+    return error_parts(error)
