@@ -23,6 +23,8 @@ def running_local(options: list[str], log: Path, env: dict[str, str]) -> Iterato
     says, with its ``url`` and ``log``; stops it as Ctrl-C does after."""
     port = free_port()
     cmd = [sys.executable, "-m", "fnserve", "local", "--template", str(REPO / "template.yaml"), "--port", str(port)]
+    if not any(option.startswith("ApiAuth=") for option in options):  # the tests of other things call unsigned
+        cmd += ["-p", "ApiAuth=NONE"]
     with log.open("wb") as out:
         proc = subprocess.Popen([*cmd, *options], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     url = f"http://127.0.0.1:{port}"

@@ -403,7 +403,7 @@ def test_the_emulator_shows_a_requests_spans_on_its_console(monkeypatch: pytest.
     monkeypatch.delenv("LOCALSTACK_HOST", raising=False)
     console = Console()
     port = free_port()
-    emulator = Emulator(REPO / "template.yaml", port=port, observer=console)
+    emulator = Emulator(REPO / "template.yaml", port=port, observer=console, parameters={"ApiAuth": "NONE"})
     try:
         emulator.start()
         body = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]}

@@ -24,7 +24,9 @@ from tests.servers import wait_for
 def emulator(lambda_image: Built, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Emulator, Local]]:
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)  # its own embedded moto server
     monkeypatch.delenv("LOCALSTACK_HOST", raising=False)
-    emulator = Emulator(REPO / "template.yaml", port=free_port(), parameters={"ImageUri": lambda_image.name})
+    emulator = Emulator(
+        REPO / "template.yaml", port=free_port(), parameters={"ImageUri": lambda_image.name, "ApiAuth": "NONE"}
+    )
     try:
         yield emulator, emulator.start()
     finally:

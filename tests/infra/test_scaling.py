@@ -241,7 +241,7 @@ def test_snapstart_still_excludes_provisioned_concurrency_and_so_its_scaling() -
 def test_every_function_gets_the_ephemeral_storage_parameter() -> None:
     assert SAM["Globals"]["Function"]["EphemeralStorage"] == {"Size": {"Ref": "EphemeralStorage"}}
     functions = [r for r in SAM["Resources"].values() if r["Type"] == "AWS::Serverless::Function"]
-    assert len(functions) == 6  # three functions, each a zip and an image twin
+    assert len(functions) == 7  # three functions, each a zip and an image twin, and the API-key authorizer
     assert not any("EphemeralStorage" in f["Properties"] for f in functions)  # none overrides the Globals
     parameter = SAM["Parameters"]["EphemeralStorage"]
     assert (parameter["MinValue"], parameter["MaxValue"], parameter["Default"]) == (512, 10240, 512)

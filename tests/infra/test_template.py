@@ -46,7 +46,7 @@ def test_logs_are_json_at_a_level_lambda_sets() -> None:
 
 def test_runtime_and_architecture() -> None:
     zipped = [f["Properties"] for f in FUNCTIONS.values() if f["Properties"].get("PackageType") != "Image"]
-    assert len(zipped) == 3 and all(f["Runtime"] in ("python3.12", "python3.13") for f in zipped)
+    assert len(zipped) == 4 and all(f["Runtime"] in ("python3.12", "python3.13") for f in zipped)
     assert PARAMETERS["Architecture"]["AllowedValues"] == ["x86_64", "arm64"]
     assert RESOURCES["FnserveLayer"]["Metadata"]["BuildArchitecture"] == {"Ref": "Architecture"}
 
@@ -107,12 +107,41 @@ def test_the_table_and_bucket_are_protected() -> None:
     assert all(block.values())
 
 
-def test_the_api_requires_iam_by_default() -> None:
+def test_the_api_requires_iam_by_default_and_every_route_the_chosen_mode() -> None:
     assert PARAMETERS["ApiAuth"]["Default"] == "IAM"
-    for route in ("HttpApiRoute", "HttpApiRootRoute", "HttpApiOpenAIRoute"):
-        assert RESOURCES[route]["Properties"]["AuthorizationType"] == {
-            "Fn::If": ["IsIam", "AWS_IAM", {"Fn::If": ["IsJwt", "JWT", "NONE"]}]
+    routes = [r["Properties"] for r in RESOURCES.values() if r["Type"] == "AWS::ApiGatewayV2::Route"]
+    assert len(routes) > 3
+    for route in routes:
+        assert route["AuthorizationType"] == {
+            "Fn::If": ["IsIam", "AWS_IAM", {"Fn::If": ["IsJwt", "JWT", {"Fn::If": ["IsApiKey", "CUSTOM", "NONE"]}]}]
         }
+        assert route["AuthorizerId"] == {
+            "Fn::If": [
+                "IsJwt",
+                {"Ref": "JwtAuthorizer"},
+                {"Fn::If": ["IsApiKey", {"Ref": "ApiKeyAuthorizer"}, {"Ref": "AWS::NoValue"}]},
+            ]
+        }
+
+
+def test_the_api_key_mode_checks_a_bearer_key_against_its_secret_with_least_privilege() -> None:
+    authorizer = RESOURCES["ApiKeyAuthorizer"]["Properties"]
+    assert (authorizer["AuthorizerType"], authorizer["AuthorizerPayloadFormatVersion"]) == ("REQUEST", "2.0")
+    assert authorizer["EnableSimpleResponses"] is True
+    # The header as identity source: API Gateway refuses a request without it (401) and caches by its value.
+    assert authorizer["IdentitySource"] == ["$request.header.Authorization"]
+    assert authorizer["AuthorizerResultTtlInSeconds"] == {"Ref": "ApiKeyCacheSeconds"}
+    assert PARAMETERS["ApiKeyCacheSeconds"]["MaxValue"] == 3600  # API Gateway's most
+    function = FUNCTIONS["ApiKeyAuthorizerFunction"]
+    assert function["Condition"] == "IsApiKey" and function["Properties"]["Layers"] == [{"Ref": "FnserveLayer"}]
+    assert function["Properties"]["Environment"]["Variables"] == {"FNSERVE_API_KEYS_SECRET": {"Ref": "ApiKeys"}}
+    [statement] = policy_statements(function)
+    assert (statement["Action"], statement["Resource"]) == ("secretsmanager:GetSecretValue", {"Ref": "ApiKeys"})
+    permission = RESOURCES["ApiKeyAuthorizerPermission"]["Properties"]
+    assert permission["Principal"] == "apigateway.amazonaws.com"
+    assert permission["SourceArn"]["Fn::Sub"].endswith("/authorizers/${ApiKeyAuthorizer}")  # this authorizer alone
+    for name in ("ApiKeys", "ApiKeyAuthorizer", "ApiKeyAuthorizerPermission", "ApiKeyAuthorizerLogs"):
+        assert RESOURCES[name]["Condition"] == "IsApiKey", name
 
 
 def test_every_function_has_sample_events() -> None:
@@ -158,6 +187,8 @@ def test_the_sample_events_are_what_the_template_deploys_would_send() -> None:
 def test_functions_that_read_payloads_may_list_their_bucket() -> None:
     """Without s3:ListBucket, S3 answers a missing payload with AccessDenied: a reason no user can act on."""
     for name, function in FUNCTIONS.items():
+        if name == "ApiKeyAuthorizerFunction":  # reads its secret, nothing else
+            continue
         statements = {s["Sid"]: s for s in policy_statements(function)}
         assert "Payloads" in statements, name
         if "Payloads" in statements:
@@ -170,7 +201,11 @@ def test_every_function_keeps_its_logs_for_a_set_time() -> None:
     groups = {}
     for r in RESOURCES.values():
         if r["Type"] == "AWS::Logs::LogGroup" and "LogGroupName" in r["Properties"]:
-            condition, image, zipped = r["Properties"]["LogGroupName"]["Fn::If"]  # whichever twin runs
+            name = r["Properties"]["LogGroupName"]
+            if "Fn::Sub" in name:  # a function without an image twin
+                groups[name["Fn::Sub"]] = r["Properties"]["RetentionInDays"]
+                continue
+            condition, image, zipped = name["Fn::If"]  # whichever twin runs
             assert condition == "UseImage"
             for name in (image["Fn::Sub"], zipped["Fn::Sub"]):
                 groups[name] = r["Properties"]["RetentionInDays"]
@@ -291,10 +326,12 @@ def test_sam_translates_the_chosen_packaging(image_uri: str, monkeypatch: pytest
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     resources = translated(ImageUri=image_uri)["Resources"]
     functions = {name: r for name, r in resources.items() if r["Type"] == "AWS::Lambda::Function"}
-    assert len(functions) == 6  # CloudFormation drops the three whose condition is false
+    assert len(functions) == 7  # CloudFormation drops the three whose condition is false, and the authorizer
     for name, function in functions.items():
         props = function["Properties"]
-        if "Image" in name:
+        if name == "ApiKeyAuthorizerFunction":  # zip whatever the packaging: fnserve's layer, no models
+            assert function["Condition"] == "IsApiKey" and len(props["Layers"]) == 1
+        elif "Image" in name:
             assert function["Condition"] == "UseImage" and props["PackageType"] == "Image", name
             assert props["Code"] == {"ImageUri": image_uri} and "Layers" not in props, name
         else:

@@ -31,6 +31,8 @@ CHECKS = [  # (function, event, what a good response looks like)
     # The samples' poison job is its own fault: stored as failed, not reported for redelivery.
     ("BatchFunction", "batch-jobs.json", lambda r: r == {"batchItemFailures": []}),
     ("FollowupFunction", "followup-jobs.json", lambda r: r == {"batchItemFailures": []}),
+    # The sample's key is not the stack's: refused, the secret read through the built layer's Powertools.
+    ("ApiKeyAuthorizerFunction", "api-authorizer.json", lambda r: r == {"isAuthorized": False}),
 ]
 
 
@@ -75,6 +77,7 @@ def check(python312: str, build: Path, runtime: Path) -> int:
         os.environ.update(aws_env(url))
         clients.reset()
         create_resources("package-results", "package-payloads", "package-followups")
+        keys = clients.client("secretsmanager").create_secret(Name="package-api-keys", SecretString="fns-" + "k" * 40)
         env |= {
             "PYTHONPATH": f"{layer}:{runtime}",
             "FNSERVE_MANIFEST": str(models / DEMO_MANIFEST.relative_to(models)),
@@ -82,6 +85,7 @@ def check(python312: str, build: Path, runtime: Path) -> int:
             "FNSERVE_RESULTS_BUCKET": "package-payloads",
             "POWERTOOLS_METRICS_NAMESPACE": "fnserve",
             "PYTHONNOUSERSITE": "1",
+            "FNSERVE_API_KEYS_SECRET": keys["ARN"],
         }
         for function, event, good in CHECKS:
             directory = build / function

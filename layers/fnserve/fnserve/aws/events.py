@@ -202,6 +202,17 @@ def http_api_event(
     return event
 
 
+def authorizer_event(request: Mapping[str, Any], identity: Sequence[str]) -> dict[str, Any]:
+    """What an HTTP API's Lambda authorizer (payload format 2.0) gets for the HTTP API event ``request``: the
+    request without its body, its route's ARN, and the values of the authorizer's identity sources."""
+    context = request["requestContext"]
+    method, path = context["http"]["method"], context["http"]["path"]
+    route_arn = f"{arn('execute-api', context['apiId'])}/{context['stage']}/{method}{path}"
+    event = {"version": "2.0", "type": "REQUEST", "routeArn": route_arn, "identitySource": list(identity)}
+    event |= {k: v for k, v in request.items() if k not in ("version", "body", "isBase64Encoded")}
+    return event
+
+
 def rest_api_event(
     method: str,
     path: str,

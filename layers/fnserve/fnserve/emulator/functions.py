@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fnserve.emulator.auth import route_auth
 from fnserve.emulator.gateway import HttpRoute
 from fnserve.emulator.schedules import Schedule
 from fnserve.emulator.sqs import SqsSource
@@ -161,6 +162,11 @@ def _raw_http_routes(template: Template, resolver: Resolver) -> list[HttpRoute]:
         if function in template.resources:
             version = str(resource["Properties"].get("PayloadFormatVersion", "2.0"))
             integrations[name] = (function, version)
+    authorizers = {
+        name: resolver.resolve(resource["Properties"])
+        for name, resource in template.of_type("AWS::ApiGatewayV2::Authorizer").items()
+        if "Condition" not in resource or resolver.condition(resource["Condition"])
+    }
     routes = []
     for resource in template.of_type("AWS::ApiGatewayV2::Route").values():
         props = resolver.resolve(resource["Properties"])
@@ -169,5 +175,7 @@ def _raw_http_routes(template: Template, resolver: Resolver) -> list[HttpRoute]:
             continue
         method, _, path = str(props["RouteKey"]).partition(" ")
         function, version = integrations[target]
-        routes.append(HttpRoute(method.upper(), path, version, function))
+        authorizer = authorizers.get(str(props.get("AuthorizerId", "")))
+        auth = route_auth(str(props.get("AuthorizationType", "NONE")), authorizer)
+        routes.append(HttpRoute(method.upper(), path, version, function, auth))
     return routes

@@ -24,6 +24,7 @@ from starlette.routing import Route as StarletteRoute
 
 from fnserve.aws import events
 from fnserve.core.errors import FnserveError, InvocationTimeout
+from fnserve.emulator.auth import RouteAuth
 from fnserve.emulator.schedules import Schedule
 from fnserve.workers.pool import Pool
 
@@ -33,12 +34,14 @@ METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 @dataclass
 class HttpRoute:
-    """A route of the template's API: ``version`` "2.0" (HTTP API) or "1.0" (REST API)."""
+    """A route of the template's API: ``version`` "2.0" (HTTP API) or "1.0" (REST API); ``auth``, the check its
+    authorisation type asks for (none: every request goes through)."""
 
     method: str
     path: str
     version: str
     function: str
+    auth: RouteAuth | None = None
 
     def __post_init__(self) -> None:
         regex = re.sub(r"\{(\w+)\+\}", r"(?P<\1>.+)", self.path)
@@ -86,7 +89,14 @@ def gateway_app(
                 break
         else:
             return JSONResponse({"message": "Not Found"}, status_code=404)
-        event = to_event(request, route, params, await request.body())
+        body = await request.body()
+        event = to_event(request, route, params, body)
+        if route.auth is not None:
+            checked = await route.auth.check(request, body, event, pools)
+            if isinstance(checked, Response):
+                return checked
+            if checked.authorizer is not None and route.version == "2.0":
+                event["requestContext"]["authorizer"] = checked.authorizer
         try:
             response = await asyncio.wrap_future(pools[route.function].invoke(event))
         except InvocationTimeout:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -13,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from fnserve.aws.events import REGION
 from fnserve.core.errors import FnserveError
 from fnserve.emulator.console import Console
 from fnserve.emulator.emulator import Emulator, Local
@@ -85,19 +87,22 @@ def banner(emulator: Emulator, local_: Local, url: str, workers: int, echo: Call
         )
     for warning in emulator.app.warnings:
         echo(f"  warn  {warning}")
+    said, curl = _auth_lines(emulator, local_)
+    for line in said:
+        echo(f"  auth  {line}")
     example = _served_example(local_)
     if example is None:  # not an fnserve manifest behind the functions: the template's own routes
         for route in emulator.routes[:3]:
-            echo(f"  try   curl -s -X {route.method if route.method != 'ANY' else 'GET'} {url}{route.path}")
+            echo(f"  try   {curl} -X {route.method if route.method != 'ANY' else 'GET'} {url}{route.path}")
         return
-    echo(f"  try   curl -s {url}/v2/models/{example.name}/infer -d '{example.request}'")
+    echo(f"  try   {curl} {url}/v2/models/{example.name}/infer -d '{example.request}'")
     for name, tensors in example.text_pipelines:  # a text, or a query and a document
         texts = ("A warm container answers.", "Warm containers answer requests at once.")
         inputs = [
             {"name": t, "shape": [1], "datatype": "BYTES", "data": [text]}
             for t, text in zip(tensors, texts, strict=False)
         ]
-        echo(f"  try   curl -s {url}/v2/models/{name}/infer -d '{json.dumps({'inputs': inputs})}'")
+        echo(f"  try   {curl} {url}/v2/models/{name}/infer -d '{json.dumps({'inputs': inputs})}'")
     jobs = next((s.queue_url for s in emulator.sources if s.function == "BatchFunction"), None)
     table = next(iter(local_.tables.values()), None)
     if jobs and table and example.data is not None:
@@ -109,6 +114,41 @@ def banner(emulator: Emulator, local_: Local, url: str, workers: int, echo: Call
 
         tables_at = endpoint_url("dynamodb") or local_.endpoint  # DynamoDB may have an endpoint of its own
         echo(f"        AWS_ENDPOINT_URL={tables_at} .venv/bin/fnserve results ids.txt --table {table} -o out.jsonl")
+
+
+def _auth_lines(emulator: Emulator, local_: Local) -> tuple[list[str], str]:
+    """What the banner says of the API's authorisation (as the template declares it, enforced here), and the curl
+    that the lines to try then start with."""
+    from fnserve.emulator.auth import IamAuth, JwtAuth, LambdaAuth
+
+    checks = [route.auth for route in emulator.routes if route.auth is not None]
+    if not checks:
+        return ["none: every request goes through (ApiAuth=NONE)"], "curl -s"
+    check = checks[0]
+    if isinstance(check, IamAuth):
+        key = os.environ.get("AWS_ACCESS_KEY_ID", "")
+        user = "local:local" if key == "local" else '"$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY"'
+        return [
+            "ApiAuth=IAM: requests are SigV4-signed (execute-api) with this machine's AWS credentials, as deployed; "
+            "unsigned ones get 403. -p ApiAuth=APIKEY takes Bearer keys instead."
+        ], f"curl -s --aws-sigv4 aws:amz:{REGION}:execute-api --user {user}"
+    if isinstance(check, JwtAuth):
+        return [
+            f"ApiAuth=JWT: send Authorization: Bearer <a token from {check.issuer} for {', '.join(check.audiences)}>"
+        ], 'curl -s -H "authorization: Bearer $TOKEN"'
+    assert isinstance(check, LambdaAuth)
+    secret = (
+        local_.functions[check.function].env.get("FNSERVE_API_KEYS_SECRET", "")
+        if check.function in local_.functions
+        else ""
+    )
+    lines = [f"ApiAuth=APIKEY: send Authorization: Bearer KEY, checked by {check.function} as deployed"]
+    if secret:
+        from fnserve.aws.clients import client
+
+        key = client("secretsmanager").get_secret_value(SecretId=secret)["SecretString"].splitlines()[0]
+        lines.append(f"this run's key (local secret {secret.rsplit(':', 1)[-1]}): KEY={key}")
+    return lines, 'curl -s -H "authorization: Bearer $KEY"'
 
 
 @dataclass(frozen=True)
