@@ -25,6 +25,7 @@ from joserfc.jwk import RSAKey
 
 from fnserve.emulator.emulator import Emulator
 from tests.e2e.emulator import running_local
+from tests.helpers import REPO
 from tests.moto import free_port
 from tests.servers import wait_for
 
@@ -200,3 +201,15 @@ def test_jwt_wants_a_token_the_issuer_signed_for_the_audience(gateway: str, issu
     for refused in (None, token(issuer, audience="another-app"), token(issuer, expires=-60), token(issuer, OTHER)):
         response = call(refused)
         assert (response.status_code, response.json()) == (401, {"message": "Unauthorized"})
+
+
+def test_the_security_pages_signing_transport_passes_iam(gateway: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/security.md's httpx transport for the openai client, as written, signs what IAM checks."""
+    page = (REPO / "docs" / "security.md").read_text()
+    block = next(b for b in page.split("```py\n")[1:] if "class SigV4" in b).split("```", 1)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(block.split("\nclient = ", 1)[0], "security.md", "exec"), namespace)  # the class, not the stack's
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with httpx.Client(auth=namespace["SigV4"]()) as client:
+        answer = client.post(f"{gateway}/iam", json={"model": "minilm-embed", "input": ["x"]})
+    assert answer.status_code == 200 and answer.json()["iam"]["accessKey"] == "local-signer"

@@ -544,3 +544,30 @@ def test_a_bad_text_does_not_fail_the_batch_it_would_have_joined(served: Served)
         thread.join()
     assert results["bad"].status_code == 422 and "text is empty" in results["bad"].json()["error"]
     assert all(results[f"good-{i}"].status_code == 200 for i in range(6))
+
+
+def test_a_custom_steps_module_runs_only_with_the_sha256_the_manifest_gives(tmp_path: Path) -> None:
+    """The model bucket is a code path: a step's module changed after its manifest was written never runs."""
+    import hashlib
+    import uuid
+
+    name = f"checked_steps_{uuid.uuid4().hex[:8]}"
+    source = STEPS_MODULE + f"\nimport pathlib\npathlib.Path({str(tmp_path / 'ran')!r}).write_text('ran')\n"
+    manifest = custom_manifest(tmp_path)
+    (tmp_path / f"{name}.py").write_text(source)
+    text = manifest.read_text().replace("digit_steps:flatten", f"{name}:flatten")
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    manifest.write_text(
+        text.replace(f'function = "{name}:flatten"\n', f'function = "{name}:flatten"\nsha256 = "{"0" * 64}"\n')
+    )
+    service = InferenceService.from_manifest(manifest)
+    with pytest.raises(ModelNotReady, match=f"has sha256 {digest}, not the manifest's 0{{64}}: refused"):
+        service.infer("grid-digits", {"pixels": DIGITS[:1].reshape(1, 8, 8)})
+    assert not (tmp_path / "ran").exists()  # refused before a line of it ran
+
+    manifest.write_text(
+        text.replace(f'function = "{name}:flatten"\n', f'function = "{name}:flatten"\nsha256 = "{digest}"\n')
+    )
+    service = InferenceService.from_manifest(manifest)
+    assert service.predict("grid-digits", {"pixels": DIGITS[:2].reshape(2, 8, 8)})["label"].shape == (2,)
+    assert (tmp_path / "ran").exists()

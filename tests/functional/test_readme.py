@@ -96,7 +96,8 @@ def test_readme_manifest_examples_are_valid() -> None:
     # pipeline's embedding table shown alone.
     alone = [b["pipelines"].get("pre", []) for b in blocks if isinstance(b.get("pipelines"), dict)]
     steps = [msgspec.convert(step, Step) for entries in alone for step in entries]
-    assert [step.step for step in steps] == ["custom"]
+    assert [step.step for step in steps] == ["custom", "custom"]  # pipelines.md's, and security.md's pinned one
+    assert [step.sha256 is not None for step in steps] == [False, True]
     tables = [b["pipelines"]["embedding"] for b in blocks if "embedding" in b.get("pipelines", [])]
     assert [EmbeddingSettings.validate(t).dimensions for t in tables] == [[64, 128, 256]]
 
@@ -143,6 +144,8 @@ ELSEWHERE = {  # a block's first command -> why it does not run here, and what p
     "then fnserve import of Hub-shaped folders: tests/functional/test_hub_import.py, the folders made in torch",
     "python -m venv .venv-export": "make test makes .venv-export (make .venv-export/.installed); "
     "tests/functional/test_hub_import.py exports through it with --export-python",
+    "export FNSERVE_API_KEYS_FILE=/etc/fnserve/keys": "tests/functional/test_api_keys.py runs fnserve serve with a key file and "
+    "FNSERVE_API_KEYS, curl among its clients",
     "make perf-analyzer": "make test sets perf_analyzer up; tests/functional/test_perf_analyzer.py runs it against "
     "fnserve serve over HTTP and gRPC, on digits-accurate and on minilm-embed with --input-data",
 }

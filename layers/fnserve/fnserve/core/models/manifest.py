@@ -551,11 +551,25 @@ class CustomStep(_Step, tag="custom", frozen=True, kw_only=True):
     function: Annotated[str, Meta(description="module:function; the module is looked up beside the manifest first.")]
     inputs: Annotated[list[StepTensor], Meta(min_length=1, description="The tensors it reads.")]
     outputs: Annotated[list[StepTensor], Meta(min_length=1, description="The tensors it returns.")]
+    sha256: (
+        Annotated[
+            str,
+            Meta(
+                description="Hex SHA-256 of the module's file: checked before its code runs, a mismatch refuses the "
+                "load (the step is code: whoever can change the file runs it in the function)."
+            ),
+        ]
+        | None
+    ) = None
 
     def __post_init__(self) -> None:
         module, _, attr = self.function.partition(":")
         if not module or not attr or not all(p.isidentifier() for p in (*module.split("."), attr)):
             raise ValueError(f"function must be module:function, got {self.function!r}")
+        if self.sha256 is not None:
+            if not re.fullmatch(r"[0-9a-f]{64}", self.sha256.lower()):
+                raise ValueError("sha256 must be 64 hex digits")
+            msgspec.structs.force_setattr(self, "sha256", self.sha256.lower())
 
 
 Step = (
