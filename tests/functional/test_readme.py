@@ -144,8 +144,8 @@ ELSEWHERE = {  # a block's first command -> why it does not run here, and what p
     "then fnserve import of Hub-shaped folders: tests/functional/test_hub_import.py, the folders made in torch",
     "python -m venv .venv-export": "make test makes .venv-export (make .venv-export/.installed); "
     "tests/functional/test_hub_import.py exports through it with --export-python",
-    "export FNSERVE_API_KEYS_FILE=/etc/fnserve/keys": "tests/functional/test_api_keys.py runs fnserve serve with a key file and "
-    "FNSERVE_API_KEYS, curl among its clients",
+    "export FNSERVE_API_KEYS_FILE=/etc/fnserve/keys": "tests/functional/test_api_keys.py runs fnserve serve with "
+    "a key file and FNSERVE_API_KEYS, curl among its clients",
     "make perf-analyzer": "make test sets perf_analyzer up; tests/functional/test_perf_analyzer.py runs it against "
     "fnserve serve over HTTP and gRPC, on digits-accurate and on minilm-embed with --input-data",
 }
