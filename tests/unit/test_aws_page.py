@@ -100,7 +100,9 @@ def alarm_metrics() -> int:
 
 
 def idle_lines() -> list[str]:
-    secrets = [r for r in TEMPLATE["Resources"].values() if r["Type"] == "AWS::SecretsManager::Secret"]
+    secrets = [  # those the default stack deploys: ApiAuth=APIKEY's own comes with that mode
+        r for r in TEMPLATE["Resources"].values() if r["Type"] == "AWS::SecretsManager::Secret" and "Condition" not in r
+    ]
     metrics = alarm_metrics()
     idle = len(secrets) * prices.SECRET_MONTH + metrics * prices.ALARM_METRIC_MONTH
     memory = int(TEMPLATE["Parameters"]["ApiMemorySize"]["Default"])
