@@ -417,3 +417,26 @@ def test_the_service_autoscaler_and_budget_cover_the_deployments_pods() -> None:
     assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] > 0  # new replicas load models
     # A budget that the HPA's minimum cannot exceed would block every node drain.
     assert budget["spec"]["minAvailable"] < hpa["spec"]["minReplicas"]
+
+
+@pytest.mark.parametrize("item", containers(), ids=lambda item: item[0])
+def test_a_container_asks_callers_for_the_keys_of_a_mounted_secret_and_leaves_its_probes_open(
+    item: tuple[str, dict[str, Any], dict[str, Any]],
+) -> None:
+    """No mesh in front: fnserve's own API keys, from a Secret volume (updated in place, so keys rotate with no
+    restart); the probes and the scrape need none, or the kubelet and Prometheus would be refused."""
+    from fnserve.adapters.http.gate import Gate
+    from fnserve.adapters.http.table import route_of
+    from fnserve.adapters.keys import ApiKeys
+
+    _, container, pod = item
+    path = PurePosixPath(environment(container)["FNSERVE_API_KEYS_FILE"])
+    [mount] = [m for m in container["volumeMounts"] if path.is_relative_to(m["mountPath"])]
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert mount["readOnly"] is True and volume["secret"]["secretName"] == "fnserve-api-keys"
+    assert path.name == "keys"  # the key the Secret holds them under, as the comment beside it creates it
+    gate = Gate(ApiKeys(lambda: ["fns-0123456789abcdef"], "test"))
+    for name in ("startupProbe", "readinessProbe", "livenessProbe"):
+        route = route_of("GET", container[name]["httpGet"]["path"])
+        assert route is not None and route.endpoint in gate.open, name
+    assert route_of("GET", "/metrics").endpoint in gate.open  # type: ignore[union-attr]
