@@ -211,6 +211,20 @@ def test_logs_and_emf_metrics_carry_the_request(
     assert "Errors" not in names
 
 
+def test_the_api_key_authorizers_key_id_joins_the_invocations_lines_and_not_the_next(
+    handler: Handler, log_stream: io.StringIO
+) -> None:
+    event = json.loads((REPO / "events" / "api-http-infer.json").read_text())
+    keyed = {**event, "requestContext": {**event["requestContext"], "authorizer": {"lambda": {"keyId": "1a2b3c4d"}}}}
+    handler(keyed, LambdaContext(request_id="keyed"))
+    handler(event, LambdaContext(request_id="unkeyed"))
+    lines = [line for line in _log_lines(log_stream.getvalue()) if line["message"] == "inference"]
+    assert [(line["request_id"], line.get("api_key_id")) for line in lines] == [
+        ("keyed", "1a2b3c4d"),
+        ("unkeyed", None),
+    ]
+
+
 def test_powertools_log_level_and_metrics_switch_take_effect_in_the_api_function(
     capsys: pytest.CaptureFixture[str], log_stream: io.StringIO
 ) -> None:

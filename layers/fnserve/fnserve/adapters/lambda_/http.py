@@ -17,6 +17,8 @@ from fnserve.adapters.lambda_ import asgi as lambda_asgi
 from fnserve.adapters.lambda_ import snapstart
 from fnserve.core.execution.service import InferenceService
 from fnserve.observability.emf import EmfTelemetry
+from fnserve.observability.logs import request_keys
+from fnserve.observability.request_meta import CALLER
 from fnserve.settings import Settings
 
 # Only JSON is text; everything else (the binary tensor extension's application/octet-stream)
@@ -35,4 +37,19 @@ def create_handler(
     settings, plane = start_requests(settings, service, ready=snapstart.register)
     telemetry = telemetry or EmfTelemetry()
     asgi = lambda_asgi.adapter(create_app(plane, settings, telemetry=telemetry), TEXT_MIME_TYPES)
-    return lambda_handler(asgi, telemetry.flush)
+
+    def translate(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        caller = api_key_id(event)
+        CALLER.set(caller)  # this invocation's span's, none of the last one's
+        if caller is not None:  # the API-key authorizer's: in this invocation's log lines too
+            request_keys(api_key_id=caller)
+        return asgi(event, context)
+
+    return lambda_handler(translate, telemetry.flush)
+
+
+def api_key_id(event: dict[str, Any]) -> str | None:
+    """The id of the key the API-key authorizer let the request in with (an HTTP API event's), if any."""
+    authorizer = (event.get("requestContext") or {}).get("authorizer") or {}
+    found = (authorizer.get("lambda") or {}).get("keyId") if isinstance(authorizer, dict) else None
+    return found if isinstance(found, str) else None
