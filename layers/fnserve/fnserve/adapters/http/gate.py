@@ -8,7 +8,7 @@ import importlib
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from fnserve.adapters.http.table import JSON_APIS, route_of
+from fnserve.adapters.http.table import JSON_APIS, ROUTES, route_of
 from fnserve.adapters.http.wire import error_parts, request_id
 from fnserve.adapters.keys import ApiKeys
 from fnserve.core.errors import FnserveError, Unauthorized
@@ -31,6 +31,8 @@ class Gate:
         self.keys = keys
         self.access_log = access_log  # a refusal's line, as every request's: with the access log
         self.open = OPEN if metrics_need_key else OPEN | {"metrics.scrape"}
+        # The open routes' last segments: any other path is no probe, and skips the table's lookup (inference's road).
+        self._tails = tuple({"/" + r.path.rsplit("/", 1)[1] for r in ROUTES if r.endpoint in self.open})
 
     async def admitted(self, scope: ASGIMessage, send: Send) -> bool:
         """Whether the request may go on; if not, its 401 is sent. The key's id joins every log line of the
@@ -39,15 +41,17 @@ class Gate:
         root = scope.get("root_path") or ""
         if root and path.startswith(root):
             path = path[len(root) :] or "/"
-        route = route_of(scope["method"], path)
-        if route is not None and route.endpoint in self.open:
-            return True
+        if path.endswith(self._tails):
+            route = route_of(scope["method"], path)
+            if route is not None and route.endpoint in self.open:
+                return True
         header = next((value for name, value in scope.get("headers", ()) if name == b"authorization"), None)
         caller = self.keys.caller(header)
         if caller is not None:
             logs.request_keys(api_key_id=caller)
             CALLER.set(caller)
             return True
+        route = route_of(scope["method"], path)  # the API it called, for the shape of its refusal
         error = Unauthorized(MISSING if header is None else NOT_HELD)
         status, body, headers = _parts(route.group if route is not None else "v2", error)
         if self.access_log:
