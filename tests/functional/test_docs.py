@@ -112,6 +112,8 @@ DIARY = re.compile(
             r"\bbefore and after (?:the|this|it)\b",  # a before/after table of a change, not what quantize reports
             r"\b(?:it|they|we|fnserve|this|which|and) used to\b",  # "it used to", not "a field used to pick"
             r"(?<![\w.~-])/(?:work|home|root)/|/tmp/pytest",  # a machine's absolute paths
+            r"\bin (?:this|an earlier|the last|that) run\b|\b(?:two|three|four|five|\d+) runs gave\b",  # a run's story
+            r"\bmeasured on one\b|\bno figures yet\b|\bkept busy by\b",  # "measured on one H100", a sample session
         ]
     ),
     re.IGNORECASE,
@@ -161,6 +163,12 @@ def test_no_user_page_names_a_commit_or_tells_a_run_diary() -> None:
         "a figure from before the last restructuring",
         "the server answers 200 where it used to answer 500",
         "figures: /root/out/bench_gpu.json",
+        "repository's MLP (2-core machine; three runs gave the same decision):",
+        "## Measured on one H100",
+        "- **TensorRT has no figures yet.** Its libraries",
+        "On an H100, kept busy by a torch bf16 matmul loop, the scrape read",
+        "prints that bound: the naive server's CPU over the drawn floor, 1.14x in this run).",
+        "to 488 ms, and the floor's from 281 to 271 ms (423 ms in an earlier run the same day).",
     ],
 )
 def test_the_notebook_check_finds_what_it_is_for(line: str, tmp_path: Path) -> None:
@@ -183,3 +191,20 @@ def test_the_notebook_check_finds_what_it_is_for(line: str, tmp_path: Path) -> N
 )
 def test_the_notebook_check_leaves_plain_prose_alone(line: str) -> None:
     assert not COMMIT.search(line) and not DIARY.search(line), line
+
+
+def test_every_page_names_the_region_variable_boto3_reads() -> None:
+    """botocore takes the region from AWS_DEFAULT_REGION (AWS_REGION is what Lambda sets, for the SDKs of other
+    languages): a page telling the reader to set AWS_REGION leaves fnserve, SAM and boto3 without one."""
+    from botocore.configprovider import BOTOCORE_DEFAUT_SESSION_VARIABLES as variables
+
+    assert variables["region"][1] == "AWS_DEFAULT_REGION"
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    told = [
+        f"{page.name}:{n}"
+        for page in pages
+        if page.name != "settings.md"  # its table of what Lambda sets, read on Lambda for traces
+        for n, line in enumerate(page.read_text().splitlines(), 1)
+        if re.search(r"\bAWS_REGION\b", line)
+    ]
+    assert not told, told
