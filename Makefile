@@ -15,7 +15,7 @@ PY312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12
 	$$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$c; break; }; done)
 SAM := SAM_CLI_TELEMETRY=0 PATH="$(dir $(PY312)):$$PATH" $(SAM_VENV)/bin/sam
 
-.PHONY: setup dist image-test run serve test test-installs locks docs perf-analyzer test-gpu gpu-models test-servers lint sam-build sam-check deploy bench bench-models bench-peers tune models minilm reranker grpc-stubs clean
+.PHONY: setup dist image-test run serve test test-installs locks docs perf-analyzer test-gpu gpu-models test-servers lint sam-build sam-check deploy delete bench bench-models bench-peers tune models minilm reranker grpc-stubs clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fnserve needs Python >= 3.11"'
@@ -78,6 +78,11 @@ sam-check: sam-build
 # change set confirmed first). Needs AWS credentials; parameters as SAM_DEPLOY_ARGS="--parameter-overrides ...".
 deploy: sam-build
 	$(SAM) deploy $(SAM_DEPLOY_ARGS)
+
+# Tear the stack down (samconfig.toml's "fnserve", asked to confirm first): the SAM CLI lives in .venv-sam, not on
+# the reader's PATH. The results table and the payload bucket are kept (their DeletionPolicy).
+delete: $(SAM_VENV)/.installed
+	$(SAM) delete $(SAM_DELETE_ARGS)
 
 # The tests start their own servers (moto, redis-server, fnserve) on free loopback ports; redis-server is
 # Debian's package, installed here when it is missing. So is chromium, the headless browser that opens the HTML

@@ -260,6 +260,16 @@ def test_samconfig_deploys_without_questions() -> None:
     assert "deploy: sam-build" in (REPO / "Makefile").read_text()
 
 
+def test_make_delete_runs_the_sam_cli_make_installed_on_samconfigs_stack() -> None:
+    """The SAM CLI lives in .venv-sam, not on a reader's PATH: the pages' teardown is `make delete`."""
+    import subprocess
+
+    planned = subprocess.run(["make", "-n", "delete"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert ".venv-sam/bin/sam delete" in planned.splitlines()[-1]  # samconfig.toml's global stack_name, asked first
+    for page in ("aws.md", "lambda.md"):
+        assert "`make delete`" in (REPO / "docs" / page).read_text(), page
+
+
 def test_the_follow_up_id_key_is_read_at_run_time_not_put_in_the_environment() -> None:
     import json
 
