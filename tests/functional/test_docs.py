@@ -208,3 +208,19 @@ def test_every_page_names_the_region_variable_boto3_reads() -> None:
         if re.search(r"\bAWS_REGION\b", line)
     ]
     assert not told, told
+
+
+def test_the_extras_page_lists_every_extra_once_and_no_page_installs_a_package_never_published() -> None:
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    rows = re.findall(r"^\| `([a-z]+)` \|", (REPO / "docs" / "install.md").read_text(), re.MULTILINE)
+    assert sorted(rows) == sorted(extras) and len(rows) == len(set(rows)), "docs/install.md's table is not pyproject's"
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    published = [
+        f"{p.name}:{n}"
+        for p in pages
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(r"pip install ['\"]?fnserve\[", line)
+    ]
+    assert not published, f"no fnserve package is published: install from the checkout or its wheel: {published}"

@@ -142,6 +142,8 @@ ELSEWHERE = {  # a block's first command -> why it does not run here, and what p
     "tests/functional/test_request_memory.py holds every target's processes to the bound it measures",
     '.venv/bin/pip install ".[server,quantize]"': "the quickstart's install (tests/functional/test_quickstart.py), "
     "then fnserve import of Hub-shaped folders: tests/functional/test_hub_import.py, the folders made in torch",
+    "python3 -m venv .venv": "the extras page's install, the quickstart's: tests/functional/test_quickstart.py runs "
+    "the quickstart's, and make test-installs installs each extra into a fresh virtualenv",
     "python -m venv .venv-export": "make test makes .venv-export (make .venv-export/.installed); "
     "tests/functional/test_hub_import.py exports through it with --export-python",
     "export FNSERVE_API_KEYS_FILE=/etc/fnserve/keys": "tests/functional/test_api_keys.py runs fnserve serve with "
