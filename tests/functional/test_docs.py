@@ -224,3 +224,15 @@ def test_the_extras_page_lists_every_extra_once_and_no_page_installs_a_package_n
         if re.search(r"pip install ['\"]?fnserve\[", line)
     ]
     assert not published, f"no fnserve package is published: install from the checkout or its wheel: {published}"
+
+
+def test_no_page_runs_two_tables_together() -> None:
+    """A table pasted onto the end of another renders as one: a separator row (| --- |) only right under a header."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    joined = []
+    for page in pages:
+        lines = page.read_text().splitlines()
+        for n, line in enumerate(lines[2:], 2):
+            if re.fullmatch(r"\|(?:\s*:?-{3,}:?\s*\|)+", line.strip()) and lines[n - 2].lstrip().startswith("|"):
+                joined.append(f"{page.relative_to(REPO)}:{n + 1}")
+    assert not joined, f"a table's header inside another table: {joined}"
