@@ -262,9 +262,13 @@ def test_samconfig_deploys_without_questions() -> None:
 
 def test_make_delete_runs_the_sam_cli_make_installed_on_samconfigs_stack() -> None:
     """The SAM CLI lives in .venv-sam, not on a reader's PATH: the pages' teardown is `make delete`."""
+    import os
     import subprocess
 
-    planned = subprocess.run(["make", "-n", "delete"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under make test
+    planned = subprocess.run(
+        ["make", "--no-print-directory", "-n", "delete"], cwd=REPO, env=env, capture_output=True, text=True, check=True
+    ).stdout
     assert ".venv-sam/bin/sam delete" in planned.splitlines()[-1]  # samconfig.toml's global stack_name, asked first
     for page in ("aws.md", "lambda.md"):
         assert "`make delete`" in (REPO / "docs" / page).read_text(), page
