@@ -19,12 +19,15 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from fnserve.core.errors import ConfigError
+from fnserve.observability.logs import request_keys
+from fnserve.observability.request_meta import CALLER
 
 if TYPE_CHECKING:
     from fnserve.settings import HttpSettings
 
 logger = logging.getLogger(__name__)
 
+NOT_HELD = "the API key sent is not one this server holds"  # every transport's refusal of a wrong key
 MIN_KEY_CHARS = 16  # a key's id is part of its hash: a key short enough to guess from it is refused at start
 RECHECK_SECONDS = 1.0  # how soon a key file's or secret's new keys are seen (a secret's cache has its own age)
 
@@ -47,6 +50,14 @@ def bearer(authorization: str | bytes | None) -> bytes | None:
     scheme, _, token = value.strip().partition(b" ")
     token = token.strip()
     return token if scheme.lower() == b"bearer" and token else None
+
+
+def name_caller(caller: str | None) -> None:
+    """The request in this task came with the key of id ``caller`` (None: with none): its span says so, and, with a
+    key, every log line it writes."""
+    CALLER.set(caller)
+    if caller is not None:
+        request_keys(api_key_id=caller)
 
 
 class ApiKeys:

@@ -11,9 +11,8 @@ import grpc
 from grpc_health.v1 import health
 
 from fnserve.adapters.grpc.service import SERVICE
-from fnserve.adapters.keys import ApiKeys
+from fnserve.adapters.keys import NOT_HELD, ApiKeys, name_caller
 from fnserve.observability import logs
-from fnserve.observability.request_meta import CALLER
 
 OPEN = frozenset(
     {
@@ -24,7 +23,6 @@ OPEN = frozenset(
     }
 )
 MISSING = "this server needs an API key: send it in the authorization metadata as Bearer KEY"
-NOT_HELD = "the API key sent is not one this server holds"
 
 Handler = Any  # grpc.RpcMethodHandler: generic in its stubs alone
 
@@ -54,8 +52,7 @@ class KeyInterceptor(grpc.aio.ServerInterceptor):
         behaviour = handler.unary_unary
 
         async def as_caller(request: Any, context: Any) -> Any:
-            logs.request_keys(api_key_id=caller)
-            CALLER.set(caller)
+            name_caller(caller)
             return await behaviour(request, context)
 
         return grpc.unary_unary_rpc_method_handler(as_caller, handler.request_deserializer, handler.response_serializer)

@@ -9,11 +9,10 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from fnserve.adapters.http.table import JSON_APIS, ROUTES, route_of
-from fnserve.adapters.http.wire import error_parts, request_id
-from fnserve.adapters.keys import ApiKeys
+from fnserve.adapters.http.wire import error_parts, request_id, respond
+from fnserve.adapters.keys import NOT_HELD, ApiKeys, name_caller
 from fnserve.core.errors import FnserveError, Unauthorized
 from fnserve.observability import logs
-from fnserve.observability.request_meta import CALLER
 
 ASGIMessage = MutableMapping[str, Any]
 Send = Callable[[ASGIMessage], Awaitable[None]]
@@ -21,7 +20,6 @@ Send = Callable[[ASGIMessage], Awaitable[None]]
 # What a platform probes without credentials: liveness and readiness, SageMaker's and TEI's own.
 OPEN = frozenset({"v2.live", "v2.ready", "sagemaker.ping", "tei.health"})
 MISSING = "this server needs an API key: send it as Authorization: Bearer KEY"
-NOT_HELD = "the API key sent is not one this server holds"
 
 
 class Gate:
@@ -48,23 +46,15 @@ class Gate:
         header = next((value for name, value in scope.get("headers", ()) if name == b"authorization"), None)
         caller = self.keys.caller(header)
         if caller is not None:
-            logs.request_keys(api_key_id=caller)
-            CALLER.set(caller)
+            name_caller(caller)
             return True
         route = route_of(scope["method"], path)  # the API it called, for the shape of its refusal
         error = Unauthorized(MISSING if header is None else NOT_HELD)
         status, body, headers = _parts(route.group if route is not None else "v2", error)
         if self.access_log:
             logs.access("refused", {"status": status, "method": scope["method"], "path": path, "error": error.message})
-        answer = [(name.encode(), value.encode()) for name, value in headers.items()]
-        answer += [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"www-authenticate", b"Bearer"),
-            (b"x-request-id", request_id(scope).encode("latin-1")),
-        ]
-        await send({"type": "http.response.start", "status": status, "headers": answer})
-        await send({"type": "http.response.body", "body": body})
+        headers["www-authenticate"] = "Bearer"
+        await respond(scope, send, status, body, "application/json", headers, request_id(scope))
         return False
 
 

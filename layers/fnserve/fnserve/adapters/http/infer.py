@@ -26,6 +26,7 @@ from fnserve.adapters.http.wire import (
     error_parts,
     header_request_id,
     request_id,
+    respond,
     unnamed_request_id,
 )
 from fnserve.core.codec.tensors import JSON_HEADER, InferenceRequest, decode_request, encode_response
@@ -341,24 +342,6 @@ def encode_v2(answer: Answer, request: InferenceRequest) -> tuple[bytes, str, di
     if head_length is None:
         return payload, JSON, {}
     return payload, BINARY, {JSON_HEADER: str(head_length)}
-
-
-async def respond(
-    scope: ASGIMessage,
-    send: Send,
-    status: int,
-    payload: bytes,
-    media_type: str,
-    headers: dict[str, str],
-    rid: str,
-) -> None:
-    """A whole answer over ASGI: its status, length, type, ``headers`` and request id, then its body."""
-    raw = [(b"content-length", str(len(payload)).encode()), (b"content-type", media_type.encode())]
-    raw += [(k.encode(), v.encode("latin-1")) for k, v in headers.items()]
-    raw.append((b"x-request-id", rid.encode("latin-1")))
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": payload})
-    answered(scope, status)
 
 
 def request_headers(scope: ASGIMessage, wanted: frozenset[bytes]) -> tuple[str, dict[bytes, str]]:

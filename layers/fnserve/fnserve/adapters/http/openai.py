@@ -27,10 +27,9 @@ from fnserve.adapters.http.infer import (
     json_object,
     read_body,
     request_headers,
-    respond,
     respond_json,
 )
-from fnserve.adapters.http.wire import header_request_id, unnamed_request_id
+from fnserve.adapters.http.wire import header_request_id, respond, unnamed_request_id
 from fnserve.core.errors import FnserveError, InvalidInput
 from fnserve.core.execution.deadline import RequestTooLong
 from fnserve.core.execution.embeddings import (

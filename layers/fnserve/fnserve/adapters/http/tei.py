@@ -28,11 +28,11 @@ from fnserve.adapters.http.infer import (
     json_object,
     read_body,
     request_headers,
-    respond,
     respond_json,
 )
 from fnserve.adapters.http.openai import texts_of
 from fnserve.adapters.http.rerank import SCORE, Reranker, rerankers
+from fnserve.adapters.http.wire import respond
 from fnserve.core.errors import ConfigError, FnserveError
 from fnserve.core.execution.embeddings import (
     TOKENS,

@@ -6,7 +6,7 @@ batch function and the SnapStart hooks import no FastAPI, a large part of a cold
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
 import orjson
@@ -25,6 +25,24 @@ def answered(scope: Mapping[str, Any], status: int) -> None:
     offers it), the others at the end of their turn."""
     if status == 503 and SEND_NOW in scope:
         scope[SEND_NOW]()
+
+
+async def respond(
+    scope: MutableMapping[str, Any],
+    send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    status: int,
+    payload: bytes,
+    media_type: str,
+    headers: dict[str, str],
+    rid: str,
+) -> None:
+    """A whole answer over ASGI: its status, length, type, ``headers`` and request id, then its body."""
+    raw = [(b"content-length", str(len(payload)).encode()), (b"content-type", media_type.encode())]
+    raw += [(k.encode(), v.encode("latin-1")) for k, v in headers.items()]
+    raw.append((b"x-request-id", rid.encode("latin-1")))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": payload})
+    answered(scope, status)
 
 
 def request_id(scope: Mapping[str, Any]) -> str:

@@ -13,12 +13,11 @@ from typing import Any
 
 from fnserve.adapters.handler import lambda_handler, start_requests
 from fnserve.adapters.http.app import create_app
+from fnserve.adapters.keys import name_caller
 from fnserve.adapters.lambda_ import asgi as lambda_asgi
 from fnserve.adapters.lambda_ import snapstart
 from fnserve.core.execution.service import InferenceService
 from fnserve.observability.emf import EmfTelemetry
-from fnserve.observability.logs import request_keys
-from fnserve.observability.request_meta import CALLER
 from fnserve.settings import Settings
 
 # Only JSON is text; everything else (the binary tensor extension's application/octet-stream)
@@ -39,10 +38,7 @@ def create_handler(
     asgi = lambda_asgi.adapter(create_app(plane, settings, telemetry=telemetry), TEXT_MIME_TYPES)
 
     def translate(event: dict[str, Any], context: Any) -> dict[str, Any]:
-        caller = api_key_id(event)
-        CALLER.set(caller)  # this invocation's span's, none of the last one's
-        if caller is not None:  # the API-key authorizer's: in this invocation's log lines too
-            request_keys(api_key_id=caller)
+        name_caller(api_key_id(event))  # the API-key authorizer's; set every time, none of the last invocation's
         return asgi(event, context)
 
     return lambda_handler(translate, telemetry.flush)
