@@ -79,7 +79,7 @@ def test_the_html_chart_shows_one_line_per_target_in_a_real_browser(tmp_path: Pa
 
 
 def test_targets_end_to_end_and_a_budget_no_target_meets(tmp_path: Path) -> None:
-    options = ["--targets", "--rps", "5", "--lambda-seconds", "0.3", "--out", str(tmp_path)]
+    options = ["--targets", "--rps", "5", "--lambda-seconds", "0.3", "--out", str(tmp_path), "--front-door", "api"]
     result = CliRunner().invoke(
         app, ["bench", str(DEMO_MANIFEST), "--model", "digits-accurate", *options, "--p99-ms", "0.0001"]
     )
@@ -96,3 +96,11 @@ def test_targets_end_to_end_and_a_budget_no_target_meets(tmp_path: Path) -> None
     assert found["profile"]["bytes_in"] > 0 and found["profile"]["bytes_out"] > 0  # the request's and its answer's
     assert len(found["rows"]) == len(targets.rows(Measured(**found["measured"]), Profile(**found["profile"])))
     assert {p.name for p in tmp_path.iterdir()} >= {cost.TABLE_FILE, chart.PNG_FILE, chart.HTML_FILE}
+    doors = {row["door"] for row in found["rows"]}
+    assert doors == {"HTTP API", "REST API", "Google API Gateway", "HTTP API + ALB"}, doors
+    assert "front door: a managed API before each" in (tmp_path / cost.TABLE_FILE).read_text()
+
+
+def test_a_front_door_the_bench_does_not_know_is_refused_before_anything_runs() -> None:
+    result = CliRunner().invoke(app, ["bench", str(DEMO_MANIFEST), "--targets", "--front-door", "alb"])
+    assert result.exit_code != 0 and "--front-door takes one of own, api, not 'alb'" in result.output

@@ -110,15 +110,15 @@ def summary(measured: Measured, at: Profile, found: Sequence[Row], breaks: Seque
     best = targets.cheapest(found, at.p99_ms)
     if best is None:
         quickest = targets.fastest(found)
-        reason = f"the lowest p99 is {quickest.name}'s, {quickest.p99_ms:,.2f} ms" if quickest else "none fits"
+        reason = f"the lowest p99 is {quickest.named}'s, {quickest.p99_ms:,.2f} ms" if quickest else "none fits"
         lines = [f"no target meets {budget} at {shape}: {reason}. Raise --p99-ms, or lower --peak-rps."]
     else:
         lines = [
-            f"recommended (*): {best.name}: ${best.month:,.2f} a month, ${best.per_million:.3f} per million requests, "
+            f"recommended (*): {best.named}: ${best.month:,.2f} a month, ${best.per_million:.3f} per million requests, "
             f"p99 {best.p99_ms:,.2f} ms ({shape}, {budget})"
         ]
         for family, row in targets.by_family(found, at.p99_ms).items():
-            lines.append(f"  cheapest {family}: {row.name}, ${row.month:,.2f} a month, p99 {row.p99_ms:,.2f} ms")
+            lines.append(f"  cheapest {family}: {row.named}, ${row.month:,.2f} a month, p99 {row.p99_ms:,.2f} ms")
     if breaks:
         lines.append(f"break-even, the cheapest within the budget as the mean grows: {changes(breaks)}")
     lines.append(
@@ -128,7 +128,13 @@ def summary(measured: Measured, at: Profile, found: Sequence[Row], breaks: Seque
     return "\n".join(lines)
 
 
-def table(found: Sequence[Row], at: Profile) -> Any:
+DOORS = {
+    targets.OWN: "each platform's own endpoint (--front-door api: a managed API before each)",
+    targets.API: "a managed API before each (--front-door own: each platform's own endpoint)",
+}
+
+
+def table(found: Sequence[Row], at: Profile, door: str = targets.OWN) -> Any:
     """Every target as a rich table, the recommended marked."""
     from rich import box
     from rich.table import Table
@@ -138,13 +144,14 @@ def table(found: Sequence[Row], at: Profile) -> Any:
         title=f"each target at {rate(at.rps)} req/s (peak {rate(at.peak_rps)})",
         title_justify="left",
         box=box.SIMPLE_HEAD,
-        caption=f"Lambda behind HTTP API. Prices of {prices.AS_OF}: us-east-1, Cloud Run's tier 1, the container's "
+        caption=f"front door: {DOORS[door]}. Prices of {prices.AS_OF}: us-east-1, Cloud Run's tier 1, the container's "
         "given. xN: provisioned concurrency. cold: requests that meet a cold start. * recommended",
         caption_justify="left",
     )
     for column, justify in (
         ("target", "left"),
         ("size", "left"),
+        ("front door", "left"),
         ("vCPU", "right"),
         ("$/month", "right"),
         ("$/1M req", "right"),
@@ -158,6 +165,7 @@ def table(found: Sequence[Row], at: Profile) -> Any:
         out.add_row(
             row.target,
             row.size + (" *" if row is best else ""),
+            row.door,
             f"{row.vcpus:.2f}",
             money(row.month),
             money(row.per_million),
@@ -196,9 +204,9 @@ def run(console: Console, measured: Measured, at: Profile, choices: Choices, out
     breaks = targets.break_evens(lambda r: targets.family_costs(measured, at, choices, r), rps)
     text = summary(measured, at, found, breaks)
     console.print(text, highlight=False, markup=False)
-    console.print(table(found, at))
+    console.print(table(found, at, choices.front_door))
     buffer = io.StringIO()
-    Console(file=buffer, width=140, color_system=None).print(table(found, at))
+    Console(file=buffer, width=160, color_system=None).print(table(found, at, choices.front_door))
     rendered = text + "\n\n" + buffer.getvalue()
     out.mkdir(parents=True, exist_ok=True)
     (out / TABLE_FILE).write_text(rendered)
@@ -207,7 +215,7 @@ def run(console: Console, measured: Measured, at: Profile, choices: Choices, out
         "profile": asdict(at),
         "choices": asdict(choices),
         "prices_as_of": prices.AS_OF,
-        "recommended": (best.name if (best := targets.cheapest(found, at.p99_ms)) else None),
+        "recommended": (best.named if (best := targets.cheapest(found, at.p99_ms)) else None),
         "rows": [asdict(r) | {"p99_ms": None if math.isinf(r.p99_ms) else r.p99_ms} for r in found],
         "break_evens": [asdict(b) for b in breaks],
     }

@@ -19,6 +19,9 @@ LAMBDA_PER_MILLION = 0.20
 LAMBDA_GB_SECOND = {"x86_64": 0.0000166667, "arm64": 0.0000133334}  # the first 6 (arm64 7.5) billion GB-s a month
 LAMBDA_PROVISIONED_GB_SECOND = {"x86_64": 0.0000041667, "arm64": 0.0000033334}  # configured, used or not
 HTTP_API_PER_MILLION = 1.00  # the first 300 million a month; metered in 512 KB steps
+REST_API_PER_MILLION = 3.50  # the first 333 million a month
+ALB_HOUR = 0.0225  # an Application Load Balancer's every hour
+ALB_LCU_HOUR = 0.008  # its capacity units: the most used of new connections, active ones, bytes, rule evaluations
 SQS_PER_MILLION = 0.40
 DYNAMODB_WRITES_PER_MILLION = 0.625
 DYNAMODB_READS_PER_MILLION = 0.125
@@ -39,6 +42,8 @@ CLOUD_RUN_VCPU_SECOND = 0.0000240  # request-based billing: while an instance ha
 CLOUD_RUN_GIB_SECOND = 0.0000025
 CLOUD_RUN_PER_MILLION = 0.40
 CLOUD_RUN_ROUNDING_MS = 100  # an instance's billable time is rounded up to this
+GOOGLE_API_GATEWAY_SOURCE = "https://cloud.google.com/api-gateway/pricing"
+GOOGLE_API_GATEWAY_PER_MILLION = 3.00  # past the first 2 million calls a month, up to a billion
 
 TABLE = (  # (what, price, per what): docs/aws-costs.md's price table, row by row
     ("Lambda requests", LAMBDA_PER_MILLION, "million invocations"),
@@ -47,6 +52,9 @@ TABLE = (  # (what, price, per what): docs/aws-costs.md's price table, row by ro
     ("Provisioned concurrency, x86_64", LAMBDA_PROVISIONED_GB_SECOND["x86_64"], "GB-second configured"),
     ("Provisioned concurrency, arm64", LAMBDA_PROVISIONED_GB_SECOND["arm64"], "GB-second configured"),
     ("HTTP API requests", HTTP_API_PER_MILLION, "million requests"),
+    ("REST API requests", REST_API_PER_MILLION, "million requests"),
+    ("Application Load Balancer", ALB_HOUR, "hour"),
+    ("Application Load Balancer capacity", ALB_LCU_HOUR, "LCU-hour"),
     ("SQS requests", SQS_PER_MILLION, "million requests (64 KB each)"),
     ("DynamoDB writes, on demand", DYNAMODB_WRITES_PER_MILLION, "million write units (1 KB each)"),
     ("DynamoDB reads, on demand", DYNAMODB_READS_PER_MILLION, "million read units (4 KB each)"),
@@ -65,6 +73,7 @@ TABLE = (  # (what, price, per what): docs/aws-costs.md's price table, row by ro
     ("Cloud Run CPU (tier 1 region)", CLOUD_RUN_VCPU_SECOND, "vCPU-second with a request in flight"),
     ("Cloud Run memory (tier 1 region)", CLOUD_RUN_GIB_SECOND, "GiB-second with a request in flight"),
     ("Cloud Run requests", CLOUD_RUN_PER_MILLION, "million requests"),
+    ("Google Cloud API Gateway calls", GOOGLE_API_GATEWAY_PER_MILLION, "million calls"),
 )
 
 

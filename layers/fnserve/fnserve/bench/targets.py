@@ -15,6 +15,13 @@ How each target's CPU share is read:
 - **A container**, always on: the vCPUs given, else the smallest Fargate task size that keeps the peak within
   ``UTILISATION`` (https://docs.aws.amazon.com/AmazonECS/latest/developerguide/fargate-tasks-services.html).
 
+Every target is priced with a front door of the same kind (``FRONT_DOORS``, ``--front-door``), so that the same
+callers get the same access on each: ``own``, each platform's own endpoint (a Lambda function URL, SageMaker's
+InvokeEndpoint, Cloud Run's URL; a container has none, so an Application Load Balancer), callers signing with the
+cloud's credentials or the app checking its own keys; ``api``, a managed API in front of each, with its keys, JWTs
+and throttling (Lambda behind HTTP API, as the stack deploys it; SageMaker behind a REST API's AWS integration, which
+HTTP API lacks; Cloud Run behind Google Cloud's API Gateway; the container behind HTTP API and its load balancer).
+
 A request on a share ``s`` of a vCPU takes its one-vCPU time over ``min(s, 1)``: a quota below one vCPU stretches it,
 and more than one does not shorten one request (it was measured at one). The cold start stretches the same way.
 Arrivals are Poisson: a target that scales to zero after ``IDLE_S[target]`` seconds idle meets a cold environment
@@ -44,6 +51,9 @@ FARGATE_VCPUS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)  # a task's sizes; its lea
 CLOUD_RUN_MIN_MIB = 512
 CLOUD_RUN_STEP_MS = prices.CLOUD_RUN_ROUNDING_MS
 HTTP_API_STEP_BYTES = 512 * 1024  # HTTP API meters a request in 512 KB steps
+OWN, API = "own", "api"
+FRONT_DOORS = (OWN, API)
+ALB_GB_PER_LCU_HOUR = 1.0  # an LCU's processed bytes; clients that keep their connections make bytes the meter
 GIB = 1024**3
 COLD_QUANTILE = 0.01  # the share of requests a p99 leaves above it
 # The CPU utilisation Cloud Run's autoscaler keeps instances at (https://cloud.google.com/run/docs/about-instance-
@@ -92,6 +102,8 @@ class Choices:
     container_gb_hour: float = prices.FARGATE_GB_HOUR["x86_64"]
     cloud_run_vcpus: float = 1.0
     container_vcpus: float | None = None  # None: sized for the peak
+    front_door: str = OWN  # one of FRONT_DOORS, the same kind before every target
+    sagemaker_start_ms: float = 0.0  # the endpoint's container start, added to its cold start (AWS publishes none)
 
     def lambda_gb_second(self, arch: str) -> float:
         return self.lambda_gb_second_x86 if arch == "x86_64" else prices.LAMBDA_GB_SECOND[arch]
@@ -111,11 +123,17 @@ class Row:
     p99_ms: float  # expected; math.inf when the peak overloads it
     cold_share: float  # of requests that meet a cold environment
     fits: bool  # the model's peak memory fits the size
+    door: str  # the front door priced with it: "function URL", "HTTP API"
     note: str = ""  # why it cannot serve the profile, when it cannot
 
     @property
     def name(self) -> str:
         return f"{self.target} {self.size}"
+
+    @property
+    def named(self) -> str:
+        """The row as the report names it: the target, its size and its front door."""
+        return f"{self.name} via {self.door}"
 
     def meets(self, budget: float | None) -> bool:
         return self.fits and math.isfinite(self.p99_ms) and (budget is None or self.p99_ms <= budget)
@@ -164,8 +182,43 @@ def http_api_per_request(bytes_in: int) -> float:
     return max(1, math.ceil(bytes_in / HTTP_API_STEP_BYTES)) * prices.HTTP_API_PER_MILLION / 1e6
 
 
+@dataclass(frozen=True)
+class Door:
+    """A front door: its name and its bill, per request and per second of its own."""
+
+    name: str
+    each: float = 0.0  # $ a request
+    per_second: float = 0.0  # $ a second, whatever the traffic
+
+
+def alb(profile: Profile) -> Door:
+    """An Application Load Balancer: its hours, and its capacity units for the bytes through it at the mean."""
+    gb_hour = profile.rps * (profile.bytes_in + profile.bytes_out) * 3600 / 1e9
+    lcus = gb_hour / ALB_GB_PER_LCU_HOUR
+    return Door("ALB", per_second=(prices.ALB_HOUR + lcus * prices.ALB_LCU_HOUR) / 3600)
+
+
+def front_door(family: str, profile: Profile, kind: str) -> Door:
+    """The front door of ``kind`` (``FRONT_DOORS``) before a target of ``family``."""
+    if kind not in FRONT_DOORS:
+        raise ValueError(f"front door {kind!r}: one of {', '.join(FRONT_DOORS)}")
+    if family in (LAMBDA, LAMBDA_PROVISIONED):
+        return Door("HTTP API", each=http_api_per_request(profile.bytes_in)) if kind == API else Door("function URL")
+    if family == SAGEMAKER:
+        return Door("REST API", each=prices.REST_API_PER_MILLION / 1e6) if kind == API else Door("InvokeEndpoint")
+    if family in (CLOUD_RUN_REQUEST, CLOUD_RUN_INSTANCE):
+        if kind == API:
+            return Door("Google API Gateway", each=prices.GOOGLE_API_GATEWAY_PER_MILLION / 1e6)
+        return Door("run.app URL")
+    balancer = alb(profile)
+    if kind == API:
+        return Door("HTTP API + ALB", http_api_per_request(profile.bytes_in), balancer.per_second)
+    return balancer
+
+
 def _row(
     profile: Profile,
+    choices: Choices,
     family: str,
     target: str,
     size: str,
@@ -178,26 +231,28 @@ def _row(
     fits: bool = True,
     note: str = "",
 ) -> Row:
-    """A row from a target's cost a second at the profile's mean."""
-    month = per_second * prices.MONTH_SECONDS
+    """A row from a target's cost a second at the profile's mean, its front door's bill added."""
+    door = front_door(family, profile, choices.front_door)
+    month = (per_second + door.per_second + door.each * profile.rps) * prices.MONTH_SECONDS
     per_million = month / (profile.rps * prices.MONTH_SECONDS) * 1e6
     note = note or ("" if fits else "too small")
-    return Row(family, target, size, vcpus, memory_mb, month, per_million, p99_ms, cold, fits, note)
+    return Row(family, target, size, vcpus, memory_mb, month, per_million, p99_ms, cold, fits, door.name, note)
 
 
 # -- each target ----------------------------------------------------------------------------------------------------
 
 
 def lambda_row(measured: Measured, profile: Profile, choices: Choices, arch: str, memory_mb: int) -> Row:
-    """Lambda on demand behind HTTP API: each request billed to the millisecond times the memory."""
+    """Lambda on demand: each request billed to the millisecond times the memory."""
     share = sizing.vcpus(memory_mb)
     ms = duration_ms(measured.cpu_ms, share)
-    each = choices.lambda_per_million / 1e6 + http_api_per_request(profile.bytes_in)
+    each = choices.lambda_per_million / 1e6
     each += math.ceil(ms) / 1e3 * memory_mb / 1024 * choices.lambda_gb_second(arch)
     cold = cold_share(profile.rps, IDLE_S[LAMBDA])
     p99 = tail_ms(duration_ms(measured.p99_ms, share), duration_ms(measured.start_ms, share) + ms, cold)
     return _row(
         profile,
+        choices,
         LAMBDA,
         f"Lambda {arch}",
         f"{memory_mb} MB",
@@ -222,10 +277,11 @@ def lambda_provisioned_row(measured: Measured, profile: Profile, choices: Choice
     ms = duration_ms(measured.cpu_ms, share)
     concurrency = provisioned_concurrency(profile.rps, ms)
     gb = memory_mb / 1024
-    each = choices.lambda_per_million / 1e6 + http_api_per_request(profile.bytes_in)
+    each = choices.lambda_per_million / 1e6
     each += math.ceil(ms) / 1e3 * gb * prices.LAMBDA_PROVISIONED_DURATION_GB_SECOND[arch]
     return _row(
         profile,
+        choices,
         LAMBDA_PROVISIONED,
         f"Lambda {arch} provisioned",
         f"{memory_mb} MB x{concurrency}",
@@ -237,17 +293,31 @@ def lambda_provisioned_row(measured: Measured, profile: Profile, choices: Choice
     )
 
 
-def sagemaker_row(measured: Measured, profile: Profile, memory_mb: int) -> Row:
-    """SageMaker Serverless Inference: each request's compute to the millisecond times the memory, and the data."""
+def sagemaker_row(measured: Measured, profile: Profile, choices: Choices, memory_mb: int) -> Row:
+    """SageMaker Serverless Inference: each request's compute to the millisecond times the memory, and the data.
+
+    Its cold start is the model's start measured here plus the endpoint's container start
+    (``Choices.sagemaker_start_ms``); its concurrency is at most ``SAGEMAKER_MAX_CONCURRENCY``, past which requests
+    are throttled. The row's note says which of the two sets its p99."""
     share = sizing.vcpus(memory_mb)
     ms = duration_ms(measured.cpu_ms, share)
     each = prices.sagemaker_serverless_cost_per_million(memory_mb, math.ceil(ms)) / 1e6
     each += (profile.bytes_in + profile.bytes_out) / GIB * prices.SAGEMAKER_SERVERLESS_DATA_GB
     cold = cold_share(profile.rps, IDLE_S[SAGEMAKER])
-    p99 = tail_ms(duration_ms(measured.p99_ms, share), duration_ms(measured.start_ms, share) + ms, cold)
-    throttled = busy_vcpus(profile.peak_rps, ms) > SAGEMAKER_MAX_CONCURRENCY
+    start = duration_ms(measured.start_ms, share) + choices.sagemaker_start_ms
+    p99 = tail_ms(duration_ms(measured.p99_ms, share), start + ms, cold)
+    concurrency = math.ceil(busy_vcpus(profile.peak_rps, ms))
+    throttled = concurrency > SAGEMAKER_MAX_CONCURRENCY
+    if throttled:
+        note = f"throttled at the peak: {concurrency} at once, past its {SAGEMAKER_MAX_CONCURRENCY}"
+    elif cold > COLD_QUANTILE:
+        container = f"+ {choices.sagemaker_start_ms:g} ms" if choices.sagemaker_start_ms else "not counted"
+        note = f"p99 is a cold start: the model's here, the container's {container} (--sagemaker-start-ms)"
+    else:
+        note = ""
     return _row(
         profile,
+        choices,
         SAGEMAKER,
         SAGEMAKER,
         f"{memory_mb} MB",
@@ -257,7 +327,7 @@ def sagemaker_row(measured: Measured, profile: Profile, memory_mb: int) -> Row:
         p99_ms=math.inf if throttled else p99,
         cold=cold,
         fits=measured.memory_mb <= memory_mb,
-        note="throttled at the peak" if throttled else "",
+        note=note if measured.memory_mb <= memory_mb or throttled else "",
     )
 
 
@@ -301,6 +371,7 @@ def cloud_run_request_row(measured: Measured, profile: Profile, choices: Choices
     size = f"{vcpus:g} vCPU, min {min_instances}"
     return _row(
         profile,
+        choices,
         CLOUD_RUN_REQUEST,
         CLOUD_RUN_REQUEST,
         size,
@@ -323,6 +394,7 @@ def cloud_run_instance_row(measured: Measured, profile: Profile, choices: Choice
     size = f"{vcpus:g} vCPU, min {min_instances}"
     return _row(
         profile,
+        choices,
         CLOUD_RUN_INSTANCE,
         CLOUD_RUN_INSTANCE,
         size,
@@ -353,6 +425,7 @@ def container_row(measured: Measured, profile: Profile, choices: Choices) -> Row
     utilisation = busy_vcpus(profile.peak_rps, measured.cpu_ms) / vcpus
     return _row(
         profile,
+        choices,
         CONTAINER,
         CONTAINER,
         f"{vcpus:g} vCPU, {gb:g} GB",
@@ -368,11 +441,12 @@ def container_row(measured: Measured, profile: Profile, choices: Choices) -> Row
 
 
 def rows(measured: Measured, profile: Profile, choices: Choices = Choices()) -> list[Row]:
-    """Every target at every size: Lambda (each architecture and ``sizing.SIZES``, on demand and provisioned),
-    SageMaker Serverless, Cloud Run (both billings, min instances 0 and 1), the container."""
+    """Every target at every size, each behind the front door ``choices`` names: Lambda (each architecture and
+    ``sizing.SIZES``, on demand and provisioned), SageMaker Serverless, Cloud Run (both billings, min instances 0
+    and 1), the container."""
     found = [lambda_row(measured, profile, choices, a, m) for a in ARCHITECTURES for m in sizing.SIZES]
     found += [lambda_provisioned_row(measured, profile, choices, a, m) for a in ARCHITECTURES for m in sizing.SIZES]
-    found += [sagemaker_row(measured, profile, m) for m in SAGEMAKER_SIZES]
+    found += [sagemaker_row(measured, profile, choices, m) for m in SAGEMAKER_SIZES]
     found += [cloud_run_request_row(measured, profile, choices, n) for n in (0, 1)]
     found += [cloud_run_instance_row(measured, profile, choices, n) for n in (0, 1)]
     found.append(container_row(measured, profile, choices))

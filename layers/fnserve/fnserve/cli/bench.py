@@ -81,6 +81,18 @@ _BytesOut = Annotated[
     int | None, typer.Option(min=0, help="Answer bytes (--targets; default: the answer to that request).")
 ]
 _CloudRunVcpus = Annotated[float, typer.Option(min=0.08, help="Cloud Run's CPU setting (--targets).")]
+_FrontDoor = Annotated[
+    str,
+    typer.Option(
+        help="--targets: the front door priced before every target, the same kind for each: own (a Lambda function "
+        "URL, SageMaker's InvokeEndpoint, Cloud Run's URL, an ALB before the container) or api (HTTP API before "
+        "Lambda and the container, a REST API before SageMaker, Google's API Gateway before Cloud Run).",
+    ),
+]
+_SagemakerStart = Annotated[
+    float,
+    typer.Option(min=0, help="--targets: SageMaker Serverless's container start, added to its cold start (ms)."),
+]
 _ContainerVcpus = Annotated[
     float | None,
     typer.Option(min=0.25, help="The container's vCPUs (--targets; default: the least Fargate size for the peak)."),
@@ -125,6 +137,8 @@ def bench(
     container_vcpus: _ContainerVcpus = None,
     container_vcpu_hour: _VcpuHour = prices.FARGATE_VCPU_HOUR["x86_64"],
     container_gb_hour: _GbHour = prices.FARGATE_GB_HOUR["x86_64"],
+    front_door: _FrontDoor = "own",
+    sagemaker_start_ms: _SagemakerStart = 0.0,
 ) -> None:
     """Measure the raw onnxruntime floor, sweep server layouts, threads, pinning and batching under load on
     loopback, and recommend the fastest configuration; --profile writes a flame graph, --lambda sizes Lambda,
@@ -133,12 +147,14 @@ def bench(
     from fnserve.bench.main import Options
     from fnserve.bench.main import bench as run_bench
     from fnserve.bench.sweep import LoadOptions
-    from fnserve.bench.targets import Choices
+    from fnserve.bench.targets import FRONT_DOORS, Choices
 
     try:
         sizes = tuple(int(m) for m in memory.split(",") if m.strip()) if lambda_ else ()
     except ValueError:
         raise fail(f"--memory takes sizes in MB separated by commas, not {memory!r}") from None
+    if front_door not in FRONT_DOORS:
+        raise fail(f"--front-door takes one of {', '.join(FRONT_DOORS)}, not {front_door!r}")
     prices_ = Choices(
         lambda_gb_second_x86=price_gb_second,
         lambda_per_million=price_per_million,
@@ -146,6 +162,8 @@ def bench(
         container_gb_hour=container_gb_hour,
         cloud_run_vcpus=cloud_run_vcpus,
         container_vcpus=container_vcpus,
+        front_door=front_door,
+        sagemaker_start_ms=sagemaker_start_ms,
     )
     options = Options(
         manifest=manifest,
