@@ -28,12 +28,11 @@ BentoML and MLServer, in one run.
   beside the naive vectorised handler and the floor (simdjson reading the numbers plus one ``session.run`` on the
   stacked rows), the SQS benchmark's pieces, ``BENCH_SQS_REPEATS`` interleaved repeats: records a second and CPU
   per record, in this process.
-- **Cold start**: the API function (``functions/api/app.py``) imported as Lambda imports it and answering one API
-  Gateway event, beside the naive Mangum handler and a bare onnxruntime script, fresh processes, interleaved,
-  median of ``BENCH_COLD_RUNS`` (the cold-start benchmark's scripts); and each server's start, from its command to
-  its first answer on the digits load, over the rounds.
+- **Server start**: each server's start with its default options, from its command to its first answer on the
+  digits load, over the rounds. The Lambda functions' cold starts beside the naive Mangum handler, and the start
+  Cloud Run and the deploy files give ``fnserve serve``, are ``bench_start``'s, under the same runtime as a deploy.
 
-BentoML and MLServer have no SQS or Lambda path: their cells in those rows say so.
+BentoML and MLServer have no SQS path: their cells in that row say so.
 """
 
 from __future__ import annotations
@@ -60,8 +59,7 @@ import numpy as np
 
 from fnserve.bench.sweep import process_tree
 from fnserve.core.host import available_cpus
-from tests.bench import bench_cold, bench_sqs
-from tests.bench._timing import fresh_process_seconds
+from tests.bench import bench_sqs
 from tests.bench.bench_batching import (
     SECONDS,
     load,
@@ -82,7 +80,7 @@ BENTOML = REPO / ".venv-bentoml" / "bin" / "bentoml"
 MLSERVER = REPO / ".venv-mlserver" / "bin" / "mlserver"
 TOLERANCE = 1e-3  # of an output's largest magnitude: float32 sums in another order (a batch, its padding) differ
 FNSERVE, NAIVE = "fnserve", "naive FastAPI + ORT"
-NAIVE_SQS, NAIVE_LAMBDA = "naive vectorised handler", "naive Mangum + FastAPI"
+NAIVE_SQS = "naive vectorised handler"
 Arrays = dict[str, np.ndarray[Any, Any]]
 METHODS = {
     "digits, JSON": "one 64-pixel digit a request (the same JSON body to fnserve, the naive server and MLServer, "
@@ -95,9 +93,9 @@ METHODS = {
     "its embedding, under the same wrk; BentoML and MLServer batch it adaptively, as in the row above.",
     "SQS jobs": "one event of digits jobs through fnserve's SQS handler and a hand-written vectorised handler in "
     "one process; the floor reads the numbers with simdjson and runs the stacked rows once.",
-    "cold start (Lambda)": "a fresh Python process importing the API function and answering one API Gateway "
-    "event, beside the naive Mangum handler; the floor imports onnxruntime and runs the model once.",
-    "server start": "each server's command to its first answer to the digits body, every round.",
+    "server start, default options": "each server's command to its first answer to the digits body, every round; "
+    "fnserve times its layouts on the loaded models before answering, which the others do not. Lambda's cold "
+    "starts and the fast start Cloud Run's file gives are python -m tests.bench.bench_start's.",
 }
 
 
@@ -317,7 +315,7 @@ def floors(cpus: int) -> dict[str, float]:
     }
 
 
-# -- SQS jobs and cold start ------------------------------------------------------------------------------
+# -- SQS jobs ------------------------------------------------------------------------------------------
 
 
 def sqs() -> dict[str, tuple[list[float], list[float]]]:
@@ -366,23 +364,6 @@ def sqs() -> dict[str, tuple[list[float], list[float]]]:
     return found
 
 
-def cold() -> dict[str, list[float]]:
-    """Seconds from a fresh process to the first answer: fnserve's API function, the naive Mangum handler and a bare
-    onnxruntime script, interleaved."""
-    base = {**os.environ, "PYTHONPATH": str(REPO), "PLAIN_MODEL_PATH": str(bench_cold.MODEL_PATH)}
-    base.pop("FNSERVE_RESULTS_TABLE", None)
-    scripts = {
-        FNSERVE: (bench_cold.API, {**base, "FNSERVE_MANIFEST": str(DEMO_MANIFEST)}),
-        NAIVE_LAMBDA: (bench_cold.NAIVE_API, base),
-        "floor": (bench_cold.FLOOR, base),
-    }
-    found: dict[str, list[float]] = {label: [] for label in scripts}
-    for _ in range(bench_cold.COLD_RUNS):
-        for label, (code, env) in scripts.items():
-            found[label].append(fresh_process_seconds(code, env=env, cwd=REPO))
-    return found
-
-
 # -- the report -------------------------------------------------------------------------------------------
 
 
@@ -402,9 +383,8 @@ def report(
     raws: dict[str, list[float]],
     worst: dict[tuple[str, str], float],
     jobs: dict[str, tuple[list[float], list[float]]],
-    starts: dict[str, list[float]],
 ) -> None:
-    """Each load's figures, the SQS and cold-start rows, then all of them as one Markdown table for the docs."""
+    """Each load's figures, the SQS row, then all of them as one Markdown table for the docs."""
     loads = list(raws)
     print(
         f"\nfnserve beside its peers, {cpus} CPUs, wrk -t1 -c16, {SECONDS:g} s, {ROUNDS} interleaved rounds: "
@@ -427,13 +407,7 @@ def report(
     )
     for label, (rates, cpus_us) in jobs.items():
         print(f"    {label:<24} {shown(rates, '.0f')} records/s  CPU {shown(cpus_us, '.1f')} us/record")
-    print(
-        f"  cold start, fresh process to first answer, median of {bench_cold.COLD_RUNS} (no Lambda path for "
-        "BentoML and MLServer):"
-    )
-    for label, seconds in starts.items():
-        print(f"    {label:<24} {shown([s * 1e3 for s in seconds], '.0f')} ms")
-    print("  server start, command to first answer (digits load, every round):")
+    print("  server start with default options, command to first answer (digits load, every round):")
     for label in labels:
         print(f"    {label:<24} {shown(runs[('digits, JSON', label)].start_s, '.1f')} s")
 
@@ -450,35 +424,27 @@ def report(
             else:
                 cells.append(f"{figures} (**{ratio(run.cpu_ms, fn.cpu_ms):.2f}x** fnserve's CPU)")
         print(f"| {what} | " + " | ".join(cells) + f" | {statistics.median(raws[what]):.3f} ms CPU/row |")
-    none = [f"no {path} path" for path in ("SQS", "Lambda")]
+    none = "no SQS path"
     (fn_rate, fn_cpu), (naive_rate, naive_cpu), (_, floor_cpu) = jobs[FNSERVE], jobs[NAIVE_SQS], jobs["floor"]
     print(
         f"| SQS jobs | {statistics.median(fn_rate):.0f} records/s, {statistics.median(fn_cpu):.1f} us CPU/record "
         f"(efficiency {ratio(floor_cpu, fn_cpu):.2f}) | {statistics.median(naive_rate):.0f} records/s, "
         f"{statistics.median(naive_cpu):.1f} us CPU/record (**{ratio(naive_cpu, fn_cpu):.2f}x** fnserve's CPU) | "
-        + " | ".join(none[0] for _ in labels[2:])
+        + " | ".join(none for _ in labels[2:])
         + f" | {statistics.median(floor_cpu):.1f} us CPU/record |"
-    )
-    fn_ms, naive_ms, floor_ms = (statistics.median(starts[k]) * 1e3 for k in (FNSERVE, NAIVE_LAMBDA, "floor"))
-    print(
-        f"| cold start (Lambda) | {fn_ms:.0f} ms ({ratio(starts['floor'], starts[FNSERVE]):.2f}x floor) | "
-        f"{naive_ms:.0f} ms (**{ratio(starts[NAIVE_LAMBDA], starts[FNSERVE]):.2f}x** fnserve's) | "
-        + " | ".join(none[1] for _ in labels[2:])
-        + f" | {floor_ms:.0f} ms |"
     )
     start_fn = runs[("digits, JSON", FNSERVE)].start_s
     cells = [f"{statistics.median(start_fn):.1f} s"]
     for label in labels[1:]:
         start = runs[("digits, JSON", label)].start_s
         cells.append(f"{statistics.median(start):.1f} s (**{ratio(start, start_fn):.2f}x** fnserve's)")
-    print("| server start | " + " | ".join(cells) + " | |")
+    print("| server start, default options | " + " | ".join(cells) + " | |")
     print(
         "\nIn bold, the peer's figure over fnserve's in the same rounds (the median of the rounds' ratios): above 1, "
         "the peer spends more CPU a request (or takes longer). In fnserve's column, the floor's figure over fnserve's "
-        "(efficiency: raw onnxruntime's CPU per row over fnserve's CPU per request; x floor: the floor's cold start "
-        "over fnserve's): 1 is as cheap as the floor. In the "
-        "SQS and cold-start rows the naive column holds the hand-written vectorised handler and the Mangum + FastAPI "
-        "handler. Reproduce: make bench-peers. Method, row by row:"
+        "(efficiency: raw onnxruntime's CPU per row over fnserve's CPU per request): 1 is as cheap as the floor. "
+        "In the SQS row the naive column holds the hand-written vectorised handler. Reproduce: make bench-peers. "
+        "Method, row by row:"
     )
     for what, sentence in METHODS.items():
         print(f"- {what}: {sentence}")
@@ -520,7 +486,7 @@ def main() -> None:
                     port += peer.ports  # a fresh port each time: no TIME_WAIT surprises
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    report(cpus, [p.label for p in next(iter(loads.values()))], runs, raws, worst, sqs(), cold())
+    report(cpus, [p.label for p in next(iter(loads.values()))], runs, raws, worst, sqs())
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ round that is not timed (the files then come from the page cache). Every answer 
   root, ``app.handler`` the handler, the models layer's manifest FNSERVE_MANIFEST), run by awslambdaric (the
   runtime interface client the Lambda image runs) against a Runtime API on loopback
   (:mod:`fnserve.emulator.runtime_api`), with the table and bucket template.yaml gives it (on a moto server); the
-  event ``events/api-http-infer.json``.
+  event ``events/api-http-infer.json``. Beside it the peer, ``tests/bench/plain_server.handler`` (Mangum, FastAPI and
+  onnxruntime, as one writes it by hand), started the same way.
 - Lambda batch function: ``functions/batch/app.py`` the same way; the event ``events/batch-jobs.json`` with fresh
   job ids each start, its results written to DynamoDB on the moto server.
 - fnserve serve: as Cloud Run's files run the image (a bare `fnserve serve`; FNSERVE_FAST_START=true,
@@ -68,6 +69,7 @@ MODELS = DEMO_MANIFEST.parent
 HERE = Path(__file__).parent
 FLOOR_SERVER = REPO / "tests" / "image" / "floor_server.py"
 TABLE, BUCKET = "fnserve-start-results", "fnserve-start-payloads"
+NAIVE_API = "naive Mangum + FastAPI handler (awslambdaric)"
 SERVED = (("digits-accurate", "digits-accurate"), ("minilm-embed", "minilm-l6"))  # what is served, its model
 TEXT = "A cold instance pays its whole start before its first answer."
 
@@ -244,6 +246,12 @@ def lambda_rows(moto_url: str, work: Path) -> list[Row]:
                 steps=step_by_step(kind, models, {**env, "FNSERVE_MANIFEST": str(cold)}, work),
             )
         )
+    # The peer users would write by hand, started the same way: the row the Lambda cold start compares against.
+    api = rows[0]
+    peer = {**function, "AWS_LAMBDA_FUNCTION_NAME": "naive-api", "PYTHONPATH": str(REPO)}
+    peer["PLAIN_MODEL_PATH"] = str(MODELS / "digits-accurate" / "1" / "model.onnx")
+    naive = [sys.executable, "-m", "awslambdaric", "tests.bench.plain_server.handler"]
+    rows.insert(1, Row(NAIVE_API, lambda_start(naive, REPO, peer, lambda: api_event), api.floor_name, api.floor))
     return rows
 
 
