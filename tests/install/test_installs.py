@@ -33,6 +33,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, PROJECT, REPO, documented, load_module, requirements
+from tests.helpers.docs import install_extras, reader_dir, run_block, run_quickstart, servers_stopped, sh_blocks, starts
 from tests.moto import aws_env, free_port, reset
 from tests.servers import start_http
 
@@ -356,3 +357,60 @@ def _interpreter(version: str) -> str:
         if subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
             return candidate
     pytest.skip(f"no Python {version} on this machine (pyenv install {version}): it is not tested here")
+
+
+# -- the pages, from exactly the install the quickstart gives -------------------------------------------------------
+
+README_OWN_MODEL = ".venv/bin/fnserve quantize my-model.onnx"
+README_DEMO = "make serve"  # its comment names the command it stands for, which needs no `make setup`
+# A sweep of minutes, cut to seconds: what the reader's run needs from the install (the plots, the report) is the same.
+SHORT_BENCH = "--seconds 0.2 --confirm-seconds 0 --floor-seconds 0.05 --max-concurrency 4"
+
+
+def readers_lines(block: str, reader: Path, env: dict[str, str], port: int) -> None:
+    """A block a reader runs as it reads: a server line left running in the foreground (on ``port``), what comes
+    before and after it each run to a zero exit, every JSON answer not an error."""
+    block = block.replace("localhost:8080", f"127.0.0.1:{port}")
+    block = re.sub(
+        r"^(\.venv/bin/fnserve bench[^\n#]*)", rf"\1 {SHORT_BENCH} --out {reader / 'bench'} ", block, flags=re.M
+    )
+    parts = re.split(r"^(\.venv/bin/fnserve serve[^\n]*)\n", block, flags=re.MULTILINE)
+    with servers_stopped() as started:
+        for number, part in enumerate(parts):
+            if part.startswith(".venv/bin/fnserve serve"):
+                log = reader / f"server{number}.log"
+                server_env = {**env, "FNSERVE_PORT": str(port)}
+                proc, _ = start_http(
+                    ["bash", "-c", f"exec {part}"], port, log, env=server_env, new_session=True, cwd=reader
+                )
+                started.append(proc)
+            elif part.strip():
+                output = run_block(part, reader, env, number, timeout=600)
+                assert all("error" not in json.loads(line) for line in output.splitlines() if line.startswith("{"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_quickstart_and_the_readme_run_from_exactly_the_quickstarts_install(tmp_path: Path) -> None:
+    """A fresh virtualenv of the extras the quickstart's install block names, and nothing else; from it, every block
+    of the quickstart that needs no AWS account, then the README's demo request and its own-model commands,
+    ``fnserve bench`` included (its sweep cut short), each to a zero exit. ``make run`` and ``make test`` make
+    their own virtualenv (tests/e2e and CI run them)."""
+    bin_dir = venv(tmp_path / "install", install_extras(), "highest", [])
+    env = {k: v for k, v in environment(bin_dir, tmp_path).env.items() if k != "FNSERVE_MANIFEST"}
+    (tmp_path / "quickstart").mkdir()
+    reader = reader_dir(tmp_path / "quickstart", bin_dir.parent, REPO)
+    skipped = run_quickstart(reader, env, lambda block: ".venv/bin/fnserve models push" in block)
+    assert len(skipped) == 1, "only the deploy needs an account"
+    assert (reader / "my-models" / "my-model" / "1" / "model.onnx").is_file()
+
+    readme = [block for block in sh_blocks(REPO / "README.md")]
+    (tmp_path / "readme").mkdir()
+    reader = reader_dir(tmp_path / "readme", bin_dir.parent, REPO)
+    shutil.copy(REPO / "examples" / "digits-mlp.onnx", reader / "my-model.onnx")  # a float model of the reader's
+    demo = next(block for block in readme if starts(block, README_DEMO))
+    served = re.match(r"make serve\s+# or: (.+)", demo)
+    assert served is not None, demo.splitlines()[0]
+    readers_lines(demo.replace(demo.splitlines()[0], served.group(1), 1), reader, env, free_port())
+    readers_lines(next(block for block in readme if starts(block, README_OWN_MODEL)), reader, env, free_port())
+    assert (reader / "bench" / "recommended.txt").is_file()
