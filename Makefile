@@ -28,7 +28,7 @@ setup: $(VENV)/.installed
 
 # The main job: template.yaml's functions on this machine, an embedded AWS emulator, the demo models.
 run: setup
-	$(BIN)/fnserve local --template template.yaml --port $(PORT) --reload
+	$(BIN)/fnserve local --template template.yaml --port $(PORT) --reload --manifest $(MANIFEST)
 
 # The same app as a long-running container server, without the AWS parts.
 serve: setup

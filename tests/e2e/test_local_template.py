@@ -421,6 +421,31 @@ def test_the_emulator_shows_a_requests_spans_on_its_console(monkeypatch: pytest.
         clients.reset()
 
 
+def test_the_emulator_serves_a_manifest_of_the_readers_own_in_place_of_the_models_layers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fnserve local --manifest (make run MANIFEST=...): every function reads that manifest, its models beside it."""
+    from fnserve.core.models.writing import add_model
+    from tests.helpers import DEMO_MANIFEST, REPO
+
+    manifest = tmp_path / "my-models" / "manifest.toml"
+    add_model(manifest, DEMO_MANIFEST.parent / "digits-accurate" / "1" / "model.onnx", "my-model")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("LOCALSTACK_HOST", raising=False)
+    port = free_port()
+    emulator = Emulator(REPO / "template.yaml", port=port, parameters={"ApiAuth": "NONE"}, manifest=manifest)
+    try:
+        emulator.start()
+        assert {spec.env.get("FNSERVE_MANIFEST") for spec in emulator.app.functions.values()} <= {str(manifest), None}
+        body = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]}
+        url = f"http://127.0.0.1:{port}/v2/models"
+        assert httpx.post(f"{url}/my-model/infer", json=body, timeout=30).status_code == 200
+        assert httpx.post(f"{url}/digits-accurate/infer", json=body, timeout=30).status_code == 404  # the layer's
+    finally:
+        emulator.stop()
+        clients.reset()
+
+
 def test_reload_restarts_a_functions_workers_after_their_running_invocations(tmp_path: Path) -> None:
     import threading
 

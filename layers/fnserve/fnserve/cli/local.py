@@ -23,6 +23,16 @@ def local(
     visibility_timeout: Annotated[
         int | None, typer.Option(min=0, help="Override every queue's visibility timeout (seconds), for quick retries.")
     ] = None,
+    manifest: Annotated[
+        Path | None,
+        typer.Option(
+            "--manifest",
+            "-m",
+            exists=True,
+            dir_okay=False,
+            help="A model manifest every function serves instead of the models layer's (its models beside it).",
+        ),
+    ] = None,
     parameter: Annotated[
         list[str] | None, typer.Option("--parameter", "-p", help="Template parameter override, KEY=VALUE (repeatable).")
     ] = None,
@@ -63,6 +73,7 @@ def local(
             log_file=log_file,
             reload=reload,
             echo=typer.echo,
+            manifest=manifest,
         )
     except FnserveError as exc:
         raise fail(exc.message) from None

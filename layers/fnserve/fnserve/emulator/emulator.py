@@ -58,8 +58,10 @@ class Emulator:
         parameters: dict[str, str] | None = None,
         observer: Observer | None = None,
         reload: bool = False,
+        manifest: Path | None = None,
     ) -> None:
         self.template: Template = load_template(template)
+        self.manifest = manifest.resolve() if manifest is not None else None  # in place of the models layer's
         self.template_path = template.resolve()
         self.reload = reload
         self.root = template.resolve().parent
@@ -95,6 +97,10 @@ class Emulator:
             self.app = collect(
                 self.template, Resolver(self.template, physical, attributes, self.parameters), self.root, self.workers
             )
+            if self.manifest is not None:  # every function that reads a manifest reads this one
+                for spec in self.app.functions.values():
+                    if "FNSERVE_MANIFEST" in spec.env and not spec.image:
+                        spec.env["FNSERVE_MANIFEST"] = str(self.manifest)
             self.local = Local(endpoint, self.app.functions, *self._resources(physical))
             self._check_visibility()
             for name, spec in self.app.functions.items():

@@ -33,6 +33,7 @@ def run(
     log_file: Path | None,
     reload: bool,
     echo: Callable[[str], None] = print,
+    manifest: Path | None = None,
 ) -> None:
     """Run the template's functions until SIGINT or SIGTERM; the console gets each invocation as Lambda's logs show
     it, ``log_file`` (default: a new file in the temp dir) the raw lines."""
@@ -50,6 +51,7 @@ def run(
             parameters=dict(parameters),
             observer=console,
             reload=reload,
+            manifest=manifest,
         )
         console.expect(["fnserve", *emulator.template.of_type("AWS::Serverless::Function")])
         local_ = emulator.start()
