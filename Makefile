@@ -26,12 +26,22 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
+# What make run and make serve need alone (the emulator's extra, the server's), where the development install has
+# not already brought it: a newcomer's first command installs what it runs, not the test and export tooling.
+$(VENV)/.installed-%: pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fnserve needs Python >= 3.11"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[$*]'
+	@touch $@
+RUNS_ON = $(if $(wildcard $(VENV)/.installed),$(VENV)/.installed,$(VENV)/.installed-$(1))
+
 # The main job: template.yaml's functions on this machine, an embedded AWS emulator, the demo models.
-run: setup
+run: $(call RUNS_ON,local)
 	$(BIN)/fnserve local --template template.yaml --port $(PORT) --reload --manifest $(MANIFEST)
 
 # The same app as a long-running container server, without the AWS parts.
-serve: setup
+serve: $(call RUNS_ON,server)
 	$(BIN)/fnserve serve -m $(MANIFEST)
 
 # The wheel a user installs where there is no checkout: pip install "dist/fnserve-VERSION-py3-none-any.whl[server]".

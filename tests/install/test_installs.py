@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -39,7 +40,7 @@ from tests.servers import start_http
 
 UV = str(Path(sys.executable).parent / "uv")
 # What users install one by one (the README's and the docs' extras), beside the documented sets below.
-ALONE = ["server", "grpc", "aws", "gcp", "redis", "lambda"]
+ALONE = ["server", "grpc", "aws", "gcp", "redis", "lambda", "local"]  # local: what make run installs
 # Each supported Python (pyproject's classifiers) beside the one the suite runs on, with the set it smokes.
 PYTHONS = sorted(
     c.rsplit(" :: ", 1)[1]
@@ -263,8 +264,25 @@ def quantized(env: Env) -> None:
     assert env.python(QUANTIZE.format(source=REPO / "examples" / "digits-mlp.onnx", target=target)).strip() == "1"
 
 
+def emulated(env: Env) -> None:
+    """``fnserve local`` on template.yaml, as make run starts it: the gateway answers the demo's request."""
+    port = free_port()
+    command = [str(env.bin / "fnserve"), "local", "--template", "template.yaml", "--port", str(port)]
+    command += ["--manifest", str(DEMO_MANIFEST), "--parameter", "ApiAuth=NONE"]
+    process, url = start_http(command, port, env.logs / "local.log", env=env.env, new_session=True, cwd=REPO)
+    try:
+        body = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": json.loads(DIGITS)}]}
+        answer = httpx.post(f"{url}/v2/models/digits-fast/infer", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(60)
+
+
 def smoke(extras: frozenset[str], env: Env, moto_url: str, redis_url: str) -> None:
     """Everything ``extras`` is for."""
+    if "local" in extras:
+        emulated(env)
     if extras & {"server", "grpc"}:
         serve(env, grpc="grpc" in extras)
     if "lambda" in extras:
