@@ -30,7 +30,7 @@ setup: $(VENV)/.installed
 # not already brought it: a newcomer's first command installs what it runs, not the test and export tooling.
 $(VENV)/.installed-%: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fnserve needs Python >= 3.11"'
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[$*]'
 	@touch $@

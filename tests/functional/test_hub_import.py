@@ -25,7 +25,7 @@ import openai
 import pytest
 
 from tests.embeddings import REFERENCE, SENTENCES, cosine
-from tests.helpers import DEMO_MANIFEST, REPO
+from tests.helpers import DEMO_MANIFEST, REPO, save_with_external_data
 from tests.servers import start_server
 
 EXPORT_PYTHON = REPO / ".venv-export" / "bin" / "python"
@@ -63,6 +63,10 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Path:
     }
     for name, content in files.items():
         (minilm / name).write_text(json.dumps(content))
+    # The same folder with its graph's tensors in a file beside it, as exporters write graphs over 2 GB
+    external = out / "all-minilm-l6-v2-external"
+    shutil.copytree(minilm, external)
+    save_with_external_data(external / "onnx" / "model.onnx", minilm / "onnx" / "model.onnx", "model.onnx_data")
     return out
 
 
@@ -77,6 +81,7 @@ def imported(hub: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path,
     said: dict[str, str] = {}
     # Each as its import decides (tiny models run no faster in int8: float), and one held to int8 whatever its speed.
     runs = [*((folder, name, "auto") for folder, name in MODELS.items()), ("all-minilm-l6-v2", "minilm-test", "auto")]
+    runs.append(("all-minilm-l6-v2-external", "minilm-external", "auto"))
     for folder, name, chosen in [*runs, ("bert-cls-query", "bge-int8", "int8")]:
         cut = ["--dimensions", "32,16"] if name == "e5-test" else []
         done = fnserve_import(hub / folder, manifest, "--name", name, "--precision", chosen, *cut)
@@ -204,6 +209,14 @@ def test_the_shipped_minilm_imported_from_its_folder_is_the_demo(server: str) ->
     got = v2(server, "minilm-test", {"text": SENTENCES[:48]})["embedding"]
     similarity = cosine(got, REFERENCE[:48])
     assert similarity.mean() >= 0.998 and similarity.min() >= 0.985  # the demo's own per-token int8 bound
+
+
+def test_a_folder_whose_graph_keeps_its_tensors_beside_it_serves_the_same_vectors(
+    server: str, imported: tuple[Path, dict[str, str]]
+) -> None:
+    assert "its tensors read in from model.onnx_data" in imported[1]["minilm-external"]
+    got = v2(server, "minilm-external", {"text": SENTENCES[:16]})["embedding"]
+    np.testing.assert_array_equal(got, v2(server, "minilm-test", {"text": SENTENCES[:16]})["embedding"])
 
 
 def digest(path: Path) -> str:

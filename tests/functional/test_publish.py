@@ -6,6 +6,8 @@ import hashlib
 import json
 import re
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,12 +19,14 @@ import pytest
 from botocore.exceptions import ClientError
 from typer.testing import CliRunner
 
+from fnserve.adapters.http.app import create_app
 from fnserve.aws import clients
-from fnserve.bootstrap import build_service
+from fnserve.bootstrap import build_dataplane, build_service
 from fnserve.cli import app
 from fnserve.core.models.manifest import load_manifest
 from fnserve.settings import Settings
-from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
+from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, save_with_external_data
+from tests.helpers.asgi import AsgiClient
 from tests.helpers.clouds import Aws, Gcs
 from tests.moto import aws_env, moto_server
 
@@ -279,3 +283,176 @@ def test_a_head_that_s3_refuses_is_taken_as_absent_and_the_upload_decides(
     result = runner.invoke(app, ["models", "push", "s3://models/read-only", "-m", str(demo)])
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert re.search(r"error: s3://models/read-only/\S+ cannot be written: access denied", result.output), result.output
+
+
+# External data: a graph whose weights are in a file beside it (digits-accurate saved so, beside the demo's models).
+EXPECTED = ort.InferenceSession(str(ACCURATE)).run(["label", "probabilities"], {"input": DIGITS})
+
+
+@pytest.fixture
+def exported(tmp_path: Path) -> Path:
+    """digits-accurate saved with its weights in model.onnx.data beside it, outside the demo's folder."""
+    save_with_external_data(tmp_path / "export" / "model.onnx")
+    return tmp_path / "export" / "model.onnx"
+
+
+def test_add_copies_a_graphs_data_file_beside_it_and_lists_it_and_the_copy_serves(demo: Path, exported: Path) -> None:
+    output = fnserve("manifest", "add", str(exported), "-n", "ext", "-m", str(demo))
+    copied = demo.parent / "ext" / "1"
+    assert f"copied {exported.parent / 'model.onnx.data'} to {copied / 'model.onnx.data'}" in output
+    assert sorted(p.name for p in copied.iterdir()) == ["model.onnx", "model.onnx.data"]
+    assert (copied / "model.onnx.data").read_bytes() == (exported.parent / "model.onnx.data").read_bytes()
+    entry = next(m for m in load_manifest(demo).models if m.name == "ext")
+    digest = hashlib.sha256((exported.parent / "model.onnx.data").read_bytes()).hexdigest()
+    assert entry.external_data == {"model.onnx.data": digest}
+    assert f'[models.external_data]\n"model.onnx.data" = "{digest}"' in demo.read_text()
+
+    answered = build_service(Settings(manifest=str(demo))).predict("ext", {"input": DIGITS})
+    np.testing.assert_array_equal(answered["label"], EXPECTED[0])
+    np.testing.assert_allclose(answered["probabilities"], EXPECTED[1], rtol=1e-6)
+
+
+def test_add_lists_every_file_of_a_graph_saved_a_file_per_tensor(tmp_path: Path) -> None:
+    exported = tmp_path / "export" / "model.onnx"
+    save_with_external_data(exported, one_file=False)
+    manifest = tmp_path / "models" / "manifest.toml"
+    manifest.parent.mkdir()
+    fnserve("manifest", "add", str(exported), "-n", "ext", "-m", str(manifest))
+    (entry,) = load_manifest(manifest).models
+    beside = sorted(p.name for p in exported.parent.iterdir() if p.name != "model.onnx")
+    assert len(beside) > 1 and sorted(entry.external_data) == beside
+    assert sorted(p.name for p in (manifest.parent / "ext" / "1").iterdir()) == sorted([*beside, "model.onnx"])
+    answered = build_service(Settings(manifest=str(manifest))).predict("ext", {"input": DIGITS})
+    np.testing.assert_array_equal(answered["label"], EXPECTED[0])
+
+
+def test_a_tampered_data_file_answers_503_naming_it_while_the_other_models_answer(demo: Path, exported: Path) -> None:
+    fnserve("manifest", "add", str(exported), "-n", "ext", "-m", str(demo))
+    data_file = demo.parent / "ext" / "1" / "model.onnx.data"
+    data_file.write_bytes(data_file.read_bytes()[::-1])
+    settings = Settings(manifest=str(demo), access_log=False)
+    client = AsgiClient(create_app(build_dataplane(settings), settings))
+    body = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": DIGITS[0].tolist()}]}
+    refused = client.post("/v2/models/ext/infer", json=body)
+    assert refused.status_code == 503, refused.text
+    assert f"file {data_file} has sha256" in refused.json()["error"]
+    answered = client.post("/v2/models/digits-accurate/infer", json=body)
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["outputs"][0]["data"] == EXPECTED[0][:1].tolist()
+
+
+@pytest.mark.parametrize("folder_there", [False, True], ids=["new-folder", "folder-there"])
+def test_an_add_refused_after_the_copies_leaves_none_of_them(demo: Path, exported: Path, folder_there: bool) -> None:
+    if folder_there:
+        (demo.parent / "digits" / "1").mkdir(parents=True)
+    before = sorted(demo.parent.rglob("*"))
+    text = demo.read_text()
+    assert "already a model's" in refused("manifest", "add", str(exported), "-n", "digits", "-m", str(demo))
+    assert demo.read_text() == text and sorted(demo.parent.rglob("*")) == before
+
+
+def test_without_onnx_add_says_what_to_install_for_a_graph_with_data_files(tmp_path: Path, exported: Path) -> None:
+    """The onnx package lists a graph's data files; without it, a graph that loads from its own bytes is added, and
+    one that does not is refused with what to install (the import made to fail as a missing package's does)."""
+    script = (
+        "import sys; sys.modules['onnx'] = None\n"
+        "from pathlib import Path\n"
+        "from fnserve.core.errors import ConfigError\n"
+        "from fnserve.core.models.writing import add_model\n"
+        "manifest = Path(sys.argv[1])\n"
+        "print(add_model(manifest, Path(sys.argv[2]), 'plain').entry['name'])\n"
+        "try:\n"
+        "    add_model(manifest, Path(sys.argv[3]), 'ext')\n"
+        "except ConfigError as exc:\n"
+        "    print(exc.message)\n"
+    )
+    manifest = tmp_path / "manifest.toml"
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(manifest), str(ACCURATE), str(exported)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.splitlines() == [
+        "plain",
+        f"{exported} keeps tensors in files beside it, which only the onnx package can list: "
+        '.venv/bin/pip install ".[quantize]" in the checkout, or the wheel with [quantize] (docs/install.md)',
+    ]
+    assert [m.name for m in load_manifest(manifest).models] == ["plain"]
+
+
+def test_push_uploads_data_files_beside_their_model_and_the_bucket_serves_it(
+    aws: Aws, tmp_path: Path, exported: Path
+) -> None:
+    manifest = tmp_path / "models" / "manifest.toml"
+    manifest.parent.mkdir()
+    fnserve("manifest", "add", str(exported), "-n", "ext", "-m", str(manifest))
+    destination = f"s3://{aws.bucket}/big"
+    output = fnserve("models", "push", destination, "-m", str(manifest))
+    assert f"uploaded   {destination}/ext/1/model.onnx.data" in output
+    s3 = clients.client("s3")
+    stored = s3.get_object(Bucket=aws.bucket, Key="big/ext/1/model.onnx.data")["Body"].read()
+    assert stored == (exported.parent / "model.onnx.data").read_bytes()
+
+    service = build_service(Settings(manifest=f"{destination}/manifest.toml", model_cache_dir=tmp_path / "cache"))
+    answered = service.predict("ext", {"input": DIGITS})
+    np.testing.assert_array_equal(answered["label"], EXPECTED[0])
+    assert (tmp_path / "cache" / "ext" / "1" / "model.onnx.data").read_bytes() == stored
+
+    again = fnserve("models", "push", destination, "-m", str(manifest))
+    assert again.count("uploaded") == 1 and f"unchanged  {destination}/ext/1/model.onnx.data" in again
+    # A data file that is not what the manifest says stops the push before anything is sent.
+    (manifest.parent / "ext" / "1" / "model.onnx.data").write_bytes(b"other weights")
+    elsewhere = f"s3://{aws.bucket}/other"
+    assert "model.onnx.data has sha256" in refused("models", "push", elsewhere, "-m", str(manifest))
+    assert "Contents" not in s3.list_objects_v2(Bucket=aws.bucket, Prefix="other/")
+
+
+def test_add_with_a_tokenizer_writes_the_text_pipeline_and_serves_the_demos_embeddings(tmp_path: Path) -> None:
+    """The demo's MiniLM and its tokenizer added from outside any manifest: the same vectors as the demo's
+    hand-written minilm-embed pipeline, on V2 and OpenAI's embeddings API; a second version keeps the pipeline."""
+    from fnserve.core.execution.service import InferenceService
+    from tests.embeddings import SENTENCES
+
+    manifest = tmp_path / "my-models" / "manifest.toml"
+    minilm = MODELS / "minilm-l6"
+    said = fnserve(
+        "manifest", "add", str(minilm / "1" / "model.onnx"), "--name", "my-embedder", "-m", str(manifest),
+        "--tokenizer", str(minilm / "tokenizer.json"), "--max-length", "256",
+    )  # fmt: skip
+    assert "added my-embedder-onnx version 1" in said and "added pipeline my-embedder: text in" in said, said
+    assert (manifest.parent / "my-embedder" / "tokenizer.json").read_bytes() == (minilm / "tokenizer.json").read_bytes()
+    loaded = load_manifest(manifest)
+    [model], [pipeline] = loaded.models, loaded.pipelines
+    assert model.length_buckets == [16, 32, 64, 128, 256] and model.max_batch_tokens == 1024
+    assert pipeline.model == "my-embedder-onnx" and pipeline.post[0].mode == "mean"  # type: ignore[union-attr]
+    texts = np.array(SENTENCES[:12], dtype=object)
+    mine = InferenceService.from_manifest(manifest).predict("my-embedder", {"text": texts})["embedding"]
+    theirs = InferenceService.from_manifest(DEMO_MANIFEST).predict("minilm-embed", {"text": texts})["embedding"]
+    np.testing.assert_allclose(mine, theirs, atol=1e-6)
+    settings = Settings(manifest=str(manifest))
+    client = AsgiClient(create_app(build_dataplane(settings), settings))
+    answer = client.post("/v1/embeddings", json={"model": "my-embedder", "input": SENTENCES[:2]})
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_allclose([d["embedding"] for d in answer.json()["data"]], theirs[:2], atol=1e-5)
+
+    again = fnserve(
+        "manifest", "add", str(minilm / "1" / "model.onnx"), "--name", "my-embedder", "-m", str(manifest),
+        "--tokenizer", str(minilm / "tokenizer.json"),
+    )  # fmt: skip
+    assert "added my-embedder-onnx version 2" in again and "pipeline my-embedder kept" in again, again
+    assert len(load_manifest(manifest).pipelines) == 1
+
+
+def test_add_with_a_tokenizer_refuses_a_graph_that_is_no_text_encoder_and_writes_nothing(tmp_path: Path) -> None:
+    manifest = tmp_path / "manifest.toml"
+    tokenizer = MODELS / "minilm-l6" / "tokenizer.json"
+    said = refused(
+        "manifest", "add", str(ACCURATE), "--name", "digits", "-m", str(manifest), "--tokenizer", str(tokenizer)
+    )
+    assert "takes no input_ids" in said and "not a text encoder" in said, said
+    reranker = MODELS / "minilm-rerank" / "1" / "model.onnx"  # text in, but one logit a pair out
+    said = refused("manifest", "add", str(reranker), "--name", "rr", "-m", str(manifest), "--tokenizer", str(tokenizer))
+    assert "no token embeddings output" in said and "fnserve import" in said, said
+    assert not manifest.exists() and list(tmp_path.iterdir()) == []

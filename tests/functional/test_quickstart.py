@@ -1,6 +1,6 @@
 """docs/quickstart.md runs as written, block after block, in a fresh directory: its servers started as a reader
 starts them, its curls answering what the page shows, its own model quantized, added and served. The blocks that
-need an AWS account do not run here, nor the install: tests/install/test_pages_install.py installs exactly the
+need an AWS account do not run here, nor the install: tests/install/test_installs.py installs exactly the
 page's extras in a fresh virtualenv and runs the page (and the README) from it; here the project's virtualenv stands
 in for it."""
 

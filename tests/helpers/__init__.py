@@ -90,6 +90,24 @@ def model_bytes(model: onnx.ModelProto | None = None) -> bytes:
     return (model or scale_model()).SerializeToString()
 
 
+DIGITS_ACCURATE = DEMO_MANIFEST.parent / "digits-accurate" / "1" / "model.onnx"
+
+
+def save_with_external_data(
+    target: Path, source: Path = DIGITS_ACCURATE, location: str = "model.onnx.data", one_file: bool = True
+) -> Path:
+    """``source`` saved as ``target`` with its weights in the file ``location`` beside it (external data, as exporters
+    save graphs over 2 GB), or, not ``one_file``, each in a file named after it; the data file's path (the first
+    weight's, not ``one_file``)."""
+    model = onnx.load(source)
+    for tensor in model.graph.initializer:  # as raw bytes: onnx moves only those out of the graph
+        tensor.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(tensor), tensor.name))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # onnx's default threshold keeps small tensors in (onnxruntime infers shapes from those, a Reshape's among them).
+    onnx.save_model(model, target, save_as_external_data=True, all_tensors_to_one_file=one_file, location=location)
+    return target.parent / (location if one_file else model.graph.initializer[0].name)
+
+
 ManifestWriter = Callable[..., Path]
 
 

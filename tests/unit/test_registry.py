@@ -4,19 +4,21 @@ import hashlib
 import re
 import shutil
 import threading
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 import pytest
+import tomli_w
 
 from fnserve.core.errors import ConfigError, ModelLoadError, ModelNotFound
-from fnserve.core.models.manifest import load_manifest
+from fnserve.core.models.manifest import ModelSettings, load_manifest
 from fnserve.core.models.providers import Placement, cuda_graphs, ort_providers
 from fnserve.core.models.registry import ModelRegistry
 from fnserve.core.models.shape_sessions import GraphSession, ShapeSessions, shape_key
-from tests.helpers import ManifestWriter, model_bytes
+from tests.helpers import DEMO_HOLDOUT, DIGITS_ACCURATE, ManifestWriter, model_bytes, save_with_external_data
 
 
 def registry(manifest: Path, **kwargs: object) -> ModelRegistry:
@@ -348,3 +350,108 @@ def test_models_that_may_go_to_a_gpu_load_one_at_a_time(
     )
     reg.load_all()
     assert threads == [threading.main_thread().name] * 2
+
+
+# External data: a graph whose tensors are in a file beside it, as the manifest's external_data lists it.
+DIGITS = np.load(DEMO_HOLDOUT)["input"][:8]
+PLAIN = ort.InferenceSession(str(DIGITS_ACCURATE)).run(None, {"input": DIGITS})
+
+
+def external_manifest(directory: Path, listed: bool = True, **settings: object) -> Path:
+    """A manifest of digits-accurate saved with external data (``ext``, its data file listed unless not
+    ``listed``) and as it ships (``plain``)."""
+    data_file = save_with_external_data(directory / "ext" / "1" / "model.onnx")
+    ext: dict[str, object] = {"name": "ext", "path": "ext/1/model.onnx", **settings}
+    ext["sha256"] = hashlib.sha256((directory / "ext" / "1" / "model.onnx").read_bytes()).hexdigest()
+    if listed:
+        ext["external_data"] = {data_file.name: hashlib.sha256(data_file.read_bytes()).hexdigest()}
+    plain = {
+        "name": "plain",
+        "path": str(DIGITS_ACCURATE),
+        "sha256": hashlib.sha256(DIGITS_ACCURATE.read_bytes()).hexdigest(),
+    }
+    manifest = directory / "manifest.toml"
+    manifest.write_text(tomli_w.dumps({"models": [ext, plain]}))
+    return manifest
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"session_per_shape": True, "max_batch_time_ms": 1, "max_batch_size": 8, "batch_buckets": [1, 8]}],
+    ids=["one-session", "session-per-shape"],
+)
+def test_a_graph_with_external_data_loads_from_its_checked_file_and_answers_as_without(
+    tmp_path: Path, settings: dict[str, object]
+) -> None:
+    manifest = external_manifest(tmp_path / "models", **settings)
+    assert (tmp_path / "models" / "ext" / "1" / "model.onnx").stat().st_size < 10_000  # the weights are beside it
+    loaded = registry(manifest).get("ext")
+    if settings:  # each session made from the same checked bytes
+        assert isinstance(loaded.session, ShapeSessions) and len(loaded.session) == 2
+    for rows in (1, 8):
+        answered = loaded.session.run(["label", "probabilities"], {"input": DIGITS[:rows]})
+        for got, want in zip(answered, PLAIN, strict=True):
+            np.testing.assert_allclose(got, want[:rows], rtol=1e-6)
+
+
+def test_a_tampered_or_missing_data_file_is_refused_naming_it_and_the_others_load(tmp_path: Path) -> None:
+    manifest = external_manifest(tmp_path)
+    data_file = tmp_path / "ext" / "1" / "model.onnx.data"
+    data_file.write_bytes(data_file.read_bytes()[:-4] + b"\0\0\0\0")
+    reg = registry(manifest)
+    with pytest.raises(
+        ModelLoadError, match=rf"model 'ext' version '1': file {data_file} has sha256 [0-9a-f]{{64}}, but the manifest"
+    ):
+        reg.get("ext")
+    assert reg.get("plain").session.run(["label"], {"input": DIGITS})[0].tolist() == PLAIN[0].tolist()
+    data_file.unlink()
+    with pytest.raises(ModelLoadError, match=rf"model 'ext' version '1': file {data_file} does not exist"):
+        registry(manifest).get("ext")
+
+
+def test_a_data_file_the_manifest_does_not_list_is_refused_saying_to_list_it_and_never_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifest = external_manifest(tmp_path / "models", listed=False)
+    # One in the working directory too: onnxruntime reads such a file there when it is given no table.
+    shutil.copyfile(tmp_path / "models" / "ext" / "1" / "model.onnx.data", tmp_path / "model.onnx.data")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        ModelLoadError,
+        match=r"model 'ext' version '1': its graph keeps tensors in 'model.onnx.data' beside model.onnx, which the "
+        r"manifest does not list: name it under external_data with its sha256 \(`fnserve manifest add` does\)",
+    ):
+        registry(manifest).get("ext")
+
+
+def test_external_data_names_stay_below_the_model_and_their_sha256s_are_hex(tmp_path: Path) -> None:
+    digest = "AB" * 32
+    base = {"name": "m", "path": "m.onnx", "sha256": "0" * 64}
+    entry = ModelSettings.validate(base | {"external_data": {"./weights/w.bin": digest}})
+    assert entry.external_data == {"weights/w.bin": digest.lower()}
+    for name in ("../w.bin", "/tmp/w.bin", "a/../../w.bin", "", ".", "w\\x.bin"):
+        with pytest.raises(ValueError, match="must be a relative path below the model's folder"):
+            ModelSettings.validate(base | {"external_data": {name: digest}})
+    with pytest.raises(ValueError, match="external_data 'w.bin': sha256 must be 64 hex digits"):
+        ModelSettings.validate(base | {"external_data": {"w.bin": "abc"}})
+
+
+def test_remote_data_files_are_fetched_beside_the_model_in_the_cache(tmp_path: Path) -> None:
+    bucket = tmp_path / "bucket"
+    external_manifest(bucket)  # the files as a bucket would hold them
+    entry = tomllib.loads((bucket / "manifest.toml").read_text())["models"][0] | {
+        "path": "s3://bucket/ext/1/model.onnx"
+    }
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(tomli_w.dumps({"models": [entry]}))
+    fetched: list[str] = []
+
+    def fetch(uri: str, target: Path) -> Path:
+        fetched.append(uri)
+        shutil.copyfile(bucket / uri.removeprefix("s3://bucket/"), target)
+        return target
+
+    loaded = registry(manifest, fetchers={"s3": fetch}, cache_dir=tmp_path / "cache").get("ext")
+    assert fetched == ["s3://bucket/ext/1/model.onnx", "s3://bucket/ext/1/model.onnx.data"]
+    assert (tmp_path / "cache" / "ext" / "1" / "model.onnx.data").is_file()
+    np.testing.assert_array_equal(loaded.session.run(["label"], {"input": DIGITS})[0], PLAIN[0])

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from fnserve.bench.requests import Request
 from fnserve.bench.sweep import Config, LoadOptions, Point, measure_point, serving
+from fnserve.core.extras import missing
 
 SPEEDSCOPE_FILE = "profile.speedscope.json"
 
@@ -64,9 +65,7 @@ def profile(
             measure_point(server, target, requests, concurrency, LoadOptions(seconds=1.0, generator="built-in"))
             if spy is None:
                 point = measure_point(server, target, requests, concurrency, options)
-                return Profile(
-                    config, point, None, "py-spy is not installed (pip install 'fnserve[bench]')", point.stages
-                )
+                return Profile(config, point, None, missing("py_spy"), point.stages)
             target_file = out / SPEEDSCOPE_FILE
             command = [spy, "record", "--pid", str(server.process.pid), "--subprocesses", "--nonblocking"]
             command += ["--rate", str(rate), "--format", "speedscope", "--output", str(target_file)]

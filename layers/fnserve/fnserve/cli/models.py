@@ -96,8 +96,25 @@ def manifest_add(
             "(--no-copy: name it by its absolute path).",
         ),
     ] = True,
+    tokenizer: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="A text encoder's tokenizer.json: the model is added as NAME-onnx, batched by tokens, and the "
+            "pipeline NAME takes text and answers its embedding (V2 and /v1/embeddings).",
+        ),
+    ] = None,
+    pooling: Annotated[str, typer.Option(help="--tokenizer: mean, cls, max or last_token.")] = "mean",
+    max_length: Annotated[
+        int, typer.Option(min=2, help="--tokenizer: longer texts are cut to this many tokens.")
+    ] = 512,
+    normalize: Annotated[
+        bool, typer.Option("--normalize/--no-normalize", help="--tokenizer: embeddings scaled to unit length.")
+    ] = True,
 ) -> None:
-    """Add a model to a manifest (created if missing): its sha256 computed, its graph loaded and shown."""
+    """Add a model to a manifest (created if missing): its sha256 computed, its graph loaded and shown; with
+    --tokenizer, the text pipeline around it too."""
     from fnserve.core.models.writing import add_model
 
     try:
@@ -109,15 +126,29 @@ def manifest_add(
             description=description,
             max_batch_size=max_batch_size,
             copy=copy,
+            tokenizer=tokenizer,
+            pooling=pooling,
+            max_length=max_length,
+            normalize=normalize,
         )
     except FnserveError as exc:
         raise fail(exc.message) from None
     if added.copied:
         typer.echo(f"copied {model} to {added.model_file}")
+        for name in added.data_files:  # where its graph looks for them: by their names, beside it
+            typer.echo(f"copied {model.parent / name} to {added.model_file.parent / name}")
     entry = added.entry
     typer.echo(f"added {entry['name']} version {entry['version']} to {manifest} (sha256 {entry['sha256']})")
     inputs, outputs = ([s.to_metadata() for s in specs] for specs in (added.inputs, added.outputs))
     echo_tensors({"inputs": inputs, "outputs": outputs})
+    if added.pipeline is not None:
+        pipe = added.pipeline["name"]
+        typer.echo(
+            f"added pipeline {pipe}: {added.pipeline['description']}; call it on /v2/models/{pipe}/infer "
+            f'(input "text") or /v1/embeddings (model "{pipe}")'
+        )
+    elif tokenizer is not None:
+        typer.echo(f"pipeline {name} kept: it serves the latest version of {added.entry['name']}")
 
 
 @app.command()

@@ -82,6 +82,10 @@ def explain(exc: BaseException) -> str:
         error = getattr(exc, "response", {}).get("Error", {})
         operation = getattr(exc, "operation_name", "the AWS call")
         return f"{operation} failed: {error.get('Code', '?')}: {error.get('Message', '')} (check the names and region)"
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        from fnserve.core.extras import missing
+
+        return missing(exc.name)
     if isinstance(exc, OSError):
         return str(exc)
     return f"{name}: {exc} (run with --debug for the traceback)"

@@ -23,6 +23,7 @@ import numpy as np
 import tomli_w
 
 from fnserve.core.errors import ConfigError, FnserveError
+from fnserve.core.models.writing import text_model_fields, token_embeddings
 from fnserve.hub.folder import Folder
 
 Precision = Literal["auto", "int8", "float"]
@@ -31,7 +32,6 @@ EMBED_COSINE = 0.99  # every text's embedding, cosine to the float one's
 SCORE_ATOL = 0.05  # every probability or relevance score
 RERANK_DOCUMENTS = 4  # a reranker's sample: each query's documents, whose best must stay its best
 SAMPLES = Path(__file__).with_name("samples.txt")
-TEXT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 EXPORT_PYTHON = "FNSERVE_EXPORT_PYTHON"
 
 
@@ -103,19 +103,12 @@ def entries(folder: Folder, name: str, model_path: str, graph: Any) -> dict[str,
     if "input_ids" not in inputs:
         raise ConfigError(f"the model of {folder.path} takes no input_ids (it takes {inputs}): not a text model")
     length = folder.max_length
-    buckets = [b for b in TEXT_BUCKETS if b < length] + [length]
     model: dict[str, Any] = {
         "name": f"{name}-onnx",
         "path": model_path,
         "sha256": "0" * 64,  # the caller writes the file's own
         "description": f"{folder.architecture} from {folder.path.name}, imported by fnserve import",
-        "max_batch_size": 64,
-        "max_batch_time_ms": 2.0,
-        "length_buckets": buckets,
-        # A run holds at least one text of max_length; short texts batch by the dozen, long ones a few at a time.
-        "max_batch_tokens": max(1024, length),
-        "max_batch_attention": max(32768, length * length),
-        "pad_inputs": [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in inputs],
+        **text_model_fields(inputs, length),
     }
     tokenize: dict[str, Any] = {"step": "tokenize", "tokenizer": f"{name}/tokenizer.json", "max_length": length}
     pipeline: dict[str, Any] = {"name": name, "model": model["name"], "pre": [tokenize]}
@@ -125,8 +118,7 @@ def entries(folder: Folder, name: str, model_path: str, graph: Any) -> dict[str,
             tokenize["prompts"] = folder.prompts
             if folder.default_prompt is not None:
                 tokenize["default_prompt"] = folder.default_prompt
-        tokens = next((n for n in ("last_hidden_state", "token_embeddings") if outputs.get(n) == 3), None)
-        tokens = tokens or next((n for n, rank in outputs.items() if rank == 3), None)
+        tokens = token_embeddings(outputs)
         if tokens is None:
             raise ConfigError(f"the model of {folder.path} has no token embeddings output ([rows, tokens, dim])")
         pool = {"step": "pool", "mode": folder.pooling, "input": tokens, "normalize": folder.normalize}
@@ -191,6 +183,30 @@ def serve_outputs(manifest: Path, name: str, inputs: dict[str, Any]) -> tuple[di
     return service.predict(name, inputs), staged.feed
 
 
+PROTOBUF_LIMIT = 2**31 - 1  # the most bytes one ONNX file can hold: past it, tensors must live beside the graph
+
+
+def one_file(graph: Path, target: Path, say: Callable[[str], None]) -> None:
+    """``graph`` copied to ``target`` as one file: its external data files (``model.onnx_data``), where it keeps
+    tensors in them, read back in, so that quantizing, optimising and serving it see one graph."""
+    from fnserve.core.models.external import graph_files
+
+    files = graph_files(graph)
+    if not files:
+        shutil.copyfile(graph, target)
+        return
+    import onnx
+
+    size = graph.stat().st_size + sum((graph.parent / name).stat().st_size for name in files)
+    if size > PROTOBUF_LIMIT:
+        raise ConfigError(
+            f"{graph} keeps {size / 1e9:.1f} GB of tensors in {', '.join(files)}, past the 2 GB one ONNX file holds: "
+            "add the graph as it is with fnserve manifest add, which keeps its data files"
+        )
+    say(f"ONNX: its tensors read in from {', '.join(files)}")
+    onnx.save_model(onnx.load(str(graph)), str(target))
+
+
 def write_manifest(staging: Path, tables: dict[str, Any], model: Path) -> Path:
     from fnserve.core.models.writing import HEADER, file_sha256
 
@@ -253,7 +269,7 @@ def _staged(
     float_graph = files / "float.onnx"
     if folder.onnx is not None:
         say(f"ONNX: {folder.onnx.relative_to(folder.path)}, as the folder ships it")
-        shutil.copyfile(folder.onnx, float_graph)
+        one_file(folder.onnx, float_graph, say)
     else:
         chosen = export_python(python)
         say(f"ONNX: exporting with optimum ({chosen}), task {folder.task}")

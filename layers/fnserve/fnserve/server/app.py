@@ -31,7 +31,9 @@ def grpc_server(
     try:
         from fnserve.adapters.grpc.server import GrpcServer
     except ImportError as exc:
-        raise ConfigError(f"gRPC needs fnserve[grpc] (pip install 'fnserve[grpc]'): {exc}") from None
+        from fnserve.core.extras import install_hint
+
+        raise ConfigError(f"gRPC needs the grpc extra ({install_hint('grpc')}): {exc}") from None
     assert settings.grpc_port is not None
     return GrpcServer(
         plane,

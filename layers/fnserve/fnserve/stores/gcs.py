@@ -27,9 +27,9 @@ def client() -> Client:
 
 
 def fetch_model(uri: str, target: Path) -> Path:
-    """The registry's fetcher for ``gs://`` model paths (the registry verifies the sha256)."""
+    """The registry's fetcher for ``gs://`` model files, data files too (the registry verifies their sha256)."""
     bucket, key = split_uri(uri, "gs")
-    partial = target.with_suffix(".partial")
+    partial = target.with_name(f"{target.name}.partial")  # with_suffix would give model.onnx_data the same one
     try:
         client().bucket(bucket).blob(key).download_to_filename(str(partial))
     except Exception as exc:

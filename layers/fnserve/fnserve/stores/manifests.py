@@ -1,8 +1,9 @@
 """A manifest kept in a bucket beside the models it names: pushed there (``fnserve models push``), and fetched back
 where ``FNSERVE_MANIFEST=s3://...`` or ``gs://...`` serves it.
 
-A push uploads every file the manifest names and writes a manifest there whose model paths are that bucket's URIs
-(SAM's ``ModelBucket`` and ``ModelManifestKey``); it checks what it writes with the loader that serves it.
+A push uploads every file the manifest names (a model's data files beside it) and writes a manifest there whose model
+paths are that bucket's URIs (SAM's ``ModelBucket`` and ``ModelManifestKey``); it checks what it writes with the loader
+that serves it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from fnserve.core.errors import ConfigError, InvalidInput
+from fnserve.core.models import external
 from fnserve.core.models.manifest import load_manifest, step_files
 from fnserve.observability.logs import logger
 from fnserve.stores import objects
@@ -63,8 +65,8 @@ def push(manifest: Path, destination: str) -> Pushed:
     ``gs://bucket/prefix``), and a manifest beside them (``prefix/manifest.toml``) whose model paths are
     their URIs there. A file already there with the same sha256 is not uploaded again.
 
-    A model whose file does not match its sha256 stops the push before anything is uploaded: a
-    manifest that could not load is never published.
+    A model whose file (its graph, or a data file beside it) does not match its sha256 stops the push before
+    anything is uploaded: a manifest that could not load is never published.
     """
     import tomli_w  # the command line's extra: a function serving a bucket's manifest fetches it without it
 
@@ -88,13 +90,11 @@ def push(manifest: Path, destination: str) -> Pushed:
             continue  # already in a bucket
         local = _resolve(loaded.base_dir, settings.path)
         where = f"model {settings.name!r} version {settings.version!r}"
-        if not local.is_file():
-            raise ConfigError(f"{where}: file {local} does not exist")
-        digest = file_sha256(local)
-        if digest != settings.sha256:
-            raise ConfigError(f"{where}: file {local} has sha256 {digest}, but the manifest says {settings.sha256}")
         relative = _relative(settings.path) or f"{settings.name}/{settings.version}/{local.name}"
-        uploads.append((local, key(relative), digest))
+        uploads.append((local, key(relative), _checked_sha256(local, settings.sha256, where)))
+        for name, digest in settings.external_data.items():  # beside it, by the names its graph gives them
+            data_file = local.parent / name
+            uploads.append((data_file, key(external.beside(relative, name)), _checked_sha256(data_file, digest, where)))
         entry["path"] = f"{base}/{key(relative)}"
     for asset, required in step_files(data):
         local = _resolve(loaded.base_dir, asset)
@@ -123,6 +123,18 @@ def push(manifest: Path, destination: str) -> Pushed:
         objects.upload_file(written, pushed.manifest_uri, file_sha256(written))
     pushed.uploaded.append(pushed.manifest_uri)
     return pushed
+
+
+def _checked_sha256(local: Path, sha256: str, where: str) -> str:
+    """The sha256 of a model's file ``local`` (its graph, or a data file), if it is the manifest's."""
+    from fnserve.core.models.writing import file_sha256
+
+    if not local.is_file():
+        raise ConfigError(f"{where}: file {local} does not exist")
+    digest = file_sha256(local)
+    if digest != sha256:
+        raise ConfigError(f"{where}: file {local} has sha256 {digest}, but the manifest says {sha256}")
+    return digest
 
 
 def _resolve(base_dir: Path, path: str) -> Path:

@@ -9,9 +9,9 @@ from fnserve.stores._uri import split_uri
 
 
 def fetch_model(uri: str, target: Path) -> Path:
-    """The registry's fetcher for ``s3://`` model paths (the registry verifies the sha256)."""
+    """The registry's fetcher for ``s3://`` model files, data files too (the registry verifies their sha256)."""
     bucket, key = split_uri(uri, "s3")
-    partial = target.with_suffix(".partial")
+    partial = target.with_name(f"{target.name}.partial")  # with_suffix would give model.onnx_data the same one
     client("s3").download_file(bucket, key, str(partial))
     partial.replace(target)  # never leave a half-written model where a later load would find it
     return target

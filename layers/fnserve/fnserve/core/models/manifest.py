@@ -13,7 +13,7 @@ import json
 import re
 import tomllib
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal, Self
 
 import msgspec
@@ -135,6 +135,18 @@ class TensorrtProvider(_Provider, tag="TensorrtExecutionProvider", frozen=True, 
 Provider = CudaProvider | TensorrtProvider | str  # a table is told apart by its name
 
 
+def data_file_name(name: str) -> str:
+    """An external data file's name as the graph gives it, checked to stay below the model's folder (wherever that
+    is: a bucket's prefix, the cache) and written plainly (``./w.bin`` as ``w.bin``)."""
+    posix = PurePosixPath(name)
+    if not name or "\\" in name or posix.is_absolute() or ".." in posix.parts or posix.as_posix() == ".":
+        raise ValueError(
+            f"external data file {name!r} must be a relative path below the model's folder ('/' between folders, "
+            "no '..')"
+        )
+    return posix.as_posix()
+
+
 class ModelSettings(Entry, frozen=True, kw_only=True):
     """One model version in the manifest."""
 
@@ -144,6 +156,14 @@ class ModelSettings(Entry, frozen=True, kw_only=True):
         str, Meta(description="ONNX file: a path relative to the manifest, an absolute path, or s3://bucket/key.")
     ]
     sha256: Annotated[str, Meta(description="Hex SHA-256 of the ONNX file; a mismatch refuses the load.")]
+    external_data: Annotated[
+        dict[str, str],
+        Meta(
+            description="The files beside the ONNX file that its graph keeps tensors in (external data), each by the "
+            "name the graph gives it (relative to the ONNX file's folder) with its hex SHA-256: checked like the "
+            "ONNX file's, and fetched or pushed beside it. `fnserve manifest add` writes it."
+        ),
+    ] = {}
     description: Annotated[str, Meta(description="Free text shown in model metadata.")] = ""
     inputs: Annotated[
         dict[str, TensorOverride], Meta(description="Per-input overrides, keyed by the graph's input name.")
@@ -322,6 +342,12 @@ class ModelSettings(Entry, frozen=True, kw_only=True):
         if not re.fullmatch(r"[0-9a-f]{64}", self.sha256.lower()):
             raise ValueError("sha256 must be 64 hex digits")
         msgspec.structs.force_setattr(self, "sha256", self.sha256.lower())
+        external = {}
+        for name, digest in self.external_data.items():
+            if not re.fullmatch(r"[0-9a-f]{64}", digest.lower()):
+                raise ValueError(f"external_data {name!r}: sha256 must be 64 hex digits")
+            external[data_file_name(name)] = digest.lower()
+        msgspec.structs.force_setattr(self, "external_data", external)
         if self.path.startswith("s3://"):
             bucket, _, key = self.path[5:].partition("/")
             if not bucket or not key:

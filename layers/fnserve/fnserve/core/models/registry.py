@@ -17,6 +17,7 @@ import onnxruntime as ort
 
 from fnserve.core.errors import InvalidInput, ModelLoadError, unknown_model
 from fnserve.core.host import available_cpus, default_intra_op_threads
+from fnserve.core.models import external
 from fnserve.core.models.datatypes import ORT_TO_V2, V2_TO_NUMPY
 from fnserve.core.models.manifest import Manifest, ModelSettings, TensorOverride
 from fnserve.core.models.providers import (
@@ -34,7 +35,8 @@ from fnserve.core.models.statistics import Executions
 
 logger = logging.getLogger(__name__)
 
-# A fetcher turns a remote model URI into a local file (the AWS adapter registers "s3").
+# A fetcher turns a remote model's file (its graph, or a data file beside it) into a local file (the AWS adapter
+# registers "s3").
 Fetcher = Callable[[str, Path], Path]
 
 _OPT_LEVELS = {
@@ -249,24 +251,31 @@ class ModelRegistry:
         where = f"model {settings.name!r} version {settings.version!r}"
         began = time.perf_counter()
         path = self._local_path(settings)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise ModelLoadError(f"{where}: file {path} does not exist") from None
-        except OSError as exc:
-            raise ModelLoadError(f"{where}: file {path} cannot be read: {exc}") from exc
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != settings.sha256:
-            raise ModelLoadError(f"{where}: file {path} has sha256 {digest}, but the manifest says {settings.sha256}")
+        data = _checked_bytes(path, settings.sha256, where)
+        weights = {
+            name: _checked_bytes(path.parent / name, digest, where) for name, digest in settings.external_data.items()
+        }
         options = session_options(settings, settings.intra_op_threads or self._threads)
+        external.hand_over(options, weights)
         providers, fallback = ort_providers(settings, where, self.cpu_only)
 
         def create() -> Any:
             try:
-                # Loading from the verified bytes, not the path, so the file cannot change in between.
-                return ort.InferenceSession(data, sess_options=options, providers=providers)
+                # Loading from the verified bytes, not the paths, so no file can change in between.
+                made = ort.InferenceSession(data, sess_options=options, providers=providers)
             except Exception as exc:  # ORT raises its own pybind exception types
+                missing = external.unlisted(exc)
+                if missing is not None:
+                    raise ModelLoadError(
+                        f"{where}: its graph keeps tensors in {missing!r} beside {path.name}, which the manifest does "
+                        "not list: name it under external_data with its sha256 (`fnserve manifest add` does)"
+                    ) from exc
                 raise ModelLoadError(f"{where}: {path} cannot be loaded: {exc}") from exc
+            if weights:
+                # ORT remakes a session whose provider fails in a run from these options, whose data files' bytes
+                # are gone by then: the run fails instead.
+                made.disable_fallback()
+            return made
 
         first = create()
         placement = check(first, settings, where, fallback, self.cpu_only)
@@ -290,6 +299,7 @@ class ModelRegistry:
                 device, _, device_id = placement.device.partition(":")
                 session = GraphSession(first, keys, device, int(device_id or 0))
                 shaped = f", a CUDA graph per shape ({len(keys)})"
+        weights.clear()  # every session holds its own copy: the data files' bytes go before the warm-up runs
         if settings.warmup:
             warm_up(session, settings, inputs, [o.name for o in outputs], placement, where)
         seconds = time.perf_counter() - began
@@ -330,13 +340,32 @@ class ModelRegistry:
             )
         cache_dir = self._cache_dir or Path("/tmp/fnserve-models")
         target = cache_dir / settings.name / settings.version / "model.onnx"
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
+        # Its data files beside it, by the names its graph gives them, as in the bucket.
+        files = [(settings.path, target)]
+        files += [(external.beside(settings.path, name), target.parent / name) for name in settings.external_data]
+        for uri, local in files:
+            if local.exists():
+                continue
+            local.parent.mkdir(parents=True, exist_ok=True)
             try:
-                fetcher(settings.path, target)
+                fetcher(uri, local)
             except Exception as exc:
-                raise ModelLoadError(f"model {settings.name!r}: cannot fetch {settings.path}: {exc}") from exc
+                raise ModelLoadError(f"model {settings.name!r}: cannot fetch {uri}: {exc}") from exc
         return target
+
+
+def _checked_bytes(path: Path, sha256: str, where: str) -> bytes:
+    """The bytes of ``path`` (the graph, or one of its data files) if they have the manifest's ``sha256``."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ModelLoadError(f"{where}: file {path} does not exist") from None
+    except OSError as exc:
+        raise ModelLoadError(f"{where}: file {path} cannot be read: {exc}") from exc
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != sha256:
+        raise ModelLoadError(f"{where}: file {path} has sha256 {digest}, but the manifest says {sha256}")
+    return data
 
 
 def zeros_feed(
