@@ -1,7 +1,9 @@
 """Write docs/manifest.md's tables: every table and field a manifest may hold, from the manifest's msgspec structs
-(their fields, types, defaults and descriptions), as settings_reference.py writes docs/settings.md.
+(their fields, types, defaults and descriptions), as settings_reference.py writes docs/settings.md; and the record of
+every field, type and default that a manifest written today may rely on (docs/upgrading.md's promise).
 
-python infra/docs/manifest_reference.py      (rewrites the page between its markers; a test fails when it is stale)
+python infra/docs/manifest_reference.py           (rewrites the page between its markers; a test fails when stale)
+python infra/docs/manifest_reference.py --fields  (records a field added: tests/data/manifest-fields.txt)
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import msgspec.inspect as mi
 from fnserve.core.models.manifest import Manifest
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "manifest.md"
+FIELDS = Path(__file__).resolve().parents[2] / "tests" / "data" / "manifest-fields.txt"
 BEGIN = "<!-- written by infra/docs/manifest_reference.py from here -->"
 END = "<!-- to here -->"
 TOP = "The file"  # the root struct's section
@@ -154,6 +157,18 @@ def tables() -> str:
     return "\n".join(parts)
 
 
+def field_lines() -> list[str]:
+    """Every field a manifest may hold, a line each: where it is written (a step's table with its tag), its name,
+    then after ``: `` its type and default, in the order the page shows them."""
+    lines = []
+    for _, (node, where) in structs().items():
+        place = (where or "(the file)") + (f' {node.tag_field} = "{node.tag}"' if node.tag_field else "")
+        for field in node.fields:
+            if field.encode_name != node.tag_field:
+                lines.append(f"{place} | {field.encode_name}: {type_name(field.type)}; {default(field)}")
+    return lines
+
+
 def reference() -> str:
     """What goes between the page's markers."""
     return f"{BEGIN}\n\n{tables()}\n{END}"
@@ -165,6 +180,10 @@ def generated(page: str) -> str:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--fields"]:
+        FIELDS.write_text("\n".join(field_lines()) + "\n")
+        sys.stdout.write(f"wrote {FIELDS}\n")
+        sys.exit(0)
     text = PAGE.read_text() if PAGE.exists() else f"{BEGIN}\n{END}\n"
     PAGE.write_text(text.replace(generated(text), reference()))
     sys.stdout.write(f"wrote {PAGE}\n")

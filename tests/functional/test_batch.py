@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,13 @@ from fnserve.settings import Settings
 from fnserve.stores import job_client
 from fnserve.stores.dynamodb import DynamoResultStore
 from tests.embeddings import SENTENCES
-from tests.helpers import DEMO_MANIFEST, sample_arrays, write_test_manifest
+from tests.helpers import DEMO_MANIFEST, REPO, sample_arrays, write_test_manifest
 from tests.helpers.asgi import AsgiClient
 from tests.helpers.clouds import Aws, received_event
 from tests.helpers.jobs import ANONYMOUS_POISON, DIGITS, HOLDOUT, POISON, job, raw_job
 
 SESSION = ort.InferenceSession(str(DEMO_MANIFEST.parent / "digits-accurate" / "1" / "model.onnx"))
+METRICS_PAGE = REPO / "docs" / "lambda-metrics.md"
 
 
 def labels(x: np.ndarray) -> np.ndarray:
@@ -126,12 +128,31 @@ def test_a_delivery_writes_one_emf_line_of_its_counts(
         "JobsSkipped": 0,
         "CacheHits": 0,
     }
+    section = METRICS_PAGE.read_text().split("## The batch and follow-up functions", 1)[1].split("\n## ", 1)[0]
+    assert set(re.findall(r"^\| `(\w+)` \|", section, re.MULTILINE)) == set(counts), "docs/lambda-metrics.md"
     monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
     quiet = io.StringIO()
     create_handler(settings=settings(aws, manifest), metrics=EmfWriter(out=quiet))(
         sqs_event(bodies[:1]), LambdaContext()
     )
     assert quiet.getvalue() == ""
+
+
+def test_each_queues_function_writes_its_metrics_under_a_service_of_its_own() -> None:
+    from cfnlint.decode.cfn_yaml import load
+
+    resources = load(str(REPO / "template.yaml"))["Resources"]
+    services = {
+        name: resources[name]["Properties"]["Environment"]["Variables"]["POWERTOOLS_SERVICE_NAME"]
+        for name in ("BatchFunction", "BatchImageFunction", "FollowupFunction", "FollowupImageFunction")
+    }
+    assert services == {
+        "BatchFunction": "fnserve-batch",
+        "BatchImageFunction": "fnserve-batch",
+        "FollowupFunction": "fnserve-followup",
+        "FollowupImageFunction": "fnserve-followup",
+    }
+    assert "`fnserve-batch`" in METRICS_PAGE.read_text() and "`fnserve-followup`" in METRICS_PAGE.read_text()
 
 
 @pytest.mark.parametrize("kind", list(POISON))

@@ -119,6 +119,8 @@ ELSEWHERE = {  # a block's first command -> why it does not run here, and what p
     "grpcurl": "not installed here; tests/functional/test_grpc.py makes the same reflection and health calls",
     "redis-server": "functions-framework with Redis: tests/functional/test_gcp.py runs both functions so",
     "infra/gcp/deploy.sh": "needs gcloud and a project; tests/functional/test_gcp.py checks its --dry-run",
+    "aws cloudwatch get-metric-statistics": "needs a deployed stack: tests/functional/test_batch.py reads the line "
+    "the batch function writes, its namespace, dimension and counts, and the page's table against them",
     "fnserve submit": "needs a queue: tests/functional/test_batch.py submits and fetches results on moto",
     "make sam-check": "make test runs sam-check; deploying needs an AWS account",
     "make deploy": "needs AWS credentials; make test runs sam-check, which builds, lints and runs what it deploys",
