@@ -344,8 +344,10 @@ def in_box(
 
 
 def clean_env() -> dict[str, str]:
-    """This environment without fnserve's, Lambda's or AWS's variables: each start gets its own."""
-    drop = ("FNSERVE_", "AWS_", "POWERTOOLS_", "PYTHONPROFILEIMPORTTIME")
+    """This environment without fnserve's, Lambda's or AWS's variables: each start gets its own. Bytecode is
+    written, as the deployed layer and images carry it compiled: a shell's PYTHONDONTWRITEBYTECODE would have every
+    timed start compile fnserve's modules again."""
+    drop = ("FNSERVE_", "AWS_", "POWERTOOLS_", "PYTHONPROFILEIMPORTTIME", "PYTHONDONTWRITEBYTECODE")
     return {key: value for key, value in os.environ.items() if not key.startswith(drop)}
 
 
