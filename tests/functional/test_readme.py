@@ -142,10 +142,10 @@ ELSEWHERE = {  # a block's first command -> why it does not run here, and what p
     ".venv/bin/fnserve bench": "minutes of load: tests/functional/test_bench_cli.py runs a short sweep",
     ".venv/bin/python -m tests.bench.bench_memory": "a benchmark (its figures: docs/design/memory.md); "
     "tests/functional/test_request_memory.py holds every target's processes to the bound it measures",
-    '.venv/bin/pip install ".[server,quantize]"': "the quickstart's install (tests/functional/test_quickstart.py), "
+    '.venv/bin/pip install ".[server,quantize]"': "make test-installs installs this set fresh and quantizes with it; "
     "then fnserve import of Hub-shaped folders: tests/functional/test_hub_import.py, the folders made in torch",
-    "python3 -m venv .venv": "the extras page's install, the quickstart's: tests/functional/test_quickstart.py runs "
-    "the quickstart's, and make test-installs installs each extra into a fresh virtualenv",
+    "python3 -m venv .venv": "the extras page's install, the quickstart's: make test-installs installs exactly the "
+    "quickstart's extras fresh and runs the quickstart and the README from them (tests/install/test_installs.py)",
     "python -m venv .venv-export": "make test makes .venv-export (make .venv-export/.installed); "
     "tests/functional/test_hub_import.py exports through it with --export-python",
     "export FNSERVE_API_KEYS_FILE=/etc/fnserve/keys": "tests/functional/test_api_keys.py runs fnserve serve with "
