@@ -6,8 +6,11 @@ sentence-transformers reference, and CPU a text.
 
 - **The ways**: the fp32 export; onnxruntime's dynamic int8 (per-channel weights; one activation range a batch);
   the same run one text at a time; fnserve's per-token int8 (``fnserve quantize --mode per-token``, calibrated on
-  validation.npz); onnxruntime's static QDQ int8 (MinMax calibration on the same rows); weight-only 8-bit
-  (``MatMulNBits``, block 32, int8 compute) where onnxruntime's quantizer imports (it needs ``onnx-ir``).
+  validation.npz), and the same with each activation's largest channels multiplied in float
+  (``BENCH_QUANTIZATION_OUTLIERS``: how many, 4 and 16; ``BENCH_QUANTIZATION_WEIGHT_LEVELS``, their weights'
+  levels, 63 as shipped); onnxruntime's static QDQ int8 (MinMax calibration on the
+  same rows); weight-only 8-bit (``MatMulNBits``, block 32, int8 compute) where onnxruntime's quantizer imports
+  (it needs ``onnx-ir``).
 - **Invariance**: the largest difference of a text's embedding alone and beside others, over ``PROBES`` of the
   demo's sentences, each beside three short texts, beside a 256-token passage, and among all 242 in one request.
 - **Accuracy**: cosine to ``tests/data/minilm-reference.npz`` of the 242 sentences served as one request (cut into
@@ -41,6 +44,7 @@ PROBES = 24
 EXPORT = REPO / ".bench" / "minilm-encoder"
 BUDGET = TokenBudget(1024, 32768)  # the demo's minilm-l6
 MAX_ROWS = 64
+OUTLIERS = [int(k) for k in os.environ.get("BENCH_QUANTIZATION_OUTLIERS", "4,16").split(",") if k]
 DATA = REPO / "tests" / "data"
 
 Feed = dict[str, np.ndarray[Any, Any]]
@@ -115,12 +119,21 @@ def build(directory: Path) -> dict[str, tuple[Path, bool]]:
     quantize(fp32, dynamic, mode="dynamic", per_channel=True)
     quantize(fp32, per_token, mode="per-token", calibration=validation)
     quantize(fp32, static, mode="static", per_channel=True, calibration=validation)
+    from fnserve import per_token as rewrite
+    from fnserve.per_token import quantize_per_token
+
+    # 8-bit weights (127) overflow the int16 pair sums of x86 CPUs without VNNI: measured on one that has it only.
+    rewrite.WEIGHT_LEVELS = int(os.environ.get("BENCH_QUANTIZATION_WEIGHT_LEVELS", rewrite.WEIGHT_LEVELS))
+    outliers = {k: directory / f"per-token-outliers-{k}.onnx" for k in OUTLIERS}
+    for k, path in outliers.items():
+        quantize_per_token(fp32, path, validation, outliers=k)
     ways = {
         "fp32": (fp32, False),
         "dynamic int8 (onnxruntime's; per-channel weights)": (dynamic, False),
         "dynamic int8, one text a run": (dynamic, True),
         "per-token int8 (fnserve's default)": (per_token, False),
         "static QDQ int8 (MinMax calibration)": (static, False),
+        **{f"per-token int8, {k} outlier channels in float": (path, False) for k, path in outliers.items()},
     }
     try:
         import onnx

@@ -15,7 +15,10 @@ What keeps it near the float model, each step measured on docs/design/quantizati
   positive): the scale still comes from each row alone;
 - SmoothQuant on the MatMuls a LayerNormalization feeds: each channel divided by a factor its weights' rows take
   on, so a few outlier channels no longer set every token's scale;
-- embedding tables quantized a row at a time and dequantized after the lookup, so the table stays int8 in memory.
+- embedding tables quantized a row at a time and dequantized after the lookup, so the table stays int8 in memory;
+- optionally (``outliers``), LLM.int8()'s decomposition: each activation's largest channels, found on the
+  calibration rows, multiplied in float and left out of the row's range, so that they no longer coarsen the grid of
+  every other channel of the token.
 """
 
 from __future__ import annotations
@@ -68,11 +71,12 @@ class _Group:
     ranges: list[np.ndarray[Any, Any]] = field(default_factory=list)  # each calibration row's share below zero
 
 
-def quantize_per_token(src: Path, dst: Path, calibration: DataFile | None = None) -> None:
+def quantize_per_token(src: Path, dst: Path, calibration: DataFile | None = None, outliers: int = 0) -> None:
     """Write ``src`` with every weight MatMul quantized per token (and its embedding tables per row) to ``dst``.
 
     With ``calibration`` (rows of the model's inputs), zero points, SmoothQuant and GPTQ come from it; without,
-    rows are quantized symmetrically and weights rounded to nearest."""
+    rows are quantized symmetrically and weights rounded to nearest. ``outliers``: the channels of each activation
+    (the calibration's largest) multiplied in float beside the int8 product; 0, none."""
     import onnx
 
     model = onnx.load(str(src))
@@ -84,7 +88,7 @@ def quantize_per_token(src: Path, dst: Path, calibration: DataFile | None = None
     groups = _groups(model)
     if calibration is not None:
         _calibrate(model, groups, calibration)
-    _rewrite(model, groups, opset)
+    _rewrite(model, groups, opset, outliers if calibration is not None else 0)
     onnx.save(model, str(dst))
 
 
@@ -208,7 +212,7 @@ def _reduce(op: str, source: str, out: str, axes: str | None) -> onnx.NodeProto:
     return helper.make_node(op, [source], [out], axes=[-1], keepdims=1)
 
 
-def _rewrite(model: onnx.ModelProto, groups: list[_Group], opset: int) -> None:
+def _rewrite(model: onnx.ModelProto, groups: list[_Group], opset: int, outliers: int = 0) -> None:
     from onnx import helper
 
     writer = _Writer(model)
@@ -224,6 +228,13 @@ def _rewrite(model: onnx.ModelProto, groups: list[_Group], opset: int) -> None:
             source = p + "x"
             weights = [(i, node, w * group.smooth[:, None]) for i, node, w in weights]
         channels = weights[0][2].shape[0]
+        apart = _outlier_channels(group, outliers)
+        if apart.size:  # the outliers go to a float product of their own; zero here, they add nothing to the int8 one
+            keep = np.ones(channels, np.float32)
+            keep[apart] = 0
+            nodes.append(helper.make_node("Mul", [source, writer.const(p + "inliers", keep)], [p + "xi"]))
+            nodes.append(helper.make_node("Gather", [source, writer.const(p + "outliers", apart)], [p + "xo"], axis=-1))
+            source = p + "xi"
         axes = writer.const(p + "axes", np.array([-1], np.int64)) if opset >= 18 else None  # one for both reduces
         nodes += [
             _reduce("ReduceMax", source, p + "max", axes),
@@ -253,14 +264,21 @@ def _rewrite(model: onnx.ModelProto, groups: list[_Group], opset: int) -> None:
                 writer.const(f"{p}w{j}_zp", np.zeros(weight.shape[1], np.int8)),
             ]
             # The bias stays its own Add: with a scale a row, onnxruntime would scale a fused bias too.
+            product = f"{p}int8_{j}" if apart.size else node.output[0]
             matmul = helper.make_node(
                 "MatMulIntegerToFloat",
                 inputs,
-                [node.output[0]],
+                [product],
                 name=f"{node.name or node.output[0]}/per_token",
                 domain="com.microsoft",
             )
             placed[place] = [matmul]
+            if apart.size:
+                rows = writer.const(f"{p}w{j}_outliers", np.ascontiguousarray(weight[apart]).astype(np.float32))
+                placed[place] += [
+                    helper.make_node("MatMul", [p + "xo", rows], [f"{p}float_{j}"]),
+                    helper.make_node("Add", [product, f"{p}float_{j}"], [node.output[0]]),
+                ]
         first = group.matmuls[0][0]  # the earliest reader: the activation exists there, and is quantized there
         placed[first] = nodes + placed[first]
     embeddings = _quantize_embeddings(model, writer)
@@ -276,6 +294,15 @@ def _rewrite(model: onnx.ModelProto, groups: list[_Group], opset: int) -> None:
     graph.initializer.extend(kept + writer.initializers)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+
+
+def _outlier_channels(group: _Group, count: int) -> np.ndarray[Any, Any]:
+    """The ``count`` channels of the group's activation (smoothed, where it is) with the largest calibration
+    magnitude, as int64 indices; none without calibration."""
+    if count <= 0 or group.channel_max is None:
+        return np.zeros(0, np.int64)
+    peak = group.channel_max / (group.smooth if group.smooth is not None else 1)
+    return np.sort(np.argsort(-peak, kind="stable")[:count]).astype(np.int64)
 
 
 def _quantize_embeddings(model: onnx.ModelProto, writer: _Writer) -> dict[int, list[onnx.NodeProto]]:
