@@ -392,3 +392,16 @@ def test_the_port_never_closes_while_a_server_of_several_front_processes_starts(
         proc.terminate()
         proc.wait(timeout=30)
     assert 503 in statuses and "refused" not in statuses, statuses
+
+
+def test_serve_stops_at_start_on_a_pipeline_it_cannot_build(tmp_path: Path) -> None:
+    """A missing tokenizer stops fnserve serve as a missing model file does: no server left never ready."""
+    import shutil
+
+    shutil.copytree(MODELS_DIR, tmp_path / "models")
+    (tmp_path / "models" / "minilm-l6" / "tokenizer.json").unlink()
+    command = [sys.executable, "-m", "fnserve", "serve", "-m", str(tmp_path / "models" / "manifest.toml")]
+    done = subprocess.run([*command, "--port", str(free_port())], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "error: pipeline 'minilm-embed' cannot be built: tokenizer" in done.stderr
+    assert "minilm-l6/tokenizer.json does not exist" in done.stderr

@@ -123,7 +123,13 @@ def build_service(
         failures=settings.cache_breaker_failures,
         cooldown=settings.cache_breaker_cooldown_seconds,
     )
-    return InferenceService(registry, ResultCache(settings.cache_max_bytes, backend, breaker))
+    service = InferenceService(registry, ResultCache(settings.cache_max_bytes, backend, breaker))
+    if settings.eager_load and pool is None:
+        # Its pipelines too: a missing tokenizer stops the start, as a missing model file does, instead of a
+        # server that starts and is never ready.
+        for name in service.pipelines:
+            service.servable(name)
+    return service
 
 
 def build_dataplane(
