@@ -35,10 +35,12 @@ $(VENV)/.installed-%: pyproject.toml
 	$(PY) -m pip install -q -e '.[$*]'
 	@touch $@
 RUNS_ON = $(if $(wildcard $(VENV)/.installed),$(VENV)/.installed,$(VENV)/.installed-$(1))
+# make run MANIFEST=...: the functions serve it; otherwise the template's own (the models layer's, or ModelBucket's).
+RUN_MANIFEST = $(if $(filter command line,$(origin MANIFEST)),--manifest $(MANIFEST))
 
 # The main job: template.yaml's functions on this machine, an embedded AWS emulator, the demo models.
 run: $(call RUNS_ON,local)
-	$(BIN)/fnserve local --template template.yaml --port $(PORT) --reload --manifest $(MANIFEST)
+	$(BIN)/fnserve local --template template.yaml --port $(PORT) --reload $(RUN_MANIFEST)
 
 # The same app as a long-running container server, without the AWS parts.
 serve: $(call RUNS_ON,server)

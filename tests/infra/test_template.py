@@ -274,6 +274,26 @@ def test_make_delete_runs_the_sam_cli_make_installed_on_samconfigs_stack() -> No
         assert "`make delete`" in (REPO / "docs" / page).read_text(), page
 
 
+def test_make_run_installs_the_emulators_extra_and_passes_a_manifest_only_when_given(tmp_path: Path) -> None:
+    """A fresh checkout's make run installs .[local], not the development set; MANIFEST=... reaches every function,
+    and without it the template's own manifest (the layer's, or ModelBucket's) stays."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under make test
+
+    def planned(*args: str) -> list[str]:
+        command = ["make", "--no-print-directory", "-n", "run", f"VENV={tmp_path / 'venv'}", *args]
+        return subprocess.run(
+            command, cwd=REPO, env=env, capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+
+    fresh = planned()
+    assert any(line.endswith("pip install -q -e '.[local]'") for line in fresh), fresh
+    assert "fnserve local --template template.yaml" in fresh[-1] and "--manifest" not in fresh[-1], fresh[-1]
+    assert planned("MANIFEST=my-models/manifest.toml")[-1].endswith("--manifest my-models/manifest.toml")
+
+
 def test_the_follow_up_id_key_is_read_at_run_time_not_put_in_the_environment() -> None:
     import json
 
