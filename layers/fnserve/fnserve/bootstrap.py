@@ -102,8 +102,6 @@ def build_service(
     }
     if pool is None:
         registry = ModelRegistry(manifest, **options)
-        if settings.eager_load:
-            registry.load_all()
     else:
         from fnserve.workers.remote import PlacedRegistry, PooledRegistry, Pools
 
@@ -125,10 +123,7 @@ def build_service(
     )
     service = InferenceService(registry, ResultCache(settings.cache_max_bytes, backend, breaker))
     if settings.eager_load and pool is None:
-        # Its pipelines too: a missing tokenizer stops the start, as a missing model file does, instead of a
-        # server that starts and is never ready.
-        for name in service.pipelines:
-            service.servable(name)
+        service.load_all()  # its pipelines too: a missing tokenizer stops the start, as a missing model file does
     return service
 
 
