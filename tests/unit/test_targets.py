@@ -130,7 +130,7 @@ def test_sagemaker_says_when_its_cold_start_or_its_concurrency_sets_the_p99() ->
     assert found.p99_ms == pytest.approx(400.0 + 2.0) and "container's not counted" in found.note
     started = targets.rows(MEASURED, quiet, Choices(sagemaker_start_ms=3000.0))
     assert row("SageMaker Serverless 2048 MB", started).p99_ms == pytest.approx(3000.0 + 400.0 + 2.0)
-    # 200,000 a second at peak of 2 ms: 400 requests at once, past an endpoint's 200
+    # a peak that keeps more requests in flight than one endpoint may run at once
     busy = row("SageMaker Serverless 2048 MB", targets.rows(MEASURED, PROFILE.at(100_000.0)))
     assert math.isinf(busy.p99_ms) and busy.note == "throttled at the peak: 400 at once, past its 200"
 

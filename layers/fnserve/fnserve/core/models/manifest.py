@@ -135,6 +135,13 @@ class TensorrtProvider(_Provider, tag="TensorrtExecutionProvider", frozen=True, 
 Provider = CudaProvider | TensorrtProvider | str  # a table is told apart by its name
 
 
+def sha256_hex(value: str, what: str = "sha256") -> str:
+    """A SHA-256 as the manifest keeps it: 64 hex digits, lowercased; ``what`` names it in the error."""
+    if not re.fullmatch(r"[0-9a-f]{64}", value.lower()):
+        raise ValueError(f"{what} must be 64 hex digits")
+    return value.lower()
+
+
 def data_file_name(name: str) -> str:
     """An external data file's name as the graph gives it, checked to stay below the model's folder (wherever that
     is: a bucket's prefix, the cache) and written plainly (``./w.bin`` as ``w.bin``)."""
@@ -339,14 +346,11 @@ class ModelSettings(Entry, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         check_name(self.name, "model name")
         check_name(self.version, "model version")
-        if not re.fullmatch(r"[0-9a-f]{64}", self.sha256.lower()):
-            raise ValueError("sha256 must be 64 hex digits")
-        msgspec.structs.force_setattr(self, "sha256", self.sha256.lower())
-        external = {}
-        for name, digest in self.external_data.items():
-            if not re.fullmatch(r"[0-9a-f]{64}", digest.lower()):
-                raise ValueError(f"external_data {name!r}: sha256 must be 64 hex digits")
-            external[data_file_name(name)] = digest.lower()
+        msgspec.structs.force_setattr(self, "sha256", sha256_hex(self.sha256))
+        external = {
+            data_file_name(name): sha256_hex(digest, f"external_data {name!r}: sha256")
+            for name, digest in self.external_data.items()
+        }
         msgspec.structs.force_setattr(self, "external_data", external)
         if self.path.startswith("s3://"):
             bucket, _, key = self.path[5:].partition("/")
@@ -593,9 +597,7 @@ class CustomStep(_Step, tag="custom", frozen=True, kw_only=True):
         if not module or not attr or not all(p.isidentifier() for p in (*module.split("."), attr)):
             raise ValueError(f"function must be module:function, got {self.function!r}")
         if self.sha256 is not None:
-            if not re.fullmatch(r"[0-9a-f]{64}", self.sha256.lower()):
-                raise ValueError("sha256 must be 64 hex digits")
-            msgspec.structs.force_setattr(self, "sha256", self.sha256.lower())
+            msgspec.structs.force_setattr(self, "sha256", sha256_hex(self.sha256))
 
 
 Step = (
