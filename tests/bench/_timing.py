@@ -1,7 +1,9 @@
-"""Timing helpers shared by the benchmarks: interleaved samples, medians, percentiles."""
+"""Timing helpers shared by the benchmarks: interleaved samples, medians, percentiles, a process's CPU time."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 import subprocess
 import sys
@@ -34,6 +36,12 @@ def median_us(samples: Sequence[float]) -> float:
     return statistics.median(samples) * 1e6
 
 
+def shown(values: Sequence[float], fmt: str) -> str:
+    """The median and, in brackets, the range: ``1.23 (1.20-1.31)``."""
+    med = statistics.median(values)
+    return f"{med:{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
+
+
 def percentile(samples: Sequence[float], pct: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(round(pct / 100 * (len(ordered) - 1))))]
@@ -46,15 +54,16 @@ def fresh_process_seconds(code: str, env: dict[str, str] | None = None, cwd: Pat
     return time.perf_counter() - t0
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) of the running process ``pid``, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds (user and system) of ``pid`` and every process below it that is still running."""
-    import os
-
-    total = 0
+    total = 0.0
     for member in process_tree(pid):
-        try:
-            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+        with contextlib.suppress(OSError):  # gone meanwhile
+            total += cpu_seconds(member)
+    return total

@@ -18,8 +18,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from tests.bench.bench_batching import Server, load, sentences, serving, tensor_body, text_body
-from tests.bench.bench_http import BODY
+from tests.bench._digits import BODY
+from tests.bench._minilm import sentences, tensor_body, text_body
+from tests.bench._servers import Server, load, serving
 from tests.helpers import DEMO_MANIFEST, REPO
 
 ROUNDS = int(os.environ.get("BENCH_AB_ROUNDS", "3"))

@@ -38,247 +38,25 @@ interleaved rounds (3); each figure is the median, with the range over the round
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import json
-import multiprocessing
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
-from fnserve.bench.load import run_wrk
-from fnserve.bench.sweep import process_tree
 from fnserve.core.host import available_cpus
-from tests.bench.bench_grpc import cpu_seconds
-from tests.helpers import DEMO_MANIFEST, REPO
+from tests.bench._minilm import MODEL, sentences, tensor_body, tensor_feed, text_body
+from tests.bench._raw import RAW_SECONDS, raw
+from tests.bench._servers import LEAN, LEAN_TEXT, SECONDS, Run, Server, load, servers, serving
+from tests.bench._timing import shown
 
 ROUNDS = int(os.environ.get("BENCH_BATCHING_ROUNDS", "3"))
-SECONDS = float(os.environ.get("BENCH_BATCHING_SECONDS", "10"))
-RAW_SECONDS = float(os.environ.get("BENCH_BATCHING_RAW_SECONDS", "4"))
-MODEL = DEMO_MANIFEST.parent / "minilm-l6" / "1" / "model.onnx"
-TOKENIZER = DEMO_MANIFEST.parent / "minilm-l6" / "tokenizer.json"
-TOKENS = 16
 ROWS = 16
-LEAN = "lean batching server"  # the floor end to end (tests/bench/lean_batch_server.py)
-LEAN_TEXT = "lean batching text server"
-# The benchmark's sentences of 8 to 45 tokens (all but a handful of very short ones and the long concatenations).
-SENTENCES: list[str] = []
-
-
-def sentences() -> list[str]:
-    if not SENTENCES:
-        from tokenizers import Tokenizer
-
-        tokenizer = Tokenizer.from_file(str(TOKENIZER))
-        tokenizer.no_padding()
-        tokenizer.no_truncation()
-        for line in (REPO / "tests" / "data" / "sentences.txt").read_text().splitlines():
-            if 8 <= len(tokenizer.encode(line).ids) <= 45:
-                SENTENCES.append(line)
-    return SENTENCES
-
-
-def tensor_feed(rows: int) -> dict[str, np.ndarray[Any, Any]]:
-    ids = np.random.default_rng(0).integers(1000, 30000, (1, TOKENS))
-    ids[:, 0], ids[:, -1] = 101, 102  # [CLS] ... [SEP]
-    one = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
-    return {name: np.repeat(array, rows, axis=0) for name, array in one.items()}
-
-
-def tensor_body() -> bytes:
-    inputs = [
-        {"name": name, "shape": list(a.shape), "datatype": "INT64", "data": a.ravel().tolist()}
-        for name, a in tensor_feed(1).items()
-    ]
-    return json.dumps({"inputs": inputs}).encode()
-
-
-def text_body(text: str) -> bytes:
-    return json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [text]}]}).encode()
-
-
-# -- raw onnxruntime ----------------------------------------------------------------------------------
-
-
-def _raw(kind: str, batch: int, seconds: float, start: Any, out: Any) -> None:
-    import onnxruntime as ort
-
-    from tests.bench._embed import embed, tokenizer_from
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(MODEL), sess_options=options, providers=["CPUExecutionProvider"])
-    work: list[Callable[[], object]]
-    if kind == "tensor":
-        feed = tensor_feed(batch)
-        work = [lambda: session.run(None, feed)]
-    elif kind == "text":
-        tokenizer = tokenizer_from(str(TOKENIZER))
-        texts = sentences()
-        if batch > 1:  # like lengths together, as length buckets group them
-            texts = sorted(texts, key=lambda t: len(tokenizer.encode(t).ids))
-        groups = [texts[i : i + batch] for i in range(0, len(texts) - batch + 1, batch)]
-        work = [functools.partial(embed, tokenizer, session, group) for group in groups]
-    else:  # "flight": ``batch`` sentences drawn at random, run in groups of the model's length buckets
-        tokenizer = tokenizer_from(str(TOKENIZER))
-        texts, buckets = sentences(), length_buckets()
-        rng = np.random.default_rng(os.getpid())
-        work = []
-        for _ in range(200):
-            drawn: dict[int, list[str]] = {}
-            for i in rng.integers(0, len(texts), batch):
-                length = len(tokenizer.encode(texts[i]).ids)
-                drawn.setdefault(next((b for b in buckets if b >= length), length), []).append(texts[i])
-            embeds = [functools.partial(embed, tokenizer, session, group) for group in drawn.values()]
-            work.append(functools.partial(_each, embeds))
-    for task in work[:3]:
-        task()
-    out.put(("ready", 0, 0.0))
-    start.wait()
-    done, began = 0, time.process_time()
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        work[done % len(work)]()
-        done += 1
-    out.put(("done", done * batch, time.process_time() - began))
-
-
-def _each(tasks: Sequence[Callable[[], object]]) -> None:
-    for task in tasks:
-        task()
-
-
-def length_buckets() -> list[int]:
-    """The demo manifest's length buckets of minilm-l6."""
-    import tomllib
-
-    models = tomllib.loads(DEMO_MANIFEST.read_text())["models"]
-    return sorted(next(m for m in models if m["name"] == "minilm-l6")["length_buckets"])
-
-
-def raw(kind: str, batch: int, processes: int) -> tuple[float, float]:
-    """Rows per second of ``processes`` single-threaded sessions together, and the CPU milliseconds per row."""
-    rows, cpu = side_by_side(functools.partial(_raw, kind, batch), processes, RAW_SECONDS)
-    return rows / RAW_SECONDS, cpu / rows * 1e3
-
-
-def side_by_side(work: Callable[..., None], processes: int, seconds: float) -> tuple[int, float]:
-    """``work(seconds, start, out)`` in ``processes`` spawned processes at once, each started once all are ready:
-    the rows they ran and the CPU seconds they used, summed."""
-    results = each_side_by_side(work, processes, seconds)
-    return sum(r[1] for r in results), sum(r[2] for r in results)
-
-
-def each_side_by_side(work: Callable[..., None], processes: int, seconds: float) -> list[tuple[str, Any, Any]]:
-    """What each of ``processes`` spawned processes running ``work(seconds, start, out)`` at once put last on
-    ``out``, each started once all are ready."""
-    context = multiprocessing.get_context("spawn")
-    start, out = context.Event(), context.Queue()
-    workers = [context.Process(target=work, args=(seconds, start, out)) for _ in range(processes)]
-    for worker in workers:
-        worker.start()
-    try:
-        for _ in workers:
-            out.get(timeout=300)
-        start.set()
-        results = [out.get(timeout=seconds + 120) for _ in workers]
-    finally:
-        for worker in workers:
-            worker.join(timeout=30)
-    return results
-
-
-# -- servers ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Server:
-    label: str
-    command: list[str]
-    env: dict[str, str]
-    model: str  # the name requests go to
-    text: bool
-
-
-@dataclass(frozen=True)
-class Run:
-    rate: float
-    cpu_ms: float  # server CPU per request
-    p50: float
-    p99: float
-
-
-def servers(cpus: int) -> list[Server]:
-    """What is served (the port comes last, from :func:`serving`)."""
-    fnserve = [sys.executable, "-m", "fnserve", "serve", "-m", str(DEMO_MANIFEST)]
-    uvicorn = [sys.executable, "-m", "uvicorn", "--workers", str(cpus), "--loop", "uvloop"]
-    uvicorn += ["--http", "httptools", "--no-access-log", "--log-level", "warning"]
-    naive = {"PLAIN_MODEL_PATH": str(MODEL), "PLAIN_THREADS": "1", "PLAIN_TOKENIZER": str(TOKENIZER)}
-    lean = [sys.executable, "-m", "tests.bench.lean_batch_server"]
-    text = ["--tokenizer", str(TOKENIZER), "--buckets", ",".join(map(str, length_buckets()))]
-    return [
-        Server("fnserve, default layout", fnserve, {}, "minilm-l6", False),
-        Server("fnserve, access log off", fnserve, {"FNSERVE_ACCESS_LOG": "false"}, "minilm-l6", False),
-        Server(f"fnserve, 1 process x {cpus} threads", [*fnserve, "--processes", "1"], {}, "minilm-l6", False),
-        Server("naive FastAPI + ORT", [*uvicorn, "tests.bench.plain_server:app"], naive, "minilm-l6", False),
-        Server(LEAN, lean, naive, "minilm-l6", False),
-        Server("fnserve minilm-embed, default", fnserve, {}, "minilm-embed", True),
-        Server("naive text server", [*uvicorn, "tests.bench.plain_embed_server:app"], naive, "minilm-embed", True),
-        Server(LEAN_TEXT, [*lean, *text], naive, "minilm-embed", True),
-    ]
-
-
-@contextlib.contextmanager
-def serving(
-    server: Server, port: int, body: bytes, command: list[str] | None = None
-) -> Iterator[subprocess.Popen[bytes]]:
-    """``server`` started on ``port`` (``command`` instead of its own with ``--port``), once it answers ``body``."""
-    command = command or [*server.command, "--port", str(port)]
-    env = {**os.environ, **server.env}
-    proc = subprocess.Popen(
-        command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    url = f"http://127.0.0.1:{port}/v2/models/{server.model}/infer"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{server.label} exited with {proc.returncode}")
-            with contextlib.suppress(httpx.TransportError):
-                answer = httpx.post(url, content=body, timeout=30)
-                if answer.status_code != 503:  # 503: listening while its models load
-                    answer.raise_for_status()
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{server.label} did not answer")
-            time.sleep(0.1)
-        yield proc
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-def load(proc: subprocess.Popen[bytes], url: str, bodies: Sequence[bytes], connections: int) -> Run:
-    run_wrk(url, bodies, connections=connections, seconds=2)  # warm-up, discarded
-    pids = process_tree(proc.pid)
-    before = sum(cpu_seconds(pid) for pid in pids)
-    found = run_wrk(url, bodies, connections=connections, seconds=SECONDS)
-    used = sum(cpu_seconds(pid) for pid in pids) - before
-    if found.errors:
-        raise RuntimeError(f"{found.errors} of {found.requests} requests to {url} failed")
-    return Run(found.rate, used / found.requests * 1e3, found.p50, found.p99)
 
 
 def lone_run_ms() -> float:
@@ -336,11 +114,6 @@ def echo_cpu_ms(port: int, answer: Path, cpus: int) -> float:
     with serving(server, port, tensor_body(), command) as proc:
         url = f"http://127.0.0.1:{port}/v2/models/minilm-l6/infer"
         return load(proc, url, [tensor_body()], 16).cpu_ms
-
-
-def shown(values: Sequence[float], fmt: str) -> str:
-    med = statistics.median(values)
-    return f"{med:{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
 
 def main() -> None:

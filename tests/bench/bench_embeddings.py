@@ -49,8 +49,10 @@ from fnserve.bench.load import run_wrk
 from fnserve.bench.sweep import process_tree
 from fnserve.core.execution.embeddings import MIN_FILL, TokenBudget, token_runs
 from fnserve.core.host import available_cpus
-from tests.bench.bench_batching import MODEL, TOKENIZER, Run, Server, each_side_by_side, serving, shown, text_body
-from tests.bench.bench_grpc import cpu_seconds
+from tests.bench._minilm import MODEL, TOKENIZER, mix, text_body
+from tests.bench._raw import each_side_by_side
+from tests.bench._servers import Run, Server, serving
+from tests.bench._timing import cpu_seconds, shown
 from tests.helpers import DEMO_MANIFEST, REPO
 
 ROUNDS = int(os.environ.get("BENCH_EMBEDDINGS_ROUNDS", "3"))
@@ -69,29 +71,6 @@ INFINITY = (
     "output last_hidden_state where this file names it token_embeddings (a renamed copy is another file); and it "
     "sets no onnxruntime thread count, so it cannot run one thread a worker as the others do."
 )
-
-
-def mix() -> list[str]:
-    """Queries and passages: each sentence, and consecutive sentences joined up to a target length."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(TOKENIZER))
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
-    lines = [line for line in (REPO / "tests" / "data" / "sentences.txt").read_text().splitlines() if line]
-    sized = [(line, len(tokenizer.encode(line).ids)) for line in lines]
-    queries = [line for line, n in sized if n <= 64]
-    passages: list[str] = []
-    targets, i = (48, 96, 160, 256), 0
-    while len(passages) < len(queries):
-        target, parts, tokens = targets[len(passages) % len(targets)], [], 0
-        while tokens < target:
-            line, n = sized[i % len(sized)]
-            parts.append(line)
-            tokens += n
-            i += 1
-        passages.append(" ".join(parts))
-    return [text for pair in zip(queries, passages, strict=True) for text in pair]
 
 
 def openai_body(text: str) -> bytes:

@@ -34,26 +34,20 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import httpx
 import numpy as np
 import onnxruntime as ort
 
 from fnserve.aws.events import LambdaContext
-from fnserve.bench.load import run_wrk
-from tests.bench._timing import interleaved, percentile, process_tree, tree_cpu_seconds
+from tests.bench._digits import BODY, MODEL, MODEL_PATH
+from tests.bench._timing import interleaved, percentile, tree_cpu_seconds
+from tests.bench._wrk import LOAD_SECONDS, running, wrk
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
 
-MODEL = "digits-accurate"
-MODEL_PATH = DEMO_MANIFEST.parent / MODEL / "1" / "model.onnx"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3000"))
-LOAD_SECONDS = int(os.environ.get("BENCH_LOAD_SECONDS", "8"))
 LOAD_ROUNDS = int(os.environ.get("BENCH_LOAD_ROUNDS", "3"))
 
 
@@ -99,56 +93,6 @@ def handler_overhead() -> None:
             f" (+{naive_p50 - raw_p50:.3f}) | fnserve p50 {full_p50:.3f} ms (+{full_p50 - raw_p50:.3f}),"
             f" p99 {percentile(full, 99) * 1e3:.3f} ms | ratio {(full_p50 - raw_p50) / (naive_p50 - raw_p50):.2f}"
         )
-
-
-@contextlib.contextmanager
-def running(
-    cmd: list[str], port: int, env: dict[str, str] | None = None, model: str = MODEL, body: str | None = None
-) -> Iterator[subprocess.Popen[bytes]]:
-    """A server process, once it answers an inference request (a 2xx one)."""
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, **quiet)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{cmd} exited with {proc.returncode}")
-            try:
-                url = f"http://127.0.0.1:{port}/v2/models/{model}/infer"
-                answer = httpx.post(url, content=body or BODY, timeout=30)
-                if answer.status_code != 503:  # 503: listening while its models load
-                    answer.raise_for_status()
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{cmd} did not answer")
-            time.sleep(0.1)
-        yield proc
-    finally:
-        tree = process_tree(proc.pid) if proc.poll() is None else []
-        proc.terminate()
-        proc.wait(timeout=30)
-        # Its children (front processes, workers) too: one still exiting takes CPU from what is measured next.
-        deadline = time.monotonic() + 30
-        while any(Path(f"/proc/{pid}").exists() for pid in tree[1:]) and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-
-def wrk(
-    port: int, bodies: Sequence[str], model: str = MODEL, seconds: int = LOAD_SECONDS
-) -> tuple[float, float, float]:
-    """Requests/s, p50 and p99 (ms) of wrk at 16 connections POSTing ``bodies`` in turn; any failed request (a
-    connection error, a non-2xx answer) fails the run."""
-    url = f"http://127.0.0.1:{port}/v2/models/{model}/infer"
-    result = run_wrk(url, [b.encode() for b in bodies], connections=16, seconds=seconds)
-    if result.errors:
-        raise RuntimeError(f"{result.errors} of {result.requests} requests to {url} failed")
-    return result.rate, result.p50, result.p99
-
-
-x1 = np.load(DEMO_HOLDOUT)["input"][:1]
-BODY = json.dumps({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": x1.ravel().tolist()}]})
 
 
 def digits_manifest(directory: Path) -> Path:

@@ -30,17 +30,9 @@ import grpc
 
 from fnserve.adapters.grpc.proto import open_inference_grpc_pb2_grpc as pb_grpc
 from fnserve.core.host import available_cpus
-from tests.bench.bench_grpc import (
-    ROUNDS,
-    SECONDS,
-    closed_loop,
-    cpu_seconds,
-    grpc_raw,
-    payloads,
-    rest_binary,
-    wait_ready,
-)
-from tests.bench.bench_grpc import write_manifest as write_bench_manifest
+from tests.bench._clients import ROUNDS, SECONDS, closed_loop, grpc_raw, payloads, rest_binary, wait_ready
+from tests.bench._clients import write_manifest as write_bench_manifest
+from tests.bench._timing import cpu_seconds
 from tests.moto import free_port
 from tests.otlp import Collector
 

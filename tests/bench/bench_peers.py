@@ -59,22 +59,15 @@ import numpy as np
 
 from fnserve.bench.sweep import process_tree
 from fnserve.core.host import available_cpus
-from tests.bench import bench_sqs
-from tests.bench.bench_batching import (
-    SECONDS,
-    load,
-    raw,
-    sentences,
-    servers,
-    tensor_body,
-    tensor_feed,
-    text_body,
-)
-from tests.bench.bench_http import BODY, MODEL_PATH, x1
+from tests.bench import _jobs
+from tests.bench._digits import BODY, MODEL_PATH, x1
+from tests.bench._minilm import sentences, tensor_body, tensor_feed, text_body
+from tests.bench._raw import RAW_SECONDS, raw
+from tests.bench._servers import SECONDS, load, servers
+from tests.bench._timing import shown
 from tests.helpers import DEMO_MANIFEST, REPO, MemoryStore
 
 ROUNDS = int(os.environ.get("BENCH_PEERS_ROUNDS", "3"))
-RAW_SECONDS = float(os.environ.get("BENCH_BATCHING_RAW_SECONDS", "4"))
 PEERS = REPO / "tests" / "bench" / "peers"
 BENTOML = REPO / ".venv-bentoml" / "bin" / "bentoml"
 MLSERVER = REPO / ".venv-mlserver" / "bin" / "mlserver"
@@ -329,10 +322,10 @@ def sqs() -> dict[str, tuple[list[float], list[float]]]:
 
     sink = io.StringIO()
     logger.registered_handler.setStream(sink)  # type: ignore[attr-defined]
-    records = bench_sqs.RECORDS
+    records = _jobs.RECORDS
     service = InferenceService.from_manifest(DEMO_MANIFEST, eager=True)
     handler = create_handler(service=service, settings=Settings(manifest=DEMO_MANIFEST), store=MemoryStore())
-    event = sqs_event(bench_sqs.bodies(records, "peers"))
+    event = sqs_event(_jobs.bodies(records, "peers"))
     texts = [r["body"] for r in event["Records"]]
     loaded = service.registry.get("digits-accurate")
     session, names = loaded.session, list(loaded.output_names)
@@ -341,18 +334,18 @@ def sqs() -> dict[str, tuple[list[float], list[float]]]:
         assert handler(event, LambdaContext()) == {"batchItemFailures": []}
 
     def floor() -> None:
-        session.run(names, {"input": bench_sqs.simdjson_floor(texts).reshape(len(texts), -1)})
+        session.run(names, {"input": _jobs.simdjson_floor(texts).reshape(len(texts), -1)})
 
     runs: dict[str, Callable[[], object]] = {
         FNSERVE: fnserve,
-        NAIVE_SQS: lambda: bench_sqs.naive_vectorised(session, names, event, {}),
+        NAIVE_SQS: lambda: _jobs.naive_vectorised(session, names, event, {}),
         "floor": floor,
     }
     found: dict[str, tuple[list[float], list[float]]] = {label: ([], []) for label in runs}
     with contextlib.redirect_stdout(sink):  # the handler's EMF metrics
         for run in runs.values():  # a warm-up each
             run()
-        for _ in range(bench_sqs.REPEATS):
+        for _ in range(_jobs.REPEATS):
             for label, run in runs.items():
                 gc.collect()
                 wall, cpu = time.perf_counter(), time.process_time()
@@ -365,10 +358,6 @@ def sqs() -> dict[str, tuple[list[float], list[float]]]:
 
 
 # -- the report -------------------------------------------------------------------------------------------
-
-
-def shown(values: Sequence[float], fmt: str) -> str:
-    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
 
 def ratio(over: Sequence[float], under: Sequence[float]) -> float:
@@ -402,7 +391,7 @@ def report(
                 f"CPU/req {ratio(run.cpu_ms, fn.cpu_ms):.2f}x fnserve's  ({agree})"
             )
     print(
-        f"  SQS jobs, one {bench_sqs.RECORDS}-record event of digits jobs, median of {bench_sqs.REPEATS} "
+        f"  SQS jobs, one {_jobs.RECORDS}-record event of digits jobs, median of {_jobs.REPEATS} "
         "(BentoML and MLServer have no SQS path):"
     )
     for label, (rates, cpus_us) in jobs.items():

@@ -41,7 +41,7 @@ from fnserve.core.host import available_cpus
 from fnserve.core.jobs.messages import job_message
 from fnserve.settings import Settings
 from tests.bench._embed import embed, tokenizer_from
-from tests.bench.bench_http import running, wrk
+from tests.bench._wrk import running, wrk
 from tests.helpers import DEMO_MANIFEST, REPO, MemoryStore
 
 JOBS = int(os.environ.get("BENCH_PIPELINE_JOBS", "10000"))

@@ -36,7 +36,7 @@ from tokenizers import Tokenizer
 from fnserve.core.codec.datafiles import read_data
 from fnserve.core.execution.embeddings import TokenBudget, token_runs
 from fnserve.quantize import quantize
-from tests.bench.bench_embeddings import mix
+from tests.bench._minilm import mix
 from tests.helpers import DEMO_MANIFEST, REPO
 
 ROUNDS = int(os.environ.get("BENCH_QUANTIZATION_ROUNDS", "5"))

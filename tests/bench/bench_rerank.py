@@ -55,9 +55,10 @@ from fnserve.bench.sweep import process_tree
 from fnserve.core.execution.embeddings import TokenBudget, token_runs
 from fnserve.core.host import available_cpus
 from fnserve.core.models.manifest import load_manifest
-from tests.bench.bench_batching import Run, each_side_by_side, shown
-from tests.bench.bench_embeddings import mix
-from tests.bench.bench_grpc import cpu_seconds
+from tests.bench._minilm import mix
+from tests.bench._raw import each_side_by_side
+from tests.bench._servers import Run
+from tests.bench._timing import cpu_seconds, shown
 from tests.helpers import DEMO_MANIFEST, REPO
 
 ROUNDS = int(os.environ.get("BENCH_RERANK_ROUNDS", "2"))

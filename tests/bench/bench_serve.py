@@ -34,7 +34,7 @@ import numpy as np
 
 from fnserve.bench.floor import parallel_rate
 from fnserve.core.host import available_cpus
-from tests.bench.bench_http import running, wrk
+from tests.bench._wrk import running, wrk
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, REPO
 
 LOAD_SECONDS = int(os.environ.get("BENCH_LOAD_SECONDS", "6"))

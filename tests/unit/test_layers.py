@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import re
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tests.helpers import REPO
@@ -172,8 +172,13 @@ def module_file(root: Path, target: str) -> Path | None:
     return None
 
 
-def imports_of_test_modules(root: Path) -> set[tuple[str, str]]:
-    """(importer:line, imported test module) for every import of a test module by any module under ``root``/tests:
+def is_benchmark(path: Path) -> bool:
+    """A benchmark: ``tests/bench/bench_*.py``, run as ``python -m tests.bench.bench_NAME``."""
+    return path.suffix == ".py" and path.stem.startswith("bench_") and path.parent.parts[-2:] == ("tests", "bench")
+
+
+def imports_of(root: Path, kind: Callable[[Path], bool]) -> set[tuple[str, str]]:
+    """(importer:line, imported module) for every import of a module of ``kind`` by any module under ``root``/tests:
     every tier, tests/helpers and tests/*.py alike, wherever in the module the import is."""
     found = set()
     for path in sorted((root / "tests").rglob("*.py")):
@@ -181,7 +186,7 @@ def imports_of_test_modules(root: Path) -> set[tuple[str, str]]:
         package = me[:-1]  # what a relative import starts from: the module's folder, an __init__.py's too
         for target, line in imports(ast.parse(path.read_text(), str(path)), package):
             imported = module_file(root, target)
-            if imported is not None and is_test_module(imported):
+            if imported is not None and kind(imported):
                 found.add((f"{path.relative_to(root)}:{line}", str(imported.relative_to(root))))
     return found
 
@@ -189,13 +194,29 @@ def imports_of_test_modules(root: Path) -> set[tuple[str, str]]:
 def test_tests_share_helpers_through_tests_helpers_not_test_modules() -> None:
     """A helper two test modules share lives in tests/helpers: a test module imported by another runs its module-level
     set-up there too, and its tests read as helpers. Every module under tests/ is held to it, the bench's too (its
-    bench_*.py modules, which import each other, are no test modules)."""
-    found = sorted(f"{where} imports {module}" for where, module in imports_of_test_modules(REPO))
+    bench_*.py modules are no test modules: a test of their own keeps them apart)."""
+    found = sorted(f"{where} imports {module}" for where, module in imports_of(REPO, is_test_module))
     assert not found, "test modules imported as libraries:\n" + "\n".join(found)
 
 
+def test_benchmarks_share_code_through_modules_of_their_own_not_each_other() -> None:
+    """What two benchmarks share lives in a private module of tests/bench (``_timing.py``, ``_servers.py``, ...): a
+    benchmark imported by another runs its module-level set-up there too (its knobs read, its data loaded), and what
+    is shared hides among one benchmark's own code. Every module under tests/ is held to it, servers and tests too."""
+    found = sorted(f"{where} imports {module}" for where, module in imports_of(REPO, is_benchmark))
+    assert not found, "benchmarks imported as libraries:\n" + "\n".join(found)
+
+
+def scratch_imports(root: Path, files: dict[str, str], kind: Callable[[Path], bool]) -> set[tuple[str, str]]:
+    """What :func:`imports_of` finds among ``files`` written to a scratch tests/ folder under ``root``; their paths are
+    given without it, so that this file names no test file that is not there."""
+    for name, text in files.items():
+        (root / "tests" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "tests" / name).write_text(text)
+    return {(where.removeprefix("tests/"), module.removeprefix("tests/")) for where, module in imports_of(root, kind)}
+
+
 def test_the_test_module_check_sees_every_tier_and_spares_modules_that_are_not_tests(tmp_path: Path) -> None:
-    # Paths under a scratch tests/ folder, given without it: this file then names no test file that is not there.
     files = {
         "__init__.py": "",
         "servers.py": "",
@@ -213,17 +234,38 @@ def test_the_test_module_check_sees_every_tier_and_spares_modules_that_are_not_t
         "bench/bench_x.py": "from tests.bench import bench_y\nfrom tests.bench._timing import clock\n",
         "bench/bench_y.py": "from tests.functional.test_a import CORRECTED\n",
     }
-    for name, text in files.items():
-        (tmp_path / "tests" / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "tests" / name).write_text(text)
-    found = {
-        (where.removeprefix("tests/"), module.removeprefix("tests/"))
-        for where, module in imports_of_test_modules(tmp_path)
-    }
+    found = scratch_imports(tmp_path, files, is_test_module)
     assert found == {
         ("functional/test_a.py:1", "functional/conftest.py"),
         ("functional/test_b.py:2", "functional/test_a.py"),
         ("e2e/test_d.py:1", "functional/test_a.py"),
         ("image/test_e.py:1", "functional/test_b.py"),
         ("bench/bench_y.py:1", "functional/test_a.py"),
+    }
+
+
+def test_the_benchmark_check_sees_every_import_of_a_benchmark_and_spares_the_shared_modules(tmp_path: Path) -> None:
+    files = {
+        "__init__.py": "",
+        "bench/__init__.py": "",
+        "bench/_shared.py": "",
+        "bench/bench_a.py": "from tests.bench.bench_b import run\nfrom tests.bench._shared import clock\n",
+        "bench/bench_b.py": "def main():\n    from . import bench_c\n",
+        "bench/bench_c.py": "from ._shared import clock\nimport tests.bench.bench_a\n",
+        "bench/bench_d.py": "def main():\n    from .bench_a import run\n",
+        "bench/bench_e.py": "from tests.bench import _shared, plain_server\n",
+        "bench/plain_server.py": "from tests.bench import bench_e\n",
+        "helpers/__init__.py": "",
+        "helpers/bench_notes.py": "",
+        "unit/test_f.py": "from tests.bench._shared import clock\nfrom tests.helpers import bench_notes\n",
+        "functional/test_g.py": "def test_it():\n    from tests.bench.bench_a import run\n",
+    }
+    found = scratch_imports(tmp_path, files, is_benchmark)
+    assert found == {
+        ("bench/bench_a.py:1", "bench/bench_b.py"),
+        ("bench/bench_b.py:2", "bench/bench_c.py"),
+        ("bench/bench_c.py:2", "bench/bench_a.py"),
+        ("bench/bench_d.py:2", "bench/bench_a.py"),
+        ("bench/plain_server.py:1", "bench/bench_e.py"),
+        ("functional/test_g.py:2", "bench/bench_a.py"),
     }
