@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
-from fnserve.core.models.manifest import Manifest
+from fnserve.core.models.manifest.loading import Manifest
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "manifest.md"
 FIELDS = Path(__file__).resolve().parents[2] / "tests" / "data" / "manifest-fields.txt"

@@ -490,7 +490,7 @@ def test_jobs_naming_a_cascade_get_the_slow_models_answer_only_where_the_fast_on
     aws: Aws, tmp_path: Path
 ) -> None:
     from fnserve.core.jobs.cascade import confidence
-    from fnserve.core.models.manifest import load_manifest
+    from fnserve.core.models.manifest.loading import load_manifest
 
     manifest = write_test_manifest(tmp_path, cascade=True)
     cascade = load_manifest(manifest).cascades[0]

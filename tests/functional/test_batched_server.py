@@ -24,7 +24,7 @@ from fnserve.core.codec.tensors import InferenceRequest
 from fnserve.core.errors import FnserveError, InvalidInput
 from fnserve.core.execution.cache import ResultCache
 from fnserve.core.execution.service import InferenceService
-from fnserve.core.models.manifest import ModelSettings
+from fnserve.core.models.manifest.models import ModelSettings
 from fnserve.core.serving.dataplane import Answer, DataPlane
 from fnserve.observability.metrics import ServerMetrics
 from fnserve.settings import Settings

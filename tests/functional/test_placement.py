@@ -13,7 +13,7 @@ import pytest
 import tomli_w
 from msgspec import ValidationError
 
-from fnserve.core.models.manifest import Manifest, load_manifest
+from fnserve.core.models.manifest.loading import Manifest, load_manifest
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST
 from tests.servers import start_server
 

@@ -23,7 +23,7 @@ from fnserve.adapters.http.app import create_app
 from fnserve.aws import clients
 from fnserve.bootstrap import build_dataplane, build_service
 from fnserve.cli import app
-from fnserve.core.models.manifest import load_manifest
+from fnserve.core.models.manifest.loading import load_manifest
 from fnserve.settings import Settings
 from tests.helpers import DEMO_HOLDOUT, DEMO_MANIFEST, save_with_external_data
 from tests.helpers.asgi import AsgiClient

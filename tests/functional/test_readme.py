@@ -73,7 +73,10 @@ def test_readme_manifest_examples_are_valid() -> None:
 
     import msgspec
 
-    from fnserve.core.models.manifest import CascadeSettings, EmbeddingSettings, Manifest, PipelineSettings, Step
+    from fnserve.core.models.manifest.cascades import CascadeSettings
+    from fnserve.core.models.manifest.loading import Manifest
+    from fnserve.core.models.manifest.pipelines import EmbeddingSettings, PipelineSettings
+    from fnserve.core.models.manifest.steps import Step
 
     blocks = [tomllib.loads(b) for b in re.findall(r"```toml\n(.*?)```", README, re.DOTALL)]
     for block in blocks:  # an entry shown without the sha256 that `fnserve manifest add` writes

@@ -27,7 +27,7 @@ from huggingface_hub.utils._http import default_client_factory
 
 from fnserve.adapters.http.app import create_app
 from fnserve.bootstrap import build_dataplane
-from fnserve.core.models.manifest import load_manifest
+from fnserve.core.models.manifest.loading import load_manifest
 from fnserve.settings import Settings
 from tests.embeddings import SENTENCES, Httpx2LambdaTransport, LambdaTransport, cosine, tokens
 from tests.helpers import DEMO_MANIFEST, REPO, load_module

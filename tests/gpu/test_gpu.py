@@ -22,7 +22,7 @@ import onnxruntime as ort
 import pytest
 
 from fnserve.core.errors import ModelLoadError
-from fnserve.core.models.manifest import load_manifest
+from fnserve.core.models.manifest.loading import load_manifest
 from fnserve.core.models.registry import ModelRegistry
 from tests.gpu.models import (
     CUDA_GRAPHS,

@@ -21,7 +21,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from fnserve.core.models.manifest import Provider, load_manifest
+from fnserve.core.models.manifest.loading import load_manifest
+from fnserve.core.models.manifest.providers import Provider
 from fnserve.core.models.providers import TENSORRT, ort_provider
 from fnserve.core.models.registry import ModelRegistry
 from tests.gpu.models import (

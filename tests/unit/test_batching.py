@@ -479,7 +479,7 @@ def test_under_an_attention_budget_long_requests_share_a_batch_with_fewer_than_s
 
 @pytest.mark.parametrize("budget", ["max_batch_tokens", "max_batch_attention"])
 def test_a_token_budget_needs_padded_inputs(budget: str) -> None:
-    from fnserve.core.models.manifest import ModelSettings
+    from fnserve.core.models.manifest.models import ModelSettings
 
     with pytest.raises(ValueError, match=f"{budget} needs pad_inputs"):
         ModelSettings(name="m", path="m.onnx", sha256="0" * 64, max_batch_time_ms=2, **{budget: 512})

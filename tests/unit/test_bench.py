@@ -20,7 +20,7 @@ from fnserve.bench.tuner import resolve
 from fnserve.core.errors import InvalidInput
 from fnserve.core.execution.service import InferenceService
 from fnserve.core.host import pin_process, slot_cpus
-from fnserve.core.models.manifest import load_manifest
+from fnserve.core.models.manifest.loading import load_manifest
 from fnserve.core.models.registry import ModelRegistry
 from tests.helpers import DEMO_MANIFEST
 

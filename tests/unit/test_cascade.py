@@ -8,7 +8,8 @@ from msgspec import ValidationError
 from fnserve.core.errors import InvalidInput
 from fnserve.core.jobs.cascade import confidence, confident
 from fnserve.core.jobs.followups import FollowupIds
-from fnserve.core.models.manifest import CascadeSettings, Manifest
+from fnserve.core.models.manifest.cascades import CascadeSettings
+from fnserve.core.models.manifest.loading import Manifest
 
 
 def cascade(**fields: object) -> CascadeSettings:

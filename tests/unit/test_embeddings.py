@@ -13,7 +13,8 @@ from fnserve.core.errors import ConfigError, InvalidInput, Overloaded
 from fnserve.core.execution.cache import cache_key
 from fnserve.core.execution.embeddings import MIN_FILL, TOKENS, TRUNCATED, TokenBudget, TokenIds, embedders, shorten
 from fnserve.core.execution.steps import Tokenize
-from fnserve.core.models.manifest import TokenizeStep, load_manifest
+from fnserve.core.models.manifest.loading import load_manifest
+from fnserve.core.models.manifest.steps import TokenizeStep
 from fnserve.core.models.registry import ModelRegistry
 from tests.helpers import DEMO_MANIFEST
 

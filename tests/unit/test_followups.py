@@ -9,7 +9,7 @@ import pytest
 
 from fnserve.core.jobs.followups import FollowupIds, ResultLookup
 from fnserve.core.jobs.results import ResultRecord, job_key
-from fnserve.core.models.manifest import CascadeSettings
+from fnserve.core.models.manifest.cascades import CascadeSettings
 from tests.helpers import MemoryStore
 
 CASCADE = CascadeSettings(name="digits", fast="f", slow="s", output="p", threshold=0.5, result_ttl_seconds=600)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tomllib
 
-from fnserve.core.models.manifest import load_manifest
+from fnserve.core.models.manifest.loading import load_manifest
 from tests.helpers import DEMO_MANIFEST, REPO, load_module
 
 TOOL = load_module(REPO / "infra" / "docs" / "manifest_reference.py", "manifest_reference")

@@ -19,7 +19,7 @@ import pytest
 from msgspec import ValidationError
 
 from fnserve.core.errors import ModelLoadError
-from fnserve.core.models.manifest import Provider
+from fnserve.core.models.manifest.providers import Provider
 from fnserve.core.models.providers import TENSORRT_LIBRARIES, ort_provider
 
 

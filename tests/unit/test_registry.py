@@ -14,7 +14,8 @@ import pytest
 import tomli_w
 
 from fnserve.core.errors import ConfigError, ModelLoadError, ModelNotFound
-from fnserve.core.models.manifest import ModelSettings, load_manifest
+from fnserve.core.models.manifest.loading import load_manifest
+from fnserve.core.models.manifest.models import ModelSettings
 from fnserve.core.models.providers import Placement, cuda_graphs, ort_providers
 from fnserve.core.models.registry import ModelRegistry
 from fnserve.core.models.shape_sessions import GraphSession, ShapeSessions, shape_key

@@ -5,7 +5,8 @@ from msgspec import ValidationError
 
 from fnserve.core import host as _cpus
 from fnserve.core.errors import ConfigError
-from fnserve.core.models.manifest import Manifest, ModelSettings
+from fnserve.core.models.manifest.loading import Manifest
+from fnserve.core.models.manifest.models import ModelSettings
 from fnserve.settings import Settings
 
 SHA = "a" * 64

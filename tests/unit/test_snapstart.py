@@ -9,7 +9,7 @@ import pytest
 from fnserve.adapters.lambda_ import snapstart
 from fnserve.aws import clients
 from fnserve.core.models import registry as registry_module
-from fnserve.core.models.manifest import load_manifest
+from fnserve.core.models.manifest.loading import load_manifest
 from fnserve.core.models.registry import ModelRegistry
 from fnserve.observability import request_meta
 from tests.helpers import DEMO_MANIFEST

@@ -10,7 +10,7 @@ from fnserve.core.errors import InvalidInput
 from fnserve.core.execution.cache import cache_key
 from fnserve.core.execution.embeddings import Prompted, TokenIds, prompted
 from fnserve.core.execution.steps import Pool, Sigmoid, Tokenize
-from fnserve.core.models.manifest import PoolStep, SigmoidStep, TokenizeStep
+from fnserve.core.models.manifest.steps import PoolStep, SigmoidStep, TokenizeStep
 from fnserve.core.models.registry import ModelRegistry
 from tests.helpers import DEMO_MANIFEST
 
@@ -27,7 +27,7 @@ def rows(*values: object) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def minilm() -> object:
-    from fnserve.core.models.manifest import load_manifest
+    from fnserve.core.models.manifest.loading import load_manifest
 
     return ModelRegistry(load_manifest(DEMO_MANIFEST)).get("minilm-l6")
 
@@ -160,7 +160,7 @@ def test_sigmoid_of_any_logit_is_a_probability() -> None:
 
 
 def test_a_pipeline_ending_in_pool_embeds() -> None:
-    from fnserve.core.models.manifest import PipelineSettings
+    from fnserve.core.models.manifest.pipelines import PipelineSettings
 
     with pytest.raises(ValueError, match="first step must be tokenize"):
         PipelineSettings.validate({"name": "p", "model": "m", "post": [{"step": "pool"}], "embedding": {}})

@@ -19,7 +19,7 @@ from fnserve.core.execution.servable import Servable
 from fnserve.core.execution.service import InferenceService
 from fnserve.core.jobs.messages import job_message
 from fnserve.core.jobs.processor import JobProcessor
-from fnserve.core.models.manifest import load_manifest
+from fnserve.core.models.manifest.loading import load_manifest
 from fnserve.core.models.providers import Placement
 from fnserve.core.models.statistics import Executions
 from fnserve.core.serving.dataplane import Answer, DataPlane

@@ -15,7 +15,7 @@ from fnserve.core.errors import ConfigError
 from fnserve.core.execution.cache import CircuitBreaker, ResultCache
 from fnserve.core.execution.service import InferenceService
 from fnserve.core.jobs.results import ResultStore
-from fnserve.core.models.manifest import load_manifest
+from fnserve.core.models.manifest.loading import load_manifest
 from fnserve.core.models.registry import ModelRegistry
 
 # Every process builds here: its fnserve loggers write through this one's handler, in its structured lines.

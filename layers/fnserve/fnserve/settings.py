@@ -21,9 +21,8 @@ import msgspec
 import orjson
 from msgspec import Meta
 
-from fnserve.core.errors import ConfigError
+from fnserve.core.errors import ConfigError, refused_at
 from fnserve.core.host import available_cpus
-from fnserve.core.models.manifest import refused_at
 
 _PREFIX = "FNSERVE_"
 WHOLE = "FNSERVE_SETTINGS"  # every setting of a parent process (a server's), as JSON: see EnvSettings.to_env

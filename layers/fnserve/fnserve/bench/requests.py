@@ -22,7 +22,7 @@ from fnserve.core.codec.tensors import binary_tensor
 from fnserve.core.errors import InvalidInput
 from fnserve.core.execution.pipeline import Pipeline
 from fnserve.core.models.datatypes import V2_TO_NUMPY
-from fnserve.core.models.manifest import ImageStep
+from fnserve.core.models.manifest.steps import ImageStep
 from fnserve.core.models.registry import LoadedModel, TensorSpec
 
 Arrays = dict[str, np.ndarray[Any, Any]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 
@@ -98,6 +99,14 @@ class ConfigError(FnserveError):
     """Settings or a manifest are invalid, or a deployment lacks what a request needs (a bucket, a table)."""
 
     status_code = 500
+
+
+def refused_at(exc: Exception) -> tuple[list[str | int], str]:
+    """Where msgspec's error is (``$.models[0].max_batch_size`` as ``["models", 0, "max_batch_size"]``; empty: the
+    whole value, as a ``__post_init__`` check says) and what it says: the settings and the manifest each name the
+    field in a :class:`ConfigError` of their own from it."""
+    message, _, at = str(exc).partition(" - at `$")
+    return [int(index) if index else field for field, index in re.findall(r"\.(\w+)|\[(\d+)\]", at)], message
 
 
 class StoreUnavailable(FnserveError):

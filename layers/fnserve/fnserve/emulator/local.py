@@ -165,7 +165,7 @@ class _Example:
 def _served_example(local_: Local) -> _Example | None:
     """Lines to try, from the manifest the template's functions serve (None when none serves one)."""
     from fnserve.core.execution.service import InferenceService
-    from fnserve.core.models.manifest import TokenizeStep
+    from fnserve.core.models.manifest.steps import TokenizeStep
 
     manifests = (Path(m) for spec in local_.functions.values() if (m := spec.env.get("FNSERVE_MANIFEST")))
     manifest = next((m for m in manifests if m.is_file()), None)

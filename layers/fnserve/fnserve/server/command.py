@@ -127,7 +127,7 @@ def banner(host: str, port: int, service: InferenceService | None, settings: Set
     if settings.server_processes > 1:
         where = f"{settings.server_processes} server processes, each {where}"
     if service is None:
-        from fnserve.core.models.manifest import load_manifest
+        from fnserve.core.models.manifest.loading import load_manifest
 
         names = list(dict.fromkeys(model.name for model in load_manifest(settings.manifest).models))
         return [

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from fnserve.core.errors import ConfigError
 from fnserve.core.host import AFFINITY_DIR_ENV, available_cpus
-from fnserve.core.models.manifest import WorkerGroup, load_manifest
+from fnserve.core.models.manifest.groups import WorkerGroup
+from fnserve.core.models.manifest.loading import load_manifest
 from fnserve.observability.logs import logger
 from fnserve.server import fronts, rundirs
 from fnserve.server.layout import Layout, pin_inference, untimed_layout

@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 from fnserve.core.errors import ConfigError, InvalidInput
 from fnserve.core.models import external
-from fnserve.core.models.manifest import load_manifest, step_files
+from fnserve.core.models.manifest.loading import load_manifest, step_files
 from fnserve.observability.logs import logger
 from fnserve.stores import objects
 

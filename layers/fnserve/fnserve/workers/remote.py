@@ -28,7 +28,8 @@ import numpy as np
 from fnserve.core.errors import BadRequest, ModelNotReady
 from fnserve.core.execution.service import InferenceService
 from fnserve.core.models.datatypes import V2_TO_NUMPY, Arrays
-from fnserve.core.models.manifest import Manifest, ModelSettings
+from fnserve.core.models.manifest.loading import Manifest
+from fnserve.core.models.manifest.models import ModelSettings
 from fnserve.core.models.providers import Placement, note_device
 from fnserve.core.models.registry import LoadedModel, ModelRegistry, TensorSpec
 from fnserve.core.models.statistics import Executions

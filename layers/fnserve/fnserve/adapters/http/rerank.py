@@ -28,7 +28,8 @@ from fnserve.adapters.http.infer import (
     respond_json,
 )
 from fnserve.core.errors import FnserveError
-from fnserve.core.models.manifest import Manifest, SigmoidStep, TokenizeStep
+from fnserve.core.models.manifest.loading import Manifest
+from fnserve.core.models.manifest.steps import SigmoidStep, TokenizeStep
 from fnserve.core.serving.dataplane import Answer
 from fnserve.observability.envelope import RequestWatcher
 

@@ -43,16 +43,9 @@ from fnserve.core.execution.embeddings import (
     prompted,
     shorten,
 )
-from fnserve.core.models.manifest import (
-    Manifest,
-    MeanPoolStep,
-    PipelineSettings,
-    PoolStep,
-    SigmoidStep,
-    SoftmaxStep,
-    TokenizeStep,
-    TopKStep,
-)
+from fnserve.core.models.manifest.loading import Manifest
+from fnserve.core.models.manifest.pipelines import PipelineSettings
+from fnserve.core.models.manifest.steps import MeanPoolStep, PoolStep, SigmoidStep, SoftmaxStep, TokenizeStep, TopKStep
 from fnserve.core.serving.dataplane import Answer
 from fnserve.observability.envelope import RequestWatcher
 

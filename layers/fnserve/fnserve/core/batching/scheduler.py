@@ -46,7 +46,7 @@ from fnserve.core.models.providers import RAN_ON, RanOn
 if TYPE_CHECKING:
     from fnserve.core.batching.admission import Arriving
     from fnserve.core.execution.service import InferenceService
-    from fnserve.core.models.manifest import ModelSettings
+    from fnserve.core.models.manifest.models import ModelSettings
 
 Runner = Callable[[Arrays], Awaitable[Arrays]]
 # A batch's run, then ``after`` on its outputs, in one call where the run happens (one thread hop, not two).

@@ -27,7 +27,7 @@ from fnserve.core.execution.embeddings import TokenBudget
 from fnserve.core.models.datatypes import Arrays
 
 if TYPE_CHECKING:
-    from fnserve.core.models.manifest import ModelSettings
+    from fnserve.core.models.manifest.models import ModelSettings
 
 QueueKey = tuple[int, tuple[tuple[str, tuple[int, ...]], ...]]  # length bucket, and each input's padded row shape
 

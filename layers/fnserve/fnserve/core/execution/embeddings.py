@@ -16,14 +16,10 @@ from typing import Any
 import numpy as np
 
 from fnserve.core.errors import InvalidInput
-from fnserve.core.models.manifest import (
-    Manifest,
-    MeanPoolStep,
-    ModelSettings,
-    PipelineSettings,
-    PoolStep,
-    TokenizeStep,
-)
+from fnserve.core.models.manifest.loading import Manifest
+from fnserve.core.models.manifest.models import ModelSettings
+from fnserve.core.models.manifest.pipelines import PipelineSettings
+from fnserve.core.models.manifest.steps import MeanPoolStep, PoolStep, TokenizeStep
 
 TOKENS = "token_count"  # INT64 [-1]: the tokens each row ran, special tokens included
 # A batch of texts, cut by its padded tokens, holds at least this share of real ones: a padded token costs the

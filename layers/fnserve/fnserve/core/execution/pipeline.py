@@ -27,7 +27,7 @@ import numpy as np
 from fnserve.core.errors import ConfigError, InferenceError
 from fnserve.core.execution.steps import Step, Tokenize, build_step, run_step
 from fnserve.core.models.datatypes import Arrays
-from fnserve.core.models.manifest import PipelineSettings
+from fnserve.core.models.manifest.pipelines import PipelineSettings
 from fnserve.core.models.registry import LoadedModel, TensorSpec, requested_outputs
 
 

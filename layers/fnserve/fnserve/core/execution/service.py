@@ -30,7 +30,7 @@ from fnserve.core.execution.cache import ResultCache, cache_key
 from fnserve.core.execution.pipeline import Pipeline, Staged, concatenate
 from fnserve.core.execution.servable import PipelineServable, Servable, in_order
 from fnserve.core.models.datatypes import Arrays
-from fnserve.core.models.manifest import load_manifest
+from fnserve.core.models.manifest.loading import load_manifest
 from fnserve.core.models.registry import Fetcher, ModelRegistry
 
 logger = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ import numpy as np
 from fnserve.core.errors import ConfigError, FnserveError, InferenceError, InvalidInput
 from fnserve.core.execution.embeddings import TOKENS, TRUNCATED, TokenIds
 from fnserve.core.models.datatypes import V2_TO_NUMPY, Arrays
-from fnserve.core.models.manifest import (
+from fnserve.core.models.manifest.steps import (
     CustomStep,
     ImageStep,
     MeanPoolStep,
@@ -42,9 +42,7 @@ from fnserve.core.models.manifest import (
     TokenizeStep,
     TopKStep,
 )
-from fnserve.core.models.manifest import (
-    Step as StepSettings,
-)
+from fnserve.core.models.manifest.steps import Step as StepSettings
 from fnserve.core.models.registry import LoadedModel, TensorSpec
 
 logger = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from fnserve.core.errors import InvalidInput
 from fnserve.core.execution.service import InferenceService, Prediction
 from fnserve.core.jobs.followups import FollowupIds
 from fnserve.core.jobs.messages import job_message
-from fnserve.core.models.manifest import CascadeSettings
+from fnserve.core.models.manifest.cascades import CascadeSettings
 
 logger = logging.getLogger(__name__)
 

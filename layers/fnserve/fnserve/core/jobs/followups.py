@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 
 from fnserve.core.jobs.results import ResultRecord, ResultStore, job_key
-from fnserve.core.models.manifest import CascadeSettings
+from fnserve.core.models.manifest.cascades import CascadeSettings
 
 Status = Literal["pending", "skipped"]
 State = Literal["done", "failed", "pending", "skipped", "expired", "unknown"]

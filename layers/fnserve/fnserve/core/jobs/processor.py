@@ -49,7 +49,7 @@ from fnserve.core.execution.service import InferenceService, Packed, Prediction
 from fnserve.core.jobs.cascade import confidence, output
 from fnserve.core.jobs.messages import Job, JobGroup, PayloadLoader, job_identity, parse_jobs
 from fnserve.core.jobs.results import ResultRecord, ResultStore, job_key, job_keys
-from fnserve.core.models.manifest import CascadeSettings
+from fnserve.core.models.manifest.cascades import CascadeSettings
 
 logger = logging.getLogger(__name__)
 

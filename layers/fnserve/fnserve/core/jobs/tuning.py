@@ -11,7 +11,7 @@ from fnserve.core.codec.datafiles import DataFile
 from fnserve.core.errors import InvalidInput
 from fnserve.core.execution.service import InferenceService
 from fnserve.core.jobs.cascade import confidence
-from fnserve.core.models.manifest import CascadeSettings
+from fnserve.core.models.manifest.cascades import CascadeSettings
 
 THRESHOLDS = np.round(np.concatenate([np.arange(0.30, 0.949, 0.05), np.arange(0.95, 0.991, 0.01), [0.995, 0.999]]), 3)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fnserve.core.errors import ConfigError
-from fnserve.core.models.manifest import data_file_name
+from fnserve.core.models.manifest.entries import data_file_name
 
 if TYPE_CHECKING:
     import onnxruntime as ort

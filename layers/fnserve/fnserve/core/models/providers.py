@@ -1,7 +1,8 @@
 """Execution providers: the manifest's choice of CUDA, TensorRT or CPU, made into ONNX Runtime's, and checked.
 
 A model lists its providers in order of preference, each a name or a table of options
-(:class:`~fnserve.core.models.manifest.CudaProvider`, :class:`~fnserve.core.models.manifest.TensorrtProvider`).
+(:class:`~fnserve.core.models.manifest.providers.CudaProvider`,
+:class:`~fnserve.core.models.manifest.providers.TensorrtProvider`).
 ONNX Runtime quietly runs a session on the CPU when a GPU provider cannot be created (it
 prints "EP Error ... Falling back"): :func:`check` turns that into a :class:`ModelLoadError`
 with the reason, unless the model opts into ``cpu_fallback``, when it becomes a warning and
@@ -27,7 +28,8 @@ from typing import Any
 import onnxruntime as ort
 
 from fnserve.core.errors import ModelLoadError
-from fnserve.core.models.manifest import CudaProvider, ModelSettings, Provider, TensorrtProvider
+from fnserve.core.models.manifest.models import ModelSettings
+from fnserve.core.models.manifest.providers import CudaProvider, Provider, TensorrtProvider
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,8 @@ from fnserve.core.errors import InvalidInput, ModelLoadError, unknown_model
 from fnserve.core.host import available_cpus, default_intra_op_threads
 from fnserve.core.models import external
 from fnserve.core.models.datatypes import ORT_TO_V2, V2_TO_NUMPY
-from fnserve.core.models.manifest import Manifest, ModelSettings, TensorOverride
+from fnserve.core.models.manifest.loading import Manifest
+from fnserve.core.models.manifest.models import ModelSettings, TensorOverride
 from fnserve.core.models.providers import (
     CPU,
     GPU_PROVIDERS,

@@ -21,9 +21,10 @@ from typing import Any
 
 import tomli_w
 
-from fnserve.core.errors import ConfigError, ModelLoadError
+from fnserve.core.errors import ConfigError, ModelLoadError, refused_at
 from fnserve.core.models import external
-from fnserve.core.models.manifest import ModelSettings, load_manifest, refused_at
+from fnserve.core.models.manifest.loading import load_manifest
+from fnserve.core.models.manifest.models import ModelSettings
 from fnserve.core.models.registry import TensorSpec, tensor_specs
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from fnserve.core.errors import unknown_model
 from fnserve.core.execution.servable import PipelineServable
 from fnserve.core.execution.service import InferenceService
-from fnserve.core.models.manifest import CascadeSettings
+from fnserve.core.models.manifest.cascades import CascadeSettings
 from fnserve.core.models.statistics import Statistics
 from fnserve.core.serving.model_config import triton_config
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from fnserve.core.batching.admission import QUEUE_DELAY
 from fnserve.core.execution.servable import Servable
-from fnserve.core.models.manifest import ModelSettings
+from fnserve.core.models.manifest.models import ModelSettings
 from fnserve.core.models.registry import TensorSpec
 
 
