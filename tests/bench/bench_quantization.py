@@ -6,16 +6,16 @@ sentence-transformers reference, and CPU a text.
 
 - **The ways**: the fp32 export; onnxruntime's dynamic int8 (per-channel weights; one activation range a batch);
   the same run one text at a time; fnserve's per-token int8 (``fnserve quantize --mode per-token``, calibrated on
-  validation.npz), and the same with each activation's largest channels multiplied in float
-  (``BENCH_QUANTIZATION_OUTLIERS``: how many, 4 and 16; ``BENCH_QUANTIZATION_WEIGHT_LEVELS``, their weights'
-  levels, 63 as shipped); onnxruntime's static QDQ int8 (MinMax calibration on the
-  same rows); weight-only 8-bit (``MatMulNBits``, block 32, int8 compute) where onnxruntime's quantizer imports
-  (it needs ``onnx-ir``).
+  validation.npz: 8-bit weights, 7-bit rows, 4 outlier channels in float), and beside it the same with no outlier
+  channels, with 16 (``BENCH_QUANTIZATION_OUTLIERS``: the counts tried, 0 and 16), and with 7-bit weights beside
+  8-bit rows (the other split that keeps every int16 pair sum exact); onnxruntime's static QDQ int8 (MinMax
+  calibration on the same rows); weight-only 8-bit (``MatMulNBits``, block 32, int8 compute) where onnxruntime's
+  quantizer imports (it needs ``onnx-ir``).
 - **Invariance**: the largest difference of a text's embedding alone and beside others, over ``PROBES`` of the
   demo's sentences, each beside three short texts, beside a 256-token passage, and among all 242 in one request.
 - **Accuracy**: cosine to ``tests/data/minilm-reference.npz`` of the 242 sentences served as one request (cut into
   runs by the demo model's token and attention budget), mean and worst.
-- **CPU a text**: one single-threaded session each, the bench mix (``bench_embeddings.mix``) run one text a run and
+- **CPU a text**: one single-threaded session each, the bench mix (``_minilm.mix``) run one text a run and
   cut by the budget (sorted by length), each way's runs of a round taken in turn; the median of ``ROUNDS`` rounds.
 """
 
@@ -44,7 +44,7 @@ PROBES = 24
 EXPORT = REPO / ".bench" / "minilm-encoder"
 BUDGET = TokenBudget(1024, 32768)  # the demo's minilm-l6
 MAX_ROWS = 64
-OUTLIERS = [int(k) for k in os.environ.get("BENCH_QUANTIZATION_OUTLIERS", "4,16").split(",") if k]
+OUTLIERS = [int(k) for k in os.environ.get("BENCH_QUANTIZATION_OUTLIERS", "0,16").split(",") if k]
 DATA = REPO / "tests" / "data"
 
 Feed = dict[str, np.ndarray[Any, Any]]
@@ -122,18 +122,24 @@ def build(directory: Path) -> dict[str, tuple[Path, bool]]:
     from fnserve import per_token as rewrite
     from fnserve.per_token import quantize_per_token
 
-    # 8-bit weights (127) overflow the int16 pair sums of x86 CPUs without VNNI: measured on one that has it only.
-    rewrite.WEIGHT_LEVELS = int(os.environ.get("BENCH_QUANTIZATION_WEIGHT_LEVELS", rewrite.WEIGHT_LEVELS))
-    outliers = {k: directory / f"per-token-outliers-{k}.onnx" for k in OUTLIERS}
-    for k, path in outliers.items():
+    variants = {f"per-token int8, {k} outlier channels in float": directory / f"outliers-{k}.onnx" for k in OUTLIERS}
+    for k, path in zip(OUTLIERS, variants.values(), strict=True):
         quantize_per_token(fp32, path, validation, outliers=k)
+    split = "per-token int8, 7-bit weights beside 8-bit rows"
+    variants[split] = directory / "seven-bit-weights.onnx"
+    levels = rewrite.WEIGHT_LEVELS, rewrite.ACTIVATION_LEVELS
+    rewrite.WEIGHT_LEVELS, rewrite.ACTIVATION_LEVELS = 63, 255
+    try:
+        quantize_per_token(fp32, variants[split], validation)
+    finally:
+        rewrite.WEIGHT_LEVELS, rewrite.ACTIVATION_LEVELS = levels
     ways = {
         "fp32": (fp32, False),
         "dynamic int8 (onnxruntime's; per-channel weights)": (dynamic, False),
         "dynamic int8, one text a run": (dynamic, True),
         "per-token int8 (fnserve's default)": (per_token, False),
         "static QDQ int8 (MinMax calibration)": (static, False),
-        **{f"per-token int8, {k} outlier channels in float": (path, False) for k, path in outliers.items()},
+        **{name: (path, False) for name, path in variants.items()},
     }
     try:
         import onnx

@@ -142,13 +142,13 @@ def test_minilm_embed_matches_sentence_transformers(service: InferenceService) -
     assert embedding.shape == (len(SENTENCES), 384) and embedding.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(embedding, axis=1), 1.0, rtol=1e-5)
     similarity = cosine(embedding, REFERENCE)
-    # The int8 model against fp32 sentence-transformers (the fp32 export is >= 0.99999 on every sentence).
-    assert similarity.mean() >= 0.99 and similarity.min() >= 0.95, (similarity.mean(), similarity.min())
+    # The per-token int8 model against fp32 sentence-transformers (the fp32 export is >= 0.99999 on every sentence):
+    # nearest on average, furthest on the shortest texts, whose few tokens are most of them [CLS] and [SEP].
+    assert similarity.mean() >= 0.999 and similarity.min() >= 0.995, (similarity.mean(), similarity.min())
     assert got.model == "minilm-l6" and got.timings is not None and set(got.timings) == {"pre", "post"}
-    # A row alone, or among longer texts: padding is masked, but dynamic int8 scales its activations
-    # per batch, so the answers agree closely, not exactly.
+    # A row alone, or among longer texts: padding is masked and each row quantized by its own range.
     alone = service.infer("minilm-embed", {"text": strings(SENTENCES[3])}).outputs["embedding"]
-    assert cosine(alone, embedding[3:4])[0] > 0.98
+    np.testing.assert_allclose(alone[0], embedding[3], atol=1e-5)
 
 
 def test_a_megabyte_of_text_is_truncated_not_refused(service: InferenceService) -> None:

@@ -80,8 +80,13 @@ def test_a_row_alone_and_in_any_batch_gives_the_same_answer(tmp_path: Path, opse
     error = np.linalg.norm(together - float_out) / np.linalg.norm(float_out)
     assert error < 0.02, error
     onnx.checker.check_model(onnx.load(str(dst)))  # a valid graph: no initializer named twice
-    ops = {node.op_type for node in onnx.load(str(dst)).graph.node}
-    assert "MatMulIntegerToFloat" in ops and "MatMul" not in ops and "DynamicQuantizeLinear" not in ops
+    graph = onnx.load(str(dst)).graph
+    ops = {node.op_type for node in graph.node}
+    assert "MatMulIntegerToFloat" in ops and "DynamicQuantizeLinear" not in ops
+    producers = {out: node for node in graph.node for out in node.output}
+    floats = [producers[node.input[0]] for node in graph.node if node.op_type == "MatMul"]
+    # The only float products left are the outlier channels' own, gathered out of each activation.
+    assert floats and all(n.op_type == "Gather" and n.input[1].endswith("outliers") for n in floats), floats
     assert batch_drift(ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]), data) == 0
 
 
@@ -115,7 +120,8 @@ def test_outlier_channels_multiplied_in_float_keep_the_answer_the_rows_alone(tmp
     assert errors[1] < 0.02 and abs(errors[1] - errors[0]) < 0.005, errors
     graph = onnx.load(str(tmp_path / "block-2.onnx")).graph
     onnx.checker.check_model(onnx.load(str(tmp_path / "block-2.onnx")))
-    assert sum(node.op_type == "MatMul" for node in graph.node) == 2  # one small float product a weight MatMul
+    # One small float product, for the MatMul a LayerNorm feeds: the other's outliers stay on the int8 grid.
+    assert sum(node.op_type == "MatMul" for node in graph.node) == 1
     picked = next(numpy_helper.to_array(i) for i in graph.initializer if i.name.endswith("outliers"))
     assert 3 in picked.tolist()  # the LayerNorm's outlier channel is among those the first group keeps in float
 
@@ -138,3 +144,23 @@ def test_the_command_chooses_per_token_for_a_transformer_and_reports_invariance(
     assert "batch-invariant   not measured" in alone.output, alone.output  # one synthetic row: no batch to compare
     wrong = runner.invoke(app, [*args, "-o", str(tmp_path / "x.onnx"), "--mode", "fp8"])
     assert wrong.exit_code != 0 and "--mode must be auto, per-token, dynamic, static" in wrong.output
+
+
+def test_every_pair_of_products_fits_the_int16_that_cpus_without_vnni_sum_into(tmp_path: Path) -> None:
+    """On AVX2 without VNNI onnxruntime adds u8 × s8 products in pairs into a saturating int16: every quantized row
+    the model makes, times its weights' largest value, twice, must fit it, or answers change with the CPU."""
+    src = block(tmp_path / "block.onnx", 17)
+    dst = tmp_path / "block.int8.onnx"
+    quantize_per_token(src, dst, rows(seed=3))
+    model = onnx.load(str(dst))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    matmuls = [node for node in model.graph.node if node.op_type == "MatMulIntegerToFloat"]
+    rows_in = sorted({node.input[0] for node in matmuls})
+    model.graph.output.extend(helper.make_tensor_value_info(name, TensorProto.UINT8, None) for name in rows_in)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    data = rows(seed=4)
+    data.inputs["ids"][:, 1] = np.arange(data.rows)  # every row of the table, the largest included, read once
+    quantized = dict(zip(rows_in, session.run(rows_in, data.inputs), strict=True))
+    for node in matmuls:
+        widest = int(np.abs(inits[node.input[1]].astype(np.int32)).max())
+        assert 2 * int(quantized[node.input[0]].max()) * widest <= 32767, (node.name, widest)

@@ -7,16 +7,17 @@ minimum and maximum: a row's answer depends on that row alone, whatever its batc
 
 What keeps it near the float model, each step measured on docs/design/quantization.md:
 
-- weights per output column, 7-bit (±63): x86 CPUs without VNNI multiply u8 × s8 pairs into a saturating int16,
-  which full 8-bit weights overflow; at 7 bits every sum is exact on every CPU, so a row's answer is also the same
-  on every machine. GPTQ's rounding (each column's error pushed onto the columns after it, weighed by the
-  calibration activations) wins back what the eighth bit held;
+- weights per output column in 8 bits (±127), a row's activations in 7 (0 to 127): x86 CPUs without VNNI multiply
+  u8 × s8 pairs into a saturating int16, which 8 bits on both sides overflow. With one side at 7 bits every sum is
+  exact on every CPU, so a row's answer is also the same on every machine; the bit is the activations' to give,
+  since a row's own range already fits its grid to it, while a weight column's serves every token. GPTQ's rounding
+  (each column's error pushed onto the columns after it, weighed by the calibration activations) does the rest;
 - a zero point a MatMul keeps for all rows, from the calibration rows' range (GELU's outputs are nearly all
   positive): the scale still comes from each row alone;
 - SmoothQuant on the MatMuls a LayerNormalization feeds: each channel divided by a factor its weights' rows take
   on, so a few outlier channels no longer set every token's scale;
 - embedding tables quantized a row at a time and dequantized after the lookup, so the table stays int8 in memory;
-- optionally (``outliers``), LLM.int8()'s decomposition: each activation's largest channels, found on the
+- with calibration, LLM.int8()'s decomposition (``outliers``): each activation's few largest channels, found on the
   calibration rows, multiplied in float and left out of the row's range, so that they no longer coarsen the grid of
   every other channel of the token.
 """
@@ -36,7 +37,9 @@ if TYPE_CHECKING:
 
     from fnserve.core.codec.datafiles import DataFile
 
-WEIGHT_LEVELS = 63  # 7-bit weights: see the module's docstring
+WEIGHT_LEVELS = 127  # 8-bit weights beside 7-bit rows: every pair of products fits an int16 (see the docstring)
+ACTIVATION_LEVELS = 127
+OUTLIERS = 8  # channels an activation keeps in float: the few that set most tokens' ranges, at little CPU
 SMOOTH_ALPHA = 0.5  # SmoothQuant's migration strength: the activations' and the weights' ranges met halfway
 GPTQ_DAMP = 0.01  # of the Hessian's mean diagonal, so that a channel the calibration never lit stays invertible
 EMBEDDING_ROWS = 1024  # Gather tables with at least this many rows are stored int8 (vocabularies, not positions)
@@ -65,18 +68,18 @@ class _Group:
     matmuls: list[tuple[int, onnx.NodeProto, np.ndarray[Any, Any]]]  # each one's place in the graph
     after_norm: bool
     smooth: np.ndarray[Any, Any] | None = None  # a factor per channel, where SmoothQuant applies
-    zero_point: int = 128
+    zero_point: int = (ACTIVATION_LEVELS + 1) // 2
     hessian: np.ndarray[Any, Any] | None = None  # X^T X of the (smoothed) calibration activations
     channel_max: np.ndarray[Any, Any] | None = None
     ranges: list[np.ndarray[Any, Any]] = field(default_factory=list)  # each calibration row's share below zero
 
 
-def quantize_per_token(src: Path, dst: Path, calibration: DataFile | None = None, outliers: int = 0) -> None:
+def quantize_per_token(src: Path, dst: Path, calibration: DataFile | None = None, outliers: int = OUTLIERS) -> None:
     """Write ``src`` with every weight MatMul quantized per token (and its embedding tables per row) to ``dst``.
 
     With ``calibration`` (rows of the model's inputs), zero points, SmoothQuant and GPTQ come from it; without,
     rows are quantized symmetrically and weights rounded to nearest. ``outliers``: the channels of each activation
-    (the calibration's largest) multiplied in float beside the int8 product; 0, none."""
+    (the calibration's largest) multiplied in float beside the int8 product; 0, none; none without calibration."""
     import onnx
 
     model = onnx.load(str(src))
@@ -152,7 +155,7 @@ def _calibrate(model: onnx.ModelProto, groups: list[_Group], data: DataFile) -> 
     for group in groups:
         assert group.channel_max is not None and group.hessian is not None
         share = float(np.median(np.concatenate(group.ranges)))
-        group.zero_point = int(np.clip(np.round(255 * share), 1, 254))
+        group.zero_point = int(np.clip(np.round(ACTIVATION_LEVELS * share), 1, ACTIVATION_LEVELS - 1))
         if group.after_norm:
             weight_max = np.max([np.abs(w).max(axis=1) for _, _, w in group.matmuls], axis=0)
             factor = group.channel_max**SMOOTH_ALPHA / np.maximum(weight_max, 1e-8) ** (1 - SMOOTH_ALPHA)
@@ -223,23 +226,25 @@ def _rewrite(model: onnx.ModelProto, groups: list[_Group], opset: int, outliers:
         source = group.activation
         nodes = []
         weights = group.matmuls
-        if group.smooth is not None:
-            nodes.append(helper.make_node("Mul", [source, writer.const(p + "unsmooth", 1 / group.smooth)], [p + "x"]))
-            source = p + "x"
-            weights = [(i, node, w * group.smooth[:, None]) for i, node, w in weights]
-        channels = weights[0][2].shape[0]
         apart = _outlier_channels(group, outliers)
-        if apart.size:  # the outliers go to a float product of their own; zero here, they add nothing to the int8 one
-            keep = np.ones(channels, np.float32)
-            keep[apart] = 0
-            nodes.append(helper.make_node("Mul", [source, writer.const(p + "inliers", keep)], [p + "xi"]))
-            nodes.append(helper.make_node("Gather", [source, writer.const(p + "outliers", apart)], [p + "xo"], axis=-1))
-            source = p + "xi"
+        if group.smooth is not None:
+            # The outliers go to a float product of their own: zero in the int8 one, by the smoothing's own Mul.
+            unsmooth = (1 / group.smooth).astype(np.float32)
+            unsmooth[apart] = 0
+            nodes.append(helper.make_node("Mul", [source, writer.const(p + "unsmooth", unsmooth)], [p + "x"]))
+            if apart.size:
+                nodes.append(
+                    helper.make_node("Gather", [source, writer.const(p + "outliers", apart)], [p + "xo"], axis=-1)
+                )
+            source = p + "x"
+            weights = [(i, node, _without(w * group.smooth[:, None], apart)) for i, node, w in weights]
+        channels = weights[0][2].shape[0]
         axes = writer.const(p + "axes", np.array([-1], np.int64)) if opset >= 18 else None  # one for both reduces
+        up = writer.const(p + "up", np.float32(1 / (ACTIVATION_LEVELS - zp)))
         nodes += [
             _reduce("ReduceMax", source, p + "max", axes),
             _reduce("ReduceMin", source, p + "min", axes),
-            helper.make_node("Mul", [p + "max", writer.const(p + "up", np.float32(1 / (255 - zp)))], [p + "s_up"]),
+            helper.make_node("Mul", [p + "max", up], [p + "s_up"]),
             helper.make_node("Mul", [p + "min", writer.const(p + "down", np.float32(-1 / zp))], [p + "s_down"]),
             helper.make_node("Max", [p + "s_up", p + "s_down", writer.const(p + "tiny", _TINY)], [p + "scale"]),
             # QuantizeLinear takes a scale along one axis: the rows, once the activation is a matrix.
@@ -274,7 +279,8 @@ def _rewrite(model: onnx.ModelProto, groups: list[_Group], opset: int, outliers:
             )
             placed[place] = [matmul]
             if apart.size:
-                rows = writer.const(f"{p}w{j}_outliers", np.ascontiguousarray(weight[apart]).astype(np.float32))
+                original = group.matmuls[j][2]  # the outliers are gathered before smoothing
+                rows = writer.const(f"{p}w{j}_outliers", np.ascontiguousarray(original[apart]).astype(np.float32))
                 placed[place] += [
                     helper.make_node("MatMul", [p + "xo", rows], [f"{p}float_{j}"]),
                     helper.make_node("Add", [product, f"{p}float_{j}"], [node.output[0]]),
@@ -296,12 +302,21 @@ def _rewrite(model: onnx.ModelProto, groups: list[_Group], opset: int, outliers:
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
 
 
+def _without(weight: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``weight`` with ``rows`` zeroed: the float product multiplies them, and left in they would widen every
+    column's scale."""
+    weight = weight.copy()
+    weight[rows] = 0
+    return weight
+
+
 def _outlier_channels(group: _Group, count: int) -> np.ndarray[Any, Any]:
-    """The ``count`` channels of the group's activation (smoothed, where it is) with the largest calibration
-    magnitude, as int64 indices; none without calibration."""
-    if count <= 0 or group.channel_max is None:
+    """The ``count`` channels of the group's smoothed activation with the largest calibration magnitude, as int64
+    indices; none without calibration, and none where nothing is smoothed (what a LayerNorm does not feed: its
+    outliers moved the worst texts least, and each would cost a pass of its own to take out)."""
+    if count <= 0 or group.channel_max is None or group.smooth is None:
         return np.zeros(0, np.int64)
-    peak = group.channel_max / (group.smooth if group.smooth is not None else 1)
+    peak = group.channel_max / group.smooth
     return np.sort(np.argsort(-peak, kind="stable")[:count]).astype(np.int64)
 
 
