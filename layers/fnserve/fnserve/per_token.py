@@ -17,9 +17,9 @@ What keeps it near the float model, each step measured on docs/design/quantizati
 - SmoothQuant on the MatMuls a LayerNormalization feeds: each channel divided by a factor its weights' rows take
   on, so a few outlier channels no longer set every token's scale;
 - embedding tables quantized a row at a time and dequantized after the lookup, so the table stays int8 in memory;
-- with calibration, LLM.int8()'s decomposition (``outliers``): each activation's few largest channels, found on the
-  calibration rows, multiplied in float and left out of the row's range, so that they no longer coarsen the grid of
-  every other channel of the token.
+- with calibration, LLM.int8()'s decomposition (``outliers``): the few largest channels of what a LayerNorm feeds,
+  found on the calibration rows, multiplied in float and left out of the row's range, so that they no longer
+  coarsen the grid of every other channel of the token.
 """
 
 from __future__ import annotations
