@@ -73,13 +73,13 @@ def test_concurrent_requests_are_batched_and_answered_alone(tmp_path: Path) -> N
     assert plane.batchers["digits-accurate"].batches < 23  # fewer runtime calls than requests
 
 
-class Watched:
-    """A transport's watcher that keeps how each request ended: 200 and its timings, or the refusal's status."""
+class Recorded:
+    """A transport's recorder that keeps how each request ended: 200 and its timings, or the refusal's status."""
 
     def __init__(self) -> None:
         self.ended: list[tuple[int, dict[str, float]]] = []
 
-    def start(self, name: str, version: str | None, traceparent: str | None) -> Watched:
+    def start(self, name: str, version: str | None, traceparent: str | None) -> Recorded:
         return self
 
     def served(self, answer: Answer, timings: dict[str, float]) -> None:
@@ -103,7 +103,7 @@ def test_a_batched_models_answers_are_encoded_in_its_batchs_thread_and_an_error_
     )
     plane = DataPlane(InferenceService.from_manifest(manifest, eager=True), batching=True)
     batcher = plane.batchers["digits-accurate"]
-    watcher = Watched()
+    recorder = Recorded()
     threads: list[str] = []
 
     def encode(answer: Answer, request: InferenceRequest) -> list[int]:
@@ -115,7 +115,7 @@ def test_a_batched_models_answers_are_encoded_in_its_batchs_thread_and_an_error_
     async def main() -> tuple[str, list[Any]]:
         rows = [DIGITS[i : i + 1].copy() for i in range(4)]
         rows[2][0, 0] = -1.0  # the model runs it; its answer's encoding fails
-        served = [plane.serve(watcher, Arrived("digits-accurate", {"input": x}, encode)) for x in rows]
+        served = [plane.serve(recorder, Arrived("digits-accurate", {"input": x}, encode)) for x in rows]
         return threading.current_thread().name, await asyncio.gather(*served, return_exceptions=True)
 
     loop_thread, results = asyncio.run(main())
@@ -131,8 +131,8 @@ def test_a_batched_models_answers_are_encoded_in_its_batchs_thread_and_an_error_
     assert batcher.batches == 1 and batcher.splits == 0  # one run, not split by the failed encoding
     assert len(threads) == 4 and loop_thread not in threads
     assert all(name.startswith("fnserve-nice") for name in threads), threads
-    assert sorted(status for status, _ in watcher.ended) == [200, 200, 200, 422]
-    assert all("encode" in timings for status, timings in watcher.ended if status == 200)
+    assert sorted(status for status, _ in recorder.ended) == [200, 200, 200, 422]
+    assert all("encode" in timings for status, timings in recorder.ended if status == 200)
 
 
 def test_batching_settings_are_checked_when_they_load() -> None:

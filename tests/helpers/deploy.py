@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from fnserve.adapters.http import routes
-from fnserve.observability.envelope import NoTelemetry, RequestWatcher
+from fnserve.observability.envelope import NoTelemetry, RequestRecorder
 from tests.helpers import dockerfile_instructions
 
 KUBERNETES = "1.33"  # the schemas' version
@@ -49,8 +49,8 @@ class Catalog:
 
 def app(ready: bool) -> FastAPI:
     """fnserve serve's HTTP app, its models loaded (ready) or not."""
-    watcher = RequestWatcher("http", NoTelemetry(), access_log=False)
-    inference = SimpleNamespace(plane=SimpleNamespace(catalog=Catalog(ready)), default_model=None, watcher=watcher)
+    recorder = RequestRecorder("http", NoTelemetry(), access_log=False)
+    inference = SimpleNamespace(plane=SimpleNamespace(catalog=Catalog(ready)), default_model=None, recorder=recorder)
     return routes.build(inference, metrics=lambda: b"")
 
 

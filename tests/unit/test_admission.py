@@ -59,7 +59,7 @@ def test_requests_being_read_count_at_the_rows_requests_brought_lately_until_one
     load = Load(queued=0)
     bounded = admission(load, reasons, max_queue=4)
     for _ in range(10):
-        bounded.came(4)  # requests of 4 rows lately
+        bounded.record_rows(4)  # requests of 4 rows lately
     with bounded.admitted():
         assert bounded.refusal() is not None  # about 4 rows being read, and this one: past the bound
         assert bounded.refusal(rows=1, read=True) is None  # read: those still being read came after it

@@ -70,7 +70,7 @@ def test_ready_waits_for_every_condition_the_server_adds(plane: DataPlane) -> No
 
 
 class Ended:
-    """A transport's watcher that keeps how each request ended: 200, or the refusal's status."""
+    """A transport's recorder that keeps how each request ended: 200, or the refusal's status."""
 
     def __init__(self) -> None:
         self.statuses: list[int] = []
@@ -108,12 +108,12 @@ def test_a_callers_deadline_refuses_a_batched_request_foreseen_past_it_before_it
     batcher = plane.batchers["scale"]
     batcher.admission.pace.add(2, 0.8)  # as its latest runs measured it
     one = {"x": np.ones((1, 3), np.float32), "k": np.arange(1, dtype=np.int64)}
-    watcher = Ended()
+    recorder = Ended()
     bodies_read: list[float] = []
 
     def served(deadline: float) -> Any:
         return plane.serve(
-            watcher, Arrived("scale", one, deadline=deadline, on_read=lambda: bodies_read.append(deadline))
+            recorder, Arrived("scale", one, deadline=deadline, on_read=lambda: bodies_read.append(deadline))
         )
 
     async def main() -> list[Any]:
@@ -133,4 +133,4 @@ def test_a_callers_deadline_refuses_a_batched_request_foreseen_past_it_before_it
 
     answers = asyncio.run(main())
     assert len(answers) == 3 and bodies_read == [5.0]  # the refused one's body was never read
-    assert watcher.statuses == [503, 200] and batcher.admission.shed == 1
+    assert recorder.statuses == [503, 200] and batcher.admission.shed == 1

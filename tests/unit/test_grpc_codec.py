@@ -183,7 +183,7 @@ def test_a_deadline_already_passed_runs_nothing(tmp_path: Path) -> None:
     parsed = codec.parse_request(request.SerializeToString())
 
     async def serve(deadline: float) -> Any:
-        return await servicer.plane.serve(servicer.watcher, GrpcCall(parsed, None, deadline))
+        return await servicer.plane.serve(servicer.recorder, GrpcCall(parsed, None, deadline))
 
     with pytest.raises(DeadlineExceeded) as raised:
         asyncio.run(serve(0.0))

@@ -2,7 +2,7 @@
 
 The envelope of a request (decode, infer, encode, timings, the deadline, the mapping of errors) is
 :meth:`fnserve.core.serving.dataplane.DataPlane.serve`, the same for every transport; what it tells of each
-request goes to a :class:`RequestWatcher`, one per transport, which writes it where this process
+request goes to a :class:`RequestRecorder`, one per transport, which writes it where this process
 writes such things (OpenTelemetry, the structured log, Prometheus or EMF).
 """
 
@@ -29,7 +29,7 @@ class NoTelemetry:
         return None
 
 
-class RequestWatcher:
+class RequestRecorder:
     """Watches one transport's requests; ``transport`` names it in spans and (beside HTTP) in access lines."""
 
     def __init__(self, transport: str, telemetry: Telemetry, *, access_log: bool, route: str | None = None) -> None:
@@ -39,35 +39,35 @@ class RequestWatcher:
         self.access_log = access_log
         self.where = {} if transport == "http" else {"transport": transport}
 
-    def start(self, name: str, version: str | None, traceparent: str | None) -> _Watch:
-        return _Watch(self, name, tracing.start_request(name, version, self.transport, traceparent, self.route))
+    def start(self, name: str, version: str | None, traceparent: str | None) -> _Recording:
+        return _Recording(self, name, tracing.start_request(name, version, self.transport, traceparent, self.route))
 
 
-class _Watch:
-    __slots__ = ("name", "span", "watcher")
+class _Recording:
+    __slots__ = ("name", "recorder", "span")
 
-    def __init__(self, watcher: RequestWatcher, name: str, span: tracing.RequestSpan | None) -> None:
-        self.watcher = watcher
+    def __init__(self, recorder: RequestRecorder, name: str, span: tracing.RequestSpan | None) -> None:
+        self.recorder = recorder
         self.name = name
         self.span = span
 
     def served(self, answer: Answer, timings: dict[str, float]) -> None:
-        watcher = self.watcher
-        if watcher.access_log:
+        recorder = self.recorder
+        if recorder.access_log:
             fields = {"model": self.name, "version": answer.version, "status": 200, "cache": answer.cache, **timings}
             if answer.device:
                 fields["device"] = answer.device
-            logs.access("inference", fields | watcher.where)
-        watcher.telemetry.record(self.name, 200, timings, answer.cache, answer.version)
+            logs.access("inference", fields | recorder.where)
+        recorder.telemetry.record(self.name, 200, timings, answer.cache, answer.version)
         if self.span is not None:
             self.span.end(200, timings)
 
     def refused(self, error: FnserveError) -> None:
-        watcher = self.watcher
-        if watcher.access_log:
+        recorder = self.recorder
+        if recorder.access_log:
             fields = {"model": self.name, "status": error.status_code, "error": error.message}
-            logs.access("inference refused", fields | watcher.where)
-        watcher.telemetry.record(self.name, error.status_code, {}, "off")
+            logs.access("inference refused", fields | recorder.where)
+        recorder.telemetry.record(self.name, error.status_code, {}, "off")
         if self.span is not None:
             self.span.end(error.status_code, error=error.message)
 

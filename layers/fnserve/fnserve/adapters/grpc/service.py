@@ -22,7 +22,7 @@ from fnserve.adapters.grpc.proto import open_inference_grpc_pb2 as pb
 from fnserve.core.errors import BadRequest, FnserveError, grpc_code
 from fnserve.core.serving.dataplane import Answer, DataPlane
 from fnserve.observability import tracing
-from fnserve.observability.envelope import EXTENSIONS, NoTelemetry, RequestWatcher, Telemetry
+from fnserve.observability.envelope import EXTENSIONS, NoTelemetry, RequestRecorder, Telemetry
 from fnserve.observability.logs import request_keys
 from fnserve.observability.request_meta import new_request_id, server_timing
 
@@ -42,7 +42,7 @@ class InferenceServicer:
 
     def __init__(self, plane: DataPlane, *, access_log: bool = True, telemetry: Telemetry | None = None) -> None:
         self.plane = plane
-        self.watcher = RequestWatcher("grpc", telemetry or NoTelemetry(), access_log=access_log)
+        self.recorder = RequestRecorder("grpc", telemetry or NoTelemetry(), access_log=access_log)
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -91,7 +91,7 @@ class InferenceServicer:
         request_keys(request_id=rid)
         try:
             response, _, timings = await self.plane.serve(
-                self.watcher, GrpcCall(request, traceparent, context.time_remaining())
+                self.recorder, GrpcCall(request, traceparent, context.time_remaining())
             )
         except FnserveError as exc:
             context.set_trailing_metadata((("x-request-id", rid),))

@@ -32,7 +32,7 @@ from fnserve.adapters.http.wire import (
 from fnserve.core.codec.tensors import JSON_HEADER, InferenceRequest, decode_request, encode_response
 from fnserve.core.errors import BadRequest, ClientGone, FnserveError, PayloadTooLarge
 from fnserve.core.serving.dataplane import Answer, DataPlane
-from fnserve.observability.envelope import RequestWatcher, Telemetry
+from fnserve.observability.envelope import RequestRecorder, Telemetry
 from fnserve.observability.logs import logger, request_keys
 from fnserve.observability.request_meta import server_timing
 from fnserve.settings import Settings
@@ -210,7 +210,7 @@ class InferenceRoute:
 
     def __init__(self, plane: DataPlane, settings: Settings, telemetry: Telemetry) -> None:
         self.plane = plane
-        self.watcher = RequestWatcher("http", telemetry, access_log=settings.access_log)
+        self.recorder = RequestRecorder("http", telemetry, access_log=settings.access_log)
         self.limit = settings.max_request_bytes
         self.max_wait = settings.max_wait_seconds
         self.default_model = settings.default_model
@@ -240,7 +240,7 @@ class InferenceRoute:
         request = V2Request(name, version, traceparent, receive, declared, self.limit, json_length, encoding)
         headers: dict[str, str]
         try:
-            served = self.plane.serve(self.watcher, request)  # an overloaded model refuses here, its body unread
+            served = self.plane.serve(self.recorder, request)  # an overloaded model refuses here, its body unread
             payload, media_type, headers = self.written(await served, accept)
             status = 200
         except FnserveError as exc:
@@ -255,12 +255,12 @@ class InferenceRoute:
         await respond(scope, send, status, payload, media_type, headers, rid)
 
     async def answer(
-        self, request: V2Request, watcher: RequestWatcher | None = None, accept: str | None = None
+        self, request: V2Request, recorder: RequestRecorder | None = None, accept: str | None = None
     ) -> tuple[bytes, str, dict[str, str]]:
         """One inference, however its body is written: (payload, media type, headers); a refusal is raised.
-        ``watcher``: another route's (SageMaker's), else the V2 route's; ``accept``: the Accept-Encoding the
+        ``recorder``: another route's (SageMaker's), else the V2 route's; ``accept``: the Accept-Encoding the
         answer may use."""
-        return self.written(await self.plane.serve(watcher or self.watcher, request), accept)
+        return self.written(await self.plane.serve(recorder or self.recorder, request), accept)
 
     def written(
         self, served: tuple[tuple[bytes, str, dict[str, str]], Answer, dict[str, float]], accept: str | None

@@ -43,7 +43,7 @@ from fnserve.core.execution.embeddings import (
     shorten,
 )
 from fnserve.core.serving.dataplane import Answer
-from fnserve.observability.envelope import RequestWatcher
+from fnserve.observability.envelope import RequestRecorder
 
 MAX_INPUTS = 2048  # OpenAI's own bound on a request's inputs
 EMBEDDINGS = "/v1/embeddings"
@@ -235,8 +235,8 @@ class OpenAIRoutes:
         self.inference = inference
         self.plane = inference.plane
         self.limit = inference.limit
-        self.watcher = RequestWatcher(
-            "http", inference.watcher.telemetry, access_log=inference.watcher.access_log, route=EMBEDDINGS
+        self.recorder = RequestRecorder(
+            "http", inference.recorder.telemetry, access_log=inference.recorder.access_log, route=EMBEDDINGS
         )
         manifest = self.plane.service.registry.manifest
         self.embedders = embedders(manifest)
@@ -268,7 +268,7 @@ class OpenAIRoutes:
                 if name not in self.embedders:
                     raise unknown(name)
             request = EmbeddingsRequest(self, name, doc, receive, declared, traceparent, deadline)
-            served = await self.plane.serve(self.watcher, request)
+            served = await self.plane.serve(self.recorder, request)
             payload, _, headers = self.inference.written(served, found.get(b"accept-encoding"))
             return payload, headers  # Server-Timing, the cache, compression
 

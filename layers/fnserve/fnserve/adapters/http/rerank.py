@@ -31,7 +31,7 @@ from fnserve.core.errors import FnserveError
 from fnserve.core.models.manifest.loading import Manifest
 from fnserve.core.models.manifest.steps import SigmoidStep, TokenizeStep
 from fnserve.core.serving.dataplane import Answer
-from fnserve.observability.envelope import RequestWatcher
+from fnserve.observability.envelope import RequestRecorder
 
 RERANK = ("/v1/rerank", "/v2/rerank")
 MAX_DOCUMENTS = 10_000  # Cohere's own hard cap on a request's documents
@@ -162,8 +162,8 @@ class RerankRoutes:
         self.inference = inference
         self.plane = inference.plane
         self.limit = inference.limit
-        self.watcher = RequestWatcher(
-            "http", inference.watcher.telemetry, access_log=inference.watcher.access_log, route=RERANK[0]
+        self.recorder = RequestRecorder(
+            "http", inference.recorder.telemetry, access_log=inference.recorder.access_log, route=RERANK[0]
         )
         self.rerankers = rerankers(self.plane.service.registry.manifest)
         self.only = next(iter(self.rerankers)) if len(self.rerankers) == 1 else None
@@ -184,7 +184,7 @@ class RerankRoutes:
                 if name not in self.rerankers:
                     raise _unknown(name, self)
             request = RerankRequest(self, name, doc, receive, declared, found.get(b"traceparent"), version)
-            served = await self.plane.serve(self.watcher, request)
+            served = await self.plane.serve(self.recorder, request)
             payload, _, headers = self.inference.written(served, found.get(b"accept-encoding"))
             return payload, headers
 

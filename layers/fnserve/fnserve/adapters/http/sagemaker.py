@@ -32,7 +32,7 @@ from fnserve.adapters.http.middleware import json_response
 from fnserve.core.codec.tensors import JSON_HEADER, InferenceRequest
 from fnserve.core.errors import BadRequest, InvalidInput
 from fnserve.core.serving.dataplane import Answer
-from fnserve.observability.envelope import RequestWatcher
+from fnserve.observability.envelope import RequestRecorder
 
 NPY = "application/x-npy"
 NPZ = "application/x-npz"
@@ -46,8 +46,10 @@ class SageMakerRoutes:
     def __init__(self, inference: InferenceRoute) -> None:
         self.inference = inference
         self.plane = inference.plane
-        watching = inference.watcher  # the same records and access lines; spans named by this route
-        self.watcher = RequestWatcher("http", watching.telemetry, access_log=watching.access_log, route="/invocations")
+        v2_recorder = inference.recorder  # the same records and access lines; spans named by this route
+        self.recorder = RequestRecorder(
+            "http", v2_recorder.telemetry, access_log=v2_recorder.access_log, route="/invocations"
+        )
         self.default_model = inference.default_model
 
     async def ping(self) -> Response:
@@ -63,11 +65,11 @@ class SageMakerRoutes:
         arrived = (name, version, headers.get("traceparent"), request.receive, headers.get("content-length"))
         if media not in (NPY, NPZ):
             v2 = V2Request(*arrived, self.inference.limit, headers.get(JSON_HEADER))
-            payload, media_type, extra = await self.inference.answer(v2, self.watcher)
+            payload, media_type, extra = await self.inference.answer(v2, self.recorder)
         else:
             accept = headers.get("accept", JSON).split(";")[0].strip().lower()
             numpy = NumpyRequest(*arrived, self.inference.limit, self, media, accept, attributes)
-            payload, media_type, extra = await self.inference.answer(numpy, self.watcher)
+            payload, media_type, extra = await self.inference.answer(numpy, self.recorder)
         return Response(payload, media_type=media_type, headers=extra)
 
     def encode(

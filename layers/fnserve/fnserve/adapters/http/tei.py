@@ -47,7 +47,7 @@ from fnserve.core.models.manifest.loading import Manifest
 from fnserve.core.models.manifest.pipelines import PipelineSettings
 from fnserve.core.models.manifest.steps import MeanPoolStep, PoolStep, SigmoidStep, SoftmaxStep, TokenizeStep, TopKStep
 from fnserve.core.serving.dataplane import Answer
-from fnserve.observability.envelope import RequestWatcher
+from fnserve.observability.envelope import RequestRecorder
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -362,8 +362,10 @@ class TEIRoutes:
         self.max_length = {n: _tokenize(p).max_length for n, p in self.pipelines.items()}
         self.label_index = {n: {label: i for i, label in enumerate(c.labels)} for n, c in self.classifiers.items()}
         self.default = inference.tei_model or next(iter(self.embedders), None) or next(iter(self.kinds), None)
-        self.watchers = {
-            kind: RequestWatcher("http", inference.watcher.telemetry, access_log=inference.watcher.access_log, route=r)
+        self.recorders = {
+            kind: RequestRecorder(
+                "http", inference.recorder.telemetry, access_log=inference.recorder.access_log, route=r
+            )
             for kind, r in _ROUTES.items()
         }
         self._tokenizers: dict[tuple[str, bool], Tokenizer] = {}
@@ -493,7 +495,7 @@ class TEIRoutes:
                     "Backend",
                 )
             request = _KINDS[served_as](self, name, receive, found)
-            served = await self.plane.serve(self.watchers[served_as], request)
+            served = await self.plane.serve(self.recorders[served_as], request)
             payload, _, headers = self.inference.written(served, found.get(b"accept-encoding"))
             return payload, headers
 

@@ -68,7 +68,7 @@ class Pace:
         return self._seconds * min(1.0, rows / self._rows)
 
 
-class Arriving:
+class ArrivingScope:
     """The scope of admitted requests whose bodies are being read: counted as coming to the queue. One per
     admission, holding nothing of a request's: a request's admission allocates nothing."""
 
@@ -113,9 +113,9 @@ class Admission:
         self.shed = 0  # requests refused: their wait foreseen past a deadline, the deadline passed, or the queue full
         self.arriving = 0  # requests let in whose bodies are being read, not queued yet (admitted's scope)
         self.request_rows = 1.0  # the rows a request brought lately: what one arriving will add to the queue
-        self._arriving = Arriving(self)
+        self._arriving = ArrivingScope(self)
 
-    def admitted(self, within: float | None = None) -> Arriving:
+    def admitted(self, within: float | None = None) -> ArrivingScope:
         """Admit a request whose body is not read yet, or raise :meth:`refusal`'s :class:`Overloaded`; then, in
         the scope it returns (``with``), the request counts as coming to the queue while its body is read.
         ``within``: the seconds its caller waits, where known before the body (gRPC's deadline)."""
@@ -128,7 +128,7 @@ class Admission:
         if refusal is not None:
             raise refusal
 
-    def came(self, rows: int) -> None:
+    def record_rows(self, rows: int) -> None:
         """A request of ``rows`` was read and admitted: what the next ones being read are expected to bring."""
         self.request_rows += PACE_WEIGHT * (rows - self.request_rows)
 
@@ -168,12 +168,12 @@ class Admission:
                 "(max_queue_delay_ms); try again shortly"
             )
         # Its own batch's run too: the caller waits for the answer, not for the batch to take it.
-        answered = wait + self.pace.seconds(min(ahead + rows, self.max_batch_size))
-        if within is not None and answered > within:
+        answer_in = wait + self.pace.seconds(min(ahead + rows, self.max_batch_size))
+        if within is not None and answer_in > within:
             self._refuse("queue_wait")
             return Overloaded(
                 f"model {self.name!r} is overloaded: the {ahead} rows ahead would answer it in about "
-                f"{answered * 1e3:.0f} ms, past its deadline of {within * 1e3:.0f} ms; try again shortly"
+                f"{answer_in * 1e3:.0f} ms, past its deadline of {within * 1e3:.0f} ms; try again shortly"
             )
         return None
 

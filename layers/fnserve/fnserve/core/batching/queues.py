@@ -1,4 +1,4 @@
-"""A batcher's queues, one a shape: the requests waiting (:class:`Pending`), the rows in flight (:class:`Flight`),
+"""A batcher's queues, one a shape: the requests waiting (:class:`Pending`), the rows in flight (:class:`InFlight`),
 and how a batch gathers from a queue (:func:`gather`)."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Pending:
     latest: float = math.inf  # a bulk run's latest start for its request to end by its deadline (time.monotonic)
 
 
-def taken(pending: Pending) -> None:
+def cancel_expiry(pending: Pending) -> None:
     """A batch took ``pending``: its queue deadline no longer applies (it runs)."""
     if pending.expiry is not None:
         pending.expiry.cancel()
@@ -43,17 +43,22 @@ def taken(pending: Pending) -> None:
 
 
 async def gather(
-    queue: asyncio.Queue[Pending], flight: Flight, first: Pending, deadline: float, size: int, mixed: Callable[[], bool]
+    queue: asyncio.Queue[Pending],
+    flight: InFlight,
+    first: Pending,
+    deadline: float,
+    size: int,
+    others: Callable[[], bool],
 ) -> tuple[list[Pending], int, Pending | None]:
     """A batch from ``first`` on, of ``size`` rows at most: its requests, their rows, and the request that would have
     overflowed it (it starts the next batch), if any. While the queue is empty it waits for the rows on their way,
-    until ``deadline`` at most, unless requests of another shape came lately (``mixed``)."""
+    until ``deadline`` at most, unless requests of another shape came lately (``others``)."""
     batch, rows = [first], first.rows
-    taken(first)
+    cancel_expiry(first)
     while rows < size:
         if queue.empty():  # wait for the rows on their way, if any, until the deadline at most
             coming = min(size, flight.expected()) - rows
-            if coming <= 0 or mixed():
+            if coming <= 0 or others():
                 break
             await flight.more(coming, deadline)  # all of them, or the deadline: take what came
             if queue.empty():
@@ -65,14 +70,14 @@ async def gather(
         if rows + item.rows > size:
             return batch, rows, item  # it would overflow: run what we have
         batch.append(item)
-        taken(item)
+        cancel_expiry(item)
         rows += item.rows
     return batch, rows, None
 
 
 async def gather_by_length(
     queue: asyncio.Queue[Pending],
-    flight: Flight,
+    flight: InFlight,
     first: Pending,
     deadline: float,
     size: int,
@@ -85,7 +90,7 @@ async def gather_by_length(
     the queue in the order they came, so the oldest of them starts the next batch: no long text waits behind a
     stream of short ones. While fewer rows wait than are on their way, it waits for them until ``deadline`` at
     most."""
-    taken(first)
+    cancel_expiry(first)
     waiting: list[Pending] = []
     rows = first.rows
     while True:
@@ -111,7 +116,7 @@ async def gather_by_length(
         if more > size or not budget.holds(more, padded(length)) or not filled(joined, more, length):
             continue
         batch.append(item)
-        taken(item)
+        cancel_expiry(item)
         rows, longest, real = more, length, joined
     chosen = {id(p) for p in batch}
     for item in waiting:  # nothing was awaited since the queue was emptied: they go back in their order
@@ -150,7 +155,7 @@ async def first_request(queue: asyncio.Queue[Pending], idle: float) -> Pending |
                 return None
 
 
-def mixed(flights: Mapping[Key, Flight], key: Key) -> bool:
+def others_arriving(flights: Mapping[Key, InFlight], key: Key) -> bool:
     """Whether requests of another length or shape than ``key``'s came to the model lately: then a batch forming
     for ``key`` does not wait for rows of its own on their way. In a closed loop of clients the requests that come
     back go to whichever length bucket their texts fall in, mostly another one, and a batch that waits for them
@@ -163,14 +168,14 @@ def mixed(flights: Mapping[Key, Flight], key: Key) -> bool:
     )
 
 
-def hurry(flights: Mapping[Key, Flight], key: Key) -> None:
+def stop_others_waiting(flights: Mapping[Key, InFlight], key: Key) -> None:
     """A request joined ``key``'s queue: a batch of another queue that waits for rows of its own goes on."""
     for other, flight in flights.items():
         if other != key:
-            flight.hurry()
+            flight.stop_waiting()
 
 
-class Flight:
+class InFlight:
     """One queue's rows in flight (queued, or in a batch that runs), the most there were at once lately, and the rows
     of the batches running now. A batch about to form waits for the rows that are coming (the most lately, less those
     running), and no longer: a lone client's request runs at once, and a closed loop of N clients, whose answers come
@@ -212,7 +217,7 @@ class Flight:
             if self._needed <= 0:
                 _wake(self._waiter)
 
-    def hurry(self) -> None:
+    def stop_waiting(self) -> None:
         """A batch waiting for rows of its own goes on with those it has (requests of another queue came)."""
         if self._waiter is not None:
             _wake(self._waiter)

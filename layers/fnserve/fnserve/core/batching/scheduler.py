@@ -29,14 +29,14 @@ import numpy as np
 from fnserve.core.batching.admission import Admission
 from fnserve.core.batching.priority import run_niced
 from fnserve.core.batching.queues import (
-    Flight,
+    InFlight,
     Pending,
     first_request,
     fresh_first,
     gather,
     gather_by_length,
-    hurry,
-    mixed,
+    others_arriving,
+    stop_others_waiting,
 )
 from fnserve.core.batching.stacking import Failed, QueueKey, Stacking, answers, isolating
 from fnserve.core.errors import InvalidInput
@@ -44,7 +44,7 @@ from fnserve.core.models.datatypes import Arrays
 from fnserve.core.models.providers import RAN_ON, RanOn
 
 if TYPE_CHECKING:
-    from fnserve.core.batching.admission import Arriving
+    from fnserve.core.batching.admission import ArrivingScope
     from fnserve.core.execution.service import InferenceService
     from fnserve.core.models.manifest.models import ModelSettings
 
@@ -131,7 +131,7 @@ class AdaptiveBatcher:
         )
         self._queues: dict[QueueKey, asyncio.Queue[Pending]] = {}
         self._tasks: dict[QueueKey, asyncio.Task[None]] = {}
-        self._flights: dict[QueueKey, Flight] = {}
+        self._flights: dict[QueueKey, InFlight] = {}
         self._slots: asyncio.Semaphore | None = None  # batches that may run at once, over every length bucket
         self._running: set[asyncio.Task[None]] = set()
         self.batches = 0  # how many runs, for tests and metrics
@@ -169,13 +169,13 @@ class AdaptiveBatcher:
             if self._slots is None:
                 self._slots = asyncio.Semaphore(self.policy.max_concurrent)
             queue = self._queues[key] = asyncio.Queue()  # bounded by admission over every bucket, in predict
-            flight = self._flights[key] = Flight()
+            flight = self._flights[key] = InFlight()
             self._tasks[key] = asyncio.get_running_loop().create_task(self._loop(queue, key, flight))
         else:
             flight = self._flights[key]
         if not admitted:
             admission.admit(max(rows), read=True, within=within)
-            admission.came(max(rows))
+            admission.record_rows(max(rows))
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[Any, float]] = loop.create_future()
         pending = Pending(arrays, rows.pop(), future, RAN_ON.get(), length, finish=finish, bulk=bulk, latest=latest)
@@ -187,18 +187,18 @@ class AdaptiveBatcher:
             queue.put_nowait(pending)
             flight.queued(pending.rows)
             if len(self._flights) > 1:
-                hurry(self._flights, key)
+                stop_others_waiting(self._flights, key)
             return await future
         finally:
             flight.leave(pending)
             if pending.expiry is not None:
                 pending.expiry.cancel()
 
-    def admitted(self, within: float | None = None) -> Arriving:
+    def admitted(self, within: float | None = None) -> ArrivingScope:
         """The admission of a request whose body is not read yet (:meth:`Admission.admitted`)."""
         return self.admission.admitted(within)
 
-    def _expire(self, pending: Pending, flight: Flight, delay: float) -> None:
+    def _expire(self, pending: Pending, flight: InFlight, delay: float) -> None:
         """A request's queue deadline, ``delay`` after it came: still waiting for its batch, it is refused and never
         run."""
         if pending.future.done():
@@ -226,7 +226,7 @@ class AdaptiveBatcher:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _loop(self, queue: asyncio.Queue[Pending], key: QueueKey, flight: Flight) -> None:
+    async def _loop(self, queue: asyncio.Queue[Pending], key: QueueKey, flight: InFlight) -> None:
         slots = self._slots
         assert slots is not None  # made with the first queue
         carried: Pending | None = None  # the request that would have overflowed the last batch
@@ -249,7 +249,7 @@ class AdaptiveBatcher:
                 batch, rows = await gather_by_length(queue, flight, first, deadline, size, stacking.budget, padded)
                 bucket = padded(max(p.length for p in batch))
             else:
-                others = functools.partial(mixed, self._flights, key)
+                others = functools.partial(others_arriving, self._flights, key)
                 batch, rows, carried = await gather(queue, flight, first, deadline, size, others)
                 bucket = key[0]
             flight.running += rows  # from now on, not waiting: the batch's task runs them
@@ -257,7 +257,7 @@ class AdaptiveBatcher:
             self._running.add(task)
             task.add_done_callback(functools.partial(self._ended, flight=flight, rows=rows))
 
-    async def _execute(self, batch: list[Pending], bucket: int, flight: Flight, rows: int) -> None:
+    async def _execute(self, batch: list[Pending], bucket: int, flight: InFlight, rows: int) -> None:
         started = time.monotonic()
         ran_on = RanOn()
         RAN_ON.set(ran_on)  # this batch's task: the runner's thread says which device ran it
@@ -270,7 +270,7 @@ class AdaptiveBatcher:
             # with the next batch's rows all waiting and no batch running).
             self._ended(asyncio.current_task(), flight, rows)  # type: ignore[arg-type]
 
-    def _ended(self, task: asyncio.Task[None], flight: Flight, rows: int) -> None:
+    def _ended(self, task: asyncio.Task[None], flight: InFlight, rows: int) -> None:
         """A batch's task ended (or was cancelled before it began: the batcher closing): its rows and slot are
         free. Once: from the task as its answers are set, then again by its done-callback."""
         if task in self._running:
@@ -283,7 +283,7 @@ class AdaptiveBatcher:
         self.splits += 1
         self.observers.on_split()
 
-    def _settle(self, flight: Flight, ran_on: RanOn, started: float, pending: Pending, part: Any) -> None:
+    def _settle(self, flight: InFlight, ran_on: RanOn, started: float, pending: Pending, part: Any) -> None:
         """``pending`` answered with ``part`` (its error alone, when a :class:`Failed`); its rows leave the flight."""
         if pending.ran_on is not None:
             pending.ran_on.device = ran_on.device

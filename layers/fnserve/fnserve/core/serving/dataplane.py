@@ -4,8 +4,8 @@ SageMaker; gRPC).
 A transport hands :meth:`DataPlane.serve` a :class:`Request` (whom it is for, its body decoded on demand, its
 answer encoded by the transport's codec) and gets the encoded answer back. Between the two, the plane decides
 everything: refusals before the body is read, the route (a plain model, a batched model, a pipeline batched with
-its model, or a cascade), the caller's deadline, the timings, and the watch (the span, the access line, the
-metrics: a transport's :class:`Watcher`). Every route gives one :class:`Answer`; an error is an
+its model, or a cascade), the caller's deadline, the timings, and the record (the span, the access line, the
+metrics: a transport's :class:`Recorder`). Every route gives one :class:`Answer`; an error is an
 :class:`FnserveError` whose class says its REST status and gRPC code."""
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ class Answer:
     encoded: tuple[Any, float] | None = None
 
 
-class Watch(Protocol):
-    """One request, watched: told how it ended (a transport ends its span, writes its access line, counts it)."""
+class Recording(Protocol):
+    """One request's record, told how it ended: its transport ends its span, writes its access line, counts it."""
 
     def served(self, answer: Answer, timings: dict[str, float]) -> None: ...
 
@@ -86,10 +86,10 @@ class Watch(Protocol):
     def cancelled(self, reason: str) -> None: ...
 
 
-class Watcher(Protocol):
-    """What watches a transport's requests (:class:`fnserve.observability.envelope.RequestWatcher`)."""
+class Recorder(Protocol):
+    """What records a transport's requests, a :class:`Recording` each (``envelope.RequestRecorder``)."""
 
-    def start(self, name: str, version: str | None, traceparent: str | None) -> Watch: ...
+    def start(self, name: str, version: str | None, traceparent: str | None) -> Recording: ...
 
 
 class Request(Protocol[T_co]):
@@ -176,7 +176,7 @@ class DataPlane:
 
     # -- inference ------------------------------------------------------------------------------
 
-    def serve(self, watcher: Watcher, request: Request[T]) -> Awaitable[tuple[T, Answer, dict[str, float]]]:
+    def serve(self, recorder: Recorder, request: Request[T]) -> Awaitable[tuple[T, Answer, dict[str, float]]]:
         """One request, whatever carried it: awaited, the encoded answer, the answer, and the milliseconds of each
         stage.
 
@@ -186,7 +186,7 @@ class DataPlane:
         own ``timeout`` parameter, Triton's, when it is shorter): a batched model refuses the request at once when
         it foresees its answer later, and past it the inference is dropped (not computed, if it is still queued)
         and a :class:`DeadlineExceeded` raised. A refusal is an :class:`FnserveError`, anything unexpected a 500
-        "internal server error" (its traceback logged). The watcher's span continues ``request.traceparent``.
+        "internal server error" (its traceback logged). The recorder's span continues ``request.traceparent``.
         """
         name, version = request.name, request.version
         arrived = time.perf_counter_ns()
@@ -197,13 +197,13 @@ class DataPlane:
             batcher = self._batcher(name, version)
             arriving = batcher.admitted(within=request.deadline) if batcher is not None else None
         except FnserveError as refusal:
-            watcher.start(name, version, request.traceparent).refused(refusal)
+            recorder.start(name, version, request.traceparent).refused(refusal)
             self.statistics.failed(name, self._version_of(name, version), time.perf_counter_ns() - arrived)
             raise
-        return self._serve(watcher.start(name, version, request.traceparent), request, arriving, arrived)
+        return self._serve(recorder.start(name, version, request.traceparent), request, arriving, arrived)
 
     async def _serve(
-        self, watch: Watch, request: Request[T], arriving: AbstractContextManager[None] | None, arrived: int
+        self, recording: Recording, request: Request[T], arriving: AbstractContextManager[None] | None, arrived: int
     ) -> tuple[T, Answer, dict[str, float]]:
         name, version, deadline = request.name, request.version, request.deadline
         try:
@@ -248,23 +248,23 @@ class DataPlane:
             else:
                 payload, encoded_ms = answer.encoded
         except FnserveError as exc:
-            watch.refused(exc)
+            recording.refused(exc)
             self.statistics.failed(name, self._version_of(name, version), time.perf_counter_ns() - arrived)
             raise
         except ClientGone:
-            watch.cancelled("client gone")
+            recording.cancelled("client gone")
             raise
         except Exception as exc:
             logger.exception("unhandled error", extra={"model": name})
             error = FnserveError("internal server error")
-            watch.refused(error)
+            recording.refused(error)
             self.statistics.failed(name, self._version_of(name, version), time.perf_counter_ns() - arrived)
             raise error from exc
         except BaseException:  # cancelled: the client went away, or the server is stopping
-            watch.cancelled("cancelled")
+            recording.cancelled("cancelled")
             raise
         timings = {"decode": round((t1 - t0) * 1e3, 3), **answer.timings, "encode": encoded_ms}
-        watch.served(answer, timings)
+        recording.served(answer, timings)
         self.statistics.served(
             name,
             self._version_of(name, version),
