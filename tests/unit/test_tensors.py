@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+import simdjson
 
 from fnserve.core.codec import tensors
 from fnserve.core.codec.rows import slice_rows
@@ -431,3 +432,49 @@ def test_large_requests_numbers_are_read_by_simdjson() -> None:
     for name in ("nested", "ragged-same-count", "data-twice", "a-bracket-in-a-name", "bools-among-floats"):
         assert tensors.read_numbers(READ_BOTH_WAYS[name][0]) is None, name
     assert len(READ_BOTH_WAYS["fp32-rows"][0]) >= tensors.NUMBERS_READ_FROM  # what decode_request reads so
+
+
+# Inputs of the common form and of others, as a request's body or a job's message holds them.
+COMMON_FORM = {
+    "one": [tensor("x", "FP32", [1, 2], [1.5, 2])],
+    "two": [tensor("x", "INT64", [1, 2], [1, 2]), tensor("y", "UINT8", [3], [1, 2, 3])],
+}
+OTHER_FORMS = {
+    "nested-data": [tensor("x", "FP32", [2, 2], [[1, 2], [3, 4]])],
+    "nested-shape": [tensor("x", "FP32", [[2], 1], [1, 2])],
+    "a-bracket-in-a-name": [tensor("x[0]", "FP32", [2], [1, 2])],
+    "another-key": [tensor("x", "FP32", [2], [1, 2]) | {"parameters": {}}],
+    "no-data": [{"name": "x", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 8}}],
+    "bools": [tensor("x", "BOOL", [2], [True, False])],
+    "a-scalar": [tensor("x", "FP32", [], 1.5)],
+    "not-an-object": [5],
+    "one-of-two": [tensor("x", "FP32", [2], [1, 2]), tensor("y", "BYTES", [1], ["a"])],
+}
+
+
+@pytest.mark.parametrize("inputs", COMMON_FORM.values(), ids=COMMON_FORM.keys())
+def test_inputs_of_the_common_form_are_read_into_buffers(inputs: list[dict[str, Any]]) -> None:
+    text = body(*inputs, outputs=[{"name": "y"}])
+    read = tensors.read_inputs(text, simdjson.Parser().parse(text)["inputs"], lists=1)
+    assert read is not None
+    heads, buffers = read
+    assert [(name, datatype, orjson.loads(shape), count) for name, datatype, shape, count in heads] == [
+        (t["name"], t["datatype"], t["shape"], len(t["data"])) for t in inputs
+    ]
+    for t, buffer in zip(inputs, buffers, strict=True):
+        dtype = V2_TO_NUMPY[t["datatype"]]
+        assert tensors.numbers_column("x", t["datatype"], dtype, [buffer, buffer]).tolist() == t["data"] * 2
+
+
+@pytest.mark.parametrize("inputs", OTHER_FORMS.values(), ids=OTHER_FORMS.keys())
+def test_inputs_of_another_form_are_left_to_other_readers(inputs: list[Any]) -> None:
+    text = body(*inputs)
+    assert tensors.read_inputs(text, simdjson.Parser().parse(text)["inputs"], lists=0) is None
+
+
+def test_numbers_a_column_cannot_hold_are_refused() -> None:
+    text = body(tensor("x", "INT8", [2], [1, 128]))
+    read = tensors.read_inputs(text, simdjson.Parser().parse(text)["inputs"], lists=0)
+    assert read is not None
+    with pytest.raises(InvalidInput, match="values out of range for INT8"):
+        tensors.numbers_column("x", "INT8", np.dtype(np.int8), read[1])

@@ -118,20 +118,33 @@ def read_numbers(head: bytes) -> dict[str, Any] | None:
             return None
         out: dict[str, Any] = {}
         lists = 0
+        inputs = None
         for key in keys_once(doc):
             value = doc[key]
             if key == "inputs" and type(value) is SIMDJSON_ARRAY:
-                tensors = []
-                for tensor in value:
-                    if type(tensor) is not SIMDJSON_OBJECT:
-                        return None
-                    entry, tensor_lists = _read_tensor(tensor)
-                    tensors.append(entry)
-                    lists += tensor_lists
-                out[key], lists = tensors, lists + 1
+                out[key] = inputs = value  # read once the other keys' lists are counted
             else:
                 out[key] = plain = _plain(value)
                 lists += _lists(plain)
+        if inputs is not None:
+            read = read_inputs(head, inputs, lists)
+            if read is not None:  # every input of the common form
+                out["inputs"] = [
+                    {
+                        "name": name,
+                        "datatype": datatype,
+                        "shape": orjson.loads(shape),
+                        "data": Numbers(_numbers(datatype, buffer)),
+                    }
+                    for (name, datatype, shape, _), buffer in zip(*read, strict=True)
+                ]
+                return out
+            tensors = []  # one of another form: read one by one, each as orjson would
+            for tensor in inputs:
+                entry, tensor_lists = _read_other_tensor(tensor)
+                tensors.append(entry)
+                lists += tensor_lists
+            out["inputs"], lists = tensors, lists + 1
         if head.count(b"[") != lists:
             return None
     except Exception:  # noqa: BLE001 - whatever simdjson reads otherwise than orjson (or not at all), orjson reads
@@ -144,8 +157,58 @@ def _new_parser() -> Any:
     return _parsers.parser
 
 
-def _read_tensor(tensor: Any) -> tuple[dict[str, Any], int]:
-    """One input of :func:`read_numbers`, and how many lists it holds (a ValueError where it cannot be read so)."""
+# The keys of a tensor of the common form (read_inputs), and its lists: shape and data.
+_TENSOR_KEYS, _TENSOR_LISTS = 4, 2
+
+
+def read_inputs(
+    text: str | bytes, inputs: Any, lists: int
+) -> tuple[list[tuple[str, str, bytes, int]], list[Any]] | None:
+    """The input tensors (``inputs``, a simdjson list) of the JSON ``text``, where each is of the common form
+    (name, datatype, shape and data alone; numbers; nothing nested): each one's head (name, datatype, shape as
+    JSON text, count of numbers) and its numbers in a buffer of ``BUFFER_TYPE[datatype]``, no Python number made
+    for each. ``lists``: how many lists ``text`` holds outside the inputs. None where one is of another form; a
+    ValueError where a number is not of its buffer's type.
+
+    Heads are of exact types (``1.0 == 1`` in Python, not so their texts): tensors of equal heads are alike.
+    Nesting is found by count: a buffer flattens nested data, so the text holds more ``[`` than the lists read
+    (as it does where a string holds one)."""
+    heads = []
+    buffers = []
+    for tensor in inputs:
+        if type(tensor) is not SIMDJSON_OBJECT or len(tensor) != _TENSOR_KEYS:
+            return None
+        try:
+            name, datatype, shape, data = tensor["name"], tensor["datatype"], tensor["shape"], tensor["data"]
+            code = BUFFER_TYPE[datatype]
+        except (KeyError, TypeError):  # another key in place of one of these, or a datatype of no buffer
+            return None
+        if type(name) is not str or type(shape) is not SIMDJSON_ARRAY or type(data) is not SIMDJSON_ARRAY:
+            return None
+        heads.append((name, datatype, shape.mini, len(data)))
+        buffers.append(data.as_buffer(of_type=code))
+    brackets = text.count("[") if isinstance(text, str) else text.count(b"[")
+    if brackets != lists + 1 + _TENSOR_LISTS * len(heads):
+        return None
+    return heads, buffers
+
+
+def numbers_column(name: str, datatype: str, dtype: np.dtype[Any], buffers: Sequence[Any]) -> np.ndarray[Any, Any]:
+    """Tensors' numbers of one ``datatype`` (:func:`read_inputs`' buffers) as one flat array of ``dtype``, refusing
+    those it cannot hold."""
+    return numbers_as(name, datatype, dtype, _numbers(datatype, b"".join(buffers)))
+
+
+def _numbers(datatype: str, buffer: Any) -> np.ndarray[Any, Any]:
+    """A buffer of ``datatype``'s numbers (:func:`read_inputs`') as a flat array, a view of it."""
+    return np.frombuffer(buffer, BUFFER_DTYPE[BUFFER_TYPE[datatype]])
+
+
+def _read_other_tensor(tensor: Any) -> tuple[dict[str, Any], int]:
+    """An input of :func:`read_numbers` of another form than :func:`read_inputs` reads, and how many lists it holds
+    (a ValueError where it cannot be read so)."""
+    if type(tensor) is not SIMDJSON_OBJECT:
+        raise ValueError("a tensor not an object")
     entry: dict[str, Any] = {}
     lists = 0
     keys = keys_once(tensor)

@@ -38,8 +38,6 @@ import simdjson
 
 from fnserve.core.codec.rows import slice_rows, take_rows
 from fnserve.core.codec.tensors import (
-    BUFFER_DTYPE,
-    BUFFER_TYPE,
     SIMDJSON_ARRAY,
     SIMDJSON_OBJECT,
     binary_tensor,
@@ -47,7 +45,8 @@ from fnserve.core.codec.tensors import (
     decode_request,
     json_object,
     keys_once,
-    numbers_as,
+    numbers_column,
+    read_inputs,
 )
 from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
 from fnserve.core.models.datatypes import V2_TO_NUMPY, v2_datatype
@@ -219,15 +218,15 @@ def parse_jobs(
 
 
 def _read_numbers(parser: simdjson.Parser, body: str | bytes) -> _Read | None:
-    """A job with its tensors' data in JSON numbers, read by simdjson: each tensor's numbers go from the text
-    into one buffer, with no Python number made for each (what most of orjson's parse of such a job costs),
-    and only the few fields a signature needs become Python objects. None where the fast path cannot tell (not
-    JSON, not an object, a field of another type than it takes): :func:`parse_job` then reads the job or says
-    what is wrong with it.
+    """A job with its tensors' data in JSON numbers, read by simdjson: its tensors by the codec's
+    :func:`~fnserve.core.codec.tensors.read_inputs` (each one's numbers into a buffer, with no Python number made
+    for each), and only the few other fields a signature needs made Python objects. None where the fast path
+    cannot tell (not JSON, not an object, a field of another type than it takes, nested data): :func:`parse_job`
+    then reads the job or says what is wrong with it.
 
-    The header's values are of exact types (a shape is its JSON text: ``1.0 == 1`` in Python), so that a job
-    has the signature of every job whose header equals its own. Nothing read from the parser's document
-    outlives this call (the parser reads the next body into the same memory)."""
+    The header's values are of exact types (shapes and outputs are their JSON text: ``1.0 == 1`` in Python), so
+    that a job has the signature of every job whose header equals its own. Nothing read from the parser's
+    document outlives this call (the parser reads the next body into the same memory)."""
     try:
         doc: Any = parser.parse(body)
         if type(doc) is not SIMDJSON_OBJECT:
@@ -242,20 +241,11 @@ def _read_numbers(parser: simdjson.Parser, body: str | bytes) -> _Read | None:
             outputs = doc["outputs"].mini if "outputs" in keys else None  # not a list: AttributeError
         if type(inputs) is not SIMDJSON_ARRAY or not _strings(job_id, model, version):
             return None
-        tensors: list[tuple[Any, ...]] = []
-        contents: list[Any] = []
-        for k in range(len(inputs)):  # by index: the proxy's iterator costs more
-            tensor = inputs[k]
-            if type(tensor) is not SIMDJSON_OBJECT:
-                return None
-            name, datatype, shape, data = tensor["name"], tensor["datatype"], tensor["shape"].mini, tensor["data"]
-            if type(name) is not str or type(datatype) is not str or type(data) is not SIMDJSON_ARRAY:
-                return None
-            tensors.append((len(tensor), name, datatype, shape, len(data)))
-            contents.append(data.as_buffer(of_type=BUFFER_TYPE[datatype]))  # refuses a value of another type
-        # More brackets than the lists a job has: nested data, parsed alone (for a ragged list's error).
-        brackets = body.count("[") if isinstance(body, str) else body.count(b"[")
-        header = (plain, model, version, outputs, False, tuple(tensors), brackets)
+        read = read_inputs(body, inputs, outputs is not None)  # the one list outside its inputs: its outputs
+        if read is None:  # a tensor of another form, or nested (parsed alone: a ragged list's error)
+            return None
+        heads, contents = read
+        header = (plain, model, version, outputs, False, tuple(heads))
     except Exception:  # noqa: BLE001 - whatever the fast path cannot read, parse_job reads or refuses
         return None
     return header, job_id, contents
@@ -277,7 +267,7 @@ def _read_binary(body: str | bytes) -> _Read | None:
     if outputs is not None:
         outputs = orjson.dumps(outputs)
     plain = "payload" not in doc and "parameters" not in doc
-    return (plain, model, version, outputs, True, orjson.dumps(doc.get("inputs")), 0), job_id, binary
+    return (plain, model, version, outputs, True, orjson.dumps(doc.get("inputs"))), job_id, binary
 
 
 def _strings(job_id: Any, model: Any, version: Any) -> TypeGuard[str]:
@@ -335,14 +325,14 @@ def _all_ids(ids: list[Any]) -> bool:
     return text.count("\n") == len(ids) - 1 and _JOB_IDS.fullmatch(text) is not None
 
 
-# The keys of a tensor on the fast path: name, datatype, shape, and data (JSON numbers) or parameters (binary).
-_TENSOR_KEYS = 4
+# The keys of a binary tensor on the fast path: name, datatype, shape and parameters.
+_BINARY_TENSOR_KEYS = 4
 
 
 def _signature(header: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """The structure of the jobs of one header, or None where the fast path does not take them (parse_job
     then parses each alone; their ids aside: a group's are checked at once, :func:`_all_ids`)."""
-    plain, model, version, outputs, binary, tensors, brackets = header
+    plain, model, version, outputs, binary, tensors = header
     if not plain or not model:  # a payload or a request's parameters; or what parse_job refuses
         return None
     if outputs is not None:
@@ -354,17 +344,17 @@ def _signature(header: tuple[Any, ...]) -> tuple[Any, ...] | None:
             return None
     if binary:  # the tensors as JSON text
         tensors = orjson.loads(tensors)
-        if type(tensors) is not list or not all(type(t) is dict for t in tensors):
-            return None
-        tensors = [(len(t), t.get("name"), t.get("datatype"), t.get("shape"), t.get("parameters")) for t in tensors]
+        if type(tensors) is not list or not all(type(t) is dict and len(t) == _BINARY_TENSOR_KEYS for t in tensors):
+            return None  # another key: parsed alone, for an exact error
+        tensors = [(t.get("name"), t.get("datatype"), t.get("shape"), t.get("parameters")) for t in tensors]
     else:
-        tensors = [(n, name, datatype, orjson.loads(shape), count) for n, name, datatype, shape, count in tensors]
+        tensors = [(name, datatype, orjson.loads(shape), count) for name, datatype, shape, count in tensors]
     if not tensors:
         return None
     structure = []
-    for keys_count, name, datatype, shape, detail in tensors:
-        if keys_count != _TENSOR_KEYS or type(name) is not str or type(datatype) is not str or type(shape) is not list:
-            return None  # another key (a tensor's parameters): parsed alone, for an exact error
+    for name, datatype, shape, detail in tensors:
+        if type(name) is not str or type(datatype) is not str or type(shape) is not list:
+            return None
         if not all(type(d) is int and d > 0 for d in shape):
             return None
         dtype = V2_TO_NUMPY.get(datatype)
@@ -379,8 +369,6 @@ def _signature(header: tuple[Any, ...]) -> tuple[Any, ...] | None:
                 return None
             size = None
         structure.append((name, datatype, tuple(shape), size))
-    if not binary and brackets != 1 + 2 * len(tensors) + (outputs is not None):  # inputs, shapes, datas, outputs
-        return None
     return (model, version, outputs, tuple(structure), binary)
 
 
@@ -392,8 +380,7 @@ def _stack(signature: tuple[Any, ...], members: list[tuple[int, _Read]], ids: li
     for k, (name, datatype, shape, size) in enumerate(tensors):
         dtype = V2_TO_NUMPY[datatype]
         if columns is None:
-            raw = np.frombuffer(b"".join([read[2][k] for _, read in members]), BUFFER_DTYPE[BUFFER_TYPE[datatype]])
-            array = numbers_as(name, datatype, dtype, raw)
+            array = numbers_column(name, datatype, dtype, [read[2][k] for _, read in members])
         else:
             part = columns if len(tensors) == 1 else np.ascontiguousarray(columns[:, offset : offset + size])
             array = part.view(dtype.newbyteorder("<"))  # the extension's byte order, as decode_document reads it
