@@ -407,7 +407,7 @@ FIRST_HERE = """
 from fnserve.server import fronts
 from tests.functional import gated_front
 options = {{"host": "127.0.0.1", "port": {port}, "log_level": "warning"}}
-listening = fronts.first_here(None)
+listening = fronts.become_first_front(None)
 fronts.serve_first(gated_front.factory(), "tests.functional.gated_front:{factory}", 2, options, listening)
 """
 

@@ -19,12 +19,14 @@ EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration"]
 
 
 class Telemetry(Protocol):
-    """Where per-request figures go (EMF metrics in Lambda, Prometheus in the server, nothing by default)."""
+    """The metrics sink a :class:`RequestRecorder` counts each request in (EMF in Lambda, Prometheus in the server)."""
 
     def record(self, model: str, status: int, timings: dict[str, float], cache: str, version: str = "") -> None: ...
 
 
 class NoTelemetry:
+    """The sink where no metrics are kept: each record dropped."""
+
     def record(self, model: str, status: int, timings: dict[str, float], cache: str, version: str = "") -> None:
         return None
 

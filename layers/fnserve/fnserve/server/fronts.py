@@ -251,7 +251,7 @@ def _stopped_by_signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def first_here(on_listening: Callable[[], None] | None) -> Count:
+def become_first_front(on_listening: Callable[[], None] | None) -> Count:
     """Make this process the first front process of a fast start (:func:`serve_first`): its app, built next,
     answers ready once it listens, with the 503 server gone when there is one (``on_listening`` given)."""
     global _listening
@@ -270,20 +270,20 @@ def serve_first(
     on_listening: Callable[[], None] | None = None,
     at_first_answer: Callable[[Callable[[], None]], None] | None = None,
 ) -> None:
-    """A fast start's front processes, this one first: it serves ``app`` (built after :func:`first_here`) itself,
-    so the first request waits for no second interpreter to start and import; once it listens, ``on_listening`` is
-    called, and the other ``processes - 1`` (the app factory ``factory``) start and join the port, supervised from
-    a thread as :func:`run` supervises them: once it has answered, when ``at_first_answer`` registers a callback
-    the app calls then (else at once), or :data:`OTHERS_AFTER_S` after it listens with no answer. Until SIGINT or
-    SIGTERM; a front process that cannot start, or this one's failure, stops the server with its error
+    """A fast start's front processes, this one first: it serves ``app`` itself (built after
+    :func:`become_first_front`), so the first request waits for no second interpreter to start and import; once it
+    listens, ``on_listening`` is called, and the other ``processes - 1`` (the app factory ``factory``) start and join
+    the port, supervised from a thread as :func:`run` supervises them: once it has answered, when ``at_first_answer``
+    registers a callback the app calls then (else at once), or :data:`OTHERS_AFTER_S` after it listens with no answer.
+    Until SIGINT or SIGTERM; a front process that cannot start, or this one's failure, stops the server with its error
     (:class:`HandlerError`)."""
     held = reuse_port_socket(options["host"], options["port"])  # the port, for the server's life (as run())
     options = {**options, "port": held.getsockname()[1]}
-    served, answered, stop = threading.Event(), threading.Event(), threading.Event()
+    served, first_answered, stop = threading.Event(), threading.Event(), threading.Event()
     if at_first_answer is None:
-        answered.set()
+        first_answered.set()
     else:
-        at_first_answer(answered.set)
+        at_first_answer(first_answered.set)
     server = _Server(uvicorn.Config(app, **options), served.set)
 
     def beside() -> None:
@@ -295,7 +295,7 @@ def serve_first(
             with listening.get_lock():
                 listening.value += 1
         if processes > 1:
-            answered.wait(OTHERS_AFTER_S)
+            first_answered.wait(OTHERS_AFTER_S)
             if stop.is_set():
                 return
             # Their own count: they are each ready once they listen, as this one is.
@@ -314,7 +314,7 @@ def serve_first(
         finally:
             stop.set()
             served.set()
-            answered.set()
+            first_answered.set()
             supervisor.join()
             held.close()
     if _failure is not None:
@@ -377,26 +377,26 @@ class _Fronts:
                                 listening.value += 1
                     if child.process.is_alive():
                         continue
-                    pid, code, said = child.process.pid, child.process.exitcode, _said(child)
+                    pid, code, why = child.process.pid, child.process.exitcode, _start_error(child)
                     child.reason.close()
                     if not child.served.value:
                         failures += 1
                         if code == STARTUP_FAILURE or failures >= START_ATTEMPTS:
                             failed = HandlerError(
                                 f"front processes failed to start {failures} time(s) in a row, the last "
-                                f"(pid {pid}) with status {code}: {said or 'its error is above'}"
+                                f"(pid {pid}) with status {code}: {why or 'its error is above'}"
                             )
                             break
                         logger.warning(
                             f"front process {pid} exited with status {code} before it listened "
-                            f"({said or 'its error is above'}); starting another ({failures} of {START_ATTEMPTS} tries)"
+                            f"({why or 'its error is above'}); starting another ({failures} of {START_ATTEMPTS} tries)"
                         )
                         children[i] = start()
                         continue
                     delay = 0.0 if now - child.began >= STEADY_SECONDS else delays[i]
                     delays[i] = min(MAX_DELAY, max(FIRST_DELAY, 2 * delay))
                     logger.warning(
-                        f"front process {pid} exited with status {code}{f' ({said})' if said else ''}; starting another"
+                        f"front process {pid} exited with status {code}{f' ({why})' if why else ''}; starting another"
                         + (f" in {delay:g}s (its predecessor died soon after its start too)" if delay else "")
                     )
                     if on_replaced is not None:
@@ -413,7 +413,7 @@ class _Fronts:
         return failed
 
 
-def _said(child: _Child) -> str | None:
+def _start_error(child: _Child) -> str | None:
     """What a front process that died said of its start error, if it could."""
     with contextlib.suppress(EOFError, OSError):
         if child.reason.poll():

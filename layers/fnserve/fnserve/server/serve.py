@@ -95,7 +95,7 @@ def _serve(
         settings, app = _load(settings, on_ready)
         if app is None and settings.fast_start and fronts.balanced():
             # This process serves first, so the first answer waits for no second interpreter; the others join.
-            listening = fronts.first_here(starting.close)
+            listening = fronts.become_first_front(starting.close)
             app = front(settings)
             try:
                 fronts.serve_first(

@@ -61,7 +61,7 @@ class JSONRoutes(Protocol):
 
 
 class Companion(Protocol):
-    """A server that lives as long as the app, on its event loop (the gRPC server beside HTTP)."""
+    """What the app's lifespan starts and stops beside it, on its event loop (the gRPC server, metrics, timers)."""
 
     async def start(self) -> None: ...
 
@@ -241,7 +241,7 @@ class InferenceRoute:
         headers: dict[str, str]
         try:
             served = self.plane.serve(self.recorder, request)  # an overloaded model refuses here, its body unread
-            payload, media_type, headers = self.written(await served, accept)
+            payload, media_type, headers = self.http_response(await served, accept)
             status = 200
         except FnserveError as exc:
             status, payload, headers = error_parts(exc)
@@ -260,9 +260,9 @@ class InferenceRoute:
         """One inference, however its body is written: (payload, media type, headers); a refusal is raised.
         ``recorder``: another route's (SageMaker's), else the V2 route's; ``accept``: the Accept-Encoding the
         answer may use."""
-        return self.written(await self.plane.serve(recorder or self.recorder, request), accept)
+        return self.http_response(await self.plane.serve(recorder or self.recorder, request), accept)
 
-    def written(
+    def http_response(
         self, served: tuple[tuple[bytes, str, dict[str, str]], Answer, dict[str, float]], accept: str | None
     ) -> tuple[bytes, str, dict[str, str]]:
         """A served request's payload, media type and headers: its own, Server-Timing, the cache's, compression."""

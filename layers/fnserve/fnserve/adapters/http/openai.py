@@ -269,7 +269,7 @@ class OpenAIRoutes:
                     raise unknown(name)
             request = EmbeddingsRequest(self, name, doc, receive, declared, traceparent, deadline)
             served = await self.plane.serve(self.recorder, request)
-            payload, _, headers = self.inference.written(served, found.get(b"accept-encoding"))
+            payload, _, headers = self.inference.http_response(served, found.get(b"accept-encoding"))
             return payload, headers  # Server-Timing, the cache, compression
 
         await respond_json(scope, send, rid, answer, error_parts)

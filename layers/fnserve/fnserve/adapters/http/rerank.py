@@ -185,7 +185,7 @@ class RerankRoutes:
                     raise _unknown(name, self)
             request = RerankRequest(self, name, doc, receive, declared, found.get(b"traceparent"), version)
             served = await self.plane.serve(self.recorder, request)
-            payload, _, headers = self.inference.written(served, found.get(b"accept-encoding"))
+            payload, _, headers = self.inference.http_response(served, found.get(b"accept-encoding"))
             return payload, headers
 
         await respond_json(scope, send, rid, answer, error_parts)

@@ -177,13 +177,14 @@ class TEIRequest:
     def read(self, doc: dict[str, Any]) -> None:
         raise NotImplementedError
 
-    def written(self, outputs: dict[str, np.ndarray[Any, Any]]) -> Any:
+    def body(self, outputs: dict[str, np.ndarray[Any, Any]]) -> Any:
+        """The JSON document TEI answers this route with, from the pipeline's ``outputs``."""
         raise NotImplementedError
 
     def encode(self, answer: Answer) -> tuple[bytes, str, dict[str, str]]:
         outputs = answer.outputs
         headers = {"x-compute-tokens": str(int(outputs[TOKENS].sum()))} if TOKENS in outputs else {}
-        return orjson.dumps(self.written(outputs), option=orjson.OPT_SERIALIZE_NUMPY), JSON, headers
+        return orjson.dumps(self.body(outputs), option=orjson.OPT_SERIALIZE_NUMPY), JSON, headers
 
     def _untruncated(self, doc: dict[str, Any], texts: list[Any], pairs: list[Any] | None = None) -> None:
         """With ``truncate: false``, the 422 TEI answers for a text longer than the model's ``max_input_length``."""
@@ -218,7 +219,7 @@ class EmbedRequest(TEIRequest):
         self.inputs = {embedder.text: texts}
         self.outputs = (embedder.output, TOKENS)
 
-    def written(self, outputs: dict[str, np.ndarray[Any, Any]]) -> Any:
+    def body(self, outputs: dict[str, np.ndarray[Any, Any]]) -> Any:
         vectors = outputs[self._embedder.output]
         if self._dimensions is not None and self._dimensions != vectors.shape[1]:
             vectors = shorten(vectors, self._dimensions)
@@ -253,7 +254,7 @@ class RerankRequest(TEIRequest):
         }
         self.outputs = (reranker.logits if self._raw else SCORE, TOKENS)  # type: ignore[assignment]
 
-    def written(self, outputs: dict[str, np.ndarray[Any, Any]]) -> Any:
+    def body(self, outputs: dict[str, np.ndarray[Any, Any]]) -> Any:
         scores = np.asarray(outputs[self.outputs[0]], dtype=np.float64).reshape(-1)
         order = np.argsort(scores, kind="stable")[::-1]  # TEI's: ascending then reversed, so ties put the later first
         results: list[dict[str, Any]] = []
@@ -317,7 +318,7 @@ class PredictRequest(TEIRequest):
         outputs = [classifier.labels_output, classifier.scores_output, TOKENS]
         self.outputs = (*outputs, classifier.logits) if self._raw else tuple(outputs)  # type: ignore[arg-type]
 
-    def written(self, outputs: dict[str, np.ndarray[Any, Any]]) -> Any:
+    def body(self, outputs: dict[str, np.ndarray[Any, Any]]) -> Any:
         classifier = self._routes.classifiers[self.name]
         labels = outputs[classifier.labels_output]
         scores = outputs[classifier.scores_output]
@@ -496,7 +497,7 @@ class TEIRoutes:
                 )
             request = _KINDS[served_as](self, name, receive, found)
             served = await self.plane.serve(self.recorders[served_as], request)
-            payload, _, headers = self.inference.written(served, found.get(b"accept-encoding"))
+            payload, _, headers = self.inference.http_response(served, found.get(b"accept-encoding"))
             return payload, headers
 
         await respond_json(scope, send, rid, answer, error_parts)

@@ -214,17 +214,17 @@ class Statistics:
                         continue  # being replaced, or its process's directory is going
             return found
 
-        written = b""
+        last_written = b""
 
         def write() -> None:
-            nonlocal written
+            nonlocal last_written
             data = orjson.dumps(self.snapshot())
-            if data == written:
+            if data == last_written:
                 return  # nothing happened since: an idle server writes nothing
             partial = mine.with_suffix(".tmp")
             partial.write_bytes(data)
             partial.replace(mine)  # readers see the old file or the new one, never half of one
-            written = data
+            last_written = data
 
         self.peers = peers
         return write
