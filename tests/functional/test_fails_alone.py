@@ -7,6 +7,7 @@ run past its 30,522-token vocabulary, which only onnxruntime's Gather kernel fin
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tomllib
 from collections.abc import Iterator
@@ -21,12 +22,18 @@ import pytest
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
+from fnserve.adapters.gcp.jobs import Gatherer
 from fnserve.adapters.lambda_.sqs import create_handler
 from fnserve.aws.events import LambdaContext, sqs_event
+from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
+from fnserve.core.execution.service import InferenceService
 from fnserve.core.jobs.messages import job_message
+from fnserve.core.jobs.processor import JobProcessor
+from fnserve.core.jobs.results import job_key
+from fnserve.core.serving.dataplane import DataPlane
 from fnserve.settings import Settings
 from fnserve.stores import job_client
-from tests.helpers import DEMO_MANIFEST
+from tests.helpers import DEMO_MANIFEST, MemoryStore
 from tests.helpers.clouds import Aws
 from tests.helpers.serving import Served
 from tests.moto import free_port
@@ -164,3 +171,86 @@ def test_in_an_sqs_batch_the_bad_job_fails_alone_and_is_not_redelivered(aws: Aws
     assert not found.pending
     for seed in (0, 1, 2, 4, 5, 6, 7, 8):
         assert close(found.done[f"job-{seed}"]["token_embeddings"], seed)
+
+
+# -- the same poisoned batch through every gatherer, in process ---------------------------------------------------
+
+GATHERERS = ["adaptive batcher", "turn batcher", "sqs batch", "pubsub batch", "many-row requests"]
+ROWS = 3  # a many-row request's: the nine requests' rows sent as three requests
+
+
+def _service(directory: Path, batched: bool) -> InferenceService:
+    manifest = minilm_manifest(directory)
+    if not batched:  # the turn batcher serves a model that asks for no adaptive batching
+        text = manifest.read_text()
+        manifest.write_text(
+            "".join(line for line in text.splitlines(True) if not line.startswith(("max_batch_time", "length_buckets")))
+        )
+    return InferenceService.from_manifest(manifest)
+
+
+def _served_together(service: InferenceService, feeds: list[dict[str, np.ndarray]]) -> tuple[list[Any], int]:
+    """Each feed's answer (its token embeddings, or the error it got) from a batching data plane, all asked in one
+    turn of the loop; and how many failed runs the runner that ran them halved."""
+
+    async def ask() -> tuple[list[Any], int]:
+        plane = DataPlane(service, batching=True)
+        try:
+            calls = [plane.infer("minilm-l6", f) for f in feeds]
+            answers = await asyncio.gather(*calls, return_exceptions=True)
+        finally:
+            await plane.close()
+        runner = plane.batchers["minilm-l6"].runner if plane.batchers else service.runner
+        return [a if isinstance(a, BaseException) else a.outputs["token_embeddings"] for a in answers], runner.splits
+
+    return asyncio.run(ask())
+
+
+def _jobs(handler: str, service: InferenceService) -> list[Any]:
+    store = MemoryStore()
+    bodies = [json.dumps(job_message(f"job-{seed}", "minilm-l6", feed(seed, bad))) for seed, bad in trial(3)]
+    if handler == "sqs batch":
+        outcome = create_handler(service, store=store)(sqs_event(bodies), LambdaContext())
+        assert outcome == {"batchItemFailures": []}  # nothing to redeliver: the bad job's fault is its own
+    else:
+        gatherer = Gatherer(JobProcessor(service, store, ttl_seconds=3600), window=0.25, max_jobs=len(bodies))
+
+        async def deliver() -> list[bool]:
+            return await asyncio.gather(*(gatherer.redeliver((f"m-{i}", b.encode(), 1)) for i, b in enumerate(bodies)))
+
+        assert not any(asyncio.run(deliver()))  # acknowledged, every one
+    records = [store.records[job_key(f"job-{seed}")] for seed in range(9)]
+    return [InferenceError(str(r.error)) if r.status == "failed" else r.outputs()["token_embeddings"] for r in records]
+
+
+@pytest.mark.parametrize("gatherer", GATHERERS)
+def test_the_same_poisoned_batch_fails_alone_on_every_gatherer(gatherer: str, tmp_path: Path) -> None:
+    """Nine items, the fourth with ids past the vocabulary: it alone fails, with onnxruntime's reason, and every
+    other item gets the answer it gets alone, whichever gatherer closed the batch they shared."""
+    service = _service(tmp_path, batched=gatherer != "turn batcher")
+    feeds = [feed(seed, bad) for seed, bad in trial(3)]
+    if gatherer in ("sqs batch", "pubsub batch"):
+        results, splits = _jobs(gatherer, service), service.runner.splits
+    elif gatherer == "many-row requests":
+        requests = [
+            {name: np.concatenate([f[name] for f in feeds[start : start + ROWS]]) for name in feeds[0]}
+            for start in range(0, len(feeds), ROWS)
+        ]
+        answers, splits = _served_together(service, requests)
+        results = [
+            answer if isinstance(answer, BaseException) else answer[row : row + 1]
+            for answer in answers
+            for row in range(ROWS)
+        ]
+    else:
+        results, splits = _served_together(service, feeds)
+    # Only a proof if the bad item shared a run: the runner halved a failed one.
+    assert splits > 0
+    for seed, result in enumerate(results):
+        if gatherer == "many-row requests" and seed // ROWS == 1:  # the request that holds the bad row
+            assert isinstance(result, InvalidInput) and REASON in result.message, result
+        elif seed == 3:
+            assert isinstance(result, FnserveError) and REASON in result.message, result
+        else:
+            assert not isinstance(result, BaseException), result
+            assert close(result, seed)

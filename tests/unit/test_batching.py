@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from typing import Any
 
@@ -12,9 +13,9 @@ import pytest
 
 from fnserve.core.batching.admission import Pace
 from fnserve.core.batching.scheduler import AdaptiveBatcher, BatchObservers, BatchPolicy
-from fnserve.core.batching.stacking import Stacking
 from fnserve.core.errors import InferenceError, InvalidInput, Overloaded, grpc_code
 from fnserve.core.execution.embeddings import TokenBudget
+from fnserve.core.execution.stacking import Stacking
 
 Arrays = dict[str, np.ndarray]
 
@@ -227,16 +228,20 @@ def test_every_culprit_of_a_batch_gets_its_own_error() -> None:
 
 def test_each_request_s_then_runs_where_its_batch_ran_and_fails_only_its_own_request() -> None:
     """``then`` (the data plane's finishing and encoding) makes each request's answer from its part of the outputs,
-    in ``run_then``'s call when the batcher has one (where the batch ran), else on the event loop; what it raises
-    reaches its own request, never splitting the batch (the run itself went well)."""
-    model = Recorder()
+    where the batch ran (the batcher's ``offload``, when it has one; else a thread of asyncio's), never on the event
+    loop; what it raises reaches its own request, never splitting the batch (the run itself went well)."""
     calls: list[str] = []
+    threads: set[int] = set()
 
-    async def run_then(feed: Arrays, after: Any) -> list[Any]:
-        calls.append("run_then")
-        return after(await model(feed))
+    def model(feed: Arrays) -> Arrays:  # a plain function, run where the batcher's offload runs it
+        return {"y": feed["x"] * 2, "rows": np.arange(feed["x"].shape[0])}
+
+    async def offload(fn: Any, *args: Any) -> Any:
+        calls.append("offload")
+        return await asyncio.to_thread(fn, *args)
 
     def then(part: Arrays) -> float:
+        threads.add(threading.get_ident())
         if part["y"][0, 0] == 6.0:
             raise InvalidInput("cannot write this answer")
         return float(part["y"].sum())
@@ -248,17 +253,20 @@ def test_each_request_s_then_runs_where_its_batch_ran_and_fails_only_its_own_req
         await batcher.close()
         return results
 
-    for with_run_then in (True, False):
+    for with_offload in (True, False):
         calls.clear()
-        batcher = AdaptiveBatcher(
-            model, BatchPolicy(max_batch_size=16, max_batch_time=0.05), run_then=run_then if with_run_then else None
+        threads.clear()
+        policy = BatchPolicy(max_batch_size=16, max_batch_time=0.05)
+        batcher = (
+            AdaptiveBatcher(model, policy, offload=offload) if with_offload else AdaptiveBatcher(Recorder(), policy)
         )
         results = run(main(batcher))
         assert [r[0] for r in results[:3]] == [0.0, 4.0, 4.0] and results[4][0] == 8.0
         assert isinstance(results[3], InvalidInput) and results[3].message == "cannot write this answer"
         np.testing.assert_array_equal(results[5][0]["y"], [[2.0]])
         assert (batcher.batches, batcher.splits) == (1, 0)
-        assert calls == (["run_then"] if with_run_then else [])
+        assert calls == (["offload"] if with_offload else [])
+        assert threading.get_ident() not in threads  # not the event loop's
 
 
 def test_outputs_that_do_not_split_back_are_refused() -> None:

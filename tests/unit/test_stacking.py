@@ -1,15 +1,17 @@
-"""Stacking alone: requests padded and stacked into one batch, outputs split back, a failed batch split in halves."""
+"""Stacking and the runner alone: requests padded and stacked into one batch, outputs split back, a failed batch
+split in halves."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from fnserve.core.batching.stacking import Failed, Stacking, answers, isolating
 from fnserve.core.errors import InvalidInput, ModelNotReady
+from fnserve.core.execution.runner import Runner
+from fnserve.core.execution.stacking import Failed, Stacking, answers
 
 
 @dataclass
@@ -17,7 +19,7 @@ class Request:
     inputs: dict[str, np.ndarray]
     rows: int = 1
     length: int = 0
-    future: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    finish: Any = None
 
 
 def test_a_batch_is_padded_to_its_bucket_or_its_longest_request_then_to_its_batch_bucket() -> None:
@@ -48,43 +50,35 @@ def test_outputs_split_back_without_the_padding_and_a_then_that_raises_fails_its
 def test_a_failed_batch_is_split_in_halves_until_its_culprit_fails_alone() -> None:
     """Of five requests, the fourth fails any run it is in: the batch, then its half, then its quarter fail; the
     others are answered, and it gets its own error."""
+    batch = [Request({"x": np.full((1, 1), i)}) for i in range(5)]
+    sizes: list[int] = []
+    splits = []
 
-    async def main() -> tuple[list[int], dict[int, Any], int]:
-        batch = [Request({"x": np.full((1, 1), i)}) for i in range(5)]
-        sizes: list[int] = []
-        settled: dict[int, Any] = {}
-        splits = []
+    def call(stacked: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+        sizes.append(len(stacked["x"]))
+        if (stacked["x"] == 3).any():
+            raise InvalidInput("request 3 is bad")
+        return {"y": stacked["x"]}
 
-        async def attempt(requests: list[Request]) -> list[Any]:
-            sizes.append(len(requests))
-            if any(r.inputs["x"][0, 0] == 3 for r in requests):
-                raise InvalidInput("request 3 is bad")
-            return [int(r.inputs["x"][0, 0]) for r in requests]
-
-        def settle(request: Request, part: Any) -> None:
-            settled[int(request.inputs["x"][0, 0])] = part
-
-        await isolating(batch, attempt, settle, lambda: splits.append(1))
-        return sizes, settled, len(splits)
-
-    sizes, settled, splits = asyncio.run(main())
-    assert sizes == [5, 2, 3, 1, 2, 1, 1] and splits == 3
-    assert {i: part for i, part in settled.items() if not isinstance(part, Failed)} == {0: 0, 1: 1, 2: 2, 4: 4}
-    assert isinstance(settled[3], Failed) and settled[3].error.message == "request 3 is bad"
+    runner = Runner(on_split=lambda: splits.append(1))
+    settled = dict(enumerate(runner.run(batch, call)))
+    assert sizes == [5, 2, 3, 1, 2, 1, 1] and len(splits) == runner.splits == 3
+    assert {i: int(part["y"][0, 0]) for i, part in settled.items() if not isinstance(part, Failed)} == {
+        0: 0,
+        1: 1,
+        2: 2,
+        4: 4,
+    }
+    assert isinstance(settled[3], Failed) and settled[3].error.message == "request 3 is bad"  # type: ignore[attr-defined]
 
 
 def test_a_model_not_ready_fails_the_whole_batch_at_once() -> None:
-    async def main() -> tuple[int, list[Any]]:
-        batch = [Request({"x": np.ones((1, 1))}) for _ in range(4)]
-        runs = []
-        settled: list[Any] = []
+    batch = [Request({"x": np.ones((1, 1))}) for _ in range(4)]
+    runs = []
 
-        async def attempt(requests: list[Request]) -> list[Any]:
-            runs.append(len(requests))
-            raise ModelNotReady("still loading")
+    def call(stacked: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+        runs.append(len(stacked["x"]))
+        raise ModelNotReady("still loading")
 
-        await isolating(batch, attempt, lambda request, part: settled.append(part), lambda: None)
-        return len(runs), settled
-
-    runs, settled = asyncio.run(main())
-    assert runs == 1 and len(settled) == 4 and all(isinstance(p, Failed) for p in settled)
+    settled = Runner().run(batch, call)
+    assert len(runs) == 1 and len(settled) == 4 and all(isinstance(p, Failed) for p in settled)

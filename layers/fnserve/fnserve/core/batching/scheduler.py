@@ -1,6 +1,6 @@
 """Adaptive batching: concurrent requests to one model, run as one call (long-lived processes only).
 
-Requests queue per model and shape (:mod:`fnserve.core.batching.stacking`; a shape's queue goes after ``IDLE_SECONDS``
+Requests queue per model and shape (:mod:`fnserve.core.execution.stacking`; a shape's queue goes after ``IDLE_SECONDS``
 unused). A batch forms when one of the model's ``max_concurrent`` slots is free (over all its length buckets: the
 bucket waiting longest goes next), and closes when it holds ``max_batch_size`` rows, when it holds the rows on their
 way (the most in flight at once lately, less those running), or ``max_batch_time`` after its first request or after
@@ -38,8 +38,9 @@ from fnserve.core.batching.queues import (
     others_arriving,
     stop_others_waiting,
 )
-from fnserve.core.batching.stacking import Failed, QueueKey, Stacking, answers, isolating
-from fnserve.core.errors import InvalidInput
+from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
+from fnserve.core.execution.runner import Runner
+from fnserve.core.execution.stacking import Failed, QueueKey, Stacking
 from fnserve.core.models.datatypes import Arrays
 from fnserve.core.models.providers import RAN_ON, RanOn
 
@@ -48,9 +49,8 @@ if TYPE_CHECKING:
     from fnserve.core.execution.service import InferenceService
     from fnserve.core.models.manifest.models import ModelSettings
 
-Runner = Callable[[Arrays], Awaitable[Arrays]]
-# A batch's run, then ``after`` on its outputs, in one call where the run happens (one thread hop, not two).
-RunThen = Callable[[Arrays, Callable[[Arrays], list[Any]]], Awaitable[list[Any]]]
+Run = Callable[[Arrays], Any]  # a batch's model call: its outputs (awaitable, where the batcher has no offload)
+Offload = Callable[..., Awaitable[Any]]  # ``offload(fn, *args)``: ``fn(*args)`` awaited where batches run
 IDLE_SECONDS = 300.0  # a shape's queue (and its task) is dropped after this long without a request
 
 
@@ -102,24 +102,27 @@ class BatchPolicy:
 
 
 class AdaptiveBatcher:
-    """Batches one model's requests; ``run`` does the inference of a whole batch, ``run_then`` (where given) the
-    inference and then what each request's outputs become, in one call where the run happens. The batcher's
-    ``admission`` decides which requests come in; its ``stacking``, how they run as one batch."""
+    """Batches one model's requests: it decides when a batch closes, and hands it to its :class:`Runner` (which
+    stacks it by its ``stacking``, runs ``run`` once for it, and finishes each request where the batch ran).
+    ``offload``: where a batch runs, ``run`` being a plain function (the service's: a thread of the model's
+    priority); without one, ``run`` is a coroutine function, awaited on the event loop. The batcher's
+    ``admission`` decides which requests come in."""
 
     def __init__(
         self,
-        run: Runner,
+        run: Run,
         policy: BatchPolicy,
         *,
         stacking: Stacking | None = None,
-        run_then: RunThen | None = None,
+        offload: Offload | None = None,
         observers: BatchObservers = NO_OBSERVERS,
     ) -> None:
         self._run = run
-        self._run_then = run_then
+        self._offload = offload
         self.policy = policy
         self.stacking = stacking or Stacking()
         self.observers = observers
+        self.runner = Runner(self.stacking, self._split)
         self.admission = Admission(
             self,
             name=policy.name,
@@ -135,7 +138,6 @@ class AdaptiveBatcher:
         self._slots: asyncio.Semaphore | None = None  # batches that may run at once, over every length bucket
         self._running: set[asyncio.Task[None]] = set()
         self.batches = 0  # how many runs, for tests and metrics
-        self.splits = 0  # failed runs split in halves to find the request at fault
 
     async def predict(
         self,
@@ -150,9 +152,9 @@ class AdaptiveBatcher:
         """This request's outputs (or what ``finish`` made of them), and the seconds it waited in the queue.
 
         ``finish``: what the request's outputs become (its answer, finished and encoded for its transport), computed
-        as soon as its batch has run, where it ran (in ``run_then``'s thread, when the batcher has one), not on the
-        event loop, which keeps reading, admitting and refusing requests meanwhile; what it raises is this request's
-        error alone. ``within``: the seconds its caller waits for the answer, where it said
+        as soon as its batch has run, where it ran (the runner's thread: the ``offload``'s, when the batcher has
+        one), not on the event loop, which keeps reading, admitting and refusing requests meanwhile; what it raises
+        is this request's error alone. ``within``: the seconds its caller waits for the answer, where it said
         (:meth:`~fnserve.core.batching.admission.Admission.refusal`). ``bulk``: a run of a request cut into several,
         which a request of its own goes before; ``admitted``: a later run of such a request, which its first run
         was admitted for (neither refused nor expired: its caller's deadline bounds it); ``latest``: when such a run
@@ -261,9 +263,14 @@ class AdaptiveBatcher:
         started = time.monotonic()
         ran_on = RanOn()
         RAN_ON.set(ran_on)  # this batch's task: the runner's thread says which device ran it
-        settle = functools.partial(self._settle, flight, ran_on, started)
         try:
-            await isolating(batch, functools.partial(self._attempt, bucket=bucket), settle, self._split)
+            try:
+                answers = await self._batch(batch, bucket)
+            except Exception as exc:  # not a run's failure (the runner's), but the batch's own: each gets it
+                error = exc if isinstance(exc, FnserveError) else InferenceError(f"batched inference failed: {exc}")
+                answers = [Failed(error)] * len(batch)
+            for pending, answer in zip(batch, answers, strict=True):
+                self._settle(flight, ran_on, started, pending, answer)
         finally:
             # Ended as its answers are set, not by the task's done-callback a turn later: in between, its callers'
             # answers are encoded and sent, and a request arriving then must see its slot free (it was refused,
@@ -279,8 +286,12 @@ class AdaptiveBatcher:
             assert self._slots is not None
             self._slots.release()
 
+    @property
+    def splits(self) -> int:
+        """Failed runs split in halves to find the request at fault."""
+        return self.runner.splits
+
     def _split(self) -> None:
-        self.splits += 1
         self.observers.on_split()
 
     def _settle(self, flight: InFlight, ran_on: RanOn, started: float, pending: Pending, part: Any) -> None:
@@ -295,22 +306,32 @@ class AdaptiveBatcher:
         else:
             pending.future.set_result((part, started - pending.arrived))
 
-    async def _attempt(self, batch: list[Pending], bucket: int) -> list[Any]:
-        """One runtime call for ``batch``: its requests stacked (padded to the bucket), outputs split back, and each
-        request's ``finish`` applied to its part (in ``run_then``'s call, when the batcher has one)."""
-        self.batches += 1
-        stacked, rows = self.stacking.stack(batch, bucket)
-        self.observers.on_batch(sum(p.rows for p in batch))
-        finishes = [p.finish for p in batch]
-        after = functools.partial(answers, rows=rows, finishes=finishes)
+    def _batch(self, batch: list[Pending], bucket: int) -> Awaitable[list[Any]]:
+        """Each request's answer (or :class:`Failed`), the batch run by the runner where batches run."""
+        if self._offload is not None:
+            return self._offload(self._through_runner, batch, bucket, self._run)
+        loop = asyncio.get_running_loop()
+        run = self._run
+
+        def on_the_loop(feed: Arrays) -> Arrays:  # from the runner's thread, the coroutine awaited on the loop
+            outputs: Arrays = asyncio.run_coroutine_threadsafe(run(feed), loop).result()
+            return outputs
+
+        return asyncio.to_thread(self._through_runner, batch, bucket, on_the_loop)
+
+    def _through_runner(self, batch: list[Pending], bucket: int, run: Callable[[Arrays], Arrays]) -> list[Any]:
+        """The runner's answers for ``batch``, each attempt counted; the batch's time and rows paced (its requests'
+        completions counted in: the batch holds its slot until they are done)."""
         started = time.monotonic()
-        if self._run_then is not None and any(finishes):
-            parts = await self._run_then(stacked, after)
-        else:
-            parts = after(await self._run(stacked))
-        # Its requests' completions counted in: the batch holds its slot until they are done.
-        self.admission.pace.add(sum(rows), time.monotonic() - started)
-        return parts
+        answers = self.runner.run(batch, functools.partial(self._attempt, run), bucket)
+        self.admission.pace.add(sum(p.rows for p in batch), time.monotonic() - started)
+        return answers
+
+    def _attempt(self, run: Callable[[Arrays], Arrays], stacked: Arrays, rows: int) -> Arrays:
+        """One runtime call for a stack of the batch (all of it, or a half of a failed one)."""
+        self.batches += 1
+        self.observers.on_batch(rows)
+        return run(stacked)
 
 
 # A batch's compute runs on threads of nice BATCH_NICE, and NICE_PER_LEVEL more for each priority level below the
@@ -337,14 +358,10 @@ def batchers_for(
         nice = BATCH_NICE + NICE_PER_LEVEL * (top - settings.priority)
         group = service.registry.manifest.group_of(name)  # a worker group's: a batch at once for each worker
         found[name] = AdaptiveBatcher(
-            functools.partial(run_niced, nice, service.run, name),
+            functools.partial(service.run, name),
             BatchPolicy.of(settings, group.workers if group else max_concurrent),
             stacking=Stacking.of(settings),
-            run_then=functools.partial(run_niced, nice, _run_then, service, name),  # the run, then its answers
+            offload=functools.partial(run_niced, nice),  # the run, then its requests' answers, in one thread hop
             observers=observers(name) if observers is not None else NO_OBSERVERS,
         )
     return found
-
-
-def _run_then(service: InferenceService, model: str, feed: Arrays, after: Callable[[Arrays], list[Any]]) -> list[Any]:
-    return after(service.run(model, feed))

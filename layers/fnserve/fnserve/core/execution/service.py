@@ -6,6 +6,7 @@ things, whether a model or a pipeline serves the name: there is one path for bot
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -15,7 +16,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from fnserve.core.codec.rows import check_rows, slice_rows, split_rows, take_rows
+from fnserve.core.codec.rows import slice_rows, take_rows
 from fnserve.core.codec.tensors import pack_arrays, pack_rows, unpack_arrays
 from fnserve.core.errors import (
     ConfigError,
@@ -28,7 +29,9 @@ from fnserve.core.errors import (
 )
 from fnserve.core.execution.cache import ResultCache, cache_key
 from fnserve.core.execution.pipeline import Pipeline, Staged, concatenate
+from fnserve.core.execution.runner import Runner
 from fnserve.core.execution.servable import PipelineServable, Servable, in_order
+from fnserve.core.execution.stacking import Failed
 from fnserve.core.models.datatypes import Arrays
 from fnserve.core.models.manifest.loading import load_manifest
 from fnserve.core.models.registry import Fetcher, ModelRegistry
@@ -53,32 +56,43 @@ class Prediction:
     packed: bytes | None = None
 
 
-class Packed(Sequence[Prediction]):
+class Packed(Sequence[Prediction | FnserveError]):
     """The predictions of stacked jobs, by column, as :meth:`InferenceService.infer_packed` gives them to a caller
     that stores them: each job's outputs packed for its result record (:attr:`Prediction.packed`),
     and its :class:`Prediction` made only when asked for. A batch stores 10,000 jobs without making one: splitting
     the outputs per job and a prediction each cost a share of the model's run (docs/design/dataplane.md)."""
 
-    __slots__ = ("model", "version", "packed", "cache", "hits")
+    __slots__ = ("model", "version", "packed", "cache", "hits", "failed")
 
-    def __init__(self, model: str, version: str, packed: list[bytes], cache: list[str], hits: int) -> None:
+    def __init__(
+        self,
+        model: str,
+        version: str,
+        packed: list[bytes],
+        cache: list[str],
+        hits: int,
+        failed: Mapping[int, FnserveError] | None = None,
+    ) -> None:
         self.model, self.version = model, version
-        self.packed = packed  # a job's outputs, packed
+        self.packed = packed  # a job's outputs, packed (b"" where it failed)
         self.cache = cache  # a job's cache state: hit, miss or off
         self.hits = hits
+        self.failed = failed or {}  # the jobs whose run failed alone, and why
 
     def __len__(self) -> int:
         return len(self.packed)
 
     @overload
-    def __getitem__(self, j: int) -> Prediction: ...
+    def __getitem__(self, j: int) -> Prediction | FnserveError: ...
 
     @overload
-    def __getitem__(self, j: slice) -> list[Prediction]: ...
+    def __getitem__(self, j: slice) -> list[Prediction | FnserveError]: ...
 
-    def __getitem__(self, j: int | slice) -> Prediction | list[Prediction]:
+    def __getitem__(self, j: int | slice) -> Prediction | FnserveError | list[Prediction | FnserveError]:
         if isinstance(j, slice):
             return [self[n] for n in range(*j.indices(len(self)))]
+        if j in self.failed:
+            return self.failed[j]
         packed = self.packed[j]
         return Prediction(unpack_arrays(packed), self.model, self.version, self.cache[j], packed=packed)
 
@@ -112,17 +126,15 @@ class Prepared:
 
 @dataclass(slots=True)
 class _Stack:
-    """A stack of jobs once run: the cached hits by job, the misses run (their rows' counts, the run's outputs, and
-    each job's outputs when split)."""
+    """A stack of jobs once run: the cached hits by job, and the misses' answers by job (their outputs, split or
+    packed) or their own errors."""
 
     model: str
     version: str
     state: str  # a fresh job's cache state: "miss", or "off"
     hits: dict[int, Arrays]
     misses: Sequence[int]
-    counts: Sequence[int] = ()
-    run: Arrays = field(default_factory=dict)
-    split: dict[int, Arrays] = field(default_factory=dict)
+    ran: list[Any] = field(default_factory=list)  # a miss's answer, or a Failed: in the order of ``misses``
 
 
 class InferenceService:
@@ -135,6 +147,7 @@ class InferenceService:
         self._built: dict[str, PipelineServable] = {}
         self._models: dict[tuple[str, str | None], Servable] = {}
         self._pipeline_lock = threading.Lock()
+        self.runner = Runner()  # separate requests' and jobs' rows, stacked as they come (no padding)
 
     @classmethod
     def from_manifest(
@@ -326,7 +339,7 @@ class InferenceService:
         Each job is validated alone; the cache is asked once for all of them; the misses are
         stacked along the batch axis (grouped by their other dimensions) and run together in
         chunks of ``max_batch_size``; outputs are split back with a check that they split
-        exactly. If a stacked run fails, its jobs are run one by one, so one poisoned job
+        exactly. A stacked run that fails is run again in halves (the runner's), so one poisoned job
         cannot fail the others. Unknown names and versions raise, as for :meth:`infer`.
         """
         servable = self.servable(name, version)
@@ -344,14 +357,14 @@ class InferenceService:
             results[i] = Prediction(hit, model, version_, "hit")
             del feeds[i]
         fresh: dict[str, Arrays] = {}
-        for group in _stackable_groups(servable, feeds):
-            for i, outcome in _run_group(servable, names, group, feeds).items():
-                if isinstance(outcome, FnserveError):
-                    results[i] = outcome
-                else:
-                    results[i] = Prediction(outcome, model, version_, "miss" if keys else "off")
-                    if keys:
-                        fresh[keys[i]] = outcome
+        ran = self.runner.run_rows(feeds, functools.partial(_run, servable, names), servable.stackable)
+        for i, outcome in ran.items():
+            if isinstance(outcome, FnserveError):
+                results[i] = outcome
+            else:
+                results[i] = Prediction(outcome, model, version_, "miss" if keys else "off")
+                if keys:
+                    fresh[keys[i]] = outcome
         self._remember(servable.ttl, fresh)
         return [r if r is not None else InferenceError("job was not run") for r in results]
 
@@ -363,20 +376,26 @@ class InferenceService:
         *,
         version: str | None = None,
         outputs: Sequence[str] | None = None,
-    ) -> list[Prediction]:
+    ) -> list[Prediction | FnserveError]:
         """Requests already stacked along the batch axis (job ``j`` owns ``rows[j]`` rows), in one go: a prediction
-        per job.
+        per job, or its own error.
 
-        Validated once as a whole, looked up in the cache per job, run in chunks, split back
-        per job. Any error concerns the whole stack and is raised: the caller decides whether
-        to retry its jobs one by one (:meth:`infer_many`).
+        Validated once as a whole, looked up in the cache per job, run by the runner (a failed run
+        halved down to the job at fault), split back per job. A stack that does not validate is
+        refused whole: the caller validates its jobs one by one (:meth:`infer_many`).
         """
         stack = self._run_stack(name, inputs, rows, version, outputs, split=True)
-        model, version_, state, hits, split = stack.model, stack.version, stack.state, stack.hits, stack.split
-        return [
-            Prediction(hits[j], model, version_, "hit") if j in hits else Prediction(split[j], model, version_, state)
-            for j in range(len(rows))
-        ]
+        model, version_, state, hits = stack.model, stack.version, stack.state, stack.hits
+        by_job = dict(zip(stack.misses, stack.ran, strict=True))
+        answered: list[Prediction | FnserveError] = []
+        for j in range(len(rows)):
+            if j in hits:
+                answered.append(Prediction(hits[j], model, version_, "hit"))
+            elif isinstance(outcome := by_job[j], Failed):
+                answered.append(_error(outcome))
+            else:
+                answered.append(Prediction(outcome, model, version_, state))
+        return answered
 
     def infer_packed(
         self,
@@ -391,13 +410,14 @@ class InferenceService:
         the predictions by column (:class:`Packed`)."""
         stack = self._run_stack(name, inputs, rows, version, outputs, split=False)
         hits, misses = stack.hits, stack.misses
-        fresh = pack_rows(stack.run, stack.counts) if misses else []
+        failed = {j: _error(o) for j, o in zip(misses, stack.ran, strict=True) if isinstance(o, Failed)}
+        fresh = [b"" if isinstance(o, Failed) else o for o in stack.ran] if failed else stack.ran
         if not hits:
-            return Packed(stack.model, stack.version, fresh, [stack.state] * len(rows), 0)
+            return Packed(stack.model, stack.version, fresh, [stack.state] * len(rows), 0, failed)
         by_job = dict(zip(misses, fresh, strict=True))
         packed = [by_job[j] if j in by_job else pack_arrays(hits[j]) for j in range(len(rows))]
         states = ["hit" if j in hits else stack.state for j in range(len(rows))]
-        return Packed(stack.model, stack.version, packed, states, len(hits))
+        return Packed(stack.model, stack.version, packed, states, len(hits), failed)
 
     def _run_stack(
         self,
@@ -409,8 +429,8 @@ class InferenceService:
         *,
         split: bool,
     ) -> _Stack:
-        """A stack validated, looked up per job, its misses run and remembered; ``split``: each job's outputs kept
-        apart for the caller (they are whenever the cache needs them)."""
+        """A stack validated, looked up per job, its misses run and remembered: each miss's outputs split (``split``,
+        or where the cache needs them) or packed, or its own error."""
         servable = self.servable(name, version)
         names = servable.requested(outputs)
         feed, batch = servable.validate(inputs)
@@ -423,12 +443,16 @@ class InferenceService:
         if misses:
             if hits:  # run only the rows of the misses
                 feed = take_rows(feed, rows, misses)
-            stack.counts = [rows[j] for j in misses] if hits else rows
-            stack.run = servable.run(feed, int(sum(stack.counts)), names)
-            check_rows(stack.run, stack.counts, servable.what)
-            if keys or split:
-                stack.split = dict(zip(misses, slice_rows(stack.run, stack.counts), strict=True))
-                self._remember(servable.ttl, {keys[j]: stack.split[j] for j in misses} if keys else {})
+            counts = [rows[j] for j in misses] if hits else rows
+            each = slice_rows if keys or split else pack_rows
+            stack.ran = self.runner.run_columns(
+                feed, counts, functools.partial(_run, servable, names), each, servable.what
+            )
+            if keys:
+                ran = zip(misses, stack.ran, strict=True)
+                self._remember(servable.ttl, {keys[j]: o for j, o in ran if not isinstance(o, Failed)})
+                if not split:
+                    stack.ran = [o if isinstance(o, Failed) else pack_arrays(o) for o in stack.ran]
         return stack
 
     def _remember(self, ttl: int | None, fresh: Mapping[str, Arrays]) -> None:
@@ -474,32 +498,12 @@ class InferenceService:
         return all(self.model_ready(name) for name in (*self.registry.names(), *self.pipelines))
 
 
-def _stackable_groups(servable: Servable, feeds: Mapping[int, tuple[Arrays, int]]) -> list[list[int]]:
-    """Jobs that can share one runtime call: same non-batch dimensions, every input and output batched."""
-    if not servable.stackable:
-        return [[i] for i in feeds]
-    names = servable.input_names
-    groups: dict[tuple[tuple[int, ...], ...], list[int]] = {}
-    for i, (feed, _) in feeds.items():
-        groups.setdefault(tuple([feed[name].shape[1:] for name in names]), []).append(i)
-    return list(groups.values())
+def _run(servable: Servable, names: Sequence[str], feed: Arrays, rows: int) -> Arrays:
+    """``servable``'s run of a stack of ``rows`` rows."""
+    return servable.run(feed, rows, names)
 
 
-def _run_group(
-    servable: Servable, names: Sequence[str], group: list[int], feeds: Mapping[int, tuple[Arrays, int]]
-) -> dict[int, Arrays | FnserveError]:
-    sizes = [feeds[i][1] for i in group]
-    if len(group) > 1:
-        stacked = {name: np.concatenate([feeds[i][0][name] for i in group]) for name in servable.input_names}
-        try:
-            outputs = servable.run(stacked, sum(sizes), names)
-            return dict(zip(group, split_rows(outputs, sizes, servable.what), strict=True))
-        except FnserveError:
-            logger.warning("a stacked batch of %s failed; running its %d jobs one by one", servable.what, len(group))
-    results: dict[int, Arrays | FnserveError] = {}
-    for i in group:
-        try:
-            results[i] = servable.run(*feeds[i], names)
-        except FnserveError as exc:
-            results[i] = exc
-    return results
+def _error(failed: Failed) -> FnserveError:
+    """A job's own error, as the runner gave it."""
+    error = failed.error
+    return error if isinstance(error, FnserveError) else InferenceError(f"inference failed: {error}")

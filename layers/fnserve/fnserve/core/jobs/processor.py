@@ -9,8 +9,8 @@ id, and not redelivered; it never fails the others. Only what may heal is redeli
 fault of the infrastructure (an S3 outage, a crashed worker) or a result that could not be
 stored; such a job is stored as ``failed`` on its last delivery. A message without a job id
 has nowhere to store its reason, so it is reported until SQS moves it to the dead-letter
-queue. Same-shaped jobs are stacked into one runtime call; if a stacked run fails, its jobs
-are run one by one to find the one at fault.
+queue. Same-shaped jobs are stacked into one runtime call; if a stacked run fails, it is run
+again in halves down to the job at fault (:mod:`fnserve.core.execution.runner`).
 
 A job names a model, a pipeline or a cascade, as a request does. A cascade's jobs all run on its
 fast model; the ones it is unsure of run on the slow one too (stacked again); each job's result is
@@ -298,7 +298,10 @@ class JobProcessor:
         receive_counts: dict[str, int] = {}  # made for the first failure
         for unit in _Slices(work, DEADLINE.get(), outcome):
             results = self._run(unit)
-            if isinstance(results, Packed) or not any(isinstance(result, FnserveError) for result in results):
+            failed = (
+                results.failed if isinstance(results, Packed) else any(isinstance(r, FnserveError) for r in results)
+            )
+            if not failed:
                 out.done(unit.message_ids, unit.job_ids, unit.model, results)  # type: ignore[arg-type]
                 continue
             for message_id, job_id, result in zip(unit.message_ids, unit.job_ids, results, strict=True):  # in order
@@ -331,10 +334,10 @@ class JobProcessor:
             if unit.group is not None:
                 group = unit.group
                 if service.servable(name, version).stackable:
-                    try:
+                    try:  # a run that fails is halved down to the job at fault (the runner's)
                         stacked = service.infer_packed if pack else service.infer_stacked
                         return stacked(name, group.inputs, group.rows, version=version, outputs=outputs)
-                    except FnserveError:  # find out which jobs are at fault: run them one by one
+                    except FnserveError:  # the stack does not validate: each job is validated alone
                         pass
                 jobs = [job.inputs for job in group.split()]
             else:

@@ -7,8 +7,8 @@ runtime's fixed cost and, on the loop's core, evicts the envelope's code and dat
 Here each waits for the end of the turn (no timer: only what the loop already had), then the turn's requests to one
 model run as one vectorised call of the service
 (:meth:`~fnserve.core.execution.service.InferenceService.infer_many`: each validated alone, the cache asked once,
-stacked by shape, a stack that fails run again one by one), and each gets its own rows back. A lone request is
-answered as before, one pass of the loop later; one whose caller left before its turn ran is not computed.
+stacked by shape, a stack that fails run again in halves by the runner), and each gets its own rows back. A lone
+request is answered as before, one pass of the loop later; one whose caller left before its turn ran is not computed.
 
 Unlike the adaptive batcher (:mod:`fnserve.core.batching.scheduler`), nothing here waits for requests to come: no
 window, no queue, no thread; it is how a server runs the models on its CPU that do not ask for adaptive batching

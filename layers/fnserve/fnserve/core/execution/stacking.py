@@ -6,23 +6,20 @@ concatenated along axis 0, variable-length inputs padded up to their bucket's le
 each request's rows, checked to split exactly. On a CPU (``pad_to_bucket`` false) a batch is padded only up to its
 longest request: a padded token costs as much as a real one. A GPU keeps the bucket lengths it warmed at start, and
 with ``batch_buckets`` a batch's rows are padded up to the next bucket (zeros, their outputs dropped), so that it
-sees a few batch shapes. A batch whose run fails is split in halves and each half run again, down to single
-requests, so that an error reaches only the request that causes it (:func:`isolating`). What each choice was
-measured to gain: docs/design/batching.md.
+sees a few batch shapes. The runner (:mod:`fnserve.core.execution.runner`) stacks every batch so, whatever gathered
+it. What each choice was measured to gain: docs/design/batching.md.
 """
 
 from __future__ import annotations
 
-import asyncio
 import bisect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from fnserve.core.codec.rows import split_rows
-from fnserve.core.errors import FnserveError, InferenceError, ModelNotReady
 from fnserve.core.execution.embeddings import TokenBudget
 from fnserve.core.models.datatypes import Arrays
 
@@ -41,11 +38,6 @@ class Stacked(Protocol):
     def rows(self) -> int: ...
     @property
     def length(self) -> int: ...  # of its variable-length inputs (0 when nothing is padded)
-    @property
-    def future(self) -> asyncio.Future[Any]: ...
-
-
-S = TypeVar("S", bound=Stacked)
 
 
 @dataclass(slots=True)
@@ -179,31 +171,3 @@ def _finished(finish: Callable[[Arrays], Any] | None, part: Arrays) -> Any:
         return finish(part)
     except Exception as exc:
         return Failed(exc)
-
-
-async def isolating(
-    batch: list[S],
-    attempt: Callable[[list[S]], Awaitable[list[Any]]],
-    settle: Callable[[S, Any], None],
-    on_split: Callable[[], None],
-) -> None:
-    """Run ``batch`` (``attempt``: its answers, one a request) and ``settle`` each request with its answer. A failed
-    run is split in halves (``on_split``), each run again, until every error lands on the request that causes it
-    (settled with a :class:`Failed`): the others of its batch still get their answer."""
-    try:
-        parts = await attempt(batch)
-    except Exception as exc:
-        error = exc if isinstance(exc, FnserveError) else InferenceError(f"batched inference failed: {exc}")
-        waiting = [p for p in batch if not p.future.done()]
-        if len(waiting) > 1 and not isinstance(error, ModelNotReady):  # not loaded: every half would fail alike
-            half = len(waiting) // 2
-            on_split()
-            await isolating(waiting[:half], attempt, settle, on_split)
-            await isolating(waiting[half:], attempt, settle, on_split)
-            return
-        failed = Failed(error)
-        for pending in waiting:
-            settle(pending, failed)
-        return
-    for pending, part in zip(batch, parts, strict=True):
-        settle(pending, part)
