@@ -61,13 +61,9 @@ class CountingService(InferenceService):
         CountingService.calls += 1
         return super().infer_many(*args, **kwargs)
 
-    def infer_stacked(self, *args: Any, **kwargs: Any) -> Any:
+    def infer_columns(self, *args: Any, **kwargs: Any) -> Any:
         CountingService.calls += 1
-        return super().infer_stacked(*args, **kwargs)
-
-    def infer_packed(self, *args: Any, **kwargs: Any) -> Any:
-        CountingService.calls += 1
-        return super().infer_packed(*args, **kwargs)
+        return super().infer_columns(*args, **kwargs)
 
 
 def count_calls(operation: str) -> list[int]:

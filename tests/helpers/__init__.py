@@ -8,7 +8,7 @@ import json
 import re
 import sys
 import tomllib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -211,6 +211,22 @@ class MemoryStore:
     def put(self, records: Sequence[ResultRecord]) -> set[str]:
         self.records.update((r.key, r) for r in records)
         return set()
+
+
+class MemoryBackend:
+    """An in-memory shared tier."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, tuple[bytes, float]] = {}
+        self.gets = 0
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, tuple[bytes, float]]:
+        self.gets += 1
+        return {k: self.entries[k] for k in keys if k in self.entries}
+
+    def put_many(self, entries: Mapping[str, bytes], ttl_seconds: int) -> None:
+        for key, blob in entries.items():
+            self.entries[key] = (blob, 4_000_000_000)
 
 
 def manifest_of(models: str, base_dir: str, warmup: bool = True) -> str:

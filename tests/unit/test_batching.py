@@ -240,7 +240,7 @@ def test_each_request_s_then_runs_where_its_batch_ran_and_fails_only_its_own_req
         calls.append("offload")
         return await asyncio.to_thread(fn, *args)
 
-    def then(part: Arrays) -> float:
+    def then(part: Arrays, device: str | None) -> float:
         threads.add(threading.get_ident())
         if part["y"][0, 0] == 6.0:
             raise InvalidInput("cannot write this answer")

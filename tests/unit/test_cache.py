@@ -8,23 +8,7 @@ import pytest
 from fnserve.core.codec.tensors import pack_arrays, unpack_arrays
 from fnserve.core.execution import cache as cache_module
 from fnserve.core.execution.cache import CircuitBreaker, ResultCache, cache_key
-from tests.helpers import sample_arrays
-
-
-class MemoryBackend:
-    """An in-memory shared tier."""
-
-    def __init__(self) -> None:
-        self.entries: dict[str, tuple[bytes, float]] = {}
-        self.gets = 0
-
-    def get_many(self, keys: Sequence[str]) -> dict[str, tuple[bytes, float]]:
-        self.gets += 1
-        return {k: self.entries[k] for k in keys if k in self.entries}
-
-    def put_many(self, entries: Mapping[str, bytes], ttl_seconds: int) -> None:
-        for key, blob in entries.items():
-            self.entries[key] = (blob, 4_000_000_000)
+from tests.helpers import MemoryBackend, sample_arrays
 
 
 def test_keys_depend_on_model_version_outputs_and_input_bytes_only() -> None:

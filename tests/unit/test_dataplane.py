@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from typing import Any
 
@@ -16,7 +17,7 @@ from fnserve.core.jobs.followups import FollowupIds, ResultLookup
 from fnserve.core.jobs.messages import MAX_MESSAGE_BYTES
 from fnserve.core.serving.dataplane import Answer, DataPlane
 from fnserve.stores.objects import job_body
-from tests.helpers import Arrived, ManifestWriter, MemoryStore, model_bytes
+from tests.helpers import Arrived, ManifestWriter, MemoryBackend, MemoryStore, model_bytes
 
 
 def feed() -> dict[str, np.ndarray]:
@@ -134,3 +135,35 @@ def test_a_callers_deadline_refuses_a_batched_request_foreseen_past_it_before_it
     answers = asyncio.run(main())
     assert len(answers) == 3 and bodies_read == [5.0]  # the refused one's body was never read
     assert recorder.statuses == [503, 200] and batcher.admission.shed == 1
+
+
+class OnDevice:
+    """A session that says which device ran each call, as a pool's session does where its workers mix devices."""
+
+    def __init__(self, session: Any, device: str) -> None:
+        self.session, self.device = session, device
+
+    def run_on(self, names: Any, feed: Any) -> tuple[list[np.ndarray], str]:
+        return self.session.run(names, feed), self.device
+
+
+@pytest.mark.parametrize("road", ["alone", "turns", "batched", "batched, remote cache"])
+def test_an_answer_carries_the_device_that_ran_it_on_every_road(write_manifest: ManifestWriter, road: str) -> None:
+    """No context variable carries it: the run's device travels back in its answer, whichever road it took."""
+    batched = {"max_batch_time_ms": 1.0} if road.startswith("batched") else {}
+    service = InferenceService.from_manifest(write_manifest({"data": model_bytes(), **batched}))
+    servable = service.servable("scale")
+    servable.model = dataclasses.replace(servable.model, session=OnDevice(servable.model.session, "cuda:7"))
+    if road == "batched, remote cache":
+        service.cache = ResultCache(backend=MemoryBackend())  # its store leaves the process: finished beside the batch
+    plane = DataPlane(service, batching=road != "alone", offload=road == "batched, remote cache")
+
+    async def main() -> list[Answer]:
+        try:
+            return await asyncio.gather(*(plane.infer("scale", feed()) for _ in range(3)))
+        finally:
+            await plane.close()
+
+    answers = asyncio.run(main())
+    assert [a.device for a in answers] == ["cuda:7"] * 3
+    np.testing.assert_array_equal(answers[0].outputs["k1"], [1, 2])

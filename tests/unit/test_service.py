@@ -289,8 +289,10 @@ def test_packed_predictions_are_the_stacked_ones_by_column(write_manifest: Manif
     cached.infer("scale", feed(1))  # the second job is a hit
     jobs = [feed(2), feed(1), feed(3)]
     stacked = {name: np.concatenate([job[name] for job in jobs]) for name in jobs[0]}
-    packed = cached.infer_packed("scale", stacked, [2, 1, 3], outputs=["y", "k1"])
-    plain = InferenceService.from_manifest(manifest).infer_stacked("scale", stacked, [2, 1, 3], outputs=["y", "k1"])
+    packed = cached.infer_columns("scale", stacked, [2, 1, 3], outputs=["y", "k1"])
+    plain = InferenceService.from_manifest(manifest).infer_columns(
+        "scale", stacked, [2, 1, 3], outputs=["y", "k1"], pack=False
+    )
     assert isinstance(packed, Packed) and len(packed) == 3 and packed.hits == 1
     assert [p.cache for p in packed] == ["miss", "hit", "miss"] and [p.cache for p in plain] == ["off"] * 3
     for want, got, blob in zip(plain, packed, packed.packed, strict=True):
@@ -304,8 +306,8 @@ def test_packed_predictions_are_the_stacked_ones_by_column(write_manifest: Manif
 def test_packed_predictions_without_a_cache_are_split_by_each_jobs_rows(write_manifest: ManifestWriter) -> None:
     service = InferenceService.from_manifest(write_manifest({"data": model_bytes()}))
     stacked = {name: np.concatenate([a, a]) for name, a in feed(2).items()}
-    packed = service.infer_packed("scale", stacked, [1, 3])
+    packed = service.infer_columns("scale", stacked, [1, 3])
     assert [p.outputs["y"].shape[0] for p in packed] == [1, 3] and [p.cache for p in packed] == ["off", "off"]
     np.testing.assert_array_equal(packed[1].outputs["y"], stacked["x"][1:] * 2)
     with pytest.raises(InvalidInput, match="stacked inputs have 4 rows, the jobs claim 3"):
-        service.infer_packed("scale", stacked, [1, 2])
+        service.infer_columns("scale", stacked, [1, 2])

@@ -11,6 +11,7 @@ import numpy as np
 
 from fnserve.core.errors import InvalidInput, ModelNotReady
 from fnserve.core.execution.runner import Runner
+from fnserve.core.execution.servable import Ran
 from fnserve.core.execution.stacking import Failed, Stacking, answers
 
 
@@ -38,7 +39,7 @@ def test_a_batch_is_padded_to_its_bucket_or_its_longest_request_then_to_its_batc
 
 
 def test_outputs_split_back_without_the_padding_and_a_then_that_raises_fails_its_request_alone() -> None:
-    def boom(part: dict[str, np.ndarray]) -> Any:
+    def boom(part: dict[str, np.ndarray], device: str | None) -> Any:
         raise InvalidInput("not this one")
 
     outputs = {"y": np.arange(4)}
@@ -54,11 +55,11 @@ def test_a_failed_batch_is_split_in_halves_until_its_culprit_fails_alone() -> No
     sizes: list[int] = []
     splits = []
 
-    def call(stacked: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    def call(stacked: dict[str, np.ndarray], rows: int) -> Ran:
         sizes.append(len(stacked["x"]))
         if (stacked["x"] == 3).any():
             raise InvalidInput("request 3 is bad")
-        return {"y": stacked["x"]}
+        return Ran({"y": stacked["x"]}, None)
 
     runner = Runner(on_split=lambda: splits.append(1))
     settled = dict(enumerate(runner.run(batch, call)))
@@ -76,7 +77,7 @@ def test_a_model_not_ready_fails_the_whole_batch_at_once() -> None:
     batch = [Request({"x": np.ones((1, 1))}) for _ in range(4)]
     runs = []
 
-    def call(stacked: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    def call(stacked: dict[str, np.ndarray], rows: int) -> Ran:
         runs.append(len(stacked["x"]))
         raise ModelNotReady("still loading")
 

@@ -30,7 +30,7 @@ from fnserve.core.execution.service import InferenceService
 from fnserve.core.models.datatypes import V2_TO_NUMPY, Arrays
 from fnserve.core.models.manifest.loading import Manifest
 from fnserve.core.models.manifest.models import ModelSettings
-from fnserve.core.models.providers import Placement, note_device
+from fnserve.core.models.providers import Placement
 from fnserve.core.models.registry import LoadedModel, ModelRegistry, TensorSpec
 from fnserve.core.models.statistics import Executions
 from fnserve.workers.messages import Describe, Described, RunModel
@@ -107,12 +107,16 @@ class PoolSession:
         self._priority = priority  # the model's: its calls go before queued ones of lower priority models
 
     def run(self, names: Sequence[str], feed: Mapping[str, np.ndarray[Any, Any]]) -> list[np.ndarray[Any, Any]]:
+        return self.run_on(names, feed)[0]
+
+    def run_on(
+        self, names: Sequence[str], feed: Mapping[str, np.ndarray[Any, Any]]
+    ) -> tuple[list[np.ndarray[Any, Any]], str | None]:
+        """:meth:`run`'s outputs, and the device of the group that ran them where a pool mixes devices."""
         request = RunModel(self._model, self._version, list(names), dict(feed))
         future, device = self._workers.invoke(request, self._priority)
-        if self._workers.mixed:
-            note_device(device)
         outputs: Arrays = future.result()
-        return [outputs[name] for name in names]
+        return [outputs[name] for name in names], device if self._workers.mixed else None
 
     def get_providers(self) -> list[str]:
         return list(self._providers)
@@ -223,7 +227,7 @@ def _pooled(
 def handle(service: InferenceService, event: RunModel | Describe) -> Arrays | Described:
     """A worker's answer to the front process: run one model, or describe them all."""
     if isinstance(event, RunModel):
-        return service.run(event.model, event.inputs, version=event.version, outputs=event.outputs)
+        return service.run(event.model, event.inputs, version=event.version, outputs=event.outputs).outputs
     if isinstance(event, Describe):
         registry = service.registry
         models = []

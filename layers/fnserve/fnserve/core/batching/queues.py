@@ -12,7 +12,6 @@ from typing import Any, TypeVar
 
 from fnserve.core.execution.embeddings import TokenBudget, filled
 from fnserve.core.models.datatypes import Arrays
-from fnserve.core.models.providers import RanOn
 
 PEAK_SECONDS = 1.0  # how long the most rows seen in flight at once is remembered: what a batch expects
 Key = TypeVar("Key", bound=Hashable)  # a queue's shape
@@ -25,12 +24,11 @@ class Pending:
     inputs: Arrays
     rows: int
     future: asyncio.Future[tuple[Any, float]]  # its outputs (or what its then made of them), and its wait
-    ran_on: RanOn | None  # the request's: told which device ran its batch
     length: int = 0  # of its variable-length inputs (0 when nothing is padded)
     arrived: float = field(default_factory=time.monotonic)
     expiry: asyncio.TimerHandle | None = None  # refuses it at its queue deadline, unless a batch takes it first
     left: bool = False  # answered (or gone): no longer in its flight's rows
-    finish: Callable[[Arrays], Any] | None = None  # what its outputs become, where its batch ran (predict's)
+    finish: Callable[[Arrays, str | None], Any] | None = None  # what its outputs become, where its batch ran
     bulk: bool = False  # a run of a request cut into several: a request of its own goes first (fresh_first)
     latest: float = math.inf  # a bulk run's latest start for its request to end by its deadline (time.monotonic)
 

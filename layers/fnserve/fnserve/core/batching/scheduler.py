@@ -40,9 +40,9 @@ from fnserve.core.batching.queues import (
 )
 from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
 from fnserve.core.execution.runner import Runner
+from fnserve.core.execution.servable import Ran
 from fnserve.core.execution.stacking import Failed, QueueKey, Stacking
 from fnserve.core.models.datatypes import Arrays
-from fnserve.core.models.providers import RAN_ON, RanOn
 
 if TYPE_CHECKING:
     from fnserve.core.batching.admission import ArrivingScope
@@ -142,7 +142,7 @@ class AdaptiveBatcher:
     async def predict(
         self,
         inputs: Mapping[str, np.ndarray[Any, Any]],
-        finish: Callable[[Arrays], Any] | None = None,
+        finish: Callable[[Arrays, str | None], Any] | None = None,
         within: float | None = None,
         *,
         bulk: bool = False,
@@ -180,7 +180,7 @@ class AdaptiveBatcher:
             admission.record_rows(max(rows))
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[Any, float]] = loop.create_future()
-        pending = Pending(arrays, rows.pop(), future, RAN_ON.get(), length, finish=finish, bulk=bulk, latest=latest)
+        pending = Pending(arrays, rows.pop(), future, length, finish=finish, bulk=bulk, latest=latest)
         if not admitted:
             delay = admission.queue_delay()
             pending.expiry = loop.call_later(delay, self._expire, pending, flight, delay)
@@ -261,8 +261,6 @@ class AdaptiveBatcher:
 
     async def _execute(self, batch: list[Pending], bucket: int, flight: InFlight, rows: int) -> None:
         started = time.monotonic()
-        ran_on = RanOn()
-        RAN_ON.set(ran_on)  # this batch's task: the runner's thread says which device ran it
         try:
             try:
                 answers = await self._batch(batch, bucket)
@@ -270,7 +268,7 @@ class AdaptiveBatcher:
                 error = exc if isinstance(exc, FnserveError) else InferenceError(f"batched inference failed: {exc}")
                 answers = [Failed(error)] * len(batch)
             for pending, answer in zip(batch, answers, strict=True):
-                self._settle(flight, ran_on, started, pending, answer)
+                self._settle(flight, started, pending, answer)
         finally:
             # Ended as its answers are set, not by the task's done-callback a turn later: in between, its callers'
             # answers are encoded and sent, and a request arriving then must see its slot free (it was refused,
@@ -294,10 +292,8 @@ class AdaptiveBatcher:
     def _split(self) -> None:
         self.observers.on_split()
 
-    def _settle(self, flight: InFlight, ran_on: RanOn, started: float, pending: Pending, part: Any) -> None:
+    def _settle(self, flight: InFlight, started: float, pending: Pending, part: Any) -> None:
         """``pending`` answered with ``part`` (its error alone, when a :class:`Failed`); its rows leave the flight."""
-        if pending.ran_on is not None:
-            pending.ran_on.device = ran_on.device
         flight.leave(pending)
         if pending.future.done():
             return
@@ -327,11 +323,13 @@ class AdaptiveBatcher:
         self.admission.pace.add(sum(p.rows for p in batch), time.monotonic() - started)
         return answers
 
-    def _attempt(self, run: Callable[[Arrays], Arrays], stacked: Arrays, rows: int) -> Arrays:
-        """One runtime call for a stack of the batch (all of it, or a half of a failed one)."""
+    def _attempt(self, run: Callable[[Arrays], Any], stacked: Arrays, rows: int) -> Ran:
+        """One runtime call for a stack of the batch (all of it, or a half of a failed one): its outputs, and the
+        device that ran them where ``run`` says (the service's does)."""
         self.batches += 1
         self.observers.on_batch(rows)
-        return run(stacked)
+        ran = run(stacked)
+        return ran if isinstance(ran, Ran) else Ran(ran, None)
 
 
 # A batch's compute runs on threads of nice BATCH_NICE, and NICE_PER_LEVEL more for each priority level below the

@@ -17,10 +17,11 @@ from typing import Any, Protocol
 
 from fnserve.core.codec.rows import check_rows, take_rows
 from fnserve.core.errors import FnserveError, InferenceError, ModelNotReady
+from fnserve.core.execution.servable import Ran
 from fnserve.core.execution.stacking import Failed, Stacking, answers
 from fnserve.core.models.datatypes import Arrays
 
-Call = Callable[[Arrays, int], Arrays]  # one call of the model for a stack and its rows: its outputs, by name
+Call = Callable[[Arrays, int], Ran]  # one call of the model for a stack and its rows: its outputs, and their device
 
 
 class Item(Protocol):
@@ -33,7 +34,9 @@ class Item(Protocol):
     @property
     def length(self) -> int: ...  # of its variable-length inputs (0 when nothing is padded)
     @property
-    def finish(self) -> Callable[[Arrays], Any] | None: ...  # None: its outputs are its answer
+    def finish(
+        self,
+    ) -> Callable[[Arrays, str | None], Any] | None: ...  # its outputs and their device; None: its outputs
 
 
 @dataclass(slots=True)
@@ -43,7 +46,7 @@ class Rows:
     inputs: Arrays
     rows: int
     length: int = 0
-    finish: Callable[[Arrays], Any] | None = None
+    finish: Callable[[Arrays, str | None], Any] | None = None
 
 
 def _ignored() -> None:
@@ -59,16 +62,17 @@ class Runner:
         self.splits = 0  # failed calls halved, for tests and metrics
 
     def run(self, items: Sequence[Item], call: Call, bucket: int = 0, *, split: bool = True) -> list[Any]:
-        """Each item's answer (what its finish made of its outputs), or a :class:`Failed` with its own error: the
-        items stacked (variable-length inputs padded to ``bucket``'s length), ``call`` once, the outputs split back.
+        """Each item's answer (what its finish made of its outputs and the device that ran them), or a :class:`Failed`
+        with its own error: the items stacked (variable-length inputs padded to ``bucket``'s length), ``call`` once,
+        the outputs split back.
         ``split`` false: one item, whose outputs are its own whatever their rows (a model that reduces over the
         batch)."""
 
         def attempt(start: int, stop: int) -> list[Any]:
             part = items[start:stop]
             stacked, rows = self.stacking.stack(part, bucket)
-            outputs = call(stacked, sum(rows))
-            return answers(outputs, rows, [item.finish for item in part]) if split else [outputs]
+            outputs, device = call(stacked, sum(rows))
+            return answers(outputs, rows, [item.finish for item in part], device, split=split)
 
         return self._isolated(0, len(items), attempt) if items else []
 
@@ -87,7 +91,7 @@ class Runner:
         def attempt(start: int, stop: int) -> list[Any]:
             whole = start == 0 and stop == len(rows)
             counts = rows if whole else rows[start:stop]
-            outputs = call(feed if whole else take_rows(feed, rows, range(start, stop)), sum(counts))
+            outputs, _ = call(feed if whole else take_rows(feed, rows, range(start, stop)), sum(counts))
             check_rows(outputs, counts, what)
             return finish(outputs, counts)
 
@@ -109,15 +113,15 @@ class Runner:
 
     def run_rows(
         self, feeds: Mapping[int, tuple[Arrays, int]], call: Call, stackable: bool
-    ) -> dict[int, Arrays | FnserveError]:
-        """Separate requests' validated feeds (by index: the feed and its rows), each one's outputs or its own error:
-        those of one row shape stacked into one call (none stacked unless ``stackable``)."""
+    ) -> dict[int, Ran | FnserveError]:
+        """Separate requests' validated feeds (by index: the feed and its rows), each one's outputs (and their device)
+        or its own error: those of one row shape stacked into one call (none stacked unless ``stackable``)."""
         groups: dict[Any, list[int]] = {}
         for i, (feed, _) in feeds.items():
             groups.setdefault(self.stacking.key(feed, 0) if stackable else i, []).append(i)
-        results: dict[int, Arrays | FnserveError] = {}
+        results: dict[int, Ran | FnserveError] = {}
         for group in groups.values():
-            items = [Rows(feeds[i][0], feeds[i][1]) for i in group]
+            items = [Rows(feeds[i][0], feeds[i][1], finish=Ran) for i in group]
             for i, outcome in zip(group, self.run(items, call, split=stackable), strict=True):
                 results[i] = outcome.error if isinstance(outcome, Failed) else outcome  # type: ignore[assignment]
         return results

@@ -15,7 +15,7 @@ import logging
 import re
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
@@ -27,10 +27,17 @@ from fnserve.core.execution.deadline import A_REQUEST, Foresight, TokenPace, Too
 from fnserve.core.execution.embeddings import MAX_REQUEST_TOKENS, TOKENS, TokenBudget, token_runs
 from fnserve.core.execution.pipeline import Pipeline, Staged, concatenate
 from fnserve.core.models.datatypes import Arrays
-from fnserve.core.models.providers import note_device
 from fnserve.core.models.registry import LoadedModel, TensorSpec, requested_outputs
 
 logger = logging.getLogger(__name__)
+
+
+class Ran(NamedTuple):
+    """A run's outputs, and the device that computed them where that is worth saying (a GPU, a mixed-device pool;
+    None: this process's CPU)."""
+
+    outputs: Arrays
+    device: str | None
 
 
 class Servable:
@@ -97,7 +104,7 @@ class Servable:
         """The requested outputs, from the model's outputs for this request's rows."""
         return {name: outputs[name] for name in names}
 
-    def run(self, feed: Arrays, batch: int, names: Sequence[str], timings: dict[str, float] | None = None) -> Arrays:
+    def run(self, feed: Arrays, batch: int, names: Sequence[str], timings: dict[str, float] | None = None) -> Ran:
         """A validated batch end to end, in chunks of at most the model's ``max_batch_size`` rows."""
         model = self.model
         limit = model.settings.max_batch_size
@@ -105,14 +112,15 @@ class Servable:
         if budget is not None:  # rows padded alike: as many a chunk as the budget holds at their length
             limit = budget.rows(limit, max((a.shape[1] for n, a in feed.items() if n in self._padded), default=0))
         if batch <= limit:
-            results = run_model(model, names, feed)
+            results, device = run_model(model, names, feed)
         else:
             chunks = [
                 run_model(model, names, {k: v[start : start + limit] for k, v in feed.items()})
                 for start in range(0, batch, limit)
             ]
-            results = [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
-        return dict(zip(names, results, strict=True))
+            results = [np.concatenate(parts) for parts in zip(*(chunk for chunk, _ in chunks), strict=True)]
+            device = chunks[-1][1]
+        return Ran(dict(zip(names, results, strict=True)), device)
 
     def metadata(self) -> dict[str, Any]:
         """V2 model metadata (without the versions, which only the registry knows)."""
@@ -157,7 +165,7 @@ class PipelineServable(Servable):
     ) -> Arrays:
         return self.pipeline.finish(staged, outputs, names, timings)
 
-    def run(self, feed: Arrays, batch: int, names: Sequence[str], timings: dict[str, float] | None = None) -> Arrays:
+    def run(self, feed: Arrays, batch: int, names: Sequence[str], timings: dict[str, float] | None = None) -> Ran:
         """Pre steps, model, post steps, chunk by chunk of at most the model's ``max_batch_size`` rows
         (rows of like length together, then put back in order); texts by their tokens, where the pipeline
         tokenizes (:meth:`_run_by_tokens`)."""
@@ -168,29 +176,31 @@ class PipelineServable(Servable):
         if order is not None:
             feed = {name: array[order] for name, array in feed.items()}
         parts = []
+        device = None
         for chunk in pipeline.chunks(feed, batch):
             staged = self.stage(chunk, timings)
-            run = run_model(self.model, pipeline.model_outputs, staged.feed)
+            run, device = run_model(self.model, pipeline.model_outputs, staged.feed)
             parts.append(pipeline.finish(staged, dict(zip(pipeline.model_outputs, run, strict=True)), names, timings))
         result = concatenate(parts, self.what)
-        return result if order is None else in_order(result, order)
+        return Ran(result if order is None else in_order(result, order), device)
 
-    def _run_by_tokens(self, feed: Arrays, names: Sequence[str], timings: dict[str, float] | None) -> Arrays:
+    def _run_by_tokens(self, feed: Arrays, names: Sequence[str], timings: dict[str, float] | None) -> Ran:
         """A batch of texts tokenized in one call, run in the :meth:`runs` its tokens are cut into, then put back
         in order; refused as soon as what is left cannot end before the request's deadline."""
         pipeline, model = self.pipeline, self.model
         runs = self.runs(self.stage(feed, timings))
         foresight = Foresight(runs.total, self.pace)
         parts = []
+        device = None
         for i in range(len(runs)):
             foresight.check()
             part = runs.part(i)
             started = time.perf_counter()
-            run = run_model(model, pipeline.model_outputs, part.feed)
+            run, device = run_model(model, pipeline.model_outputs, part.feed)
             self.pace.add(runs.tokens[i], time.perf_counter() - started)
             foresight.ran(runs.tokens[i])
             parts.append(pipeline.finish(part, dict(zip(pipeline.model_outputs, run, strict=True)), names, timings))
-        return in_order(concatenate(parts, self.what), runs.order)
+        return Ran(in_order(concatenate(parts, self.what), runs.order), device)
 
     def runs(self, staged: Staged) -> TokenRuns:
         """A tokenized batch cut into runs: sorted by token count, chunks that the model's budget holds (None: no
@@ -268,19 +278,25 @@ def input_metadata(spec: TensorSpec) -> dict[str, object]:
     return meta
 
 
-def run_model(model: LoadedModel, names: Sequence[str], feed: Arrays) -> list[np.ndarray[Any, Any]]:
-    """One ``session.run``; its errors as the client's (422) or the server's (500)."""
-    if model.placement.device != "cpu":
-        note_device(model.placement.device)
+def run_model(model: LoadedModel, names: Sequence[str], feed: Arrays) -> tuple[list[np.ndarray[Any, Any]], str | None]:
+    """One ``session.run``, and the device that ran it (:class:`Ran`'s); its errors as the client's (422) or the
+    server's (500)."""
+    session = model.session
+    placed = None if model.placement.device == "cpu" else model.placement.device
     started = time.perf_counter_ns()
     try:
-        outputs = model.session.run(names, feed)
+        run_on = getattr(session, "run_on", None)  # a pool's session: it says which of its devices ran the call
+        if run_on is None:
+            outputs, device = session.run(names, feed), placed
+        else:
+            outputs, device = run_on(names, feed)
+            device = device or placed
     except FnserveError:
         raise
     except Exception as exc:
         raise runtime_error(model.name, exc) from exc
     model.executions.ran(batch_size(feed), time.perf_counter_ns() - started)
-    return outputs
+    return outputs, device
 
 
 # What onnxruntime says when the fault is the machine's, not the input's: memory, a device, its libraries.

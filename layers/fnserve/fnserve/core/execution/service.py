@@ -1,7 +1,18 @@
 """InferenceService: validated, cached inference of a served model or pipeline, one request or many jobs.
 
 Every method resolves its name to a :class:`~fnserve.core.execution.servable.Servable` and asks it the same
-things, whether a model or a pipeline serves the name: there is one path for both.
+things, whether a model or a pipeline serves the name: there is one path for both. Its ways to run, one for each
+kind of caller:
+
+- :meth:`predict`: the offline API, outputs alone;
+- :meth:`infer`: one request run whole, where nothing gathers requests (a Lambda container, a model of its own);
+- :meth:`prepare`, then :meth:`finish` (or :meth:`finish_runs`, a request cut into runs): a request validated,
+  looked up and staged before a gatherer holds it, and answered from its part of a batch's outputs;
+- :meth:`infer_many`: separate requests of one turn, or jobs parsed one by one, each validated alone;
+- :meth:`infer_columns`: a job delivery's stacks, parsed into columns, validated as one;
+- :meth:`run`: a closed batch's model call (the adaptive batcher's, a pool worker's).
+
+Whatever gathered them, the rows of several run through the :class:`~fnserve.core.execution.runner.Runner`.
 """
 
 from __future__ import annotations
@@ -30,7 +41,7 @@ from fnserve.core.errors import (
 from fnserve.core.execution.cache import ResultCache, cache_key
 from fnserve.core.execution.pipeline import Pipeline, Staged, concatenate
 from fnserve.core.execution.runner import Runner
-from fnserve.core.execution.servable import PipelineServable, Servable, in_order
+from fnserve.core.execution.servable import PipelineServable, Ran, Servable, in_order
 from fnserve.core.execution.stacking import Failed
 from fnserve.core.models.datatypes import Arrays
 from fnserve.core.models.manifest.loading import load_manifest
@@ -45,7 +56,8 @@ class Prediction:
 
     ``timings``: milliseconds in a pipeline's ``pre`` and ``post`` steps, when a pipeline served it.
     ``packed``: its outputs packed for a result record (:func:`~fnserve.core.codec.tensors.pack_arrays`), where the call
-    that made it packed a whole stack's at once.
+    that made it packed a whole stack's at once. ``device``: which device computed it, where that is worth saying
+    (:class:`~fnserve.core.execution.servable.Ran`'s).
     """
 
     outputs: Arrays
@@ -54,10 +66,11 @@ class Prediction:
     cache: str
     timings: dict[str, float] | None = None
     packed: bytes | None = None
+    device: str | None = None
 
 
 class Packed(Sequence[Prediction | FnserveError]):
-    """The predictions of stacked jobs, by column, as :meth:`InferenceService.infer_packed` gives them to a caller
+    """The predictions of stacked jobs, by column, as :meth:`InferenceService.infer_columns` gives them to a caller
     that stores them: each job's outputs packed for its result record (:attr:`Prediction.packed`),
     and its :class:`Prediction` made only when asked for. A batch stores 10,000 jobs without making one: splitting
     the outputs per job and a prediction each cost a share of the model's run (docs/design/dataplane.md)."""
@@ -240,8 +253,8 @@ class InferenceService:
             return Prediction(looked.hit, looked.servable.model.name, looked.servable.model.version, "hit")
         servable, timings = looked.servable, looked.timings
         assert looked.request is not None
-        result = servable.run(looked.request, looked.rows, looked.names, timings)
-        return self._fresh(servable, looked.key, result, timings)
+        result, device = servable.run(looked.request, looked.rows, looked.names, timings)
+        return self._fresh(servable, looked.key, result, timings, device)
 
     def prepare(
         self,
@@ -276,23 +289,24 @@ class InferenceService:
         timings: dict[str, float] | None = {} if servable.timed else None
         return Prepared(servable, None, names, key, None, timings, feed, rows)
 
-    def finish(self, prepared: Prepared, outputs: Mapping[str, np.ndarray[Any, Any]]) -> Prediction:
-        """The answer of a prepared request from its model's outputs (the requested ones kept), cached."""
+    def finish(
+        self, prepared: Prepared, outputs: Mapping[str, np.ndarray[Any, Any]], device: str | None = None
+    ) -> Prediction:
+        """The answer of a prepared request from its model's outputs (the requested ones kept) and the device that
+        computed them, cached."""
         servable = prepared.servable
         assert prepared.staged is not None
         result = servable.finish(prepared.staged, outputs, prepared.names, prepared.timings)
-        return self._fresh(servable, prepared.key, result, prepared.timings)
+        return self._fresh(servable, prepared.key, result, prepared.timings, device)
 
-    def finish_runs(self, prepared: Prepared, parts: Sequence[Arrays], order: np.ndarray[Any, Any]) -> Prediction:
+    def finish_runs(
+        self, prepared: Prepared, parts: Sequence[Arrays], order: np.ndarray[Any, Any], device: str | None = None
+    ) -> Prediction:
         """The answer of a prepared request run in parts (its :meth:`PipelineServable.runs`, each finished on its
         own), put back in the request's order and cached."""
         servable = prepared.servable
         result = in_order(concatenate(parts, servable.what), order)
-        return self._fresh(servable, prepared.key, result, prepared.timings)
-
-    def output_names(self, name: str, outputs: Sequence[str] | None, *, version: str | None = None) -> tuple[str, ...]:
-        """The outputs a request gets (all when it names none), or the 422 for names the servable lacks."""
-        return self.servable(name, version).requested(outputs)
+        return self._fresh(servable, prepared.key, result, prepared.timings, device)
 
     def run(
         self,
@@ -301,8 +315,9 @@ class InferenceService:
         *,
         version: str | None = None,
         outputs: Sequence[str] | None = None,
-    ) -> Arrays:
-        """A model's outputs (all by default) for already validated inputs: no cache, no second validation.
+    ) -> Ran:
+        """A model's outputs (all by default) for already validated inputs, and their device: no cache, no second
+        validation.
 
         The call of the batcher, and of a pool worker for its front process.
         """
@@ -316,13 +331,18 @@ class InferenceService:
         return keys.get(0), hits.get(0)
 
     def _fresh(
-        self, servable: Servable, key: str | None, result: Arrays, timings: dict[str, float] | None = None
+        self,
+        servable: Servable,
+        key: str | None,
+        result: Arrays,
+        timings: dict[str, float] | None = None,
+        device: str | None = None,
     ) -> Prediction:
         """A fresh result as an answer, remembered under ``key`` when the servable caches."""
         model = servable.model
         if key is not None:
             self._remember(servable.ttl, {key: result})
-        return Prediction(result, model.name, model.version, "off" if key is None else "miss", timings)
+        return Prediction(result, model.name, model.version, "off" if key is None else "miss", timings, device=device)
 
     # -- many jobs -----------------------------------------------------------------------------
 
@@ -362,13 +382,15 @@ class InferenceService:
             if isinstance(outcome, FnserveError):
                 results[i] = outcome
             else:
-                results[i] = Prediction(outcome, model, version_, "miss" if keys else "off")
+                results[i] = Prediction(
+                    outcome.outputs, model, version_, "miss" if keys else "off", device=outcome.device
+                )
                 if keys:
-                    fresh[keys[i]] = outcome
+                    fresh[keys[i]] = outcome.outputs
         self._remember(servable.ttl, fresh)
         return [r if r is not None else InferenceError("job was not run") for r in results]
 
-    def infer_stacked(
+    def infer_columns(
         self,
         name: str,
         inputs: Mapping[str, Any],
@@ -376,40 +398,31 @@ class InferenceService:
         *,
         version: str | None = None,
         outputs: Sequence[str] | None = None,
-    ) -> list[Prediction | FnserveError]:
+        pack: bool = True,
+    ) -> Sequence[Prediction | FnserveError]:
         """Requests already stacked along the batch axis (job ``j`` owns ``rows[j]`` rows), in one go: a prediction
         per job, or its own error.
 
         Validated once as a whole, looked up in the cache per job, run by the runner (a failed run
         halved down to the job at fault), split back per job. A stack that does not validate is
-        refused whole: the caller validates its jobs one by one (:meth:`infer_many`).
+        refused whole: the caller validates its jobs one by one (:meth:`infer_many`). ``pack``: for
+        callers that store the outputs, every job's packed in one pass over the stack, the
+        predictions by column (:class:`Packed`).
         """
-        stack = self._run_stack(name, inputs, rows, version, outputs, split=True)
-        model, version_, state, hits = stack.model, stack.version, stack.state, stack.hits
-        by_job = dict(zip(stack.misses, stack.ran, strict=True))
-        answered: list[Prediction | FnserveError] = []
-        for j in range(len(rows)):
-            if j in hits:
-                answered.append(Prediction(hits[j], model, version_, "hit"))
-            elif isinstance(outcome := by_job[j], Failed):
-                answered.append(_error(outcome))
-            else:
-                answered.append(Prediction(outcome, model, version_, state))
-        return answered
-
-    def infer_packed(
-        self,
-        name: str,
-        inputs: Mapping[str, Any],
-        rows: Sequence[int],
-        *,
-        version: str | None = None,
-        outputs: Sequence[str] | None = None,
-    ) -> Packed:
-        """:meth:`infer_stacked` for callers that store the outputs: every job's packed in one pass over the stack,
-        the predictions by column (:class:`Packed`)."""
-        stack = self._run_stack(name, inputs, rows, version, outputs, split=False)
+        stack = self._run_stack(name, inputs, rows, version, outputs, split=not pack)
         hits, misses = stack.hits, stack.misses
+        if not pack:
+            by_job = dict(zip(misses, stack.ran, strict=True))
+            answered: list[Prediction | FnserveError] = []
+            for j in range(len(rows)):
+                outcome = hits[j] if j in hits else by_job[j]
+                if isinstance(outcome, Failed):
+                    answered.append(_error(outcome))
+                else:
+                    answered.append(
+                        Prediction(outcome, stack.model, stack.version, "hit" if j in hits else stack.state)
+                    )
+            return answered
         failed = {j: _error(o) for j, o in zip(misses, stack.ran, strict=True) if isinstance(o, Failed)}
         fresh = [b"" if isinstance(o, Failed) else o for o in stack.ran] if failed else stack.ran
         if not hits:
@@ -498,7 +511,7 @@ class InferenceService:
         return all(self.model_ready(name) for name in (*self.registry.names(), *self.pipelines))
 
 
-def _run(servable: Servable, names: Sequence[str], feed: Arrays, rows: int) -> Arrays:
+def _run(servable: Servable, names: Sequence[str], feed: Arrays, rows: int) -> Ran:
     """``servable``'s run of a stack of ``rows`` rows."""
     return servable.run(feed, rows, names)
 

@@ -157,17 +157,23 @@ class Stacking:
         return out
 
 
-def answers(outputs: Arrays, rows: list[int], finishes: Sequence[Callable[[Arrays], Any] | None]) -> list[Any]:
+Finish = Callable[[Arrays, str | None], Any]  # what a request's outputs become, told the device that ran them
+
+
+def answers(
+    outputs: Arrays, rows: list[int], finishes: Sequence[Finish | None], device: str | None = None, split: bool = True
+) -> list[Any]:
     """A batch's ``outputs`` split back by ``rows`` (:meth:`Stacking.stack`'s), each request's part made what its
-    ``finish`` makes of it (a :class:`Failed` where that raised); a batch bucket's padding dropped."""
-    parts = split_rows(outputs, rows, "batched inference")
-    return [_finished(finish, part) for finish, part in zip(finishes, parts[: len(finishes)], strict=True)]
+    ``finish`` makes of it and ``device`` (a :class:`Failed` where that raised); a batch bucket's padding dropped.
+    ``split`` false: one request's, its outputs whole (a model that reduces over the batch)."""
+    parts = split_rows(outputs, rows, "batched inference") if split else [outputs]
+    return [_finished(finish, part, device) for finish, part in zip(finishes, parts[: len(finishes)], strict=True)]
 
 
-def _finished(finish: Callable[[Arrays], Any] | None, part: Arrays) -> Any:
+def _finished(finish: Finish | None, part: Arrays, device: str | None) -> Any:
     if finish is None:
         return part
     try:
-        return finish(part)
+        return finish(part, device)
     except Exception as exc:
         return Failed(exc)

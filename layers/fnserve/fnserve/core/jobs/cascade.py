@@ -111,7 +111,7 @@ class CascadeRunner:
 
     def infer(self, name: str, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None) -> CascadeAnswer:
         cascade = self.cascades[name]
-        requested = self.service.output_names(cascade.fast, outputs, version=cascade.fast_version)
+        requested = self.service.servable(cascade.fast, cascade.fast_version).requested(outputs)
         fast = self.service.infer(cascade.fast, inputs, version=cascade.fast_version)
         scores = output(fast.outputs, cascade)
         answer = fast if outputs is None else dataclasses.replace(fast, outputs={o: fast.outputs[o] for o in requested})

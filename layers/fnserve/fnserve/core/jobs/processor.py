@@ -335,8 +335,8 @@ class JobProcessor:
                 group = unit.group
                 if service.servable(name, version).stackable:
                     try:  # a run that fails is halved down to the job at fault (the runner's)
-                        stacked = service.infer_packed if pack else service.infer_stacked
-                        return stacked(name, group.inputs, group.rows, version=version, outputs=outputs)
+                        columns = group.inputs, group.rows
+                        return service.infer_columns(name, *columns, version=version, outputs=outputs, pack=pack)
                     except FnserveError:  # the stack does not validate: each job is validated alone
                         pass
                 jobs = [job.inputs for job in group.split()]
@@ -350,7 +350,7 @@ class JobProcessor:
         """Every job on the fast model, and only those it is unsure of on the slow one: one final answer per
         job, stored under the model that gave it (one stacked call per model, as for any job)."""
         try:
-            requested = self.service.output_names(cascade.fast, unit.outputs, version=cascade.fast_version)
+            requested = self.service.servable(cascade.fast, cascade.fast_version).requested(unit.outputs)
         except FnserveError as exc:
             return [exc] * len(unit.job_ids)
         # Not packed: the rule reads the fast answers, and the stored ones keep only the requested outputs.

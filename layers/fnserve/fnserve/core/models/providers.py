@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,30 +57,6 @@ class Placement:
         if self.group is not None:
             meta |= {"worker_group": self.group, "workers": self.workers}
         return meta
-
-
-class RanOn:
-    """Which device computed a request's outputs: set where the session ran, read by the transport.
-
-    A request's data plane call puts one in :data:`RAN_ON`; its context reaches the thread the model
-    runs in (``asyncio.to_thread`` copies it), and the adaptive batcher copies a batch's device to
-    each of its requests.
-    """
-
-    __slots__ = ("device",)
-
-    def __init__(self) -> None:
-        self.device: str | None = None
-
-
-RAN_ON: ContextVar[RanOn | None] = ContextVar("fnserve_ran_on", default=None)
-
-
-def note_device(device: str) -> None:
-    """Say which device ran the current request's model (nothing when no request is listening)."""
-    ran_on = RAN_ON.get()
-    if ran_on is not None:
-        ran_on.device = device
 
 
 def name_of(provider: Provider) -> str:

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from fnserve.core.codec.rows import batch_size
 from fnserve.core.errors import ClientGone, DeadlineExceeded, FnserveError, ResultNotFound, unknown_model
 from fnserve.core.execution.deadline import DEADLINE, Foresight, within
+from fnserve.core.execution.pipeline import Staged
 from fnserve.core.execution.servable import PipelineServable, TokenRuns
 from fnserve.core.execution.service import InferenceService, Prediction, Prepared
 from fnserve.core.models.datatypes import Arrays
-from fnserve.core.models.providers import RAN_ON, RanOn
 from fnserve.core.serving.catalog import Catalog
 from fnserve.core.serving.turns import TurnBatcher
 
@@ -289,10 +289,7 @@ class DataPlane:
         it, for a batched model to do in its batch's thread (then in the answer's ``encoded``). ``within``: the
         seconds its caller waits, for a batched model to refuse it at once if it foresees the answer later."""
         started = time.perf_counter()
-        ran_on = RanOn()
-        RAN_ON.set(ran_on)  # this request's task (and the threads it waits on) say which device ran it
         answer = await self._route(name, version, inputs, outputs, encode, within)
-        answer.device = ran_on.device
         timings = answer.timings
         spent = timings.get("queue", 0.0) + timings.get("pre", 0.0) + timings.get("post", 0.0) if timings else 0.0
         if answer.encoded is not None:
@@ -357,12 +354,13 @@ class DataPlane:
             if len(runs) > 1:
                 return await self._batched_runs(batcher, name, prepared, runs, encode, within)
         if self._offload_cache:  # its store leaves the process: in a thread of its own, not the batch's
-            everything, waited = await batcher.predict(prepared.feed, within=within)
-            answer = _answer(name, await asyncio.to_thread(self.service.finish, prepared, everything))
+            (everything, device), waited = await batcher.predict(prepared.feed, _with_device, within)
+            answer = _answer(name, await asyncio.to_thread(self.service.finish, prepared, everything, device))
         else:
             # Finished and encoded in the batch's thread: off the event loop, which would otherwise write each of
             # the batch's answers in turn while requests wait to be read.
-            answer, waited = await batcher.predict(prepared.feed, Finish(self.service, name, prepared, encode), within)
+            then = EncodedAnswer(self.service, name, prepared, encode)
+            answer, waited = await batcher.predict(prepared.feed, then, within)
         answer.timings["queue"] = round(waited * 1e3, 3)
         return answer
 
@@ -384,6 +382,7 @@ class DataPlane:
         window = batcher.policy.max_concurrent
         foresight = Foresight(runs.total, servable.pace, window)
         parts: list[Arrays | None] = [None] * len(runs)
+        device = None
         running: dict[asyncio.Task[tuple[Any, float]], int] = {}
         waited = 0.0
         started = time.monotonic()
@@ -393,7 +392,7 @@ class DataPlane:
                 while ahead < len(runs) and len(running) < window:
                     foresight.check()
                     part = runs.part(ahead)
-                    then = functools.partial(servable.finish, part, names=prepared.names, timings=prepared.timings)
+                    then = functools.partial(_run_finished, servable, part, prepared.names, prepared.timings)
                     latest = foresight.latest_start()
                     call = batcher.predict(part.feed, then, within, bulk=True, admitted=ahead > 0, latest=latest)
                     running[asyncio.ensure_future(call)] = ahead
@@ -401,14 +400,14 @@ class DataPlane:
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     i = running.pop(task)
-                    parts[i], queued = task.result()
+                    (parts[i], device), queued = task.result()
                     waited = waited or queued  # the wait before its first run: what a caller sees as queueing
                     foresight.ran(runs.tokens[i])
         finally:
             for task in running:
                 task.cancel()
         servable.pace.add(runs.total, (time.monotonic() - started) * window)
-        answer = await asyncio.to_thread(self._assembled, name, prepared, parts, runs, encode)
+        answer = await asyncio.to_thread(self._assembled, name, prepared, parts, runs, encode, device)
         answer.timings["queue"] = round(waited * 1e3, 3)
         return answer
 
@@ -419,10 +418,11 @@ class DataPlane:
         parts: list[Arrays | None],
         runs: TokenRuns,
         encode: Callable[[Answer], Any] | None,
+        device: str | None,
     ) -> Answer:
         """A request's finished runs as one answer, cached and encoded (off the event loop: a large answer takes
         a while to write)."""
-        answer = _answer(name, self.service.finish_runs(prepared, parts, runs.order))  # type: ignore[arg-type]
+        answer = _answer(name, self.service.finish_runs(prepared, parts, runs.order, device))  # type: ignore[arg-type]
         return _encoded(answer, encode)
 
     def _version_of(self, name: str, version: str | None) -> str:
@@ -463,7 +463,7 @@ class DataPlane:
             await batcher.close()
 
 
-class Finish:
+class EncodedAnswer:
     """What runs after a batched request's model, in the thread that ran its batch: the service's finish (a
     pipeline's post steps, the cache's store), then its transport's encoding, timed, in the answer's ``encoded``."""
 
@@ -477,8 +477,25 @@ class Finish:
         self._prepared = prepared
         self._encode = encode
 
-    def __call__(self, outputs: Arrays) -> Answer:
-        return _encoded(_answer(self._name, self._service.finish(self._prepared, outputs)), self._encode)
+    def __call__(self, outputs: Arrays, device: str | None) -> Answer:
+        return _encoded(_answer(self._name, self._service.finish(self._prepared, outputs, device)), self._encode)
+
+
+def _with_device(outputs: Arrays, device: str | None) -> tuple[Arrays, str | None]:
+    """A batched request's outputs as they are, with the device that ran them (finished elsewhere)."""
+    return outputs, device
+
+
+def _run_finished(
+    servable: PipelineServable,
+    part: Staged,
+    names: Sequence[str],
+    timings: dict[str, float] | None,
+    outputs: Arrays,
+    device: str | None,
+) -> tuple[Arrays, str | None]:
+    """One run of a request's texts finished (its post steps), where the run was, with the device that ran it."""
+    return servable.finish(part, outputs, names, timings), device
 
 
 def _encoded(answer: Answer, encode: Callable[[Answer], Any] | None) -> Answer:
@@ -493,6 +510,7 @@ def _encoded(answer: Answer, encode: Callable[[Answer], Any] | None) -> Answer:
 def _answer(name: str, prediction: Prediction) -> Answer:
     parameters = {} if prediction.cache == "off" else {"cache": prediction.cache}
     answer = Answer(name, prediction.model, prediction.version, prediction.outputs, prediction.cache, parameters)
+    answer.device = prediction.device
     if prediction.timings:
         answer.timings = {stage: round(ms, 3) for stage, ms in prediction.timings.items()}
     return answer

@@ -23,10 +23,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fnserve.core.execution.service import InferenceService, Prediction
-from fnserve.core.models.providers import RAN_ON, RanOn
 
 _Call = tuple[str, str | None, tuple[str, ...] | None]  # model, version, outputs asked for: what may share a run
-_Job = tuple[Mapping[str, Any], "asyncio.Future[Prediction] | None", RanOn | None]  # None: the turn's first request
+_Job = tuple[Mapping[str, Any], "asyncio.Future[Prediction] | None"]  # None: the turn's first request
 
 
 class TurnBatcher:
@@ -52,9 +51,9 @@ class TurnBatcher:
         waiting = self._waiting
         if waiting is not None:  # a turn is gathering: join it
             future: asyncio.Future[Prediction] = asyncio.get_running_loop().create_future()
-            waiting.setdefault(call, []).append((inputs, future, RAN_ON.get()))
+            waiting.setdefault(call, []).append((inputs, future))
             return await future
-        waiting = self._waiting = {call: [(inputs, None, RAN_ON.get())]}
+        waiting = self._waiting = {call: [(inputs, None)]}
         try:
             await asyncio.sleep(0)  # the loop runs the tasks it had ready: this turn's other requests join
             if len(waiting) > 1 or len(waiting[call]) > 1:  # and one pass more for those read meanwhile
@@ -89,8 +88,6 @@ class TurnBatcher:
         """One call's jobs run at once, each future answered; the outcome of the job without one (the leader's)."""
         name, version, outputs = call
         self.runs += 1
-        ran_on = RanOn()
-        token = RAN_ON.set(ran_on)  # the device that ran them, told to each request's own
         results: Sequence[Prediction | Exception]
         try:
             if len(jobs) == 1:
@@ -99,12 +96,8 @@ class TurnBatcher:
                 results = self.service.infer_many(name, [job[0] for job in jobs], version=version, outputs=outputs)
         except Exception as exc:  # what concerns them all (an unknown name or version, a model not ready)
             results = [exc] * len(jobs)
-        finally:
-            RAN_ON.reset(token)
         own: Prediction | BaseException | None = None
-        for (_, future, asked), result in zip(jobs, results, strict=True):
-            if asked is not None:
-                asked.device = ran_on.device
+        for (_, future), result in zip(jobs, results, strict=True):
             if future is None:
                 own = result
             elif future.done():
