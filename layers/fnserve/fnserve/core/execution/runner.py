@@ -18,25 +18,17 @@ from typing import Any, Protocol
 from fnserve.core.codec.rows import check_rows, take_rows
 from fnserve.core.errors import FnserveError, InferenceError, ModelNotReady
 from fnserve.core.execution.servable import Ran
-from fnserve.core.execution.stacking import Failed, Stacking, answers
+from fnserve.core.execution.stacking import Failed, Finish, Stacked, Stacking, answers
 from fnserve.core.models.datatypes import Arrays
 
 Call = Callable[[Arrays, int], Ran]  # one call of the model for a stack and its rows: its outputs, and their device
 
 
-class Item(Protocol):
+class Item(Stacked, Protocol):
     """An item as the runner stacks and finishes it."""
 
     @property
-    def inputs(self) -> Arrays: ...
-    @property
-    def rows(self) -> int: ...
-    @property
-    def length(self) -> int: ...  # of its variable-length inputs (0 when nothing is padded)
-    @property
-    def finish(
-        self,
-    ) -> Callable[[Arrays, str | None], Any] | None: ...  # its outputs and their device; None: its outputs
+    def finish(self) -> Finish | None: ...  # None: its outputs are its answer
 
 
 @dataclass(slots=True)
@@ -46,7 +38,7 @@ class Rows:
     inputs: Arrays
     rows: int
     length: int = 0
-    finish: Callable[[Arrays, str | None], Any] | None = None
+    finish: Finish | None = None
 
 
 def _ignored() -> None:
