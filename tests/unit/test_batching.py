@@ -931,3 +931,23 @@ def test_by_default_a_slow_models_queue_of_one_batch_is_not_refused_on_time() ->
     assert "the 4 rows ahead would keep it waiting about 2250 ms, past its queue deadline of 2000 ms" in (
         two_batches_ahead.message
     )
+
+
+def test_a_batch_counts_its_requests_rows_not_its_batch_bucket_s_padding() -> None:
+    """A GPU's batch padded up to its batch bucket runs the bucket's rows, but tells its observers (the batch size
+    metric) the rows its requests hold."""
+    model = Recorder()
+    sizes: list[int] = []
+
+    async def main() -> None:
+        stacking = Stacking(batch_buckets=[8])
+        observers = BatchObservers(on_batch=sizes.append)
+        batcher = AdaptiveBatcher(
+            model, BatchPolicy(max_batch_size=8, max_batch_time=0.05), stacking=stacking, observers=observers
+        )
+        await asyncio.gather(*(batcher.predict({"x": np.ones((1, 1))}) for _ in range(3)))
+        await batcher.close()
+
+    run(main())
+    assert [len(feed["x"]) for feed in model.batches] == [8] * len(sizes)  # padded to the bucket
+    assert sum(sizes) == 3

@@ -122,7 +122,7 @@ class AdaptiveBatcher:
         self.policy = policy
         self.stacking = stacking or Stacking()
         self.observers = observers
-        self.runner = Runner(self.stacking, self._split)
+        self.runner = Runner(self.stacking, self._split, self._ran)
         self.admission = Admission(
             self,
             name=policy.name,
@@ -292,6 +292,11 @@ class AdaptiveBatcher:
     def _split(self) -> None:
         self.observers.on_split()
 
+    def _ran(self, rows: int) -> None:
+        """A runtime call for a stack of a batch (all of it, or a half of a failed one) of ``rows`` requests' rows."""
+        self.batches += 1
+        self.observers.on_batch(rows)
+
     def _settle(self, flight: InFlight, started: float, pending: Pending, part: Any) -> None:
         """``pending`` answered with ``part`` (its error alone, when a :class:`Failed`); its rows leave the flight."""
         flight.leave(pending)
@@ -316,18 +321,16 @@ class AdaptiveBatcher:
         return asyncio.to_thread(self._through_runner, batch, bucket, on_the_loop)
 
     def _through_runner(self, batch: list[Pending], bucket: int, run: Callable[[Arrays], Arrays]) -> list[Any]:
-        """The runner's answers for ``batch``, each attempt counted; the batch's time and rows paced (its requests'
-        completions counted in: the batch holds its slot until they are done)."""
+        """The runner's answers for ``batch``; the batch's time and rows paced (its requests' completions counted in:
+        the batch holds its slot until they are done)."""
         started = time.monotonic()
         answers = self.runner.run(batch, functools.partial(self._attempt, run), bucket)
         self.admission.pace.add(sum(p.rows for p in batch), time.monotonic() - started)
         return answers
 
     def _attempt(self, run: Callable[[Arrays], Any], stacked: Arrays, rows: int) -> Ran:
-        """One runtime call for a stack of the batch (all of it, or a half of a failed one): its outputs, and the
-        device that ran them where ``run`` says (the service's does)."""
-        self.batches += 1
-        self.observers.on_batch(rows)
+        """One runtime call for a stack of the batch: its outputs, and the device that ran them where ``run`` says
+        (the service's does)."""
         ran = run(stacked)
         return ran if isinstance(ran, Ran) else Ran(ran, None)
 

@@ -41,16 +41,23 @@ class Rows:
     finish: Finish | None = None
 
 
-def _ignored() -> None:
+def _ignored(*_: object) -> None:
     pass
 
 
 class Runner:
-    """Runs closed batches; ``on_split`` is told each failed call halved to find its culprit."""
+    """Runs closed batches; ``on_split`` is told each failed call halved to find its culprit, ``on_run`` each call
+    of :meth:`run` with its items' rows (a batch bucket's padding not counted)."""
 
-    def __init__(self, stacking: Stacking | None = None, on_split: Callable[[], None] = _ignored) -> None:
+    def __init__(
+        self,
+        stacking: Stacking | None = None,
+        on_split: Callable[[], None] = _ignored,
+        on_run: Callable[[int], None] = _ignored,
+    ) -> None:
         self.stacking = stacking or Stacking()
         self.on_split = on_split
+        self.on_run = on_run
         self.splits = 0  # failed calls halved, for tests and metrics
 
     def run(self, items: Sequence[Item], call: Call, bucket: int = 0, *, split: bool = True) -> list[Any]:
@@ -63,6 +70,7 @@ class Runner:
         def attempt(start: int, stop: int) -> list[Any]:
             part = items[start:stop]
             stacked, rows = self.stacking.stack(part, bucket)
+            self.on_run(sum(item.rows for item in part))
             outputs, device = call(stacked, sum(rows))
             return answers(outputs, rows, [item.finish for item in part], device, split=split)
 
