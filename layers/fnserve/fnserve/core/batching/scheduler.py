@@ -38,8 +38,8 @@ from fnserve.core.batching.queues import (
     others_arriving,
     stop_others_waiting,
 )
-from fnserve.core.errors import FnserveError, InferenceError, InvalidInput
-from fnserve.core.execution.runner import Runner
+from fnserve.core.errors import InvalidInput
+from fnserve.core.execution.runner import Runner, as_error
 from fnserve.core.execution.servable import Ran
 from fnserve.core.execution.stacking import Failed, QueueKey, Stacking
 from fnserve.core.models.datatypes import Arrays
@@ -265,8 +265,7 @@ class AdaptiveBatcher:
             try:
                 answers = await self._batch(batch, bucket)
             except Exception as exc:  # not a run's failure (the runner's), but the batch's own: each gets it
-                error = exc if isinstance(exc, FnserveError) else InferenceError(f"batched inference failed: {exc}")
-                answers = [Failed(error)] * len(batch)
+                answers = [Failed(as_error(exc))] * len(batch)
             for pending, answer in zip(batch, answers, strict=True):
                 self._settle(flight, started, pending, answer)
         finally:

@@ -103,7 +103,7 @@ class Runner:
         try:
             return attempt(start, stop)
         except Exception as exc:  # noqa: BLE001 - whatever a call raises is its items' error, never the process's
-            error = exc if isinstance(exc, FnserveError) else InferenceError(f"batched inference failed: {exc}")
+            error = as_error(exc)
             if stop - start == 1 or isinstance(error, ModelNotReady):
                 return [Failed(error)] * (stop - start)
         self.splits += 1
@@ -123,5 +123,10 @@ class Runner:
         for group in groups.values():
             items = [Rows(feeds[i][0], feeds[i][1], finish=Ran) for i in group]
             for i, outcome in zip(group, self.run(items, call, split=stackable), strict=True):
-                results[i] = outcome.error if isinstance(outcome, Failed) else outcome  # type: ignore[assignment]
+                results[i] = as_error(outcome.error) if isinstance(outcome, Failed) else outcome
         return results
+
+
+def as_error(exc: Exception) -> FnserveError:
+    """What a batch's run raised, as the error its items get: ours as it is, anything else the server's (500)."""
+    return exc if isinstance(exc, FnserveError) else InferenceError(f"batched inference failed: {exc}")

@@ -40,7 +40,7 @@ from fnserve.core.errors import (
 )
 from fnserve.core.execution.cache import ResultCache, cache_key
 from fnserve.core.execution.pipeline import Pipeline, Staged, concatenate
-from fnserve.core.execution.runner import Runner
+from fnserve.core.execution.runner import Runner, as_error
 from fnserve.core.execution.servable import PipelineServable, Ran, Servable, in_order
 from fnserve.core.execution.stacking import Failed
 from fnserve.core.models.datatypes import Arrays
@@ -417,13 +417,13 @@ class InferenceService:
             for j in range(len(rows)):
                 outcome = hits[j] if j in hits else by_job[j]
                 if isinstance(outcome, Failed):
-                    answered.append(_error(outcome))
+                    answered.append(as_error(outcome.error))
                 else:
                     answered.append(
                         Prediction(outcome, stack.model, stack.version, "hit" if j in hits else stack.state)
                     )
             return answered
-        failed = {j: _error(o) for j, o in zip(misses, stack.ran, strict=True) if isinstance(o, Failed)}
+        failed = {j: as_error(o.error) for j, o in zip(misses, stack.ran, strict=True) if isinstance(o, Failed)}
         fresh = [b"" if isinstance(o, Failed) else o for o in stack.ran] if failed else stack.ran
         if not hits:
             return Packed(stack.model, stack.version, fresh, [stack.state] * len(rows), 0, failed)
@@ -514,9 +514,3 @@ class InferenceService:
 def _run(servable: Servable, names: Sequence[str], feed: Arrays, rows: int) -> Ran:
     """``servable``'s run of a stack of ``rows`` rows."""
     return servable.run(feed, rows, names)
-
-
-def _error(failed: Failed) -> FnserveError:
-    """A job's own error, as the runner gave it."""
-    error = failed.error
-    return error if isinstance(error, FnserveError) else InferenceError(f"inference failed: {error}")
