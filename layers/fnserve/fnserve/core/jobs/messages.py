@@ -241,7 +241,7 @@ def _read_numbers(parser: simdjson.Parser, body: str | bytes) -> _Read | None:
             outputs = doc["outputs"].mini if "outputs" in keys else None  # not a list: AttributeError
         if type(inputs) is not SIMDJSON_ARRAY or not _strings(job_id, model, version):
             return None
-        read = read_inputs(body, inputs, outputs is not None)  # the one list outside its inputs: its outputs
+        read = read_inputs(body, inputs, 0 if outputs is None else 1)  # the one list outside its inputs: outputs
         if read is None:  # a tensor of another form, or nested (parsed alone: a ragged list's error)
             return None
         heads, contents = read
